@@ -1,7 +1,26 @@
-"""mlx-spec: exact speculative decoding for MLX and mlx-lm."""
+"""mlx-spec: exact speculative decoding for MLX and mlx-lm.
+
+Importing this package first makes mlx use OpenBLAS on Linux CPUs.
+"""
 
 from ._blas import ensure_fast_blas
 
 ensure_fast_blas()
 
+from .config import SpecConfig  # noqa: E402
+from .engine import speculative_generate_step  # noqa: E402
+from .generate import SpecResponse, generate, stream_generate  # noqa: E402
+from .sampling import make_sampler  # noqa: E402
+from .stats import SpecStats  # noqa: E402
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "SpecConfig",
+    "SpecResponse",
+    "SpecStats",
+    "generate",
+    "make_sampler",
+    "speculative_generate_step",
+    "stream_generate",
+]

@@ -1,0 +1,101 @@
+"""Accepting draft tokens: small pure functions, computed on device.
+
+Vocabulary (as in vLLM's rejection sampler): a round's output is the
+*accepted* draft tokens followed by one target token, which is either the
+*recovered* token (drawn after a rejection) or the *bonus* token (drawn
+when every draft token was accepted).
+
+Every function returns ``(num_accepted, next_token)`` as device scalars, so
+the caller syncs once per round.
+"""
+
+from typing import Optional, Tuple
+
+import mlx.core as mx
+
+
+def accepted_prefix_length(match: mx.array) -> mx.array:
+    """Length of the leading run of ``True`` in ``match`` (shape ``(γ,)``)."""
+    if match.size == 0:
+        return mx.array(0, mx.int32)
+    return mx.sum(mx.cumprod(match.astype(mx.int32), axis=-1), axis=-1)
+
+
+def match_accept(
+    draft_tokens: mx.array, target_tokens: mx.array
+) -> Tuple[mx.array, mx.array]:
+    """Accept while the target's own choice equals the draft token.
+
+    With ``target_tokens`` the target's argmax this is exact greedy
+    decoding; with independent samples from the target's sampler it is the
+    (exact, but weak) sample-and-match rule mlx-lm uses.
+
+    Args:
+        draft_tokens: Draft proposals, shape ``(γ,)``.
+        target_tokens: The target's choice at each position, ``(γ + 1,)``.
+    """
+    num_accepted = accepted_prefix_length(draft_tokens == target_tokens[:-1])
+    return num_accepted, target_tokens[num_accepted]
+
+
+def greedy_accept(
+    draft_tokens: mx.array, target_logits: mx.array
+) -> Tuple[mx.array, mx.array]:
+    """Greedy acceptance: ``target_logits`` has shape ``(γ + 1, V)``."""
+    return match_accept(draft_tokens, mx.argmax(target_logits, axis=-1))
+
+
+def one_hot_logprobs(tokens: mx.array, vocab_size: int) -> mx.array:
+    """Log-probabilities of point masses on ``tokens`` (shape ``(γ, V)``)."""
+    hit = mx.arange(vocab_size)[None, :] == tokens[:, None]
+    return mx.where(hit, 0.0, -mx.inf)
+
+
+def residual_probs(p: mx.array, q: mx.array) -> mx.array:
+    """``normalize(max(0, p - q))`` per row; rows where it vanishes fall back to p."""
+    residual = mx.maximum(p - q, 0.0)
+    total = residual.sum(axis=-1, keepdims=True)
+    return mx.where(total > 0, residual / mx.maximum(total, 1e-30), p)
+
+
+def rejection_accept(
+    draft_tokens: mx.array,
+    target_logprobs: mx.array,
+    draft_logprobs: Optional[mx.array],
+    uniforms: Optional[mx.array] = None,
+) -> Tuple[mx.array, mx.array]:
+    """Leviathan et al. rejection sampling over a chain of draft tokens.
+
+    Draft token ``d_i`` is accepted with probability
+    ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection the recovered
+    token is drawn from ``normalize(max(0, p_i - q_i))``, and if all are
+    accepted the bonus token is drawn from ``p_γ``. Every emitted token
+    then follows the target's law exactly.
+
+    Args:
+        draft_tokens: Proposals, shape ``(γ,)``, drawn from ``draft_logprobs``.
+        target_logprobs: Processed target law, shape ``(γ + 1, V)``.
+        draft_logprobs: Processed draft law, shape ``(γ, V)``; ``None`` for
+          deterministic proposals (prompt lookup), i.e. point masses.
+        uniforms: Optional ``(γ,)`` uniforms in [0, 1) (tests pass them).
+    """
+    gamma = draft_tokens.shape[0]
+    vocab = target_logprobs.shape[-1]
+    if draft_logprobs is None:
+        draft_logprobs = one_hot_logprobs(draft_tokens, vocab)
+    if uniforms is None:
+        uniforms = mx.random.uniform(shape=(gamma,))
+    index = draft_tokens[:, None]
+    log_p = mx.take_along_axis(target_logprobs[:gamma], index, axis=-1)[:, 0]
+    log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)[:, 0]
+    accept = uniforms < mx.exp(log_p - log_q)
+    num_accepted = accepted_prefix_length(accept)
+
+    # The bonus position has no draft law: q = 0 there, so the residual is p.
+    no_draft = mx.full((1, vocab), -mx.inf)
+    log_q_rows = mx.concatenate([draft_logprobs, no_draft], axis=0)
+    p_n = mx.exp(target_logprobs[num_accepted])
+    q_n = mx.exp(log_q_rows[num_accepted])
+    recovered_law = residual_probs(p_n, q_n)
+    next_token = mx.random.categorical(mx.log(recovered_law))
+    return num_accepted, next_token

@@ -1,0 +1,187 @@
+"""Validated configuration for speculative generation.
+
+Every knob lives in one small dataclass. A bad value raises ``ValueError``
+whose message names the field, the value and the allowed range, so the CLI,
+the server and the UI can show it as a one-line error.
+"""
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import List, Optional, Sequence, Tuple
+
+METHODS = ("none", "draft", "tree", "lookup", "self", "auto")
+MAX_DRAFT_TOKENS = 64
+MAX_TREE_BUDGET = 256
+
+DEFAULT_NUM_DRAFT_TOKENS = 4
+DEFAULT_TREE_BUDGET = 16
+DEFAULT_TREE_TOP_K = 4
+DEFAULT_TREE_DEPTH = 5
+DEFAULT_NGRAM_MIN = 1
+DEFAULT_NGRAM_MAX = 3
+
+
+def _check(ok: bool, name: str, value, allowed: str):
+    if not ok:
+        raise ValueError(f"{name}={value!r} is out of range: {allowed}.")
+
+
+def parse_tree_choices(choices) -> Optional[List[Tuple[int, ...]]]:
+    """Read a static tree from JSON text or a list of index paths.
+
+    ``[[0], [1], [0, 0]]`` means: the draft's best and second-best first
+    tokens, and the best child of the first one (Medusa's "choices").
+    """
+    if choices is None:
+        return None
+    if isinstance(choices, str):
+        try:
+            choices = json.loads(choices)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"tree_choices is not valid JSON ({e.msg}); "
+                'pass a list of index paths such as "[[0], [1], [0, 0]]".'
+            ) from None
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise ValueError(
+            "tree_choices must be a non-empty list of index paths, "
+            'such as [[0], [1], [0, 0]].'
+        )
+    paths = []
+    for path in choices:
+        if (
+            not isinstance(path, (list, tuple))
+            or not path
+            or not all(isinstance(i, int) and i >= 0 for i in path)
+        ):
+            raise ValueError(
+                f"tree_choices entry {path!r} is not a non-empty list of "
+                "non-negative integers."
+            )
+        paths.append(tuple(path))
+    known = set(paths)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in known:
+            raise ValueError(
+                f"tree_choices entry {list(path)} has no parent entry "
+                f"{list(path[:-1])}; every prefix of a path must be listed."
+            )
+    if len(known) != len(paths):
+        raise ValueError("tree_choices lists the same path twice.")
+    return sorted(paths, key=lambda p: (len(p), p))
+
+
+@dataclass
+class SpecConfig:
+    """Options of one speculative generation.
+
+    Args:
+        method: ``"none"`` (plain decoding), ``"draft"`` (chain from a draft
+          model), ``"tree"``, ``"lookup"``, ``"self"`` or ``"auto"``.
+        num_draft_tokens: Draft length γ per round (1 to 64).
+        temp, top_p, top_k, min_p, min_tokens_to_keep: Sampling settings with
+          the meaning of ``mlx_lm.sample_utils.make_sampler``.
+        max_tokens: Maximum number of generated tokens (at least 1).
+        seed: Seed for sampled generation, ``None`` for no seeding.
+        tree_budget, tree_top_k, tree_depth, tree_choices: Tree shape knobs.
+        ngram_min, ngram_max: Prompt-lookup n-gram lengths.
+        adaptive: Choose the draft length or tree size per round.
+        draft_p_min: Stop drafting when the draft's confidence drops below it.
+        profile: Add a sync after drafting to split draft and verify time.
+    """
+
+    method: str = "draft"
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens_to_keep: int = 1
+    max_tokens: int = 256
+    seed: Optional[int] = None
+    tree_budget: int = DEFAULT_TREE_BUDGET
+    tree_top_k: int = DEFAULT_TREE_TOP_K
+    tree_depth: int = DEFAULT_TREE_DEPTH
+    tree_choices: Optional[Sequence[Sequence[int]]] = None
+    ngram_min: int = DEFAULT_NGRAM_MIN
+    ngram_max: int = DEFAULT_NGRAM_MAX
+    adaptive: bool = False
+    draft_p_min: float = 0.0
+    profile: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        _check(self.method in METHODS, "speculative", self.method, f"one of {', '.join(METHODS)}")
+        _check(
+            isinstance(self.num_draft_tokens, int)
+            and 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS,
+            "num_draft_tokens",
+            self.num_draft_tokens,
+            f"an integer from 1 to {MAX_DRAFT_TOKENS}",
+        )
+        _check(self.temp >= 0, "temp", self.temp, "temp >= 0 (0 is greedy)")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "0 < top_p <= 1 (1 disables it)")
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            self.top_k,
+            "an integer >= 0 (0 disables it)",
+        )
+        _check(0 <= self.min_p <= 1, "min_p", self.min_p, "0 <= min_p <= 1 (0 disables it)")
+        _check(
+            isinstance(self.min_tokens_to_keep, int) and self.min_tokens_to_keep >= 1,
+            "min_tokens_to_keep",
+            self.min_tokens_to_keep,
+            "an integer >= 1",
+        )
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            self.max_tokens,
+            "an integer >= 1",
+        )
+        _check(
+            isinstance(self.tree_budget, int) and 1 <= self.tree_budget <= MAX_TREE_BUDGET,
+            "tree_budget",
+            self.tree_budget,
+            f"an integer from 1 to {MAX_TREE_BUDGET}",
+        )
+        _check(
+            isinstance(self.tree_top_k, int) and 1 <= self.tree_top_k <= 16,
+            "tree_top_k",
+            self.tree_top_k,
+            "an integer from 1 to 16",
+        )
+        _check(
+            isinstance(self.tree_depth, int) and 1 <= self.tree_depth <= MAX_DRAFT_TOKENS,
+            "tree_depth",
+            self.tree_depth,
+            f"an integer from 1 to {MAX_DRAFT_TOKENS}",
+        )
+        self.tree_choices = parse_tree_choices(self.tree_choices)
+        _check(
+            isinstance(self.ngram_min, int) and 1 <= self.ngram_min <= 16,
+            "ngram_min",
+            self.ngram_min,
+            "an integer from 1 to 16",
+        )
+        _check(
+            isinstance(self.ngram_max, int) and self.ngram_min <= self.ngram_max <= 16,
+            "ngram_max",
+            self.ngram_max,
+            f"an integer from ngram_min ({self.ngram_min}) to 16",
+        )
+        _check(0 <= self.draft_p_min < 1, "draft_p_min", self.draft_p_min, "0 <= draft_p_min < 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> List[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,107 @@
+"""Drafters: everything that proposes tokens for the target to verify.
+
+A drafter has one small interface (as vLLM's proposers do):
+
+- ``prefill(tokens)`` sees the new prompt tokens;
+- ``propose(round, gamma)`` returns a :class:`Proposal`, lazily evaluated;
+- ``commit(round, num_accepted)`` keeps what the accepted tokens made valid;
+- ``sync(seq_tokens)`` brings any cache up to date when generation ends.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import mlx.core as mx
+
+from .models import CachedModel
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one round.
+
+    Attributes:
+        tokens: Proposed tokens, shape ``(γ,)``.
+        logprobs: The processed law each token was drawn from, ``(γ, V)``;
+          ``None`` for deterministic proposals (point masses).
+        forwards: Draft-model forward passes spent.
+    """
+
+    tokens: mx.array
+    logprobs: Optional[mx.array]
+    forwards: int = 0
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class RoundState:
+    """What a drafter may read about the sequence at the start of a round.
+
+    Attributes:
+        seq: Every token of this call (prompt and generated); the last one
+          is the pending input of the target.
+        base: Cache offset before this call's prompt (earlier turns).
+        choose: Maps processed-by-processors logprobs ``(1, V)`` and the draft
+          history to ``(token (1,), law (1, V) or None)``.
+    """
+
+    seq: List[int]
+    base: int
+    choose: Callable
+
+
+def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:
+    """Cut or pad (with ``-inf``) the last axis to ``vocab_size``."""
+    width = logits.shape[-1]
+    if width == vocab_size:
+        return logits
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    pad = mx.full((*logits.shape[:-1], vocab_size - width), -mx.inf, logits.dtype)
+    return mx.concatenate([logits, pad], axis=-1)
+
+
+class ModelDrafter:
+    """A small draft model run autoregressively, γ steps per round."""
+
+    name = "draft"
+
+    def __init__(self, draft: CachedModel, vocab_size: int):
+        self.draft = draft
+        self.vocab_size = vocab_size
+
+    def prefill(self, tokens: mx.array, step_size: int):
+        self.draft.prefill(tokens, step_size)
+
+    def pending(self, state: RoundState) -> List[int]:
+        """Tokens of ``seq`` the draft cache has not seen yet (1 or 2)."""
+        return state.seq[self.draft.offset - state.base :]
+
+    def propose(self, state: RoundState, gamma: int) -> Proposal:
+        inputs = mx.array(self.pending(state), mx.uint32)
+        tokens, laws = [], []
+        for _ in range(gamma):
+            logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
+            token, law = state.choose(logits, tokens)
+            mx.async_eval(token)
+            tokens.append(token)
+            laws.append(law)
+            inputs = token
+        logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        return Proposal(mx.concatenate(tokens), logprobs, forwards=gamma)
+
+    def commit(self, state: RoundState, proposal: Proposal, num_accepted: int):
+        # The draft cache holds seq + d_1..d_{γ-1}; d_1..d_n stay valid.
+        keep = len(state.seq) + min(num_accepted, proposal.size - 1)
+        self.draft.trim_to(state.base + keep)
+
+    def sync(self, seq: List[int], base: int):
+        """Make the draft cache hold exactly ``seq`` (used when generation ends)."""
+        self.draft.trim_to(base + len(seq))
+        missing = seq[self.draft.offset - base :]
+        if missing:
+            self.draft(mx.array(missing, mx.uint32))
+            mx.eval([c.state for c in self.draft.cache])

@@ -1,0 +1,75 @@
+"""Loading models with clear one-line errors, and the embedded default pair."""
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TARGET_NAME = "stdlib-llama-target"
+DEFAULT_DRAFT_NAME = "stdlib-llama-draft"
+
+
+def default_model_pair() -> Tuple[str, str]:
+    """Paths of the embedded default target and draft.
+
+    The trained pair in ``models/`` when it is there; otherwise the tiny
+    test checkpoints (built on first use).
+    """
+    target = REPO_ROOT / "models" / DEFAULT_TARGET_NAME
+    draft = REPO_ROOT / "models" / DEFAULT_DRAFT_NAME
+    if (target / "config.json").exists() and (draft / "config.json").exists():
+        return str(target), str(draft)
+    from .testing import test_checkpoints
+
+    checkpoints = test_checkpoints()
+    return str(checkpoints["llama"]), str(checkpoints["llama-near"])
+
+
+def _looks_like_local_path(path: str) -> bool:
+    return (
+        path.startswith((".", "/", "~"))
+        or path.count("/") != 1
+        or os.sep != "/" and os.sep in path
+    )
+
+
+def load_model(path: str, role: str = "model", **kwargs):
+    """``mlx_lm.load`` with a one-line ``ValueError`` for a bad path."""
+    from mlx_lm import load
+
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise ValueError(f"{role} path '{path}' holds no model (no config.json in it).")
+    elif _looks_like_local_path(path):
+        raise ValueError(f"{role} path '{path}' does not exist.")
+    try:
+        return load(str(local) if local.exists() else path, **kwargs)
+    except Exception as e:  # hub errors are long; keep the first line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"could not load {role} '{path}': {first}") from None
+
+
+def tokenizer_size(tokenizer) -> int:
+    """Number of token ids the tokenizer can produce (added tokens included)."""
+    return len(tokenizer)
+
+
+def check_draft_tokenizer(tokenizer, draft_tokenizer):
+    """Refuse a draft whose tokenizer differs from the target's."""
+    if draft_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            "the draft model's tokenizer differs from the target's "
+            f"(target vocabulary {tokenizer_size(tokenizer)} tokens, draft "
+            f"{tokenizer_size(draft_tokenizer)}); use a draft from the same model family."
+        )
+
+
+def load_pair(model_path: Optional[str], draft_path: Optional[str], **kwargs):
+    """Load a target and an optional draft, checking they share a tokenizer."""
+    model, tokenizer = load_model(model_path, "model", **kwargs)
+    draft_model = None
+    if draft_path is not None:
+        draft_model, draft_tokenizer = load_model(draft_path, "draft model")
+        check_draft_tokenizer(tokenizer, draft_tokenizer)
+    return model, tokenizer, draft_model

@@ -1,0 +1,86 @@
+"""The sampling law that acceptance must preserve.
+
+``mlx_lm.sample_utils.make_sampler`` filters the log-probabilities (top-p,
+min-p, top-k, in that order, all on the temperature-1 values) and then draws
+``categorical(filtered / temp)``. :func:`processed_logprobs` returns the
+log of exactly that distribution, so rejection sampling can compare the
+target's law p with the draft's law q token by token.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The parameters of one ``make_sampler`` law (``temp == 0`` is greedy)."""
+
+    temp: float = 0.0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    top_k: int = 0
+    min_tokens_to_keep: int = 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp == 0
+
+
+def normalize(logits: mx.array) -> mx.array:
+    """Log-softmax over the last axis, as mlx_lm does it."""
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def processed_logprobs(logprobs: mx.array, params: SamplingParams) -> mx.array:
+    """Log-probabilities of the distribution ``make_sampler`` draws from.
+
+    Args:
+        logprobs: Normalised log-probabilities, shape ``(..., V)``.
+        params: A non-greedy sampling law.
+
+    Returns:
+        Normalised log-probabilities of the same shape; filtered tokens get
+        ``-inf``.
+    """
+    vocab = logprobs.shape[-1]
+    if 0 < params.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, params.top_p)
+    if params.min_p != 0.0:
+        logprobs = apply_min_p(logprobs, params.min_p, params.min_tokens_to_keep)
+    if 0 < params.top_k < vocab:
+        logprobs = apply_top_k(logprobs, params.top_k)
+    return normalize(logprobs * (1.0 / params.temp))
+
+
+def make_sampler(
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    top_k: int = 0,
+) -> Sampler:
+    """A sampler with the law of ``mlx_lm.sample_utils.make_sampler``.
+
+    The returned function carries its :class:`SamplingParams` as
+    ``sampler.sampling_params``, which lets speculative decoding use exact
+    rejection sampling instead of the weaker sample-and-match rule.
+    """
+    params = SamplingParams(temp, top_p, min_p, top_k, min_tokens_to_keep)
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        if params.greedy:
+            return mx.argmax(logprobs, axis=-1)
+        return mx.random.categorical(processed_logprobs(logprobs, params))
+
+    sampler.sampling_params = params
+    return sampler
+
+
+def sampling_params_of(sampler: Optional[Sampler]) -> Optional[SamplingParams]:
+    """The law a sampler declares, or ``None`` for an opaque callable."""
+    return getattr(sampler, "sampling_params", None)
