@@ -1,0 +1,425 @@
+"""Tree attention on unmodified mlx-lm models.
+
+Verifies a whole token tree (or expands a whole level of a draft tree) in one
+forward pass, without forking any model file. Two small hooks do it:
+
+- Each attention layer's ``rope`` is wrapped once by :func:`prepare_tree_model`
+  in a :class:`TreeRoPE`. Outside tree mode it forwards its arguments unchanged,
+  so normal decoding is bit-identical.
+- During :func:`masked_forward` every layer cache is seen through a thin view
+  that delegates to the real ``KVCache`` / ``QuantizedKVCache`` (so
+  ``update_and_fetch`` and ``hasattr(cache, "bits")`` behave as usual) but
+  whose ``offset`` carries per-token positions to the rope wrapper and whose
+  ``make_mask`` returns the tree mask.
+
+The wrapped rope rotates each token as its own batch row, because
+``mx.fast.rope`` accepts one offset per batch row.
+
+Terms: the *prefix* is what the cache holds before the tree; the tree's nodes
+are stored in *flattened* (topological) order, parents before children.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.rope_utils import (
+    Llama3RoPE,
+    ProportionalRoPE,
+    SuScaledRoPE,
+    YarnRoPE,
+)
+
+# ``model_type`` values whose attention calls ``self.rope(x, offset=cache.offset)``
+# and whose mask comes from ``create_attention_mask(h, cache[...])``.
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")
+
+# Rope modules that only pass ``offset`` through to ``mx.fast.rope`` (so an
+# array of positions is valid). ``DynamicNTKScalingRoPE`` does int arithmetic.
+_SUPPORTED_ROPES = (nn.RoPE, Llama3RoPE, SuScaledRoPE, YarnRoPE, ProportionalRoPE)
+_SUPPORTED_CACHES = (KVCache, QuantizedKVCache)
+
+IntList = Union[Sequence[int], mx.array]
+
+
+@dataclass(frozen=True, eq=False)
+class Tree:
+    """A token tree in flattened topological order (every parent precedes its children).
+
+    Build it with :meth:`from_parents` or :meth:`from_choices`; all fields are
+    device arrays and building one never syncs with the host.
+
+    Attributes:
+        tokens: ``(N,)`` token ids, one per node.
+        parents: ``(N,)`` int32 index of each node's parent, ``-1`` for roots
+            (several roots make a forest; each root follows the prefix directly).
+        depth: ``(N,)`` int32 distance to the node's root (roots have 0).
+        ancestor_mask: ``(N, N)`` bool, ``[i, j]`` is True iff node ``j`` is an
+            ancestor of node ``i`` or ``i`` itself.
+    """
+
+    tokens: mx.array
+    parents: mx.array
+    depth: mx.array
+    ancestor_mask: mx.array
+
+    @property
+    def size(self) -> int:
+        """Number of nodes ``N``."""
+        return self.tokens.shape[0]
+
+    @classmethod
+    def from_parents(cls, tokens: IntList, parents: IntList) -> "Tree":
+        """Build a tree from per-node parents.
+
+        Args:
+            tokens: ``(N,)`` token ids.
+            parents: ``(N,)`` parent index per node, ``-1`` for a root. Each
+                parent must precede its child (``parents[i] < i``); this is
+                checked only when ``parents`` is a Python sequence.
+
+        Returns:
+            The :class:`Tree`.
+        """
+        if not isinstance(parents, mx.array):
+            parents = list(parents)
+            for i, p in enumerate(parents):
+                if not -1 <= p < i:
+                    raise ValueError(
+                        f"parents[{i}] = {p}: must be -1 (root) or a node index < {i}."
+                    )
+        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
+        parents = mx.array(parents, dtype=mx.int32)
+        if tokens.ndim != 1 or tokens.size == 0 or parents.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} "
+                "must both have shape (N,) with N >= 1."
+            )
+        ancestors = _ancestor_mask(parents)
+        depth = ancestors.astype(mx.int32).sum(axis=1) - 1
+        return cls(tokens, parents, depth, ancestors)
+
+    @classmethod
+    def from_choices(
+        cls,
+        choices: Sequence[Tuple[int, ...]],
+        tokens: IntList,
+        *,
+        root: Optional[Union[int, mx.array]] = None,
+    ) -> "Tree":
+        """Build a tree from Medusa-style paths of child indices.
+
+        ``choices`` lists one path per node, e.g. ``[(0,), (1,), (0, 0), (0, 1)]``:
+        ``(0, 1)`` is the second child of the first child of the root. A node's
+        parent path must appear earlier in the list.
+
+        Args:
+            choices: ``N`` tuples of child indices, parents before children.
+            tokens: either ``(N,)`` token ids aligned with ``choices``, or
+                ``(D, K)`` per-depth candidates (Medusa heads' top-k), in which
+                case path ``c`` gets ``tokens[len(c) - 1, c[-1]]``.
+            root: optional token for an explicit root node (e.g. the last
+                sampled token, whose K/V is not cached yet). If given it becomes
+                node 0 and the choices follow as nodes ``1..N``; otherwise the
+                depth-1 choices are roots. Default: ``None``.
+
+        Returns:
+            The :class:`Tree`, with ``N`` (or ``N + 1`` with ``root``) nodes.
+        """
+        choices = [tuple(c) for c in choices]
+        index = {}
+        parents = []
+        for i, path in enumerate(choices):
+            if len(path) == 0 or path in index:
+                raise ValueError(f"choices[{i}] = {path}: empty or repeated path.")
+            if len(path) > 1 and path[:-1] not in index:
+                raise ValueError(
+                    f"choices[{i}] = {path}: its parent {path[:-1]} must come earlier."
+                )
+            index[path] = i
+            parents.append(index[path[:-1]] if len(path) > 1 else -1)
+
+        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
+        if tokens.ndim == 2:
+            rows = mx.array([len(c) - 1 for c in choices])
+            cols = mx.array([c[-1] for c in choices])
+            tokens = tokens[rows, cols]
+        if root is not None:
+            root = mx.array(root, dtype=tokens.dtype).reshape(1)
+            tokens = mx.concatenate([root, tokens])
+            parents = [-1] + [p + 1 for p in parents]  # old roots -> child of 0
+        return cls.from_parents(tokens, parents)
+
+    def path(self, node: Union[int, mx.array], length: int) -> mx.array:
+        """Flattened indices of the root-to-``node`` path, root first.
+
+        Lazy: ``node`` may be a device scalar; ``length`` (``depth[node] + 1``)
+        must be known on the host, e.g. from the round's single sync.
+
+        Returns:
+            ``(length,)`` int32 node indices, ready for :func:`commit_path`.
+        """
+        row = self.ancestor_mask[node]
+        n = self.size
+        order = mx.arange(n, dtype=mx.int32)
+        # Ancestors have smaller indices than descendants: sort them first, in order.
+        keys = mx.where(row, order, order + n)
+        return mx.argsort(keys)[:length].astype(mx.int32)
+
+
+def _ancestor_mask(parents: mx.array) -> mx.array:
+    """``(N,)`` parents -> ``(N, N)`` bool ancestor-or-self mask, by squaring."""
+    n = parents.shape[0]
+    nodes = mx.arange(n)
+    reach = (parents[:, None] == nodes[None, :]) | (nodes[:, None] == nodes[None, :])
+    # After k squarings ``reach`` covers ancestors up to 2**k levels up.
+    for _ in range(math.ceil(math.log2(max(n - 1, 1)))):
+        f = reach.astype(mx.float32)
+        reach = (f @ f) > 0
+    return reach
+
+
+class _TreePositions:
+    """Marker passed as ``cache.offset`` in tree mode: per-token rope positions."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: mx.array):
+        self.positions = positions
+
+
+class TreeRoPE(nn.Module):
+    """Wraps an attention layer's rope to accept per-token positions.
+
+    Given a :class:`_TreePositions` offset it rotates ``x`` ``(B, H, L, D)`` as
+    ``B * L`` batch rows of one token each, with one offset per row. Any other
+    call is forwarded unchanged to the wrapped rope.
+    """
+
+    def __init__(self, rope: nn.Module):
+        super().__init__()
+        self.rope = rope
+
+    def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
+        offset = kwargs.get("offset", args[0] if args else 0)
+        if not isinstance(offset, _TreePositions):
+            return self.rope(x, *args, **kwargs)
+        B, H, L, D = x.shape
+        positions = mx.broadcast_to(offset.positions, (B, L)).reshape(-1)
+        x = x.transpose(0, 2, 1, 3).reshape(B * L, H, 1, D)
+        x = self.rope(x, offset=positions)
+        return x.reshape(B, L, H, D).transpose(0, 2, 1, 3)
+
+
+class _TreeCacheView:
+    """A layer cache seen with tree positions and a tree mask; all else delegates."""
+
+    __slots__ = ("_cache", "_positions", "_mask")
+
+    def __init__(self, cache: Any, positions: _TreePositions, mask: mx.array):
+        object.__setattr__(self, "_cache", cache)
+        object.__setattr__(self, "_positions", positions)
+        object.__setattr__(self, "_mask", mask)
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._cache, name, value)
+
+    @property
+    def offset(self) -> _TreePositions:
+        return self._positions
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None):
+        if window_size is not None:
+            raise ValueError("Tree attention does not support sliding-window layers.")
+        return self._mask
+
+
+def _model_type(model: nn.Module) -> str:
+    model_type = getattr(model, "model_type", None)
+    if model_type is None and hasattr(model, "args"):
+        model_type = getattr(model.args, "model_type", None)
+    return str(model_type)
+
+
+def prepare_tree_model(model: nn.Module) -> nn.Module:
+    """Enable tree forwards on an mlx-lm model (idempotent, in place).
+
+    Wraps each attention layer's rope in a :class:`TreeRoPE`. Normal forwards
+    are unchanged bit for bit; the model has no extra parameters.
+
+    Args:
+        model: an mlx-lm ``Model`` whose ``model_type`` is in
+            ``SUPPORTED_ARCHITECTURES``.
+
+    Returns:
+        The same model.
+
+    Raises:
+        ValueError: for another architecture, a sliding-window layer or a
+            rope variant that cannot take per-token positions.
+    """
+    model_type = _model_type(model)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"Tree attention does not support the '{model_type}' architecture "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
+        )
+    for layer in model.layers:
+        if getattr(layer, "use_sliding", False):
+            raise ValueError(
+                f"Tree attention does not support sliding-window layers ({model_type})."
+            )
+        attn = layer.self_attn
+        if isinstance(attn.rope, TreeRoPE):
+            continue
+        if type(attn.rope) not in _SUPPORTED_ROPES:
+            raise ValueError(
+                f"Tree attention does not support {type(attn.rope).__name__} "
+                f"(supported ropes: {', '.join(r.__name__ for r in _SUPPORTED_ROPES)})."
+            )
+        attn.rope = TreeRoPE(attn.rope)
+    return model
+
+
+def _check_ready(model: nn.Module, cache: List[Any]) -> int:
+    """Validates model and caches; returns the common cache offset."""
+    layers = model.layers
+    if not layers or not isinstance(layers[0].self_attn.rope, TreeRoPE):
+        raise ValueError("Call prepare_tree_model(model) before a tree forward.")
+    bad = {type(c).__name__ for c in cache if type(c) not in _SUPPORTED_CACHES}
+    if bad:
+        raise ValueError(
+            f"Tree attention needs KVCache or QuantizedKVCache, got {sorted(bad)}."
+        )
+    offsets = {c.offset for c in cache}
+    if len(offsets) != 1:
+        raise ValueError(f"Layer caches disagree on their offset: {sorted(offsets)}.")
+    return offsets.pop()
+
+
+def masked_forward(
+    model: nn.Module,
+    cache: List[Any],
+    tokens: mx.array,
+    positions: mx.array,
+    mask: mx.array,
+) -> mx.array:
+    """One forward of ``N`` new tokens with explicit positions and visibility.
+
+    The general primitive under :func:`tree_forward`: with ``S`` entries already
+    in the cache, the new tokens go to slots ``S..S+N-1`` and token ``i``
+    attends to slot ``j`` iff ``mask[i, j]``.
+
+    Args:
+        model: a model prepared by :func:`prepare_tree_model`; either the
+            mlx-lm ``Model`` (returns logits) or its ``.model`` (final hidden
+            states).
+        cache: the per-layer caches (``KVCache`` or ``QuantizedKVCache``),
+            all at offset ``S``. They gain ``N`` entries.
+        tokens: ``(N,)`` or ``(B, N)`` token ids.
+        positions: ``(N,)`` or ``(B, N)`` absolute rope positions.
+        mask: ``(N, S + N)`` or ``(B, N, S + N)`` bool visibility.
+
+    Returns:
+        The model output for the new tokens: ``(N, V)`` logits for ``(N,)``
+        tokens, ``(B, N, V)`` for ``(B, N)``.
+    """
+    S = _check_ready(model, cache)
+    N = tokens.shape[-1]
+    if mask.shape[-2:] != (N, S + N):
+        raise ValueError(
+            f"mask has shape {tuple(mask.shape)}, expected (..., {N}, {S + N})."
+        )
+    if mask.ndim == 3:
+        mask = mask[:, None]  # (B, 1, N, S+N) broadcasts over heads
+    marker = _TreePositions(positions.astype(mx.int32))
+    views = [_TreeCacheView(c, marker, mask) for c in cache]
+    if tokens.ndim == 1:
+        return model(tokens[None], cache=views)[0]
+    return model(tokens, cache=views)
+
+
+def tree_forward(
+    model: nn.Module, cache: List[Any], tree: Tree, *, start: int = 0
+) -> mx.array:
+    """Run the tree's nodes ``start..N-1`` in one forward after the prefix.
+
+    With ``start=0`` (verification) the cache holds just the prefix of length
+    ``P``. With ``start > 0`` (expanding a draft tree level by level) it holds
+    the prefix followed by nodes ``0..start-1`` in flattened order, e.g. from
+    an earlier call. Each node sees the whole prefix, its ancestors and itself,
+    and sits at position ``P + depth``. Afterwards the cache holds nodes
+    ``0..N-1`` after the prefix; see :func:`commit_path` to keep one path.
+
+    Args:
+        model: a model prepared by :func:`prepare_tree_model`.
+        cache: the per-layer ``KVCache`` / ``QuantizedKVCache`` list.
+        tree: the :class:`Tree` with ``N`` nodes.
+        start: number of leading nodes already in the cache. Default: ``0``.
+
+    Returns:
+        ``(N - start, V)`` logits; row ``i`` predicts the token after the
+        root-to-node ``start + i`` path.
+    """
+    offset = _check_ready(model, cache)
+    prefix_len = offset - start
+    if not 0 <= start < tree.size or prefix_len < 0:
+        raise ValueError(
+            f"start={start} must be in [0, {tree.size}) and at most the cache "
+            f"offset {offset}."
+        )
+    rows = tree.ancestor_mask[start:]
+    n = rows.shape[0]
+    mask = mx.concatenate([mx.ones((n, prefix_len), dtype=mx.bool_), rows], axis=1)
+    positions = prefix_len + tree.depth[start:]
+    return masked_forward(model, cache, tree.tokens[start:], positions, mask)
+
+
+def commit_path(cache: List[Any], prefix_len: int, path: IntList) -> None:
+    """Keep one root-to-node path of tree entries, contiguous after the prefix.
+
+    Gathers the K/V of nodes ``path`` (flattened indices, root first) into
+    slots ``prefix_len..prefix_len+K-1`` and drops the other tree entries
+    (cache offset becomes ``prefix_len + K``). Lazy: no host sync.
+
+    Args:
+        cache: the per-layer ``KVCache`` / ``QuantizedKVCache`` list, holding
+            the prefix then the tree nodes in flattened order.
+        prefix_len: cache length before the tree.
+        path: ``(K,)`` node indices (list or device array), root first.
+    """
+    if isinstance(path, mx.array):
+        K = path.shape[0]
+        identity = False
+    else:
+        path = list(path)
+        K = len(path)
+        identity = path == list(range(K))
+    bad = {type(c).__name__ for c in cache if type(c) not in _SUPPORTED_CACHES}
+    if bad:
+        raise ValueError(
+            f"commit_path needs KVCache or QuantizedKVCache, got {sorted(bad)}."
+        )
+    for c in cache:
+        if c.offset < prefix_len + K:
+            raise ValueError(
+                f"Cache offset {c.offset} is shorter than prefix_len + path "
+                f"({prefix_len} + {K})."
+            )
+    if K > 0 and not identity:
+        idx = mx.array(path, dtype=mx.int32) + prefix_len
+        end = prefix_len + K
+        for c in cache:
+            arrays = (c.keys, c.values)
+            if isinstance(c, QuantizedKVCache):
+                arrays = (*c.keys, *c.values)  # (data, scales, biases) each
+            for x in arrays:
+                x[..., prefix_len:end, :] = mx.take(x, idx, axis=-2)
+    for c in cache:
+        c.offset = prefix_len + K
