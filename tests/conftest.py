@@ -1,3 +1,31 @@
 """Shared pytest set-up: load OpenBLAS before mlx is imported anywhere."""
 
 import mlx_spec  # noqa: F401  (must precede every mlx import: it preloads OpenBLAS)
+
+# isort: split
+import functools
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def checkpoints():
+    """Name -> directory of the tiny test checkpoints (see mlx_spec.testing)."""
+    from mlx_spec.testing import test_checkpoints
+
+    return test_checkpoints()
+
+
+@pytest.fixture(scope="session")
+def load_model(checkpoints):
+    """``load_model(name) -> (model, tokenizer)``, loaded once per session.
+
+    Models are shared between tests: do not modify them in place.
+    """
+    import mlx_lm
+
+    @functools.lru_cache(maxsize=None)
+    def load(name):
+        return mlx_lm.load(str(checkpoints[name]))
+
+    return load

@@ -1,0 +1,652 @@
+"""Tiny random checkpoints of real mlx-lm architectures, for tests and demos.
+
+Every checkpoint is a Hugging Face style directory (``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``) that
+plain ``mlx_lm.load(path)`` accepts. Weights are float32 and seeded, the
+tokenizer is a byte-level BPE trained in about 0.2 s on Python's own standard
+library sources, and the output head is scaled so that greedy decoding has no
+near-ties (see :func:`min_top2_gap`).
+
+Typical use::
+
+    from mlx_spec.testing import test_checkpoints
+    paths = test_checkpoints()          # built once, cached on disk
+    model, tokenizer = mlx_lm.load(str(paths["llama"]))
+    draft, _ = mlx_lm.load(str(paths["llama-near"]))
+
+or from a shell: ``python -m mlx_spec.testing OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+# Bump when the checkpoints change in a way the source hash would not catch.
+FACTORY_VERSION = 1
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
+TOKENIZER_VARIANTS = {"default": 512, "other": 384}
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+DEFAULT_HIDDEN_SIZE = 64
+DEFAULT_NUM_LAYERS = 2
+DEFAULT_NUM_HEADS = 4
+DEFAULT_NUM_KV_HEADS = 2
+# Standard deviation of the logits at initialisation; large enough that the
+# top-1/top-2 gap dwarfs float32 accumulation noise (~1e-6 here).
+DEFAULT_HEAD_SCALE = 6.0
+# Noise of the "<arch>-near" drafts: greedy acceptance ~0.6-0.7.
+DEFAULT_NEAR_NOISE = 0.1
+# Targets of the named set are re-seeded until min_top2_gap >= this.
+GAP_FLOOR = 2.5e-3
+PROMPTS = (
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "The quick brown fox",
+    "class Parser:\n    def __init__(self",
+)
+GEMMA_BLOCK_GAIN = 2.0
+_CORPUS_CHARS = 400_000
+_STAMP = "mlx_spec_testing.json"
+_ARCHITECTURE_CLASS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+
+
+# --------------------------------------------------------------------------- #
+# Tokenizer
+# --------------------------------------------------------------------------- #
+
+
+def _corpus(variant: str) -> list[str]:
+    """Training text: stdlib ``*.py`` files, sorted (reversed for "other")."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(stdlib.glob("*.py"), reverse=variant == "other")
+    texts, total = [], 0
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total >= _CORPUS_CHARS:
+            break
+    return texts
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_json(vocab_size: int, variant: str) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(variant), trainer)
+    return tokenizer.to_str()
+
+
+def build_tokenizer(
+    out_dir: str | Path, *, vocab_size: int | None = None, variant: str = "default"
+) -> Path:
+    """Train (memoised per process) and write a byte-level BPE tokenizer.
+
+    Special tokens come first: ``<|endoftext|>`` = 0 (the EOS token),
+    ``<|im_start|>`` = 1, ``<|im_end|>`` = 2. A ChatML chat template is
+    included. Encoding adds no BOS/EOS.
+
+    Args:
+        out_dir: Directory to write ``tokenizer.json`` and
+            ``tokenizer_config.json`` into (created if missing).
+        vocab_size: Vocabulary size. Default: ``512`` for ``"default"``,
+            ``384`` for ``"other"``.
+        variant: ``"default"`` or ``"other"``; "other" is trained on different
+            text and so has a different vocabulary. Default: ``"default"``.
+
+    Returns:
+        ``out_dir`` as a ``Path``.
+    """
+    if variant not in TOKENIZER_VARIANTS:
+        raise ValueError(
+            f"variant must be one of {sorted(TOKENIZER_VARIANTS)}, got {variant!r}"
+        )
+    vocab_size = vocab_size or TOKENIZER_VARIANTS[variant]
+    if not 256 + len(SPECIAL_TOKENS) <= vocab_size <= 4096:
+        raise ValueError(f"vocab_size must be in [259, 4096], got {vocab_size}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.json").write_text(_tokenizer_json(vocab_size, variant))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config, indent=2)
+    )
+    return out_dir
+
+
+def _tokenizer_size(tokenizer_dir: Path) -> int:
+    content = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    ids = list(content["model"]["vocab"].values())
+    ids += [t["id"] for t in content.get("added_tokens", [])]
+    return max(ids) + 1
+
+
+# --------------------------------------------------------------------------- #
+# Model
+# --------------------------------------------------------------------------- #
+
+
+def _model_config(
+    arch: str,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    vocab_size: int,
+) -> dict:
+    """An HF-style ``config.json`` dict for ``arch``."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must be divisible by num_heads "
+            f"({num_heads}), and num_heads by num_kv_heads ({num_kv_heads})"
+        )
+    eos_ids = [SPECIAL_TOKENS.index(EOS_TOKEN), SPECIAL_TOKENS.index("<|im_end|>")]
+    config = {
+        "architectures": [_ARCHITECTURE_CLASS[arch]],
+        "model_type": arch,
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "intermediate_size": 2 * hidden_size,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": hidden_size // num_heads,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "hidden_act": "gelu_pytorch_tanh" if arch == "gemma" else "silu",
+        "tie_word_embeddings": arch == "gemma",
+        "bos_token_id": None,
+        "pad_token_id": SPECIAL_TOKENS.index(EOS_TOKEN),
+        "eos_token_id": eos_ids,
+        "torch_dtype": "float32",
+    }
+    if arch == "mistral":
+        config["sliding_window"] = None
+    if arch == "phi3":
+        del config["head_dim"]  # phi3 derives it from hidden_size
+    return config
+
+
+def _init_param(name: str, shape: tuple, *, arch: str, head_scale: float, seed: int):
+    """Seeded initial value of one parameter (independent of the others)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if len(shape) == 1:
+        if name.endswith("bias"):
+            return 0.02 * rng.standard_normal(shape, dtype=np.float32)
+        if arch == "gemma" and name == "model.norm.weight":
+            # Gemma stores (scale - 1) and ties its head to its input embedding:
+            # a random-sign final scale stops "argmax = the input token".
+            return rng.standard_normal(shape, dtype=np.float32) - 1.0
+        return np.full(shape, 0.0 if arch == "gemma" else 1.0, np.float32)
+    noise = rng.standard_normal(shape, dtype=np.float32)
+    hidden = shape[-1]
+    if name == "lm_head.weight" or (arch == "gemma" and "embed_tokens" in name):
+        # Logits = W @ rms_norm(h) with |rms_norm(h)| ~ sqrt(hidden).
+        return noise * np.float32(head_scale / np.sqrt(hidden))
+    if "embed_tokens" in name:
+        return noise
+    scale = 1.0 / np.sqrt(shape[1])
+    if arch == "gemma" and name.endswith(("o_proj.weight", "down_proj.weight")):
+        # Gemma's input is its (large) tied head row; let the blocks dominate
+        # the residual so the argmax is not simply the input token again.
+        scale *= GEMMA_BLOCK_GAIN * head_scale
+    return noise * np.float32(scale)
+
+
+def _parameter_shapes(config: dict) -> dict[str, tuple]:
+    """Parameter names and shapes, taken from mlx-lm's own model class."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
+
+
+def _resize_vocab(weights: dict, rows: int, tokenizer_size: int) -> dict:
+    """Keep the first ``tokenizer_size`` vocab rows, zero-pad up to ``rows``."""
+    out = {}
+    for name, w in weights.items():
+        if "embed_tokens" in name or name == "lm_head.weight":
+            w = w[:tokenizer_size]
+            pad = np.zeros((rows - w.shape[0],) + w.shape[1:], np.float32)
+            w = np.concatenate([w, pad])
+        out[name] = w
+    return out
+
+
+def make_checkpoint(
+    out_dir: str | Path,
+    arch: str,
+    *,
+    seed: int = 0,
+    hidden_size: int = DEFAULT_HIDDEN_SIZE,
+    num_layers: int = DEFAULT_NUM_LAYERS,
+    num_heads: int = DEFAULT_NUM_HEADS,
+    num_kv_heads: int = DEFAULT_NUM_KV_HEADS,
+    vocab_size: int | None = None,
+    base: str | Path | None = None,
+    noise: float = 0.0,
+    head_scale: float = DEFAULT_HEAD_SCALE,
+    padded_vocab: int = 0,
+    tokenizer: str | Path = "default",
+) -> Path:
+    """Write a tiny random ``arch`` checkpoint that ``mlx_lm.load`` accepts.
+
+    Args:
+        out_dir: Checkpoint directory (created if missing).
+        arch: One of :data:`ARCHITECTURES`; must match ``base`` if given.
+        seed: Seed for the weights (and for the noise when ``base`` is given).
+            Default: ``0``.
+        hidden_size: Model width. Ignored with ``base``. Default: ``64``.
+        num_layers: Number of transformer blocks. Ignored with ``base``.
+            Default: ``2``.
+        num_heads: Query heads. Ignored with ``base``. Default: ``4``.
+        num_kv_heads: Key/value heads (GQA). Ignored with ``base``.
+            Default: ``2``.
+        vocab_size: Tokenizer vocabulary size to train. Ignored with ``base``
+            or a tokenizer directory. Default: the variant's size.
+        base: A checkpoint to copy (config, tokenizer, weights) and perturb.
+            Default: ``None``.
+        noise: With ``base``: each tensor gets Gaussian noise of standard
+            deviation ``noise * std(tensor)``. Default: ``0.0``.
+        head_scale: Target standard deviation of the initial logits (the
+            ``lm_head``, or gemma's tied embedding, is scaled to it).
+            Default: ``6.0``.
+        padded_vocab: Extra all-zero vocabulary rows beyond the tokenizer's
+            size in the embedding and head (``config.vocab_size`` grows by it),
+            like Qwen2.5-7B's 152064 vs 151665 tokens. Default: ``0``.
+        tokenizer: ``"default"``, ``"other"`` (a different vocabulary) or a
+            directory holding ``tokenizer.json``/``tokenizer_config.json``.
+            Ignored with ``base``. Default: ``"default"``.
+
+    Returns:
+        ``out_dir`` as a ``Path``.
+    """
+    import mlx.core as mx
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if padded_vocab < 0:
+        raise ValueError(f"padded_vocab must be >= 0, got {padded_vocab}")
+
+    if base is not None:
+        base = Path(base)
+        config = json.loads((base / "config.json").read_text())
+        if config["model_type"] != arch:
+            raise ValueError(
+                f"arch {arch!r} does not match base model_type "
+                f"{config['model_type']!r}"
+            )
+        _copy_tokenizer(base, out_dir)
+    elif isinstance(tokenizer, str) and tokenizer in TOKENIZER_VARIANTS:
+        build_tokenizer(out_dir, vocab_size=vocab_size, variant=tokenizer)
+    else:
+        _copy_tokenizer(Path(tokenizer), out_dir)
+    tokenizer_size = _tokenizer_size(out_dir)
+
+    if base is not None:
+        config["vocab_size"] = tokenizer_size + padded_vocab
+        weights = {
+            k: np.array(v) for k, v in mx.load(str(base / "model.safetensors")).items()
+        }
+        rng = np.random.default_rng([seed, 0x5EED])
+        if noise:
+            weights = {
+                name: w
+                + np.float32(noise * w.std())
+                * rng.standard_normal(w.shape, dtype=np.float32)
+                for name, w in sorted(weights.items())
+            }
+    else:
+        config = _model_config(
+            arch,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            vocab_size=tokenizer_size + padded_vocab,
+        )
+        weights = {
+            name: _init_param(name, shape, arch=arch, head_scale=head_scale, seed=seed)
+            for name, shape in _parameter_shapes(config).items()
+        }
+    weights = _resize_vocab(weights, config["vocab_size"], tokenizer_size)
+
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    mx.save_safetensors(
+        str(out_dir / "model.safetensors"),
+        {k: mx.array(v) for k, v in weights.items()},
+        metadata={"format": "mlx"},
+    )
+    return out_dir
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src / name, dst / name)
+
+
+# --------------------------------------------------------------------------- #
+# Checks
+# --------------------------------------------------------------------------- #
+
+
+def _encode(tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    return list(prompt)
+
+
+def greedy_continuation(model, prompt_ids: Sequence[int], steps: int):
+    """Greedy tokens and per-step top-1/top-2 logit gaps, using a KV cache.
+
+    Args:
+        model: An mlx-lm model.
+        prompt_ids: Prompt token ids.
+        steps: Number of tokens to generate.
+
+    Returns:
+        ``(tokens, gaps)``: two lists of length ``steps``.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompt_ids)[None], cache=cache)[0, -1]
+    tokens, gaps = [], []
+    for _ in range(steps):
+        row = np.array(logits.astype(mx.float32))
+        second, first = np.partition(row, -2)[-2:]
+        tokens.append(int(row.argmax()))
+        gaps.append(float(first - second))
+        logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
+    return tokens, gaps
+
+
+def min_top2_gap(
+    model, tokenizer, prompts: Iterable[str] = PROMPTS, steps: int = 32
+) -> float:
+    """Smallest top-1 minus top-2 logit over greedy decoding of ``prompts``.
+
+    Args:
+        model: An mlx-lm model.
+        tokenizer: Its tokenizer (used to encode string prompts).
+        prompts: Prompts (strings or token id lists). Default: :data:`PROMPTS`.
+        steps: Greedy steps per prompt. Default: ``32``.
+
+    Returns:
+        The minimum gap over all prompts and steps.
+    """
+    return min(
+        min(greedy_continuation(model, _encode(tokenizer, p), steps)[1])
+        for p in prompts
+    )
+
+
+def greedy_agreement(
+    target, draft, tokenizer, prompts: Iterable[str] = PROMPTS, steps: int = 32
+) -> float:
+    """Fraction of positions where the draft's argmax equals the target's.
+
+    Teacher forcing: the target decodes ``steps`` greedy tokens per prompt,
+    then the draft reads prompt + continuation in one pass; position ``i``
+    agrees when the draft's argmax predicts continuation token ``i``. This
+    is the per-token greedy acceptance rate of speculative decoding.
+
+    Args:
+        target: The target mlx-lm model.
+        draft: A draft model sharing the tokenizer (its head may be padded).
+        tokenizer: The shared tokenizer.
+        prompts: Prompts (strings or token id lists). Default: :data:`PROMPTS`.
+        steps: Continuation length per prompt. Default: ``32``.
+
+    Returns:
+        Agreement in ``[0, 1]``.
+    """
+    import mlx.core as mx
+
+    hits = total = 0
+    for prompt in prompts:
+        ids = _encode(tokenizer, prompt)
+        tokens, _ = greedy_continuation(target, ids, steps)
+        logits = draft(mx.array(ids + tokens[:-1])[None])[0, len(ids) - 1 :]
+        predicted = np.array(mx.argmax(logits, axis=-1)).tolist()
+        hits += sum(p == t for p, t in zip(predicted, tokens))
+        total += len(tokens)
+    return hits / total
+
+
+# --------------------------------------------------------------------------- #
+# The named test set
+# --------------------------------------------------------------------------- #
+
+
+def _prompt_ids(tokenizer_dir: Path) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    return [tokenizer.encode(p, add_special_tokens=False).ids for p in PROMPTS]
+
+
+def _make_target(out_dir: Path, arch: str, *, seed: int, tries: int = 20) -> Path:
+    """:func:`make_checkpoint`, re-seeded until its greedy gaps clear GAP_FLOOR."""
+    from mlx_lm.utils import load_model
+
+    for attempt in range(tries):
+        make_checkpoint(out_dir, arch, seed=seed + 1000 * attempt)
+        model, _ = load_model(out_dir)
+        if min_top2_gap(model, None, _prompt_ids(out_dir)) >= GAP_FLOOR:
+            return out_dir
+    raise RuntimeError(
+        f"no {arch} seed in {tries} tries has greedy gaps >= {GAP_FLOOR}"
+    )
+
+
+def _build_set(root: Path) -> dict[str, Path]:
+    """Write the named checkpoint set into ``root`` (no caching)."""
+    paths: dict[str, Path] = {}
+    for i, arch in enumerate(ARCHITECTURES):
+        paths[arch] = _make_target(root / arch, arch, seed=i)
+        paths[f"{arch}-near"] = make_checkpoint(
+            root / f"{arch}-near",
+            arch,
+            base=paths[arch],
+            noise=DEFAULT_NEAR_NOISE,
+            seed=100 + i,
+        )
+    paths["llama-unrelated"] = make_checkpoint(
+        root / "llama-unrelated",
+        "qwen3",
+        seed=1000,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+    )
+    # Same weights as "qwen2" plus zero rows: its logits over real tokens match.
+    paths["qwen2-padded"] = make_checkpoint(
+        root / "qwen2-padded", "qwen2", base=paths["qwen2"], padded_vocab=128
+    )
+    paths["qwen2-padded-near"] = make_checkpoint(
+        root / "qwen2-padded-near",
+        "qwen2",
+        base=paths["qwen2"],
+        noise=DEFAULT_NEAR_NOISE,
+        padded_vocab=64,
+        seed=200,
+    )
+    paths["llama-othertok"] = make_checkpoint(
+        root / "llama-othertok",
+        "llama",
+        seed=2000,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        tokenizer="other",
+    )
+    return paths
+
+
+# Names and their intended roles, for documentation and tests.
+CHECKPOINT_NAMES = (
+    *ARCHITECTURES,
+    *(f"{a}-near" for a in ARCHITECTURES),
+    "llama-unrelated",
+    "qwen2-padded",
+    "qwen2-padded-near",
+    "llama-othertok",
+)
+
+
+def version_hash() -> str:
+    """Hash of everything that determines the checkpoint files."""
+    import tokenizers
+
+    h = hashlib.sha256()
+    h.update(Path(__file__).read_bytes())
+    h.update(
+        f"{FACTORY_VERSION}|{sys.version_info[:2]}|{tokenizers.__version__}".encode()
+    )
+    return h.hexdigest()[:16]
+
+
+def default_root() -> Path:
+    """``$MLX_SPEC_TEST_CKPT_DIR`` or ``~/.cache/mlx_spec/test-checkpoints``,
+    plus the :func:`version_hash` subdirectory."""
+    parent = os.environ.get("MLX_SPEC_TEST_CKPT_DIR") or (
+        Path.home() / ".cache" / "mlx_spec" / "test-checkpoints"
+    )
+    return Path(parent) / version_hash()
+
+
+def _is_current(root: Path, version: str) -> bool:
+    try:
+        stamp = json.loads((root / _STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return stamp.get("version") == version
+
+
+def test_checkpoints(root: str | Path | None = None) -> dict[str, Path]:
+    """Build (once) and return the named test checkpoint set.
+
+    Names: every arch in :data:`ARCHITECTURES` (targets), ``"<arch>-near"``
+    (target + small noise, ~0.5-0.9 greedy acceptance), ``"llama-unrelated"``
+    (a small qwen3, low acceptance), ``"qwen2-padded"`` (``"qwen2"`` with 128
+    zero vocab rows), ``"qwen2-padded-near"`` (near ``"qwen2"``, 64 zero rows)
+    and ``"llama-othertok"`` (a different tokenizer, for mismatch errors).
+
+    The set is built into a temporary sibling directory and renamed into
+    place, so concurrent builders are safe; a stale set (older factory
+    version) is replaced.
+
+    Args:
+        root: Directory to hold the checkpoint directories. Default:
+            :func:`default_root`.
+
+    Returns:
+        A dict from name to checkpoint directory.
+    """
+    root = Path(root) if root is not None else default_root()
+    version = version_hash()
+    if not _is_current(root, version):
+        if root.is_dir() and any(root.iterdir()) and not (root / _STAMP).exists():
+            raise FileExistsError(f"{root} is not empty and holds no test checkpoints")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+        try:
+            _build_set(tmp)
+            (tmp / _STAMP).write_text(json.dumps({"version": version}))
+            _swap_in(tmp, root, version)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {name: root / name for name in CHECKPOINT_NAMES}
+
+
+test_checkpoints.__test__ = False
+
+
+def _swap_in(tmp: Path, root: Path, version: str) -> None:
+    """Rename the fresh set ``tmp`` to ``root``, moving a stale set aside."""
+    if root.exists() and not _is_current(root, version):
+        trash = Path(tempfile.mkdtemp(prefix=f".{root.name}-old-", dir=root.parent))
+        try:
+            os.replace(root, trash / "old")
+        except OSError:
+            pass  # another builder moved it first
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, root)
+    except OSError:
+        if not _is_current(root, version):  # a concurrent builder won otherwise
+            raise  # not a pytest test despite its name
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Write the named checkpoint set: ``python -m mlx_spec.testing OUT_DIR``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mlx_spec.testing",
+        description="Write tiny random mlx-lm checkpoints for tests and demos.",
+    )
+    parser.add_argument("out_dir", type=Path, help="Directory to write into.")
+    args = parser.parse_args(argv)
+    for name, path in test_checkpoints(args.out_dir).items():
+        print(f"{name:20s} {path}")
+
+
+if __name__ == "__main__":
+    main()
