@@ -153,6 +153,76 @@ class Tree:
             parents = [-1] + [p + 1 for p in parents]  # old roots -> child of 0
         return cls.from_parents(tokens, parents)
 
+    def grow(self, tokens: IntList, parents: IntList) -> "Tree":
+        """Append ``K`` new nodes whose parents are existing nodes (a draft level).
+
+        Lazy, so ``parents`` can come straight from a device top-k. Forward
+        just the new nodes with ``tree_forward(model, cache, grown, start=N)``.
+
+        Args:
+            tokens: ``(K,)`` token ids of the new nodes.
+            parents: ``(K,)`` parent of each new node, in ``[0, N)``, or ``-1``
+                for a new root.
+
+        Returns:
+            A :class:`Tree` with ``N + K`` nodes; the first ``N`` are unchanged.
+        """
+        n = self.size
+        if not isinstance(parents, mx.array):
+            parents = list(parents)
+            if not all(-1 <= p < n for p in parents):
+                raise ValueError(f"grow: parents {parents} must be in [-1, {n}).")
+        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
+        parents = mx.array(parents, dtype=mx.int32)
+        k = parents.shape[0]
+        if tokens.shape != (k,) or k == 0:
+            raise ValueError(
+                f"grow: tokens {tuple(tokens.shape)} and parents ({k},) must both "
+                "have shape (K,) with K >= 1."
+            )
+        has_parent = parents >= 0
+        safe = mx.maximum(parents, 0)
+        rows = self.ancestor_mask[safe] & has_parent[:, None]  # (K, N)
+        top = mx.concatenate([self.ancestor_mask, mx.zeros((n, k), mx.bool_)], 1)
+        bottom = mx.concatenate([rows, mx.eye(k, dtype=mx.bool_)], 1)
+        depth = mx.where(has_parent, self.depth[safe] + 1, 0).astype(mx.int32)
+        return Tree(
+            mx.concatenate([self.tokens, tokens.astype(self.tokens.dtype)]),
+            mx.concatenate([self.parents, parents]),
+            mx.concatenate([self.depth, depth]),
+            mx.concatenate([top, bottom], 0),
+        )
+
+    def subtree(self, nodes: IntList) -> "Tree":
+        """Keep only ``nodes`` (e.g. the best-scored draft nodes to verify).
+
+        ``nodes`` must be ascending and closed under ancestors (every kept
+        node's parent is kept), as a top-``M`` by cumulative draft probability
+        is; only the ascending order is checked, and only for host lists.
+        Node ``m`` of the result is node ``nodes[m]`` of this tree, so a path
+        ``p`` found in the subtree is ``nodes[p]`` here.
+
+        Args:
+            nodes: ``(M,)`` node indices.
+
+        Returns:
+            A :class:`Tree` with ``M`` nodes.
+        """
+        if not isinstance(nodes, mx.array):
+            nodes = list(nodes)
+            if any(a >= b for a, b in zip(nodes, nodes[1:])):
+                raise ValueError(f"subtree: nodes {nodes} must be ascending.")
+        nodes = mx.array(nodes, dtype=mx.int32)
+        parents = self.parents[nodes]
+        # A kept parent's new index is the number of kept nodes before it.
+        remapped = (nodes[None, :] < parents[:, None]).sum(axis=1).astype(mx.int32)
+        return Tree(
+            self.tokens[nodes],
+            mx.where(parents >= 0, remapped, -1),
+            self.depth[nodes],
+            self.ancestor_mask[nodes][:, nodes],
+        )
+
     def path(self, node: Union[int, mx.array], length: int) -> mx.array:
         """Flattened indices of the root-to-``node`` path, root first.
 

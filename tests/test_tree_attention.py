@@ -4,6 +4,7 @@ import importlib
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
@@ -132,18 +133,30 @@ def test_tree_logits_match_sequential_paths(model, name):
     assert mx.abs(logits - expected).max().item() < 1e-4
 
 
-def test_tree_expanded_level_by_level_matches_one_shot(model):
+def test_tree_grown_level_by_level_matches_one_shot(model):
     parents = TREES["deep_wide"]
-    tree = Tree.from_parents(_tokens(len(parents), 1), parents)
+    tokens = _tokens(len(parents), 1)
     cache, _ = _prefilled(model, PREFIX)
-    one_shot = tree_forward(model, cache, tree)
-    # Drafter-style growth: forward nodes [0, 3), then [3, 8), then the rest.
+    one_shot = tree_forward(model, cache, Tree.from_parents(tokens, parents))
+    # Drafter-style: one forward per level, each new level's parents on device.
     cache, _ = _prefilled(model, PREFIX)
-    levels = []
-    for start, stop in ((0, 3), (3, 8), (8, len(parents))):
-        sub = Tree.from_parents(tree.tokens[:stop], parents[:stop])
-        levels.append(tree_forward(model, cache, sub, start=start))
+    tree = Tree.from_parents(tokens[:1], parents[:1])
+    levels = [tree_forward(model, cache, tree)]
+    for start, stop in ((1, 3), (3, 6), (6, 9), (9, 11), (11, 13)):
+        tree = tree.grow(tokens[start:stop], mx.array(parents[start:stop]))
+        levels.append(tree_forward(model, cache, tree, start=start))
     assert mx.abs(mx.concatenate(levels) - one_shot).max().item() < 1e-4
+
+
+def test_subtree_verifies_like_the_full_tree(model):
+    parents = TREES["deep_wide"]
+    full = Tree.from_parents(_tokens(len(parents), 4), parents)
+    keep = [0, 1, 3, 4, 6, 9]
+    cache, _ = _prefilled(model, PREFIX)
+    expected = tree_forward(model, cache, full)[mx.array(keep)]
+    cache, _ = _prefilled(model, PREFIX)
+    logits = tree_forward(model, cache, full.subtree(mx.array(keep)))
+    assert mx.abs(logits - expected).max().item() < 1e-4
 
 
 def test_masked_forward_with_explicit_visibility_matches_tree_forward(model):
@@ -226,10 +239,11 @@ def test_prepare_keeps_normal_decoding_bit_identical(arch):
         out.append(model(prompt)[0])  # no cache
         return mx.concatenate(out)
 
-    before = decode()
+    before, names = decode(), [k for k, _ in tree_flatten(model.parameters())]
     prepare_tree_model(model)
     prepare_tree_model(model)  # idempotent
     assert mx.array_equal(decode(), before).item()
+    assert [k for k, _ in tree_flatten(model.parameters())] == names
 
 
 def test_unsupported_architecture_refused_in_one_line():
@@ -292,6 +306,30 @@ def test_tree_structure_from_parents_and_choices():
         Tree.from_choices([(0, 0), (0,)], [1, 2])
     with pytest.raises(ValueError, match="parents\\[1\\]"):
         Tree.from_parents([1, 2], [-1, 1])
+
+
+def test_grow_and_subtree_agree_with_from_parents():
+    parents = TREES["deep_wide"]
+    tokens = _tokens(len(parents), 2)
+    full = Tree.from_parents(tokens, parents)
+    grown = Tree.from_parents(tokens[:3], parents[:3])
+    for start, stop in ((3, 6), (6, 9), (9, 11), (11, 13)):  # one level each
+        grown = grown.grow(tokens[start:stop], parents[start:stop])
+    forest = Tree.from_parents([1], [-1]).grow([2, 3], [0, -1])
+    assert forest.parents.tolist() == [-1, 0, -1]
+    assert forest.depth.tolist() == [0, 1, 0]
+
+    keep = [0, 1, 3, 4, 6, 9]
+    sub = full.subtree(keep)
+    assert sub.parents.tolist() == [-1, 0, 1, 1, 2, 4]
+    ref = Tree.from_parents(tokens[mx.array(keep)], [-1, 0, 1, 1, 2, 4])
+    for a, b in ((grown, full), (sub, ref)):
+        for field in ("tokens", "parents", "depth", "ancestor_mask"):
+            assert mx.array_equal(getattr(a, field), getattr(b, field)).item(), field
+    with pytest.raises(ValueError, match="ascending"):
+        full.subtree([0, 3, 1])
+    with pytest.raises(ValueError, match="grow"):
+        full.grow([1], [len(parents)])
 
 
 def test_device_parents_give_the_same_tree():
