@@ -227,6 +227,21 @@ def test_commit_path_accepts_host_lists_and_identity_paths(model):
 
 
 @pytest.mark.parametrize("arch", SUPPORTED_ARCHITECTURES)
+def test_loaded_checkpoint_tree_matches_sequential_paths(checkpoints, arch):
+    import mlx_lm
+
+    # A private copy: prepare_tree_model wraps modules of the model in place.
+    model, _ = mlx_lm.load(str(checkpoints[arch]))
+    prepare_tree_model(model)
+    parents = TREES["deep_wide"]
+    tree = Tree.from_parents(_tokens(len(parents), 9), parents)
+    cache, _ = _prefilled(model, PREFIX)
+    logits = tree_forward(model, cache, tree)
+    expected = _sequential_logits(model, parents, tree.tokens)
+    assert mx.abs(logits - expected).max().item() < 1e-4
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHITECTURES)
 def test_prepare_keeps_normal_decoding_bit_identical(arch):
     model = _make_model(arch)
     prompt = mx.array([PREFIX])
