@@ -17,6 +17,18 @@ The wrapped rope rotates each token as its own batch row, because
 
 Terms: the *prefix* is what the cache holds before the tree; the tree's nodes
 are stored in *flattened* (topological) order, parents before children.
+
+Typical round (``P`` = cache length, nothing here syncs with the host)::
+
+    prepare_tree_model(target)                      # once
+    tree = Tree.from_parents(tokens, parents)       # or from_choices / grow
+    logits = tree_forward(target, cache, tree)      # (N, V), cache at P + N
+    ...accept on device; one sync gives the accepted node and its depth...
+    commit_path(cache, P, tree.path(node, depth + 1))   # cache at P + depth + 1
+
+A drafter grows its tree one level per forward: ``tree = tree.grow(tok, par)``
+then ``tree_forward(draft, draft_cache, tree, start=old_size)``, and sends
+``tree.subtree(best_nodes)`` to the target.
 """
 
 import math
@@ -49,8 +61,9 @@ IntList = Union[Sequence[int], mx.array]
 class Tree:
     """A token tree in flattened topological order (every parent precedes its children).
 
-    Build it with :meth:`from_parents` or :meth:`from_choices`; all fields are
-    device arrays and building one never syncs with the host.
+    Build it with :meth:`from_parents` or :meth:`from_choices`, extend it with
+    :meth:`grow` and prune it with :meth:`subtree`. All fields are device
+    arrays and none of these sync with the host.
 
     Attributes:
         tokens: ``(N,)`` token ids, one per node.
