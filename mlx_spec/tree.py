@@ -104,7 +104,7 @@ class Tree:
                     raise ValueError(
                         f"parents[{i}] = {p}: must be -1 (root) or a node index < {i}."
                     )
-        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
+        tokens = _as_array(tokens)
         parents = mx.array(parents, dtype=mx.int32)
         if tokens.ndim != 1 or tokens.size == 0 or parents.shape != tokens.shape:
             raise ValueError(
@@ -155,7 +155,7 @@ class Tree:
             index[path] = i
             parents.append(index[path[:-1]] if len(path) > 1 else -1)
 
-        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
+        tokens = _as_array(tokens)
         if tokens.ndim == 2:
             rows = mx.array([len(c) - 1 for c in choices])
             cols = mx.array([c[-1] for c in choices])
@@ -185,7 +185,7 @@ class Tree:
             parents = list(parents)
             if not all(-1 <= p < n for p in parents):
                 raise ValueError(f"grow: parents {parents} must be in [-1, {n}).")
-        tokens = mx.array(tokens) if not isinstance(tokens, mx.array) else tokens
+        tokens = _as_array(tokens)
         parents = mx.array(parents, dtype=mx.int32)
         k = parents.shape[0]
         if tokens.shape != (k,) or k == 0:
@@ -251,6 +251,10 @@ class Tree:
         # Ancestors have smaller indices than descendants: sort them first, in order.
         keys = mx.where(row, order, order + n)
         return mx.argsort(keys)[:length].astype(mx.int32)
+
+
+def _as_array(x: IntList) -> mx.array:
+    return x if isinstance(x, mx.array) else mx.array(x)
 
 
 def _ancestor_mask(parents: mx.array) -> mx.array:
@@ -375,6 +379,11 @@ def _check_ready(model: nn.Module, cache: List[Any]) -> int:
     layers = model.layers
     if not layers or not isinstance(layers[0].self_attn.rope, TreeRoPE):
         raise ValueError("Call prepare_tree_model(model) before a tree forward.")
+    return _check_caches(cache)
+
+
+def _check_caches(cache: List[Any]) -> int:
+    """Validates the cache types; returns their common offset."""
     bad = {type(c).__name__ for c in cache if type(c) not in _SUPPORTED_CACHES}
     if bad:
         raise ValueError(
@@ -484,17 +493,12 @@ def commit_path(cache: List[Any], prefix_len: int, path: IntList) -> None:
         path = list(path)
         K = len(path)
         identity = path == list(range(K))
-    bad = {type(c).__name__ for c in cache if type(c) not in _SUPPORTED_CACHES}
-    if bad:
+    offset = _check_caches(cache)
+    if offset < prefix_len + K:
         raise ValueError(
-            f"commit_path needs KVCache or QuantizedKVCache, got {sorted(bad)}."
+            f"Cache offset {offset} is shorter than prefix_len + path "
+            f"({prefix_len} + {K})."
         )
-    for c in cache:
-        if c.offset < prefix_len + K:
-            raise ValueError(
-                f"Cache offset {c.offset} is shorter than prefix_len + path "
-                f"({prefix_len} + {K})."
-            )
     if K > 0 and not identity:
         idx = mx.array(path, dtype=mx.int32) + prefix_len
         end = prefix_len + K

@@ -264,15 +264,7 @@ def test_prepare_keeps_normal_decoding_bit_identical(arch):
 def test_unsupported_architecture_refused_in_one_line():
     from mlx_lm.models import starcoder2
 
-    args = starcoder2.ModelArgs(
-        model_type="starcoder2",
-        hidden_size=32,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-    )
+    args = starcoder2.ModelArgs.from_dict({"model_type": "starcoder2", **_COMMON})
     with pytest.raises(ValueError) as err:
         prepare_tree_model(starcoder2.Model(args))
     msg = str(err.value)
