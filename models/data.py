@@ -128,7 +128,6 @@ def save_tokenizer(tok, out_dir: Path) -> None:
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": 1024,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -180,4 +179,6 @@ def load_stream(data_dir: Path, split: str) -> np.ndarray:
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/stdlib-corpus")
     m = prepare(out)
-    print({k: v for k, v in m.items() if k not in ("heldout_files", "skipped_non_utf8")})
+    print(
+        {k: v for k, v in m.items() if k not in ("heldout_files", "skipped_non_utf8")}
+    )

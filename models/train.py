@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for m
 
 import mlx_spec  # noqa: F401,E402  (must precede mlx: preloads OpenBLAS)
 
+# isort: split
+
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -26,14 +28,13 @@ import shutil  # noqa: E402
 import time  # noqa: E402
 from functools import partial
 
+import data as corpus
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama
-
-import data as corpus
 
 DEFAULT_DATA_DIR = "runs/stdlib-corpus"
 DEFAULT_SEQ_LEN = 256
@@ -54,7 +55,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--intermediate-size", type=int, default=None, help="Default: 8/3 * hidden, rounded to 32.")
+    p.add_argument(
+        "--intermediate-size",
+        type=int,
+        default=None,
+        help="Default: 8/3 * hidden, rounded to 32.",
+    )
     p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN)
     p.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     p.add_argument("--steps", type=int, required=True)
@@ -63,10 +69,17 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     p.add_argument("--weight-decay", type=float, default=DEFAULT_WEIGHT_DECAY)
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    p.add_argument("--ckpt-every", type=float, default=DEFAULT_CKPT_EVERY, help="Seconds.")
+    p.add_argument(
+        "--ckpt-every", type=float, default=DEFAULT_CKPT_EVERY, help="Seconds."
+    )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-tokens", type=int, default=DEFAULT_EVAL_TOKENS)
-    p.add_argument("--max-seconds", type=float, default=None, help="Stop (after a checkpoint) after this long; for probes.")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="Stop (after a checkpoint) after this long; for probes.",
+    )
     p.add_argument("--no-export", action="store_true")
     return p
 
@@ -95,14 +108,18 @@ def model_args(args, vocab_size: int, eos_id: int) -> dict:
 
 def build_model(config: dict) -> llama.Model:
     fields = llama.ModelArgs.__dataclass_fields__
-    return llama.Model(llama.ModelArgs(**{k: v for k, v in config.items() if k in fields}))
+    return llama.Model(
+        llama.ModelArgs(**{k: v for k, v in config.items() if k in fields})
+    )
 
 
 def count_params(model: nn.Module) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
-def batch_at(stream: np.ndarray, step: int, *, seed: int, batch_size: int, seq_len: int):
+def batch_at(
+    stream: np.ndarray, step: int, *, seed: int, batch_size: int, seq_len: int
+):
     """Random windows for ``step``: a pure function of (seed, step).
 
     Returns:
@@ -129,22 +146,30 @@ def evaluate_loss(model, stream: np.ndarray, *, seq_len: int, max_tokens: int) -
     targets = mx.array(win[1:].reshape(n, seq_len))
     total = mx.array(0.0)
     for i in range(0, n, 8):
-        total = total + nn.losses.cross_entropy(model(inputs[i : i + 8]), targets[i : i + 8], reduction="sum")
+        total = total + nn.losses.cross_entropy(
+            model(inputs[i : i + 8]), targets[i : i + 8], reduction="sum"
+        )
         mx.eval(total)
     return total.item() / (n * seq_len)
 
 
 def make_optimizer(args) -> optim.AdamW:
     warm = optim.linear_schedule(0.0, args.lr, max(args.warmup, 1))
-    decay = optim.cosine_decay(args.lr, max(args.steps - args.warmup, 1), end=args.lr * args.min_lr_ratio)
+    decay = optim.cosine_decay(
+        args.lr, max(args.steps - args.warmup, 1), end=args.lr * args.min_lr_ratio
+    )
     sched = optim.join_schedules([warm, decay], [args.warmup])
     return optim.AdamW(learning_rate=sched, weight_decay=args.weight_decay)
 
 
 def save_checkpoint(ckpt: Path, model, opt, step: int) -> None:
     ckpt.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(ckpt / "weights.tmp.safetensors"), dict(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(ckpt / "optimizer.tmp.safetensors"), dict(tree_flatten(opt.state)))
+    mx.save_safetensors(
+        str(ckpt / "weights.tmp.safetensors"), dict(tree_flatten(model.parameters()))
+    )
+    mx.save_safetensors(
+        str(ckpt / "optimizer.tmp.safetensors"), dict(tree_flatten(opt.state))
+    )
     (ckpt / "weights.tmp.safetensors").replace(ckpt / "weights.safetensors")
     (ckpt / "optimizer.tmp.safetensors").replace(ckpt / "optimizer.safetensors")
     (ckpt / "step.json").write_text(json.dumps({"step": step}) + "\n")
@@ -155,7 +180,9 @@ def load_checkpoint(ckpt: Path, model, opt) -> int:
     if not (ckpt / "step.json").exists():
         return 0
     model.load_weights(str(ckpt / "weights.safetensors"))
-    opt.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
+    opt.state = tree_unflatten(
+        list(mx.load(str(ckpt / "optimizer.safetensors")).items())
+    )
     return json.loads((ckpt / "step.json").read_text())["step"]
 
 
@@ -163,7 +190,9 @@ def export(out: Path, model, config: dict, data_dir: Path) -> None:
     """Write the HF-layout folder: config, float32 safetensors, tokenizer."""
     out.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(out / "model.safetensors"), weights, metadata={"format": "mlx"}
+    )
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(data_dir / name, out / name)
@@ -183,7 +212,9 @@ def main():
     heldout = corpus.load_stream(data_dir, "heldout")
     from tokenizers import Tokenizer
 
-    eos_id = Tokenizer.from_file(str(data_dir / "tokenizer.json")).token_to_id(corpus.EOS_TOKEN)
+    eos_id = Tokenizer.from_file(str(data_dir / "tokenizer.json")).token_to_id(
+        corpus.EOS_TOKEN
+    )
     config = model_args(args, manifest["vocab_size"], eos_id)
 
     mx.random.seed(args.seed)
@@ -198,7 +229,10 @@ def main():
     start = load_checkpoint(ckpt, model, opt)
     n_params = count_params(model)
     tokens_per_step = args.batch_size * args.seq_len
-    log_line(log_path, {"event": "start", "step": start, "params": n_params, "config": config})
+    log_line(
+        log_path,
+        {"event": "start", "step": start, "params": n_params, "config": config},
+    )
 
     state = [model.state, opt.state]
     loss_and_grad = nn.value_and_grad(model, loss_fn)
@@ -212,7 +246,13 @@ def main():
     t0 = t_ckpt = t_log = time.perf_counter()
     losses, step = [], start
     for step in range(start, args.steps):
-        inputs, targets = batch_at(train, step, seed=args.seed, batch_size=args.batch_size, seq_len=args.seq_len)
+        inputs, targets = batch_at(
+            train,
+            step,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+        )
         loss = train_step(inputs, targets)
         mx.eval(state, loss)
         losses.append(loss.item())
@@ -234,14 +274,26 @@ def main():
         over_time = args.max_seconds is not None and now - t0 > args.max_seconds
         if now - t_ckpt > args.ckpt_every or done == args.steps or over_time:
             save_checkpoint(ckpt, model, opt, done)
-            val = evaluate_loss(model, heldout, seq_len=args.seq_len, max_tokens=args.eval_tokens)
-            log_line(log_path, {"event": "checkpoint", "step": done, "tokens": done * tokens_per_step, "heldout_loss": val})
+            val = evaluate_loss(
+                model, heldout, seq_len=args.seq_len, max_tokens=args.eval_tokens
+            )
+            log_line(
+                log_path,
+                {
+                    "event": "checkpoint",
+                    "step": done,
+                    "tokens": done * tokens_per_step,
+                    "heldout_loss": val,
+                },
+            )
             t_ckpt = t_log = time.perf_counter()
             if not args.no_export:
                 export(out, model, config, data_dir)
         if over_time:
             break
-    log_line(log_path, {"event": "end", "step": step + 1 if args.steps > start else start})
+    log_line(
+        log_path, {"event": "end", "step": step + 1 if args.steps > start else start}
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""The shipped default pair in models/ loads with mlx_lm and generates greedily."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+TARGET = MODELS / "stdlib-llama-target"
+DRAFT = MODELS / "stdlib-llama-draft"
+PAIR = (TARGET, DRAFT)
+MAX_PAIR_BYTES = 80 * 1024 * 1024
+CODE = 'def f(x):\n\tif x:\n        return "héllo"  # ok\n\n\n    \nclass A(B): pass\n'
+
+pytestmark = pytest.mark.skipif(
+    not all((p / "model.safetensors").exists() for p in PAIR),
+    reason="default model pair not present in models/",
+)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from mlx_lm import load
+
+    return {p.name: load(str(p)) for p in PAIR}
+
+
+def test_pair_is_llama_with_hf_layout():
+    for path in PAIR:
+        for name in (
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ):
+            assert (path / name).is_file(), path / name
+        assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_pair_fits_size_budget():
+    total = sum(f.stat().st_size for p in PAIR for f in p.iterdir() if f.is_file())
+    assert total <= MAX_PAIR_BYTES
+
+
+def test_pair_shares_tokenizer(pair):
+    assert (TARGET / "tokenizer.json").read_bytes() == (
+        DRAFT / "tokenizer.json"
+    ).read_bytes()
+    (target, t_tok), (draft, d_tok) = pair[TARGET.name], pair[DRAFT.name]
+    assert t_tok.eos_token_ids == d_tok.eos_token_ids
+    assert t_tok.convert_tokens_to_ids("<|endoftext|>") in t_tok.eos_token_ids
+    assert target.args.vocab_size == draft.args.vocab_size == len(t_tok.get_vocab())
+
+
+def test_tokenizer_round_trips_code(pair):
+    _, tok = pair[TARGET.name]
+    ids = tok.encode(CODE)
+    assert tok.decode(ids) == CODE
+    assert tok.chat_template is None
+
+
+@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name])
+def test_greedy_generate_matches_argmax_loop(pair, name):
+    import mlx.core as mx
+    from mlx_lm import generate
+
+    model, tok = pair[name]
+    prompt = "def add(a, b):\n"
+    text = generate(model, tok, prompt, max_tokens=12)
+    ids = tok.encode(prompt)
+    expected = []
+    for _ in range(12):
+        nxt = mx.argmax(model(mx.array([ids + expected]))[0, -1]).item()
+        if nxt in tok.eos_token_ids:
+            break
+        expected.append(nxt)
+    assert text == tok.decode(expected)
