@@ -10,6 +10,7 @@ ensure_fast_blas()
 from .config import SpecConfig  # noqa: E402
 from .engine import speculative_generate_step  # noqa: E402
 from .generate import SpecResponse, generate, stream_generate  # noqa: E402
+from .integration import register, unregister  # noqa: E402
 from .sampling import make_sampler  # noqa: E402
 from .stats import SpecStats  # noqa: E402
 
@@ -21,6 +22,8 @@ __all__ = [
     "SpecStats",
     "generate",
     "make_sampler",
+    "register",
     "speculative_generate_step",
     "stream_generate",
+    "unregister",
 ]

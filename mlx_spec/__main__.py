@@ -1,0 +1,9 @@
+"""``python -m mlx_spec SUBCOMMAND ...`` (see :mod:`mlx_spec.cli`)."""
+
+import sys
+
+import mlx_spec  # noqa: F401  (preloads OpenBLAS before mlx.core)
+from mlx_spec.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
