@@ -64,7 +64,7 @@ PROMPTS = (
     "The quick brown fox",
     "class Parser:\n    def __init__(self",
 )
-GEMMA_BLOCK_GAIN = 2.0
+_GEMMA_BLOCK_GAIN = 2.0
 _CORPUS_CHARS = 400_000
 _STAMP = "mlx_spec_testing.json"
 _ARCHITECTURE_CLASS = {
@@ -142,7 +142,9 @@ def build_tokenizer(
         raise ValueError(f"vocab_size must be in [259, 4096], got {vocab_size}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "tokenizer.json").write_text(_tokenizer_json(vocab_size, variant))
+    (out_dir / "tokenizer.json").write_text(
+        _tokenizer_json(vocab_size, variant), encoding="utf-8"
+    )
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -156,13 +158,13 @@ def build_tokenizer(
         "chat_template": CHAT_TEMPLATE,
     }
     (out_dir / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config, indent=2)
+        json.dumps(tokenizer_config, indent=2), encoding="utf-8"
     )
     return out_dir
 
 
 def _tokenizer_size(tokenizer_dir: Path) -> int:
-    content = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    content = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))
     ids = list(content["model"]["vocab"].values())
     ids += [t["id"] for t in content.get("added_tokens", [])]
     return max(ids) + 1
@@ -240,7 +242,7 @@ def _init_param(name: str, shape: tuple, *, arch: str, head_scale: float, seed: 
     if arch == "gemma" and name.endswith(("o_proj.weight", "down_proj.weight")):
         # Gemma's input is its (large) tied head row; let the blocks dominate
         # the residual so the argmax is not simply the input token again.
-        scale *= GEMMA_BLOCK_GAIN * head_scale
+        scale *= _GEMMA_BLOCK_GAIN * head_scale
     return noise * np.float32(scale)
 
 
@@ -323,7 +325,7 @@ def make_checkpoint(
 
     if base is not None:
         base = Path(base)
-        config = json.loads((base / "config.json").read_text())
+        config = json.loads((base / "config.json").read_text(encoding="utf-8"))
         if config["model_type"] != arch:
             raise ValueError(
                 f"arch {arch!r} does not match base model_type "
@@ -338,9 +340,10 @@ def make_checkpoint(
 
     if base is not None:
         config["vocab_size"] = tokenizer_size + padded_vocab
-        weights = {
-            k: np.array(v) for k, v in mx.load(str(base / "model.safetensors")).items()
-        }
+        weights = mx.load(str(base / "model.safetensors"))
+        weights = {k: np.array(v) for k, v in weights.items()}
+        # Perturb the real-token rows only; padding is re-added as zeros below.
+        weights = _resize_vocab(weights, tokenizer_size, tokenizer_size)
         rng = np.random.default_rng([seed, 0x5EED])
         if noise:
             weights = {
@@ -364,7 +367,7 @@ def make_checkpoint(
         }
     weights = _resize_vocab(weights, config["vocab_size"], tokenizer_size)
 
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     mx.save_safetensors(
         str(out_dir / "model.safetensors"),
         {k: mx.array(v) for k, v in weights.items()},
@@ -390,7 +393,9 @@ def _encode(tokenizer, prompt: str | Sequence[int]) -> list[int]:
     return list(prompt)
 
 
-def greedy_continuation(model, prompt_ids: Sequence[int], steps: int):
+def greedy_continuation(
+    model, prompt_ids: Sequence[int], steps: int
+) -> tuple[list[int], list[float]]:
     """Greedy tokens and per-step top-1/top-2 logit gaps, using a KV cache.
 
     Args:
@@ -417,7 +422,7 @@ def greedy_continuation(model, prompt_ids: Sequence[int], steps: int):
 
 
 def min_top2_gap(
-    model, tokenizer, prompts: Iterable[str] = PROMPTS, steps: int = 32
+    model, tokenizer, prompts: Iterable[str | Sequence[int]] = PROMPTS, steps: int = 32
 ) -> float:
     """Smallest top-1 minus top-2 logit over greedy decoding of ``prompts``.
 
@@ -437,7 +442,11 @@ def min_top2_gap(
 
 
 def greedy_agreement(
-    target, draft, tokenizer, prompts: Iterable[str] = PROMPTS, steps: int = 32
+    target,
+    draft,
+    tokenizer,
+    prompts: Iterable[str | Sequence[int]] = PROMPTS,
+    steps: int = 32,
 ) -> float:
     """Fraction of positions where the draft's argmax equals the target's.
 
@@ -510,7 +519,7 @@ def _build_set(root: Path) -> dict[str, Path]:
     paths["llama-unrelated"] = make_checkpoint(
         root / "llama-unrelated",
         "qwen3",
-        seed=1000,
+        seed=7001,
         hidden_size=32,
         num_layers=1,
         num_heads=2,
@@ -531,7 +540,7 @@ def _build_set(root: Path) -> dict[str, Path]:
     paths["llama-othertok"] = make_checkpoint(
         root / "llama-othertok",
         "llama",
-        seed=2000,
+        seed=7002,
         hidden_size=32,
         num_layers=1,
         num_heads=2,
@@ -575,7 +584,7 @@ def default_root() -> Path:
 
 def _is_current(root: Path, version: str) -> bool:
     try:
-        stamp = json.loads((root / _STAMP).read_text())
+        stamp = json.loads((root / _STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return stamp.get("version") == version
@@ -610,7 +619,8 @@ def test_checkpoints(root: str | Path | None = None) -> dict[str, Path]:
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
         try:
             _build_set(tmp)
-            (tmp / _STAMP).write_text(json.dumps({"version": version}))
+            stamp = json.dumps({"version": version})
+            (tmp / _STAMP).write_text(stamp, encoding="utf-8")
             _swap_in(tmp, root, version)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
