@@ -51,6 +51,9 @@ DEFAULT_SEQ_LEN = 256
 DEFAULT_BATCH = 8
 DEFAULT_TEMPERATURES = (0.7, 1.0)
 DEFAULT_MAX_TOKENS = 64
+DEFAULT_LONG_SEQ_LEN = 512
+README_START = "<!-- results:start (written by models/evaluate.py) -->"
+README_END = "<!-- results:end -->"
 
 # Prompts in the style of the held-out modules (which the models never saw).
 SAMPLE_PROMPTS = (
@@ -77,6 +80,17 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     p.add_argument("--out", default=str(MODELS_DIR / "eval_results.json"))
     p.add_argument("--plot", default=str(MODELS_DIR / "loss_curve.png"))
+    p.add_argument(
+        "--long-seq-len",
+        type=int,
+        default=DEFAULT_LONG_SEQ_LEN,
+        help="Also evaluate windows this long (beyond the training context); 0: skip.",
+    )
+    p.add_argument(
+        "--readme",
+        default=str(MODELS_DIR / "README.md"),
+        help="Rewrite the results section between the markers of this file.",
+    )
     return p
 
 
@@ -199,6 +213,75 @@ def plot_curves(logs: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e6:.2f}M ({n:,})"
+
+
+def render_results(r: dict) -> str:
+    """Markdown for the results section of models/README.md."""
+    tf, names = r["teacher_forced"], r["names"]
+    lines = ["| | target | draft |", "|---|---|---|"]
+
+    def row(label, fn):
+        lines.append(f"| {label} | {fn('target')} | {fn('draft')} |")
+
+    cfg = r["configs"]
+    row("folder", lambda w: f"`models/{names[w]}`")
+    row("parameters", lambda w: _fmt_params(r["params"][w]))
+    row(
+        "layers x hidden (heads, MLP)",
+        lambda w: f"{cfg[w]['num_hidden_layers']} x {cfg[w]['hidden_size']} "
+        f"({cfg[w]['num_attention_heads']}, {cfg[w]['intermediate_size']})",
+    )
+    tr = r.get("training", {})
+    row("optimizer steps", lambda w: f"{tr[w]['steps']:,}" if w in tr else "?")
+    row(
+        "training tokens seen",
+        lambda w: f"{tr[w]['tokens_seen']:,}" if w in tr else "?",
+    )
+    row(
+        "final train loss (last 10 steps)",
+        lambda w: f"{tr[w]['final_train_loss']:.3f}" if w in tr else "?",
+    )
+    row("held-out loss (nats/token)", lambda w: f"{tf[w]['heldout_loss']:.3f}")
+    row("held-out perplexity", lambda w: f"{tf[w]['heldout_ppl']:.2f}")
+    row("held-out top-1 accuracy", lambda w: f"{tf[w]['top1_acc']:.3f}")
+    out = "\n".join(lines) + "\n\n"
+    out += (
+        f"Held-out set: {tf['positions']:,} next-token positions "
+        f"({tf['windows']} windows of {tf['seq_len']} tokens).\n\n"
+    )
+    out += "Pair acceptance on held-out text (teacher forced, exact):\n\n"
+    out += (
+        "| context | greedy agreement | "
+        + " | ".join(f"sum min(p,q) at T={t}" for t in tf["rejection_acceptance"])
+        + " |\n|---|---|"
+        + "---|" * len(tf["rejection_acceptance"])
+        + "\n"
+    )
+    for key in ("teacher_forced", "teacher_forced_long"):
+        if key in r:
+            t = r[key]
+            out += f"| {t['seq_len']}-token windows | {t['greedy_agreement']:.3f} | "
+            out += " | ".join(f"{v:.3f}" for v in t["rejection_acceptance"].values())
+            out += " |\n"
+    if "teacher_forced_long" in r:
+        tl = r["teacher_forced_long"]
+        out += (
+            f"\nWith {tl['seq_len']}-token windows (twice the training context) the "
+            f"held-out loss is {tl['target']['heldout_loss']:.3f} (target) and "
+            f"{tl['draft']['heldout_loss']:.3f} (draft).\n"
+        )
+    out += "\nGreedy samples (`mlx_lm.generate`, "
+    out += f"{r['sample_tokens']} new tokens at most; prompts written in the style of "
+    out += "the held-out modules):\n"
+    for k, s in enumerate(r["samples"], 1):
+        out += f"\nPrompt {k}:\n\n```python\n{s['prompt']}```\n"
+        for w in ("target", "draft"):
+            out += f"\n{w} continues:\n\n```python\n{s[w]}\n```\n"
+    return out + "\n"
+
+
 def main():
     args = setup_arg_parser().parse_args()
     data_dir = Path(args.data_dir)
@@ -229,6 +312,11 @@ def main():
             "target": sum(v.size for _, v in tree_flatten(target.parameters())),
             "draft": sum(v.size for _, v in tree_flatten(draft.parameters())),
         },
+        "configs": {
+            "target": json.loads((Path(args.target) / "config.json").read_text()),
+            "draft": json.loads((Path(args.draft) / "config.json").read_text()),
+        },
+        "names": {"target": Path(args.target).name, "draft": Path(args.draft).name},
     }
     for name, path in (("target", args.target), ("draft", args.draft)):
         log = Path(path) / "checkpoints" / "train_log.jsonl"
@@ -259,8 +347,18 @@ def main():
         temperatures=DEFAULT_TEMPERATURES,
     )
     results["teacher_forced"]["eval_seconds"] = time.perf_counter() - t0
+    if args.long_seq_len:
+        results["teacher_forced_long"] = teacher_forced(
+            target,
+            draft,
+            heldout,
+            seq_len=args.long_seq_len,
+            batch_size=max(1, args.batch_size * args.seq_len // args.long_seq_len),
+            max_tokens=args.max_tokens,
+            temperatures=DEFAULT_TEMPERATURES,
+        )
 
-    results["samples"] = []
+    results["samples"], results["sample_tokens"] = [], args.sample_tokens
     for prompt in SAMPLE_PROMPTS:
         row = {"prompt": prompt}
         for name, (m, t) in (("target", (target, tok)), ("draft", (draft, draft_tok))):
@@ -271,6 +369,13 @@ def main():
     if any(logs.values()):
         plot_curves({k: v for k, v in logs.items() if v}, Path(args.plot))
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    readme = Path(args.readme)
+    if readme.exists() and README_START in readme.read_text():
+        text = readme.read_text()
+        head, rest = text.split(README_START, 1)
+        tail = rest.split(README_END, 1)[1]
+        body = render_results(results)
+        readme.write_text(head + README_START + "\n" + body + README_END + tail)
     print(json.dumps({k: v for k, v in results.items() if k != "samples"}, indent=2))
     for row in results["samples"]:
         print("=" * 60)
