@@ -1,0 +1,533 @@
+"""``mlx_spec.server``: mlx_lm's OpenAI-compatible server with speculative methods.
+
+Built on ``mlx_lm.server`` itself: its flags, its HTTP handler (chat and
+text completions, SSE streaming, stop words, tool calls, logprobs), its
+model provider and its prompt cache. What changes:
+
+- every flag of ``mlx_lm.server`` plus ``--speculative METHOD`` and each
+  method's options; with no ``--model`` the embedded default pair is served;
+- each request is served by :func:`mlx_spec.stream_generate`, one at a time
+  from mlx_lm's request queue (never batched), so caches never mix;
+- per-request JSON fields ``speculative``, ``num_draft_tokens``,
+  ``tree_budget``, ``tree_top_k``, ``tree_depth``, ``tree_choices``,
+  ``ngram_min``, ``ngram_max`` and ``adaptive``; a bad value gets HTTP 400
+  with ``{"error": "..."}``;
+- responses carry the speculation statistics in ``speculative_stats``
+  (the final chunk of a stream); ``usage`` keeps OpenAI's shape.
+"""
+
+from . import ensure_fast_blas
+
+ensure_fast_blas()
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import mlx.core as mx
+import mlx_lm.server as lm_server
+from mlx_lm.models.cache import (
+    LRUPromptCache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
+
+from .cli import METHOD_OPTIONS, add_speculative_options, method_options
+from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
+from .generate import stream_generate
+from .loading import default_model_pair
+from .sampling import make_sampler
+
+# Methods that run a draft model next to the target (their prompt caches
+# hold the target's layers followed by the draft's).
+DRAFT_METHODS = ("draft", "tree")
+# Statistics left out of responses (per-round lists grow with the output).
+_STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
+STATS_FIELD = "speculative_stats"
+
+
+class RequestError(ValueError):
+    """A request the server refuses (sent back as HTTP 400)."""
+
+
+# --------------------------------------------------------------------------- #
+# Command line
+# --------------------------------------------------------------------------- #
+
+
+class _ParserCaptured(Exception):
+    def __init__(self, parser):
+        super().__init__("parser captured")
+        self.parser = parser
+
+
+class _CapturingParser(argparse.ArgumentParser):
+    def parse_args(self, args=None, namespace=None):
+        raise _ParserCaptured(self)
+
+
+_capture_lock = threading.Lock()
+
+
+def mlx_lm_server_parser() -> argparse.ArgumentParser:
+    """The argument parser of the installed ``mlx_lm.server``.
+
+    ``mlx_lm.server.main()`` builds its parser inline, so it is run with an
+    ``argparse`` whose ``parse_args`` stops it right there (before it loads
+    anything). The flags therefore follow the installed mlx-lm version.
+    """
+    shim = types.ModuleType("argparse")
+    shim.__dict__.update(argparse.__dict__)
+    shim.ArgumentParser = _CapturingParser
+    with _capture_lock:
+        saved = lm_server.argparse
+        lm_server.argparse = shim
+        try:
+            lm_server.main()
+        except _ParserCaptured as captured:
+            parser = captured.parser
+        finally:
+            lm_server.argparse = saved
+    parser.__class__ = argparse.ArgumentParser
+    return parser
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    """mlx_lm.server's parser plus ``--speculative`` and the method options."""
+    parser = mlx_lm_server_parser()
+    parser.prog = "mlx_spec.server"
+    parser.description = (
+        "OpenAI-compatible HTTP server with exact speculative decoding "
+        "(a superset of mlx_lm.server)."
+    )
+    for action in parser._actions:
+        if action.dest == "model":
+            action.help = (
+                "The path to the MLX model weights, tokenizer and config. "
+                "Default: the embedded default pair (with its draft)."
+            )
+        elif action.dest == "draft_model":
+            action.help = (
+                "A draft model for the draft/tree methods. Default: the embedded "
+                "draft when --model is not given."
+            )
+        elif action.dest == "num_draft_tokens":
+            action.default = DEFAULT_NUM_DRAFT_TOKENS
+            action.help = (
+                f"Draft tokens per round, 1 to 64; requests may override it "
+                f"(default: {DEFAULT_NUM_DRAFT_TOKENS})."
+            )
+        elif action.dest == "host":
+            action.default = "127.0.0.1"
+            action.help = "Host for the HTTP server (default: 127.0.0.1)."
+    add_speculative_options(parser, num_draft_tokens=False)
+    return parser
+
+
+def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in the default pair and check the speculative options (``ValueError``)."""
+    if args.model is None:
+        target, draft = default_model_pair()
+        args.model = target
+        if args.draft_model is None and args.speculative not in (
+            "none",
+            "lookup",
+            "self",
+        ):
+            args.draft_model = draft
+    method = args.speculative or ("draft" if args.draft_model else "none")
+    if method in DRAFT_METHODS and args.draft_model is None:
+        raise ValueError(f"--speculative {method} needs a --draft-model.")
+    SpecConfig(method=method, **method_options(args))
+    return args
+
+
+# --------------------------------------------------------------------------- #
+# Requests
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class SpecCompletionRequest(lm_server.CompletionRequest):
+    """mlx_lm's request plus its speculative options and, once served, stats."""
+
+    speculation: Dict[str, Any] = field(default_factory=dict)
+    stats: Any = None
+    error: Optional[Exception] = None
+
+
+def _int_option(value, name):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{name} must be an integer, got {value!r}.")
+    return value
+
+
+def request_speculation(body: dict, cli_args: argparse.Namespace) -> Dict[str, Any]:
+    """The speculative options of a request (body fields over server flags).
+
+    Raises:
+        RequestError: A field has a bad type or value.
+    """
+    options = {"speculative": body.get("speculative", cli_args.speculative)}
+    if options["speculative"] is not None and not isinstance(
+        options["speculative"], str
+    ):
+        raise RequestError(
+            f"speculative must be a string, got {options['speculative']!r}."
+        )
+    for name in METHOD_OPTIONS:
+        value = body.get(name, getattr(cli_args, name))
+        if name == "adaptive":
+            if not isinstance(value, bool):
+                raise RequestError(f"adaptive must be true or false, got {value!r}.")
+        elif name != "tree_choices":
+            value = _int_option(value, name)
+        options[name] = value
+    try:
+        SpecConfig(
+            method=options["speculative"] or "draft", **method_options_of(options)
+        )
+    except (ValueError, TypeError) as e:
+        raise RequestError(str(e)) from None
+    return options
+
+
+def method_options_of(options: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in options.items() if k in METHOD_OPTIONS}
+
+
+def stats_payload(stats) -> Optional[dict]:
+    """The JSON ``speculative_stats`` of a :class:`SpecStats` (lists left out)."""
+    if stats is None:
+        return None
+    out = stats.as_dict()
+    for name in _STATS_LISTS:
+        out.pop(name, None)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# Model provider and generation
+# --------------------------------------------------------------------------- #
+
+
+class SpecModelProvider(lm_server.ModelProvider):
+    """mlx_lm's provider; requests are never batched (each runs mlx_spec's loop)."""
+
+    def _load(self, model_path, adapter_path=None, draft_model_path=None):
+        super()._load(model_path, adapter_path, draft_model_path)
+        self.is_batchable = False
+
+
+def _sampler(args, tokenizer):
+    """A sampler that declares its law (exact rejection sampling), or XTC's."""
+    sampling = args.sampling
+    if sampling.xtc_probability > 0:
+        return lm_server._make_sampler(args, tokenizer)
+    top_p = sampling.top_p if 0 < sampling.top_p < 1 else 1.0
+    return make_sampler(sampling.temperature, top_p, sampling.min_p, 1, sampling.top_k)
+
+
+def _resolve_method(speculative: Optional[str], draft_model) -> str:
+    if speculative is None or speculative == "auto":
+        return "draft" if draft_model is not None else "none"
+    return speculative
+
+
+class SpecResponseGenerator(lm_server.ResponseGenerator):
+    """mlx_lm's request queue and generation thread, serving with mlx_spec."""
+
+    def _serve_single(self, request, stream):
+        rqueue, request, args = request
+        try:
+            self._serve(rqueue, request, args)
+        except Exception as e:
+            if isinstance(request, SpecCompletionRequest) and isinstance(e, ValueError):
+                request.error = e
+            rqueue.put(e)
+
+    def _serve(self, rqueue, request, args):
+        provider = self.model_provider
+        model, tokenizer = provider.model, provider.tokenizer
+        speculation = getattr(request, "speculation", None) or {}
+        method = _resolve_method(speculation.get("speculative"), provider.draft_model)
+        uses_draft = method in DRAFT_METHODS
+        if uses_draft and provider.draft_model is None:
+            raise RequestError(
+                f"speculative='{method}' needs a draft model; start the server with "
+                "--draft-model or choose another method."
+            )
+        draft_model = provider.draft_model if uses_draft else None
+
+        prompt, _, _, initial_state, vision = self._tokenize(tokenizer, request, args)
+        if vision is not None:
+            raise RequestError("images are not supported by mlx_spec.server.")
+        stop_sequences, text_sm = self._make_state_machine(
+            provider.model_key, tokenizer, args.stop_words
+        )
+
+        # Caches with and without the draft's layers are kept apart.
+        cache_model = (provider.model_key, uses_draft)
+        cache, rest = self.prompt_cache.fetch_nearest_cache(cache_model, prompt)
+        if cache is None:
+            cache = make_prompt_cache(model)
+            if uses_draft:
+                cache += make_prompt_cache(draft_model)
+        if not rest:  # the whole prompt is cached: recompute its last token
+            trim_prompt_cache(cache, 1)
+            rest = prompt[-1:]
+
+        if args.seed is not None:
+            mx.random.seed(args.seed)
+        responses = stream_generate(
+            model,
+            tokenizer,
+            rest,
+            draft_model,
+            speculative=method,
+            max_tokens=args.max_tokens,
+            sampler=_sampler(args, tokenizer),
+            logits_processors=lm_server._make_logits_processors(args),
+            prompt_cache=cache,
+            prefill_step_size=self.cli_args.prefill_step_size,
+            kv_bits=self.cli_args.kv_bits,
+            kv_group_size=self.cli_args.kv_group_size,
+            quantized_kv_start=self.cli_args.quantized_kv_start,
+            **method_options_of(speculation),
+        )
+        if isinstance(request, SpecCompletionRequest):
+            request.stats = responses.stats
+        ctx = lm_server.GenerationContext(
+            has_thinking=tokenizer.has_thinking,
+            has_tool_calling=tokenizer.has_tool_calling,
+            tool_parser=tokenizer.tool_parser,
+            text_sm=text_sm,
+            initial_state=initial_state,
+            prompt=prompt,
+            prompt_cache_count=len(prompt) - len(rest),
+        )
+        rqueue.put(ctx)
+
+        tokens = list(prompt)
+        matcher = stop_sequences.matcher()
+        try:
+            for gen in responses:
+                finish_reason = gen.finish_reason
+                if matcher.advance(gen.token):
+                    finish_reason = "stop"
+                rqueue.put(
+                    lm_server.Response(
+                        gen.text,
+                        gen.token,
+                        gen.logprobs[gen.token].item(),
+                        finish_reason,
+                        lm_server._format_top_logprobs(
+                            gen.logprobs, args.top_logprobs, tokenizer
+                        ),
+                    )
+                )
+                tokens.append(gen.token)
+                if ctx._should_stop or finish_reason is not None:
+                    break
+        finally:
+            # Rewinds the caches to the prompt plus the tokens sent.
+            responses.close()
+        rqueue.put(None)
+        self.prompt_cache.insert_cache(cache_model, tokens, cache)
+
+
+# --------------------------------------------------------------------------- #
+# HTTP
+# --------------------------------------------------------------------------- #
+
+
+class SpecAPIHandler(lm_server.APIHandler):
+    """mlx_lm's handler with speculative request fields and statistics."""
+
+    _spec_request: Optional[SpecCompletionRequest] = None
+    _speculation: Optional[Dict[str, Any]] = None
+
+    def do_POST(self):
+        self._spec_request = None
+        self._speculation = None
+        super().do_POST()
+
+    def validate_model_parameters(self) -> None:
+        super().validate_model_parameters()
+        body = dict(self.body)
+        body["num_draft_tokens"] = self.num_draft_tokens
+        self._speculation = request_speculation(body, self.response_generator.cli_args)
+
+    def _with_speculation(self, request) -> SpecCompletionRequest:
+        values = {name: getattr(request, name) for name in request.__dataclass_fields__}
+        self._spec_request = SpecCompletionRequest(
+            **values, speculation=self._speculation or {}
+        )
+        return self._spec_request
+
+    def handle_chat_completions(self):
+        return self._with_speculation(super().handle_chat_completions())
+
+    def handle_text_completions(self):
+        return self._with_speculation(super().handle_text_completions())
+
+    def _set_completion_headers(self, status_code: int = 200):
+        # mlx_lm answers 404 to any error raised before generation starts;
+        # a request the server refuses is the client's error.
+        if status_code == 404 and self._spec_request is not None:
+            if self._spec_request.error is not None:
+                status_code = 400
+        super()._set_completion_headers(status_code)
+
+    def _stats(self) -> Optional[dict]:
+        request = self._spec_request
+        return stats_payload(request.stats) if request is not None else None
+
+    def generate_response(self, text, finish_reason, *args, **kwargs) -> dict:
+        response = super().generate_response(text, finish_reason, *args, **kwargs)
+        if not self.stream or finish_reason is not None:
+            response[STATS_FIELD] = self._stats()
+        return response
+
+    def completion_usage_response(self, *args, **kwargs):
+        response = super().completion_usage_response(*args, **kwargs)
+        response[STATS_FIELD] = self._stats()
+        return response
+
+    def handle_models_request(self):
+        """``/v1/models``: the served model and draft (no Hugging Face cache scan)."""
+        cli_args = self.response_generator.cli_args
+        models = []
+        for path, role in ((cli_args.model, "model"), (cli_args.draft_model, "draft")):
+            if path is None:
+                continue
+            model_id = str(Path(path).resolve()) if Path(path).exists() else path
+            models.append(
+                {
+                    "id": model_id,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "mlx_spec",
+                    "role": role,
+                }
+            )
+        body = json.dumps({"object": "list", "data": models}).encode()
+        self._set_completion_headers(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def log_message(self, format, *args):
+        logging.debug("%s - %s", self.address_string(), format % args)
+
+
+class SpecServer:
+    """A running server: HTTP thread pool plus mlx_lm's generation thread.
+
+    Example::
+
+        server = SpecServer(args)      # args from setup_arg_parser()
+        server.start()                 # serve in a background thread
+        ...
+        server.stop()
+    """
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = resolve_model_args(args)
+        self.provider = SpecModelProvider(self.args)
+        self.generator = SpecResponseGenerator(
+            self.provider, LRUPromptCache(self.args.prompt_cache_size)
+        )
+        family, _, _, _, address = socket.getaddrinfo(
+            self.args.host,
+            self.args.port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )[0]
+
+        class Server(ThreadingHTTPServer):
+            address_family = family
+            daemon_threads = True
+
+        fingerprint = lm_server.get_system_fingerprint()
+        self.httpd = Server(
+            address,
+            lambda *a, **k: SpecAPIHandler(
+                self.generator, *a, system_fingerprint=fingerprint, **k
+            ),
+        )
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.args.host}:{self.port}"
+
+    def wait_ready(self, timeout: float = 120.0):
+        """Block until the models are loaded (or the generation thread died)."""
+        deadline = time.monotonic() + timeout
+        while self.provider.model is None:
+            if not self.generator.generation_available():
+                raise RuntimeError("the generation thread died while loading the model")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the model did not load in time")
+            time.sleep(0.05)
+
+    def start(self) -> "SpecServer":
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self):
+        try:
+            self.httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def stop(self):
+        if self._thread is not None:
+            self.httpd.shutdown()
+            self._thread.join()
+            self._thread = None
+        self.httpd.server_close()
+        self.generator.stop_and_join()
+
+
+def main(argv: Optional[List[str]] = None):
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), None),
+        format="%(asctime)s - %(levelname)s - %(message)s",
+    )
+    try:
+        server = SpecServer(args)
+    except (ValueError, OSError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    logging.info(
+        "mlx_spec.server at %s (model %s, draft %s, speculative %s)",
+        server.url,
+        args.model,
+        args.draft_model,
+        args.speculative or ("draft" if args.draft_model else "none"),
+    )
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
