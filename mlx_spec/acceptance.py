@@ -58,6 +58,33 @@ def residual_probs(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(total > 0, residual / mx.maximum(total, 1e-30), p)
 
 
+def acceptance_probability(
+    draft_tokens: mx.array, target_logprobs: mx.array, draft_logprobs: mx.array
+) -> mx.array:
+    """``min(1, p_i(d_i) / q_i(d_i))`` for each draft token, shape ``(γ,)``."""
+    index = draft_tokens[:, None]
+    log_p = mx.take_along_axis(target_logprobs[: draft_tokens.shape[0]], index, axis=-1)[:, 0]
+    log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)[:, 0]
+    return mx.minimum(mx.exp(log_p - log_q), 1.0)
+
+
+def recovered_law(
+    target_logprobs: mx.array, draft_logprobs: mx.array, num_accepted: mx.array
+) -> mx.array:
+    """The law of the token emitted after ``num_accepted`` acceptances, ``(V,)``.
+
+    ``normalize(max(0, p_n - q_n))`` after a rejection at position n, and
+    ``p_γ`` (the bonus law) when all γ drafts were accepted.
+    """
+    vocab = target_logprobs.shape[-1]
+    # The bonus position has no draft law: q = 0 there, so the residual is p.
+    no_draft = mx.full((1, vocab), -mx.inf)
+    log_q_rows = mx.concatenate([draft_logprobs, no_draft], axis=0)
+    p_n = mx.exp(target_logprobs[num_accepted])
+    q_n = mx.exp(log_q_rows[num_accepted])
+    return residual_probs(p_n, q_n)
+
+
 def rejection_accept(
     draft_tokens: mx.array,
     target_logprobs: mx.array,
@@ -80,22 +107,11 @@ def rejection_accept(
         uniforms: Optional ``(γ,)`` uniforms in [0, 1) (tests pass them).
     """
     gamma = draft_tokens.shape[0]
-    vocab = target_logprobs.shape[-1]
     if draft_logprobs is None:
-        draft_logprobs = one_hot_logprobs(draft_tokens, vocab)
+        draft_logprobs = one_hot_logprobs(draft_tokens, target_logprobs.shape[-1])
     if uniforms is None:
         uniforms = mx.random.uniform(shape=(gamma,))
-    index = draft_tokens[:, None]
-    log_p = mx.take_along_axis(target_logprobs[:gamma], index, axis=-1)[:, 0]
-    log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)[:, 0]
-    accept = uniforms < mx.exp(log_p - log_q)
+    accept = uniforms < acceptance_probability(draft_tokens, target_logprobs, draft_logprobs)
     num_accepted = accepted_prefix_length(accept)
-
-    # The bonus position has no draft law: q = 0 there, so the residual is p.
-    no_draft = mx.full((1, vocab), -mx.inf)
-    log_q_rows = mx.concatenate([draft_logprobs, no_draft], axis=0)
-    p_n = mx.exp(target_logprobs[num_accepted])
-    q_n = mx.exp(log_q_rows[num_accepted])
-    recovered_law = residual_probs(p_n, q_n)
-    next_token = mx.random.categorical(mx.log(recovered_law))
-    return num_accepted, next_token
+    law = recovered_law(target_logprobs, draft_logprobs, num_accepted)
+    return num_accepted, mx.random.categorical(mx.log(law))

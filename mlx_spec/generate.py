@@ -27,6 +27,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
@@ -109,6 +110,7 @@ def stream_generate(
     sampler: Optional[Callable] = None,
     logits_processors: Optional[List[Callable]] = None,
     prompt_cache: Optional[List[Any]] = None,
+    max_kv_size: Optional[int] = None,
     prefill_step_size: int = 512,
     kv_bits: Optional[int] = None,
     kv_group_size: int = 64,
@@ -134,6 +136,8 @@ def stream_generate(
         logits_processors: mlx_lm logits processors.
         prompt_cache: Prompt cache to reuse across calls: for speculative
           methods, ``make_prompt_cache(model) + make_prompt_cache(draft_model)``.
+        max_kv_size: Bound the KV cache (a rotating cache); plain decoding only,
+          since a rotating cache cannot be rewound.
         prefill_step_size: Prompt tokens per prefill chunk. Default: ``512``.
         kv_bits, kv_group_size, quantized_kv_start: KV-cache quantisation.
         profile: Split the time of each round into drafting and verification
@@ -178,6 +182,7 @@ def stream_generate(
             sampler=sampler,
             logits_processors=logits_processors,
             prompt_cache=prompt_cache,
+            max_kv_size=max_kv_size,
             prefill_step_size=prefill_step_size,
             kv_bits=kv_bits,
             kv_group_size=kv_group_size,
@@ -189,6 +194,10 @@ def stream_generate(
             raise ValueError(
                 "speculative='draft' needs a draft model (--draft-model); "
                 "or choose another method."
+            )
+        if prompt_cache is None and max_kv_size is not None:
+            prompt_cache = make_prompt_cache(model, max_kv_size) + make_prompt_cache(
+                draft_model, max_kv_size
             )
         events = speculative_events(
             prompt,
@@ -336,6 +345,8 @@ def _check_args(args):
         raise ValueError("--xtc-probability is not supported by mlx_spec; use mlx_lm.generate.")
     if args.image:
         raise ValueError("--image is not supported by mlx_spec; use mlx_lm.generate.")
+    if args.prompt_cache_file:
+        raise ValueError("--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate.")
 
 
 def _build_prompt(args, tokenizer) -> List[int]:
@@ -400,6 +411,7 @@ def run(args) -> str:
         min_p=args.min_p,
         min_tokens_to_keep=args.min_tokens_to_keep,
         max_tokens=args.max_tokens,
+        max_kv_size=args.max_kv_size,
         prefill_step_size=args.prefill_step_size,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
