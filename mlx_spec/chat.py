@@ -1,0 +1,220 @@
+"""``mlx_spec.chat``: an interactive terminal chat with speculative decoding.
+
+Like ``mlx_lm.chat`` (same flags, same ``q``/``r``/``h`` commands), plus
+the speculative options. The prompt cache of both models is kept across
+turns, so each turn only prefills its new tokens, and a statistics line
+follows every reply.
+
+Models without a chat template (such as the default pair, a code
+completion model) run in plain continuation mode: each input is appended
+to the text so far and the model continues it.
+"""
+
+from . import ensure_fast_blas
+
+ensure_fast_blas()
+
+import argparse
+import sys
+from typing import List, Optional
+
+import mlx.core as mx
+from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
+
+from .cli import add_speculative_options, method_options
+from .config import SpecConfig
+from .generate import stream_generate
+from .loading import default_model_pair, load_pair
+
+DRAFT_METHODS = ("draft", "tree")
+HELP = "commands: q exit, r reset the conversation, h help"
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    """mlx_lm.chat's parser plus the draft model and the speculative options."""
+    parser = mlx_lm_chat_parser()
+    parser.prog = "mlx_spec.chat"
+    parser.description = "Chat with an LLM, with exact speculative decoding."
+    for action in parser._actions:
+        if action.dest == "model":
+            action.default = None
+            action.help = (
+                "The path to the local model directory or Hugging Face repo. "
+                "Default: the embedded default pair (with its draft)."
+            )
+        elif action.dest == "temp":
+            action.help = "Sampling temperature (default: 0.0, greedy)."
+        elif action.dest == "top_p":
+            action.help = "Sampling top-p (default: 1.0, off)."
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="A draft model for the draft/tree methods (same tokenizer).",
+    )
+    parser.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="Use plain continuation mode even if the model has a chat template.",
+    )
+    add_speculative_options(parser)
+    return parser
+
+
+class Chat:
+    """One conversation: the models, the kept prompt cache and the turns."""
+
+    def __init__(self, model, tokenizer, draft_model, args, out=sys.stdout):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.args = args
+        self.out = out
+        method = args.speculative
+        if method in (None, "auto"):
+            method = "draft" if draft_model is not None else "none"
+        self.method = method
+        self.draft_model = draft_model if method in DRAFT_METHODS else None
+        self.use_template = (
+            tokenizer.has_chat_template and not args.ignore_chat_template
+        )
+        if args.xtc_probability > 0:
+            special = tokenizer.encode("\n") + list(tokenizer.eos_token_ids)
+            self.sampler = mlx_lm_make_sampler(
+                args.temp,
+                args.top_p,
+                xtc_threshold=args.xtc_threshold,
+                xtc_probability=args.xtc_probability,
+                xtc_special_tokens=special,
+            )
+        else:
+            from .sampling import make_sampler
+
+            self.sampler = make_sampler(
+                args.temp, args.top_p if 0 < args.top_p < 1 else 1.0
+            )
+        self.reset()
+
+    def reset(self):
+        self.cache = make_prompt_cache(self.model, self.args.max_kv_size)
+        if self.draft_model is not None:
+            self.cache += make_prompt_cache(self.draft_model, self.args.max_kv_size)
+        self.turns = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cache[0].offset if self.cache else 0
+
+    def _prompt(self, query: str) -> List[int]:
+        if not self.use_template:
+            return self.tokenizer.encode(query, add_special_tokens=self.turns == 0)
+        messages = []
+        if self.turns == 0 and self.args.system_prompt is not None:
+            messages.append({"role": "system", "content": self.args.system_prompt})
+        messages.append({"role": "user", "content": query})
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def reply(self, query: str):
+        """Stream the reply to ``query``; return the generation's stats."""
+        prompt = self._prompt(query)
+        cached = self.cached_tokens
+        stream = stream_generate(
+            self.model,
+            self.tokenizer,
+            prompt,
+            self.draft_model,
+            speculative=self.method,
+            max_tokens=self.args.max_tokens,
+            sampler=self.sampler,
+            prompt_cache=self.cache,
+            prefill_step_size=self.args.prefill_step_size,
+            **method_options(self.args),
+        )
+        interrupted = False
+        try:
+            for response in stream:
+                self.out.write(response.text)
+                self.out.flush()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            stream.close()
+        self.turns += 1
+        stats = stream.stats
+        self.out.write("\n")
+        if interrupted:
+            self.out.write("[interrupted]\n")
+        self.out.write(
+            f"[{stats.summary()} | prompt {len(prompt)} new tokens, {cached} cached | "
+            f"{stats.generated_tokens} tokens at {stats.generation_tps:.1f} tok/s]\n"
+        )
+        self.out.flush()
+        return stats
+
+
+def _read(prompt: str) -> Optional[str]:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+def run(args, out=sys.stdout):
+    model_path, draft_path = args.model, args.draft_model
+    if model_path is None:
+        model_path, default_draft = default_model_pair()
+        if draft_path is None and args.speculative not in ("none", "lookup", "self"):
+            draft_path = default_draft
+    method = args.speculative or ("draft" if draft_path else "none")
+    if method in DRAFT_METHODS and draft_path is None:
+        raise ValueError(f"--speculative {method} needs a --draft-model.")
+    SpecConfig(method=method, temp=args.temp, **method_options(args))
+    if args.max_tokens < 1:
+        raise ValueError(
+            f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
+        )
+    mx.random.seed(args.seed)
+    model, tokenizer, draft_model = load_pair(model_path, draft_path)
+    chat = Chat(model, tokenizer, draft_model, args, out)
+    out.write(f"[model {model_path}]\n")
+    if chat.draft_model is not None:
+        out.write(f"[draft {draft_path}]\n")
+    out.write(f"[speculative: {chat.method}]\n")
+    if not chat.use_template:
+        why = "ignored" if args.ignore_chat_template else "the model has none"
+        out.write(
+            f"[plain continuation mode: no chat template ({why}); "
+            "each input is appended to the text and the model continues it]\n"
+        )
+    out.write(f"[{HELP}]\n")
+    out.flush()
+    while True:
+        query = _read(">> ")
+        if query is None or query == "q":
+            out.write("bye\n")
+            return
+        if query == "r":
+            chat.reset()
+            out.write("[conversation reset]\n")
+            continue
+        if query == "h":
+            out.write(f"[{HELP}]\n")
+            continue
+        if not query:
+            continue
+        chat.reply(query.replace("\\n", "\n"))
+
+
+def main(argv: Optional[List[str]] = None):
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except KeyboardInterrupt:
+        print()
+
+
+if __name__ == "__main__":
+    main()
