@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 
 import mlx.core as mx
 
-from .models import CachedModel
+from .models import CachedModel, KVSettings, cache_offset
 
 
 @dataclass
@@ -98,6 +98,10 @@ class ModelDrafter:
         keep = len(state.seq) + min(num_accepted, proposal.size - 1)
         self.draft.trim_to(state.base + keep)
 
+    def caches(self) -> List:
+        """The caches this drafter keeps in the caller's ``prompt_cache``."""
+        return self.draft.cache
+
     def sync(self, seq: List[int], base: int):
         """Make the draft cache hold exactly ``seq`` (used when generation ends)."""
         self.draft.trim_to(base + len(seq))
@@ -105,3 +109,46 @@ class ModelDrafter:
         if missing:
             self.draft(mx.array(missing, mx.uint32))
             mx.eval([c.state for c in self.draft.cache])
+
+
+def _make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
+    if draft_model is None:
+        raise ValueError(
+            f"speculative method '{config.method}' needs a draft model (--draft-model)."
+        )
+    if cache is not None:
+        if not cache:
+            raise ValueError(
+                "prompt_cache holds only the target's caches; build it as "
+                "make_prompt_cache(model) + make_prompt_cache(draft_model)."
+            )
+        if cache_offset(cache) != target.offset:
+            raise ValueError(
+                f"prompt_cache is inconsistent: the target caches hold {target.offset} "
+                f"tokens and the draft caches {cache_offset(cache)}."
+            )
+    return ModelDrafter(CachedModel(draft_model, cache, kv, "draft model"), vocab_size)
+
+
+# method name -> factory(config, target, draft_model, cache, kv, vocab_size).
+# ``cache`` is the part of the caller's prompt_cache after the target's layers.
+DRAFTER_FACTORIES = {"draft": _make_model_drafter}
+
+
+def make_drafter(
+    config,
+    target: CachedModel,
+    draft_model,
+    cache: Optional[List],
+    kv: KVSettings,
+    vocab_size: int,
+):
+    """Build the drafter of ``config.method``."""
+    try:
+        factory = DRAFTER_FACTORIES[config.method]
+    except KeyError:
+        available = ", ".join(["none", *DRAFTER_FACTORIES])
+        raise ValueError(
+            f"speculative method '{config.method}' is not available; use one of: {available}."
+        ) from None
+    return factory(config, target, draft_model, cache, kv, vocab_size)

@@ -16,8 +16,8 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, generation_stream
 
 from .acceptance import match_accept, rejection_accept
 from .config import SpecConfig
-from .drafters import ModelDrafter, Proposal, RoundState, align_vocab
-from .models import CachedModel, KVSettings, cache_offset, output_size
+from .drafters import Proposal, RoundState, make_drafter
+from .models import CachedModel, KVSettings, output_size
 from .sampling import SamplingParams, normalize, processed_logprobs, sampling_params_of
 from .stats import SpecStats
 
@@ -210,42 +210,25 @@ def speculative_events(
         prompt = mx.array(prompt)
     if prompt.size == 0:
         raise ValueError("the prompt is empty; give at least one token.")
-    if draft_model is None:
-        raise ValueError("speculative decoding with method 'draft' needs a draft model.")
     if prefill_step_size < 1:
         raise ValueError(f"prefill_step_size={prefill_step_size} is out of range: an integer >= 1.")
 
     kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start)
-    if prompt_cache is not None:
-        num_target_layers = len(model.layers)
-        target_cache = prompt_cache[:num_target_layers]
-        draft_cache = prompt_cache[num_target_layers:]
-        if not draft_cache:
-            raise ValueError(
-                "prompt_cache holds only the target's caches; build it as "
-                "make_prompt_cache(model) + make_prompt_cache(draft_model)."
-            )
-        if cache_offset(target_cache) != cache_offset(draft_cache):
-            raise ValueError(
-                f"prompt_cache is inconsistent: the target caches hold "
-                f"{cache_offset(target_cache)} tokens and the draft caches "
-                f"{cache_offset(draft_cache)}."
-            )
-    else:
-        target_cache = draft_cache = None
-
+    num_target_layers = len(model.layers)
+    target_cache = prompt_cache[:num_target_layers] if prompt_cache is not None else None
+    drafter_cache = prompt_cache[num_target_layers:] if prompt_cache is not None else None
     target = CachedModel(model, target_cache, kv, "target model")
-    draft = CachedModel(draft_model, draft_cache, kv, "draft model")
     vocab_size = _validate_vocab(model, draft_model, tokenizer_size)
+    drafter = make_drafter(config, target, draft_model, drafter_cache, kv, vocab_size)
     params = sampling_params_of(sampler)
     if sampler is None:
-        params = SamplingParams(config.temp, config.top_p, config.min_p, config.top_k,
-                                config.min_tokens_to_keep)
+        params = SamplingParams(
+            config.temp, config.top_p, config.min_p, config.top_k, config.min_tokens_to_keep
+        )
     law = Law(params, sampler)
     stats = stats if stats is not None else SpecStats()
     stats.method = config.method
     stats.num_draft_tokens = config.num_draft_tokens
-    drafter = ModelDrafter(draft, vocab_size)
     return _generate(
         prompt.astype(mx.uint32),
         target,
@@ -363,4 +346,4 @@ def _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache):
             target(mx.array(missing, mx.uint32))
             mx.eval([c.state for c in target.cache])
         drafter.sync(seq, base)
-        prompt_cache[:] = target.cache + drafter.draft.cache
+        prompt_cache[:] = target.cache + drafter.caches()

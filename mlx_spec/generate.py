@@ -189,16 +189,10 @@ def stream_generate(
             quantized_kv_start=quantized_kv_start,
         )
         events = _plain_events(steps, stats, prompt.size)
-    elif method == "draft":
-        if draft_model is None:
-            raise ValueError(
-                "speculative='draft' needs a draft model (--draft-model); "
-                "or choose another method."
-            )
+    else:
         if prompt_cache is None and max_kv_size is not None:
-            prompt_cache = make_prompt_cache(model, max_kv_size) + make_prompt_cache(
-                draft_model, max_kv_size
-            )
+            # A rotating cache cannot be rewound: the engine refuses it by name.
+            prompt_cache = make_prompt_cache(model, max_kv_size)
         events = speculative_events(
             prompt,
             model,
@@ -213,11 +207,6 @@ def stream_generate(
             config=config,
             stats=stats,
             tokenizer_size=tokenizer_size(tokenizer),
-        )
-    else:
-        raise ValueError(
-            f"speculative method '{method}' is not available yet; "
-            f"use one of: none, draft."
         )
     return SpecStream(_responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats)
 
