@@ -16,7 +16,7 @@ ensure_fast_blas()
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import Any, List, NamedTuple, Optional
 
 import mlx.core as mx
 from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
@@ -60,6 +60,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     add_speculative_options(parser)
     return parser
+
+
+class Reply(NamedTuple):
+    """One turn's reply: its text, its tokens and the generation's stats."""
+
+    text: str
+    tokens: List[int]
+    stats: Any
 
 
 class Chat:
@@ -115,7 +123,7 @@ class Chat:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def reply(self, query: str):
-        """Stream the reply to ``query``; return the generation's stats."""
+        """Stream the reply to ``query`` to ``out`` and return it as a :class:`Reply`."""
         prompt = self._prompt(query)
         cached = self.cached_tokens
         stream = stream_generate(
@@ -131,8 +139,11 @@ class Chat:
             **method_options(self.args),
         )
         interrupted = False
+        text, tokens = "", []
         try:
             for response in stream:
+                text += response.text
+                tokens.append(response.token)
                 self.out.write(response.text)
                 self.out.flush()
         except KeyboardInterrupt:
@@ -149,7 +160,7 @@ class Chat:
             f"{stats.generated_tokens} tokens at {stats.generation_tps:.1f} tok/s]\n"
         )
         self.out.flush()
-        return stats
+        return Reply(text, tokens, stats)
 
 
 def _read(prompt: str) -> Optional[str]:

@@ -1,0 +1,185 @@
+"""mlx_spec.chat: driven through a pseudo-terminal, and turn by turn in process."""
+
+import io
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx_lm
+import pytest
+
+from mlx_spec.chat import Chat, setup_arg_parser
+
+REPO = Path(__file__).resolve().parent.parent
+STATS_LINE = re.compile(r"\[Speculation: (\w+).*prompt (\d+) new tokens, (\d+) cached")
+
+
+class Terminal:
+    """A child process on a pseudo-terminal, read until a pattern shows up."""
+
+    def __init__(self, argv, timeout=90):
+        self.master, slave = pty.openpty()
+        self.process = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=str(REPO), TERM="dumb"),
+            close_fds=True,
+        )
+        os.close(slave)
+        self.timeout = timeout
+        self.output = ""
+
+    def expect(self, pattern: str) -> re.Match:
+        deadline = time.monotonic() + self.timeout
+        regex = re.compile(pattern)
+        while True:
+            match = regex.search(self.output)
+            if match:
+                self.output = self.output[match.end() :]
+                return match
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {pattern!r} in {self.output!r}")
+            ready, _, _ = select.select([self.master], [], [], remaining)
+            if ready:
+                try:
+                    data = os.read(self.master, 4096)
+                except OSError:  # the child closed the terminal
+                    data = b""
+                if not data:
+                    raise EOFError(f"no {pattern!r} in {self.output!r}")
+                self.output += data.decode(errors="replace")
+
+    def send(self, line: str):
+        os.write(self.master, (line + "\n").encode())
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=30)
+        os.close(self.master)
+
+
+def test_two_turns_through_a_pseudo_terminal(checkpoints):
+    terminal = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "mlx_spec",
+            "chat",
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--max-tokens",
+            "8",
+        ]
+    )
+    try:
+        terminal.expect(r"\[speculative: draft\]")
+        terminal.expect(">> ")
+        terminal.send("Write a parser.")
+        first = terminal.expect(STATS_LINE)
+        assert first.group(1) == "draft"
+        assert int(first.group(3)) == 0  # nothing cached before the first turn
+        terminal.expect(">> ")
+        terminal.send("Now a lexer.")
+        second = terminal.expect(STATS_LINE)
+        # The second turn prefills only its own tokens on top of the first turn.
+        assert int(second.group(3)) >= int(first.group(2)) + 1
+        terminal.expect(">> ")
+        terminal.send("q")
+        terminal.expect("bye")
+        assert terminal.process.wait(timeout=30) == 0
+    finally:
+        terminal.close()
+
+
+@pytest.fixture(scope="module")
+def pair(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    return model, tokenizer, draft
+
+
+def _chat(pair, *flags):
+    model, tokenizer, draft = pair
+    args = setup_arg_parser().parse_args(["--max-tokens", "8", *flags])
+    out = io.StringIO()
+    return Chat(model, tokenizer, draft, args, out), out
+
+
+def test_turns_with_kept_cache_equal_one_shot_greedy(pair):
+    model, tokenizer, _ = pair
+    chat, out = _chat(pair)
+    first = chat.reply("Write a parser.")
+    cached = chat.cached_tokens
+    second = chat.reply("Now a lexer.")
+    assert cached > 0 and chat.cached_tokens > cached
+    history = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a parser."}], add_generation_prompt=True
+    )
+    history += first.tokens
+    history += tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Now a lexer."}], add_generation_prompt=True
+    )
+    expected = [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, history, max_tokens=8)
+    ]
+    assert second.tokens == expected
+    assert out.getvalue().count("[Speculation: draft") == 2
+
+
+def test_plain_continuation_mode_continues_the_text(pair):
+    model, tokenizer, _ = pair
+    chat, out = _chat(pair, "--ignore-chat-template")
+    assert not chat.use_template
+    first = chat.reply("def fibonacci(n):")
+    second = chat.reply("\n    return")
+    history = tokenizer.encode("def fibonacci(n):") + first.tokens
+    history += tokenizer.encode("\n    return", add_special_tokens=False)
+    expected = [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, history, max_tokens=8)
+    ]
+    assert second.tokens == expected
+
+
+def test_reset_empties_the_cache(pair):
+    chat, _ = _chat(pair, "--speculative", "none")
+    assert chat.draft_model is None
+    chat.reply("hello")
+    assert chat.cached_tokens > 0
+    chat.reset()
+    assert chat.cached_tokens == 0
+
+
+def test_run_says_when_it_falls_back_to_continuation_mode(checkpoints, monkeypatch):
+    from mlx_spec import chat as chat_module
+
+    lines = iter(["def add(a, b):", "h", "q"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    args = setup_arg_parser().parse_args(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--ignore-chat-template",
+            "--speculative",
+            "none",
+            "--max-tokens",
+            "4",
+        ]
+    )
+    out = io.StringIO()
+    chat_module.run(args, out)
+    text = out.getvalue()
+    assert "plain continuation mode" in text
+    assert "[Speculation: none" in text
+    assert text.endswith("bye\n")

@@ -1,0 +1,166 @@
+"""The mlx_spec command family: dispatch, --help and doctor."""
+
+import importlib
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from mlx_spec import cli
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parent.parent
+SPECULATIVE_FLAGS = (
+    "--speculative",
+    "--num-draft-tokens",
+    "--tree-budget",
+    "--tree-top-k",
+    "--tree-depth",
+    "--tree-choices",
+    "--ngram-min",
+    "--ngram-max",
+)
+
+
+def test_console_scripts_point_at_existing_functions():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) >= {
+        "mlx_spec",
+        "mlx_spec.generate",
+        "mlx_spec.server",
+        "mlx_spec.chat",
+        "mlx_spec.bench",
+        "mlx_spec.doctor",
+    }
+    for target in scripts.values():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), target
+
+
+def test_umbrella_help_lists_subcommands(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("generate", "server", "chat", "bench", "doctor"):
+        assert name in out
+
+
+def test_unknown_subcommand_fails(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["frobnicate"])
+    assert exit_info.value.code not in (0, None)
+
+
+@pytest.mark.parametrize("name", ["generate", "server", "chat"])
+def test_subcommand_help_lists_speculative_options_with_defaults(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([name, "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"mlx_spec {name}" in out or f"mlx_spec.{name}" in out
+    for flag in SPECULATIVE_FLAGS:
+        if name == "generate" and flag.startswith(("--tree", "--ngram")):
+            continue  # generate's parser belongs to the engine (lead)
+        assert flag in out, (name, flag)
+    assert "default: 4" in out  # --num-draft-tokens
+
+
+@pytest.mark.parametrize("name", ["generate", "server", "chat", "doctor"])
+def test_dispatch_reaches_the_subcommand_main(name, monkeypatch):
+    calls = []
+    fake = types.ModuleType(f"fake_{name}")
+    fake.main = lambda argv=None: calls.append(argv) or 0
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setitem(cli.SUBCOMMANDS, name, f"{fake.__name__}:main")
+    assert cli.main([name, "--x", "1"]) == 0
+    assert calls == [["--x", "1"]]
+    assert cli.SUBCOMMANDS is not None
+
+
+def test_bench_dispatches_to_benchmarks_run(monkeypatch):
+    calls = []
+    fake = types.ModuleType("fake_benchmarks_run")
+    fake.main = lambda argv=None: calls.append(argv)
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(cli, "BENCH_ENTRY", f"{fake.__name__}:main")
+    cli.main(["bench", "--quick"])
+    assert calls == [["--quick"]]
+    assert cli.SUBCOMMANDS["bench"] == "mlx_spec.cli:bench_main"
+
+
+def test_bench_without_harness_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(cli, "BENCH_ENTRY", "no_such_benchmarks_module:main")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.bench_main([])
+    assert "not available" in str(exit_info.value.code)
+
+
+def test_generate_subcommand_end_to_end(checkpoints, capsys):
+    cli.main(
+        [
+            "generate",
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--prompt",
+            "def fibonacci(n):",
+            "--max-tokens",
+            "8",
+            "--verbose",
+            "True",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert out.count("==========") == 2
+    assert "Speculation: draft" in out
+
+
+def test_doctor_in_process(capsys):
+    from mlx_spec import doctor
+
+    assert doctor.main(["--size", "64", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    for key in (
+        "platform:",
+        "mlx:",
+        "device:",
+        "BLAS:",
+        "OpenBLAS preloaded:",
+        "GFLOP/s",
+    ):
+        assert key in out
+
+
+def test_python_m_mlx_spec_doctor_preloads_blas_first():
+    # -W error: the "mlx was imported before mlx_spec" warning would fail it.
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error::RuntimeWarning",
+            "-m",
+            "mlx_spec",
+            "doctor",
+            "--size",
+            "256",
+            "--reps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "GFLOP/s" in result.stdout
+    if sys.platform.startswith("linux"):
+        assert "OpenBLAS preloaded: yes" in result.stdout

@@ -1,0 +1,280 @@
+"""register()/unregister(): mlx_lm's own functions routed through mlx-spec."""
+
+import importlib
+import sys
+import types
+
+import mlx.core as mx
+import mlx_lm
+import mlx_lm.chat
+import mlx_lm.server
+import pytest
+from mlx_lm.generate import GenerationResponse
+from mlx_lm.models.cache import make_prompt_cache
+
+import mlx_spec
+from mlx_spec import integration
+from mlx_spec.config import METHODS
+from mlx_spec.sampling import SamplingParams
+
+lm_generate = importlib.import_module("mlx_lm.generate")
+lm_sample_utils = importlib.import_module("mlx_lm.sample_utils")
+
+PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n")
+MAX_TOKENS = 24
+
+ORIGINALS = {
+    "stream_generate": lm_generate.stream_generate,
+    "generate": lm_generate.generate,
+    "make_sampler": lm_sample_utils.make_sampler,
+}
+# (module, attribute) pairs that register() must patch.
+PATCHED_NAMES = [
+    (mlx_lm, "stream_generate"),
+    (mlx_lm, "generate"),
+    (lm_generate, "stream_generate"),
+    (lm_generate, "generate"),
+    (lm_generate, "make_sampler"),
+    (lm_sample_utils, "make_sampler"),
+    (mlx_lm.server, "stream_generate"),
+    (mlx_lm.server, "make_sampler"),
+    (mlx_lm.chat, "stream_generate"),
+    (mlx_lm.chat, "make_sampler"),
+]
+
+
+@pytest.fixture
+def registered():
+    mlx_spec.register()
+    yield
+    mlx_spec.unregister()
+
+
+@pytest.fixture(scope="module")
+def pair(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    return model, tokenizer, draft
+
+
+@pytest.fixture(scope="module")
+def references(pair):
+    """Unpatched greedy mlx_lm decoding (no draft) of each prompt."""
+    assert not integration.is_registered()
+    model, tokenizer, _ = pair
+    return {
+        p: [
+            r.token
+            for r in ORIGINALS["stream_generate"](
+                model, tokenizer, p, max_tokens=MAX_TOKENS
+            )
+        ]
+        for p in PROMPTS
+    }
+
+
+def _tokens(responses):
+    return [r.token for r in responses]
+
+
+def test_register_patches_every_name_and_unregister_restores_identity():
+    mlx_spec.register()
+    mlx_spec.register()  # idempotent
+    try:
+        for module, name in PATCHED_NAMES:
+            assert getattr(module, name) is getattr(integration, name), (module, name)
+    finally:
+        mlx_spec.unregister()
+    mlx_spec.unregister()  # idempotent
+    for module, name in PATCHED_NAMES:
+        assert getattr(module, name) is ORIGINALS[name], (module, name)
+
+
+def test_module_imported_after_register_is_restored_too():
+    mlx_spec.register()
+    try:
+        late = types.ModuleType("late_user_script")
+        exec("from mlx_lm import generate, stream_generate", late.__dict__)
+        sys.modules[late.__name__] = late
+        assert late.stream_generate is integration.stream_generate
+    finally:
+        mlx_spec.unregister()
+        sys.modules.pop("late_user_script", None)
+    assert late.stream_generate is ORIGINALS["stream_generate"]
+    assert late.generate is ORIGINALS["generate"]
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 3, 5])
+def test_registered_stream_generate_with_draft_equals_unpatched_greedy(
+    registered, pair, references, num_draft_tokens
+):
+    model, tokenizer, draft = pair
+    for prompt in PROMPTS:
+        responses = list(
+            mlx_lm.stream_generate(
+                model,
+                tokenizer,
+                prompt,
+                max_tokens=MAX_TOKENS,
+                draft_model=draft,
+                num_draft_tokens=num_draft_tokens,
+            )
+        )
+        assert _tokens(responses) == references[prompt]
+        assert all(isinstance(r, GenerationResponse) for r in responses)
+        assert any(r.from_draft for r in responses)
+        assert responses[-1].finish_reason == "length"
+        assert responses[-1].stats.method == "draft"
+
+
+def test_registered_generate_equals_unpatched_and_our_api(registered, pair, references):
+    model, tokenizer, draft = pair
+    prompt = PROMPTS[0]
+    plain = ORIGINALS["generate"](model, tokenizer, prompt, max_tokens=MAX_TOKENS)
+    routed = mlx_lm.generate(
+        model, tokenizer, prompt, max_tokens=MAX_TOKENS, draft_model=draft
+    )
+    ours = mlx_spec.generate(model, tokenizer, prompt, draft, max_tokens=MAX_TOKENS)
+    assert routed == plain == ours
+    # mlx_lm's own speculative loop agrees too (greedy).
+    unpatched_spec = ORIGINALS["generate"](
+        model, tokenizer, prompt, max_tokens=MAX_TOKENS, draft_model=draft
+    )
+    assert unpatched_spec == plain
+
+
+def test_registered_verbose_generate_prints_stats_line(registered, pair, capsys):
+    model, tokenizer, draft = pair
+    mlx_lm.generate(
+        model, tokenizer, PROMPTS[0], verbose=True, max_tokens=8, draft_model=draft
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("==========")
+    assert "Generation: 8 tokens" in out
+    assert "Speculation: draft" in out
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS])
+def test_every_method_through_mlx_lm_equals_greedy(
+    registered, pair, references, method
+):
+    model, tokenizer, draft = pair
+    prompt = PROMPTS[1]
+    try:
+        responses = list(
+            mlx_lm.stream_generate(
+                model,
+                tokenizer,
+                prompt,
+                max_tokens=MAX_TOKENS,
+                draft_model=draft,
+                speculative=method,
+            )
+        )
+    except ValueError as e:
+        if "not available" in str(e):
+            pytest.skip(f"method {method} is not implemented yet")
+        raise
+    assert _tokens(responses) == references[prompt]
+
+
+def test_speculative_keyword_without_draft_is_routed(registered, pair, references):
+    model, tokenizer, _ = pair
+    responses = list(
+        mlx_lm.stream_generate(
+            model, tokenizer, PROMPTS[0], max_tokens=MAX_TOKENS, speculative="none"
+        )
+    )
+    assert _tokens(responses) == references[PROMPTS[0]]
+    assert responses[-1].stats.method == "none"
+
+
+def test_non_speculative_calls_run_the_original(registered, pair, references):
+    model, tokenizer, _ = pair
+    gen = mlx_lm.stream_generate(model, tokenizer, PROMPTS[0], max_tokens=MAX_TOKENS)
+    assert gen.gi_code is ORIGINALS["stream_generate"].__code__
+    responses = list(gen)
+    assert _tokens(responses) == references[PROMPTS[0]]
+    assert type(responses[-1]) is GenerationResponse
+    assert not hasattr(responses[-1], "stats")
+
+
+def test_prompt_cache_across_calls_matches_one_shot(registered, pair):
+    model, tokenizer, draft = pair
+    first, second = tokenizer.encode(PROMPTS[0]), tokenizer.encode(PROMPTS[1])
+    cache = make_prompt_cache(model) + make_prompt_cache(draft)
+    turn1 = _tokens(
+        mlx_lm.stream_generate(
+            model, tokenizer, first, max_tokens=8, draft_model=draft, prompt_cache=cache
+        )
+    )
+    turn2 = _tokens(
+        mlx_lm.stream_generate(
+            model,
+            tokenizer,
+            second,
+            max_tokens=8,
+            draft_model=draft,
+            prompt_cache=cache,
+        )
+    )
+    one_shot = _tokens(
+        ORIGINALS["stream_generate"](
+            model, tokenizer, first + turn1 + second, max_tokens=8
+        )
+    )
+    assert turn2 == one_shot
+
+
+def test_make_sampler_is_tagged_and_keeps_its_law(registered):
+    sampler = lm_sample_utils.make_sampler(0.7, top_p=0.9, top_k=5)
+    assert sampler.sampling_params == SamplingParams(
+        temp=0.7, top_p=0.9, min_p=0.0, top_k=5, min_tokens_to_keep=1
+    )
+    logits = mx.random.normal((1, 64))
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.random.seed(3)
+    ours = [sampler(logprobs).item() for _ in range(8)]
+    mx.random.seed(3)
+    original = ORIGINALS["make_sampler"](0.7, top_p=0.9, top_k=5)
+    theirs = [original(logprobs).item() for _ in range(8)]
+    assert ours == theirs
+
+    greedy = lm_sample_utils.make_sampler(0.0)
+    assert greedy.sampling_params.greedy
+    assert greedy(logprobs).item() == mx.argmax(logprobs, axis=-1).item()
+    # top_p=0 means "off" in mlx_lm, 1.0 in SamplingParams.
+    assert lm_sample_utils.make_sampler(0.5).sampling_params.top_p == 1.0
+
+
+def test_xtc_samplers_stay_opaque(registered):
+    sampler = lm_sample_utils.make_sampler(0.7, xtc_probability=0.5, xtc_threshold=0.1)
+    assert not hasattr(sampler, "sampling_params")
+
+
+def test_sampled_registered_call_is_reproducible(registered, pair):
+    model, tokenizer, draft = pair
+    sampler = mlx_lm.sample_utils.make_sampler(0.8, top_p=0.95)
+    runs = []
+    for _ in range(2):
+        mx.random.seed(11)
+        runs.append(
+            _tokens(
+                mlx_lm.stream_generate(
+                    model,
+                    tokenizer,
+                    PROMPTS[0],
+                    max_tokens=16,
+                    draft_model=draft,
+                    sampler=sampler,
+                )
+            )
+        )
+    assert runs[0] == runs[1]
+
+
+def test_unregistered_mlx_lm_rejects_speculative_keyword(pair):
+    model, tokenizer, _ = pair
+    assert not integration.is_registered()
+    with pytest.raises(TypeError):
+        list(mlx_lm.stream_generate(model, tokenizer, "x", speculative="none"))
