@@ -152,3 +152,19 @@ def make_drafter(
             f"speculative method '{config.method}' is not available; use one of: {available}."
         ) from None
     return factory(config, target, draft_model, cache, kv, vocab_size)
+
+
+def _make_lookup_drafter(config, target, draft_model, cache, kv, vocab_size):
+    from .lookup import make_lookup_drafter
+
+    return make_lookup_drafter(config, target, draft_model, cache, kv, vocab_size)
+
+
+def _make_self_drafter(config, target, draft_model, cache, kv, vocab_size):
+    from .self_spec import make_self_drafter
+
+    return make_self_drafter(config, target, draft_model, cache, kv, vocab_size)
+
+
+DRAFTER_FACTORIES["lookup"] = _make_lookup_drafter
+DRAFTER_FACTORIES["self"] = _make_self_drafter

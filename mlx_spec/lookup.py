@@ -218,3 +218,122 @@ def build_token_tree(
                 parents.append(parent)
             parent = node
     return tokens, parents
+
+
+# --------------------------------------------------------------------------- #
+# The drafter plugged into the engine (``--speculative lookup``).
+
+DEFAULT_LOOKUP_DRAFT_TOKENS = 8
+
+
+class LookupDrafter:
+    """Prompt lookup as a drafter: no model, no cache.
+
+    Each round the index is extended with the tokens accepted since the last
+    round (read from ``state.seq``; never rescanned) and proposes the
+    continuation of the longest, most recent n-gram match. Proposals are
+    point masses (``Proposal.logprobs is None``), which the engine's
+    acceptance handles exactly. With no match the proposal is empty and the
+    round is a plain target step.
+
+    Args:
+        ngram_min, ngram_max: n-gram lengths to match, longest first.
+        max_candidates: Continuations per round. ``1`` proposes a chain;
+          more are merged by :func:`build_token_tree` into one token tree.
+        max_len: Longest continuation in tree mode (a chain takes the
+          engine's draft length). Default: ``8``.
+    """
+
+    name = "lookup"
+
+    def __init__(
+        self,
+        *,
+        ngram_min: int = DEFAULT_NGRAM_MIN,
+        ngram_max: int = DEFAULT_NGRAM_MAX,
+        max_candidates: int = DEFAULT_MAX_CANDIDATES,
+        max_len: int = DEFAULT_LOOKUP_DRAFT_TOKENS,
+        max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
+    ):
+        _check_int("max_candidates", max_candidates, 1, MAX_CANDIDATES_LIMIT)
+        _check_int("max_len", max_len, 1, MAX_LEN_LIMIT)
+        self.index = NGramIndex(
+            ngram_min=ngram_min, ngram_max=ngram_max, max_occurrences=max_occurrences
+        )
+        self.max_candidates = max_candidates
+        self.max_len = max_len
+        self.is_tree = max_candidates > 1
+
+    def prefill(self, tokens, step_size: int):
+        """Nothing to do: the index reads the prompt from the first round's state."""
+
+    def _catch_up(self, seq: List[int]):
+        # seq only grows within a call, so the new tokens are its tail.
+        if len(seq) > len(self.index):
+            self.index.extend(seq[len(self.index) :])
+
+    def propose(self, state, gamma: int):
+        """Propose up to ``gamma`` tokens (chain) or ``gamma`` tree nodes.
+
+        Returns:
+            Proposal: ``tokens`` ``(N,)`` with ``N <= gamma`` (``0`` when
+            nothing matches), ``logprobs=None``, and ``parents`` for a tree
+            that branches (``None`` for a chain).
+        """
+        import mlx.core as mx
+
+        from .drafters import Proposal
+
+        self._catch_up(state.seq)
+        if gamma < 1:
+            return Proposal(mx.array([], mx.uint32), None)
+        if not self.is_tree:
+            cands = self.index.propose(
+                max_len=min(gamma, MAX_LEN_LIMIT), max_candidates=1
+            )
+            chain = cands[0] if cands else []
+            return Proposal(mx.array(chain, mx.uint32), None)
+        cands = self.index.propose(
+            max_len=min(self.max_len, gamma), max_candidates=self.max_candidates
+        )
+        tokens, parents = build_token_tree(cands, max_nodes=gamma)
+        if all(p == i - 1 for i, p in enumerate(parents)):
+            return Proposal(mx.array(tokens, mx.uint32), None)
+        return Proposal(mx.array(tokens, mx.uint32), None, parents=parents)
+
+    def commit(self, state, proposal, num_accepted: int, path=None):
+        """Nothing to rewind: accepted tokens reach the index via ``state.seq``."""
+
+    def caches(self) -> List:
+        return []
+
+    def sync(self, seq: List[int], base: int):
+        """No cache to bring up to date."""
+
+
+def check_no_drafter_cache(cache, method: str):
+    """Draft-free methods keep no cache of their own in ``prompt_cache``."""
+    if cache:
+        raise ValueError(
+            f"--speculative {method} keeps no draft cache, but prompt_cache holds "
+            f"{len(cache)} entries beyond the target's layers; build it as "
+            "make_prompt_cache(model)."
+        )
+
+
+def make_lookup_drafter(
+    config, target, draft_model, cache, kv, vocab_size
+) -> LookupDrafter:
+    """Drafter factory for ``--speculative lookup`` (see ``drafters.DRAFTER_FACTORIES``).
+
+    Uses ``config.ngram_min``/``ngram_max``; ``config.lookup_candidates``
+    (if the config has it) turns on tree proposals. A draft model, if given,
+    is not used.
+    """
+    check_no_drafter_cache(cache, "lookup")
+    return LookupDrafter(
+        ngram_min=config.ngram_min,
+        ngram_max=config.ngram_max,
+        max_candidates=getattr(config, "lookup_candidates", DEFAULT_MAX_CANDIDATES),
+        max_len=max(config.num_draft_tokens, 1),
+    )

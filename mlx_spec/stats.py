@@ -31,6 +31,8 @@ class SpecStats:
     accepted_per_round: List[int] = field(default_factory=list)
     drafted_per_round: List[int] = field(default_factory=list)
     tree_sizes: List[int] = field(default_factory=list)
+    # Self-speculation: the blocks the draft skips.
+    skipped_layers: Optional[List[int]] = None
 
     @property
     def acceptance_rate(self) -> float:

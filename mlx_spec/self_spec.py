@@ -1,0 +1,334 @@
+"""Self-speculation: the target drafts with some of its layers skipped.
+
+As in Draft & Verify (Zhang et al., 2023) and SWIFT (Xia et al., 2024), the
+draft is the target itself run through a subset of its transformer blocks;
+the full target then verifies the draft in one forward, so the output is
+exact (greedy identity, and the target's law when sampling, by the engine's
+rejection sampling against the draft's own law).
+
+No model file is forked: while drafting, the model's layer list is
+temporarily replaced by the kept blocks (every supported architecture,
+llama, qwen2, qwen3, mistral, gemma and phi3, iterates ``model.model.layers``
+zipped with the cache list and builds its mask from the first cache).
+
+Caches are shared, not copied. The kept blocks run on the TARGET's own cache
+objects, whose prefix holds the full model's exact keys and values. Drafting
+appends the draft tokens' entries to those caches; the end of
+:meth:`SelfDrafter.propose` trims them back, so every layer is in sync again
+before the target's verification forward, which overwrites the same slots.
+The lazily built draft graph stays correct: mlx-lm's ``KVCache`` writes by
+slice assignment, which makes a new array node, so the draft's reads keep
+their own inputs while the verify forward's writes come after them. Skipped
+blocks need no cache at all.
+
+The skipped set is chosen once per call on the prompt: one full forward of
+the last prompt tokens ranks the blocks by how little they change the hidden
+state (block influence, ``1 - cos(h_in, h_out)``, as in ShortGPT), then
+skipping the k least influential blocks is scored for a few k by
+``E[tokens per round] / (γ · draft_cost + 1)``, with the acceptance rate
+estimated by the agreement of the skipped and full models' greedy tokens on
+the same window and the draft cost by the bytes of weights each step reads.
+"""
+
+from contextlib import contextmanager
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .drafters import Proposal, RoundState, align_vocab
+from .lookup import check_no_drafter_cache
+
+# Prompt tokens the layer search looks at (the last ones).
+DEFAULT_SEARCH_TOKENS = 64
+# At most this fraction of the blocks is skipped.
+MAX_SKIP_FRACTION = 0.5
+# At most this many skip counts are scored.
+MAX_SEARCH_POINTS = 8
+
+
+def layer_owner(model: nn.Module) -> nn.Module:
+    """The module whose ``layers`` list the model's forward iterates.
+
+    Raises:
+        ValueError: If the model keeps its blocks elsewhere (unsupported).
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, list) or len(layers) != len(model.layers):
+        raise ValueError(
+            f"--speculative self does not support model type "
+            f"{getattr(model, 'model_type', type(model).__name__)!r} (its blocks are not "
+            "model.model.layers); use --speculative lookup or a draft model."
+        )
+    return inner
+
+
+@contextmanager
+def running_layers(model: nn.Module, layers: Sequence):
+    """Run ``model`` with ``layers`` in place of its blocks (restored on exit)."""
+    owner = layer_owner(model)
+    original = owner.layers
+    owner.layers = list(layers)
+    try:
+        yield
+    finally:
+        owner.layers = original
+
+
+def _nbytes(module: nn.Module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+def layer_costs(model: nn.Module) -> Tuple[List[int], int]:
+    """Bytes of weights read per decode step: ``(per block (L,), output head)``."""
+    blocks = [_nbytes(layer) for layer in model.layers]
+    head = getattr(model, "lm_head", None)
+    if head is None:  # tied embeddings
+        head = layer_owner(model).embed_tokens
+    return blocks, _nbytes(head)
+
+
+def draft_cost(blocks: Sequence[int], head: int, kept: Sequence[int]) -> float:
+    """Cost of a draft step relative to a full forward (bytes of weights read)."""
+    return (sum(blocks[i] for i in kept) + head) / (sum(blocks) + head)
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens per round with γ drafts accepted independently with rate ``alpha``."""
+    return sum(alpha**i for i in range(gamma + 1))
+
+
+def expected_speedup(alpha: float, gamma: int, cost: float) -> float:
+    """Tokens per round over its cost in full forwards: ``E / (γ·cost + 1)``."""
+    return expected_tokens(alpha, gamma) / (gamma * cost + 1)
+
+
+class _Tap:
+    """A block wrapper that records its input and output hidden states."""
+
+    def __init__(self, layer, record: List):
+        self.layer = layer
+        self.record = record
+
+    def __call__(self, h, *args, **kwargs):
+        out = self.layer(h, *args, **kwargs)
+        self.record.append((h, out))
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
+
+
+def block_influence(model: nn.Module, tokens: mx.array) -> Tuple[mx.array, mx.array]:
+    """One full forward of ``tokens`` ``(W,)`` with no cache.
+
+    Returns:
+        ``(influence (L,), greedy (W,))``: ``1 - mean cos(h_in, h_out)`` of each
+        block, and the full model's argmax at each position.
+    """
+    record: List = []
+    with running_layers(model, [_Tap(layer, record) for layer in model.layers]):
+        logits = model(tokens[None])[0]
+    scores = []
+    for h_in, h_out in record:
+        dot = (h_in * h_out).sum(-1)
+        norms = mx.linalg.norm(h_in, axis=-1) * mx.linalg.norm(h_out, axis=-1)
+        scores.append(1 - (dot / mx.maximum(norms, 1e-6)).mean())
+    return mx.stack(scores), mx.argmax(logits, axis=-1)
+
+
+def agreement(
+    model: nn.Module, kept: Sequence[int], tokens: mx.array, greedy: mx.array
+):
+    """Fraction of positions where the kept blocks alone give the full argmax."""
+    with running_layers(model, [model.layers[i] for i in kept]):
+        logits = model(tokens[None])[0]
+    return (mx.argmax(logits, axis=-1) == greedy).astype(mx.float32).mean()
+
+
+def skippable(num_layers: int) -> List[int]:
+    """Blocks that may be skipped: all but the first and last (with 4+ blocks)."""
+    if num_layers >= 4:
+        return list(range(1, num_layers - 1))
+    return list(range(num_layers))
+
+
+def choose_skipped_layers(
+    model: nn.Module, tokens: mx.array, gamma: int
+) -> Tuple[List[int], Dict]:
+    """Pick the blocks to skip from a short search on ``tokens`` ``(W,)``.
+
+    Returns:
+        ``(skipped, report)``: sorted block indices, and the search's estimates
+        (``alpha``, ``cost``, ``speedup`` of the chosen set and every scored k).
+    """
+    num_layers = len(model.layers)
+    candidates = skippable(num_layers)
+    max_skip = max(1, min(len(candidates), int(MAX_SKIP_FRACTION * num_layers)))
+    blocks, head = layer_costs(model)
+    if tokens.size < 2:
+        # Nothing to measure: skip a run of middle blocks.
+        mid = len(candidates) // 2
+        skipped = sorted(
+            candidates[max(0, mid - max_skip // 2) :][: max(1, max_skip // 2)]
+        )
+        return skipped, {"searched": False}
+
+    influence, greedy = block_influence(model, tokens)
+    influence = influence.tolist()
+    # Least influential first; ties go to the later block.
+    order = sorted(candidates, key=lambda i: (influence[i], -i))
+    counts = sorted(
+        {
+            max(1, round(max_skip * j / MAX_SEARCH_POINTS))
+            for j in range(1, MAX_SEARCH_POINTS + 1)
+        }
+    )
+    alphas = []
+    for k in counts:
+        skip = set(order[:k])
+        kept = [i for i in range(num_layers) if i not in skip]
+        alphas.append(agreement(model, kept, tokens, greedy))
+    alphas = mx.stack(alphas).tolist()
+    best, scored = None, []
+    for k, alpha in zip(counts, alphas):
+        skip = set(order[:k])
+        cost = draft_cost(blocks, head, [i for i in range(num_layers) if i not in skip])
+        speedup = expected_speedup(alpha, gamma, cost)
+        scored.append({"skip": k, "alpha": alpha, "cost": cost, "speedup": speedup})
+        if best is None or speedup > best["speedup"]:
+            best = scored[-1]
+    skipped = sorted(order[: best["skip"]])
+    report = {
+        "searched": True,
+        "alpha": best["alpha"],
+        "cost": best["cost"],
+        "speedup": best["speedup"],
+        "scored": scored,
+    }
+    return skipped, report
+
+
+class SelfDrafter:
+    """The target with some blocks skipped, drafting on the target's own caches.
+
+    Args:
+        target: The target and its caches (shared, never copied).
+        vocab_size: Width of the target's logits.
+        skipped: Blocks to skip; ``None`` chooses them on the prompt.
+        gamma: Draft length the layer search optimises for.
+        search_tokens: Prompt tokens the search looks at.
+    """
+
+    name = "self"
+    is_tree = False
+
+    def __init__(
+        self,
+        target,
+        vocab_size: int,
+        *,
+        skipped: Optional[Sequence[int]] = None,
+        gamma: int = 4,
+        search_tokens: int = DEFAULT_SEARCH_TOKENS,
+    ):
+        self.target = target
+        self.vocab_size = vocab_size
+        self.gamma = gamma
+        self.search_tokens = search_tokens
+        num_layers = len(target.model.layers)
+        layer_owner(target.model)
+        if num_layers < 2:
+            raise ValueError(
+                "--speculative self needs a model with at least 2 layers; "
+                f"this one has {num_layers}."
+            )
+        self.search: Dict = {}
+        self.skipped: Optional[List[int]] = None
+        if skipped is not None:
+            self.set_skipped(skipped)
+
+    def set_skipped(self, skipped: Sequence[int]):
+        num_layers = len(self.target.model.layers)
+        skipped = sorted(set(int(i) for i in skipped))
+        if any(not 0 <= i < num_layers for i in skipped) or len(skipped) >= num_layers:
+            raise ValueError(
+                f"skipped layers {skipped} are out of range: distinct indices in "
+                f"[0, {num_layers - 1}], keeping at least one of the {num_layers} layers."
+            )
+        self.skipped = skipped
+        self.kept = [i for i in range(num_layers) if i not in set(skipped)]
+
+    def prefill(self, tokens: mx.array, step_size: int):
+        """Choose the skipped blocks on the prompt (the target prefills the caches)."""
+        if self.skipped is None:
+            window = tokens[-self.search_tokens :] if tokens.size else tokens
+            skipped, self.search = choose_skipped_layers(
+                self.target.model, window, self.gamma
+            )
+            self.set_skipped(skipped)
+
+    def report(self, stats):
+        """Record the chosen blocks in ``stats`` (a :class:`SpecStats`)."""
+        stats.skipped_layers = list(self.skipped or [])
+
+    def propose(self, state: RoundState, gamma: int) -> Proposal:
+        """Draft ``gamma`` tokens with the kept blocks, then rewind their caches.
+
+        The target cache holds ``seq[:-1]``; the kept blocks' caches get
+        ``seq[-1], d_1..d_{γ-1}`` appended while drafting and are trimmed back
+        before returning, so the verify forward finds every layer in sync.
+        """
+        if self.skipped is None:
+            self.prefill(mx.array(state.seq[:-1], mx.uint32), 0)
+        if gamma < 1:
+            return Proposal(mx.array([], mx.uint32), None)
+        model = self.target.model
+        caches = [self.target.cache[i] for i in self.kept]
+        starts = [c.offset for c in caches]
+        inputs = mx.array(state.seq[-1:], mx.uint32)
+        tokens, laws = [], []
+        with running_layers(model, [model.layers[i] for i in self.kept]):
+            for _ in range(gamma):
+                logits = align_vocab(
+                    model(inputs[None], cache=caches)[0, -1:], self.vocab_size
+                )
+                token, law = state.choose(logits, tokens)
+                mx.async_eval(token)
+                tokens.append(token)
+                laws.append(law)
+                inputs = token
+        for c, start in zip(caches, starts):
+            c.trim(c.offset - start)
+        logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        return Proposal(mx.concatenate(tokens), logprobs, forwards=gamma)
+
+    def commit(
+        self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
+    ):
+        """Nothing to do: the target trims the shared caches."""
+
+    def caches(self) -> List:
+        return []
+
+    def sync(self, seq: List[int], base: int):
+        """Nothing to do: the drafter has no cache of its own."""
+
+
+def make_self_drafter(
+    config, target, draft_model, cache, kv, vocab_size
+) -> SelfDrafter:
+    """Drafter factory for ``--speculative self`` (see ``drafters.DRAFTER_FACTORIES``).
+
+    ``config.skip_layers`` (if the config has it) fixes the skipped blocks;
+    otherwise they are chosen on the prompt. A draft model, if given, is not used.
+    """
+    check_no_drafter_cache(cache, "self")
+    return SelfDrafter(
+        target,
+        vocab_size,
+        skipped=getattr(config, "skip_layers", None),
+        gamma=config.num_draft_tokens,
+    )
