@@ -115,3 +115,41 @@ def rejection_accept(
     num_accepted = accepted_prefix_length(accept)
     law = recovered_law(target_logprobs, draft_logprobs, num_accepted)
     return num_accepted, mx.random.categorical(mx.log(law))
+
+
+def tree_accept(
+    tokens: mx.array,
+    parents: mx.array,
+    depth: mx.array,
+    ancestor_mask: mx.array,
+    target_choices: mx.array,
+) -> Tuple[mx.array, mx.array, mx.array]:
+    """Accept the deepest root-to-node path that the target's choices follow.
+
+    Node 0 is the root (the last accepted token); node ``i`` is accepted when
+    its token equals the target's choice at its parent and its parent is
+    accepted. With argmax choices this is greedy decoding. With one
+    independent sample of the target's law per node it is exact sampling
+    for any children chosen without looking at the target (top-k of a
+    draft, static shapes, n-gram lookup): the emitted token at every step is
+    the target's own sample at the current node. This is recursive rejection
+    sampling with point-mass proposals, where accepting sibling ``c`` given
+    that earlier siblings were rejected has probability ``p(c) / (1 - sum of
+    rejected p)``, i.e. "the target's sample is ``c``".
+
+    Args:
+        tokens: ``(N,)`` node tokens, node 0 the root.
+        parents: ``(N,)`` parent indices, ``-1`` for the root.
+        depth: ``(N,)`` depths (root 0).
+        ancestor_mask: ``(N, N)`` bool, ancestor-or-self.
+        target_choices: ``(N,)`` the target's token at each node.
+
+    Returns:
+        ``(deepest, num_accepted, next_token)``: the deepest accepted node,
+        its depth (= accepted draft tokens) and the token emitted after it.
+    """
+    parent_choice = target_choices[mx.maximum(parents, 0)]
+    mismatch = (tokens != parent_choice) & (parents >= 0)
+    accepted = ~(ancestor_mask & mismatch[None, :]).any(axis=1)
+    deepest = mx.argmax(mx.where(accepted, depth, -1))
+    return deepest, depth[deepest], target_choices[deepest]

@@ -9,7 +9,7 @@ A drafter has one small interface (as vLLM's proposers do):
 """
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Union
 
 import mlx.core as mx
 
@@ -25,11 +25,21 @@ class Proposal:
         logprobs: The processed law each token was drawn from, ``(γ, V)``;
           ``None`` for deterministic proposals (point masses).
         forwards: Draft-model forward passes spent.
+        parents: ``None`` for a chain; for a tree, ``(N,)`` parent of each
+          node in topological order, ``-1`` for children of the root (the
+          last accepted token). Tree children must be chosen without the
+          target's help (top-k, static shapes, lookup) and be distinct among
+          siblings.
     """
 
     tokens: mx.array
     logprobs: Optional[mx.array]
     forwards: int = 0
+    parents: Optional[Union[List[int], mx.array]] = None
+    # Optional ``(K,)`` int32 the drafter wants back on the host after the
+    # round's sync (e.g. which tree nodes its cache holds): ``sync_values``.
+    sync_data: Optional[mx.array] = None
+    sync_values: Optional[List[int]] = None
 
     @property
     def size(self) -> int:
@@ -93,9 +103,11 @@ class ModelDrafter:
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
         return Proposal(mx.concatenate(tokens), logprobs, forwards=gamma)
 
-    def commit(self, state: RoundState, proposal: Proposal, num_accepted: int):
+    is_tree = False
+
+    def commit(self, state: RoundState, proposal: Proposal, num_accepted: int, path=None):
         # The draft cache holds seq + d_1..d_{γ-1}; d_1..d_n stay valid.
-        keep = len(state.seq) + min(num_accepted, proposal.size - 1)
+        keep = len(state.seq) + min(num_accepted, max(proposal.size - 1, 0))
         self.draft.trim_to(state.base + keep)
 
     def caches(self) -> List:
@@ -133,6 +145,15 @@ def _make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
 # method name -> factory(config, target, draft_model, cache, kv, vocab_size).
 # ``cache`` is the part of the caller's prompt_cache after the target's layers.
 DRAFTER_FACTORIES = {"draft": _make_model_drafter}
+
+
+def _make_tree_drafter(*args):
+    from .tree_drafter import make_tree_drafter
+
+    return make_tree_drafter(*args)
+
+
+DRAFTER_FACTORIES["tree"] = _make_tree_drafter
 
 
 def make_drafter(

@@ -14,12 +14,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, generation_stream
 
-from .acceptance import match_accept, rejection_accept
+from .acceptance import match_accept, rejection_accept, tree_accept
 from .config import SpecConfig
 from .drafters import Proposal, RoundState, make_drafter
 from .models import CachedModel, KVSettings, output_size
 from .sampling import SamplingParams, normalize, processed_logprobs, sampling_params_of
 from .stats import SpecStats
+from .tree import Tree, commit_path, tree_forward
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -69,6 +70,14 @@ class Law:
             law = processed_logprobs(logprobs, self.params)
             return mx.random.categorical(law), law
         return self.sampler(logprobs), None
+
+    def node_choices(self, target_logprobs: mx.array) -> mx.array:
+        """The target's own token at each row ``(N, V) -> (N,)``: argmax or a sample."""
+        if self.mode == "greedy":
+            return mx.argmax(target_logprobs, axis=-1)
+        if self.mode == "match":
+            return self.sampler(target_logprobs)
+        return mx.random.categorical(processed_logprobs(target_logprobs, self.params))
 
     def accept(self, proposal: Proposal, target_logprobs: mx.array):
         """Return ``(num_accepted, next_token)`` on device.
@@ -226,6 +235,11 @@ def speculative_events(
             config.temp, config.top_p, config.min_p, config.top_k, config.min_tokens_to_keep
         )
     law = Law(params, sampler)
+    if logits_processors and getattr(drafter, "is_tree", False):
+        raise ValueError(
+            f"logits_processors are not supported by the '{config.method}' method yet; "
+            "use --speculative draft."
+        )
     stats = stats if stats is not None else SpecStats()
     stats.method = config.method
     stats.num_draft_tokens = config.num_draft_tokens
@@ -242,14 +256,174 @@ def speculative_events(
     )
 
 
+@dataclass
+class RoundResult:
+    """What the host learns from a round's sync.
+
+    Attributes:
+        num_accepted: Accepted draft tokens.
+        path: Accepted proposal nodes, in order (chain: ``0..n-1``).
+        emitted: Accepted tokens followed by the recovered or bonus token.
+        rows: Row of the target's logprobs that predicted each emitted token.
+        rejected: Draft tokens the recovered token replaced (for display).
+        bonus: Whether the last token is a bonus (nothing left to reject).
+    """
+
+    num_accepted: int
+    path: List[int]
+    emitted: List[int]
+    rows: List[int]
+    rejected: List[int]
+    bonus: bool
+
+
+def _verify_chain(target, root, proposal, law, processors, history):
+    """Score ``[root, d_1..d_γ]`` in one target forward and accept on device."""
+    logits = target(mx.concatenate([root, proposal.tokens]))
+    verify_history = None
+    if processors:
+        verify_history = mx.concatenate([history, proposal.tokens])
+    target_logprobs = _process(logits, verify_history, processors)
+    num_accepted, next_token = law.accept(proposal, target_logprobs)
+    packed = mx.concatenate(
+        [
+            num_accepted.reshape(1).astype(mx.uint32),
+            next_token.reshape(1).astype(mx.uint32),
+            proposal.tokens.astype(mx.uint32),
+        ]
+    )
+    gamma = proposal.size
+
+    def decode(values) -> RoundResult:
+        n, token, drafts = values[0], values[1], values[2:]
+        return RoundResult(
+            n, list(range(n)), drafts[:n] + [token], list(range(n + 1)), drafts[n:], n == gamma
+        )
+
+    return packed, target_logprobs, decode
+
+
+def _verify_tree(target, root, proposal, law):
+    """Score the root and a draft tree in one tree-attention forward."""
+    parents = mx.array(proposal.parents, mx.int32) if not isinstance(
+        proposal.parents, mx.array) else proposal.parents
+    tree = Tree.from_parents(
+        mx.concatenate([root, proposal.tokens.astype(mx.uint32)]),
+        mx.concatenate([mx.array([-1], mx.int32), mx.where(parents < 0, 0, parents + 1)]),
+    )
+    logits = tree_forward(target.model, target.cache, tree)
+    target_logprobs = normalize(logits)
+    choices = law.node_choices(target_logprobs)
+    deepest, num_accepted, next_token = tree_accept(
+        tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, choices
+    )
+    packed = mx.concatenate(
+        [
+            mx.stack([deepest, num_accepted, next_token]).astype(mx.int32),
+            tree.tokens.astype(mx.int32),
+            tree.parents,
+        ]
+    )
+    size = tree.size
+
+    def decode(values) -> RoundResult:
+        deepest, n, token = values[:3]
+        tokens, parents = values[3 : 3 + size], values[3 + size :]
+        nodes = []
+        node = deepest
+        while node > 0:
+            nodes.append(node)
+            node = parents[node]
+        nodes.reverse()
+        children = [tokens[i] for i in range(size) if parents[i] == deepest]
+        return RoundResult(
+            n,
+            [v - 1 for v in nodes],
+            [tokens[v] for v in nodes] + [token],
+            [0] + nodes,
+            children,
+            not children,
+        )
+
+    return packed, target_logprobs, decode
+
+
+class RoundPlanner:
+    """Draft length (chains) or node budget (trees) for each round.
+
+    Fixed by default; with ``config.adaptive`` an :class:`AdaptiveController`
+    picks it from measured acceptance and costs. Costs need the draft and
+    verification times apart, so every ``PROFILE_EVERY``-th adaptive round
+    adds one sync after drafting.
+    """
+
+    PROFILE_EVERY = 4
+
+    def __init__(self, config: SpecConfig, drafter):
+        self.config = config
+        self.is_tree = getattr(drafter, "is_tree", False)
+        self.controller = None
+        self.last_draft_time = 0.0
+        self.rounds = 0
+        if config.adaptive:
+            from .adaptive import AdaptiveController
+
+            if self.is_tree:
+                budgets = sorted({b for b in (4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
+                                 | {config.tree_budget})
+                self.controller = AdaptiveController(
+                    tree_budgets=budgets, init_budget=config.tree_budget
+                )
+            else:
+                gamma_max = max(config.num_draft_tokens, min(2 * config.num_draft_tokens, 16))
+                self.controller = AdaptiveController(
+                    gamma_min=1, gamma_max=gamma_max,
+                    init_gamma=min(config.num_draft_tokens, gamma_max),
+                )
+
+    def size(self) -> int:
+        if self.controller is None:
+            return self.config.tree_budget if self.is_tree else self.config.num_draft_tokens
+        if self.is_tree:
+            return self.controller.choose_budget()
+        return self.controller.choose()
+
+    @property
+    def profile_round(self) -> bool:
+        return self.config.profile or (
+            self.controller is not None and self.rounds % self.PROFILE_EVERY == 0
+        )
+
+    def update(self, size, drafted, accepted, draft_time, verify_time, width, profiled):
+        self.rounds += 1
+        if self.controller is None or drafted == 0:
+            return
+        if profiled:
+            self.last_draft_time = draft_time
+        else:  # reuse the last measured costs; acceptance is always fresh
+            draft_time = self.last_draft_time
+            verify_time = self.controller.verify_time(width)
+        if self.is_tree:
+            self.controller.update_tree(size, accepted, draft_time, verify_time, width)
+        else:
+            self.controller.update(drafted, accepted, draft_time, verify_time, width)
+
+
 def _generate(prompt, target, drafter, law, config, processors, prefill_step_size, stats,
               prompt_cache):
     base = target.offset
     seq: List[int] = prompt.tolist()
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
+    planner = RoundPlanner(config, drafter)
     generated = 0
     round_index = 0
+
+    def choose(logits, drafted):
+        hist = None
+        if processors:
+            hist = mx.concatenate([history, *drafted]) if drafted else history
+        return law.draft_choice(_process(logits, hist, processors))
 
     with mx.stream(generation_stream):
         try:
@@ -260,76 +434,86 @@ def _generate(prompt, target, drafter, law, config, processors, prefill_step_siz
             stats.prompt_time = time.perf_counter() - tic
             tic = time.perf_counter()
 
-            def choose(logits, drafted):
-                hist = None
-                if processors:
-                    hist = mx.concatenate([history, *drafted]) if drafted else history
-                return law.draft_choice(_process(logits, hist, processors))
-
             while generated < config.max_tokens:
-                gamma = min(config.num_draft_tokens, config.max_tokens - generated - 1)
+                remaining = config.max_tokens - generated
+                size = planner.size()
                 state = RoundState(seq, base, choose)
+                profiled = planner.profile_round
                 round_tic = time.perf_counter()
-                if gamma > 0:
-                    proposal = drafter.propose(state, gamma)
-                else:
-                    proposal = Proposal(mx.array([], mx.uint32), None)
-                if config.profile:
+                proposal = Proposal(mx.array([], mx.uint32), None)
+                if remaining > 1:
+                    proposal = drafter.propose(
+                        state, size if planner.is_tree else min(size, remaining - 1)
+                    )
+                draft_time = 0.0
+                if profiled:
                     mx.eval(proposal.tokens, proposal.logprobs)
-                    stats.draft_time = (stats.draft_time or 0.0) + time.perf_counter() - round_tic
+                    draft_time = time.perf_counter() - round_tic
+                    stats.draft_time = (stats.draft_time or 0.0) + draft_time
                 verify_tic = time.perf_counter()
 
-                inputs = mx.concatenate([mx.array(seq[-1:], mx.uint32), proposal.tokens])
-                logits = target(inputs)
-                verify_history = None
-                if processors:
-                    verify_history = mx.concatenate([history, proposal.tokens])
-                target_logprobs = _process(logits, verify_history, processors)
-                num_accepted, next_token = law.accept(proposal, target_logprobs)
+                prefix_len = base + len(seq) - 1
+                root = mx.array(seq[-1:], mx.uint32)
+                if proposal.parents is None:
+                    verified = _verify_chain(target, root, proposal, law, processors, history)
+                else:
+                    verified = _verify_tree(target, root, proposal, law)
+                packed, target_logprobs, decode = verified
+                extra = proposal.sync_data
+                if extra is not None:
+                    packed = mx.concatenate([packed.astype(mx.int32), extra.astype(mx.int32)])
 
                 # The round's single host sync.
-                packed = mx.concatenate(
-                    [num_accepted.reshape(1).astype(mx.uint32),
-                     next_token.reshape(1).astype(mx.uint32), proposal.tokens]
-                )
                 sync_tic = time.perf_counter()
                 mx.eval(packed, target_logprobs)
                 values = packed.tolist()
+                if extra is not None:
+                    values, proposal.sync_values = values[: -extra.size], values[-extra.size :]
                 done = time.perf_counter()
-                if config.profile:
+                if profiled:
                     stats.verify_time = (stats.verify_time or 0.0) + done - verify_tic
                 else:
                     stats.sync_time += done - sync_tic
 
-                n, token, drafts = values[0], values[1], values[2:]
-                target.trim_to(base + len(seq) + n)
-                drafter.commit(state, proposal, n)
+                result = decode(values)
+                n, drafted = result.num_accepted, proposal.size
+                if proposal.parents is None:
+                    target.trim_to(prefix_len + 1 + n)
+                else:
+                    commit_path(target.cache, prefix_len, [0] + [i + 1 for i in result.path])
+                drafter.commit(state, proposal, n, result.path)
+                planner.update(size, drafted, n, draft_time, done - verify_tic, drafted + 1,
+                               profiled)
                 stats.rounds += 1
                 stats.target_forwards += 1
                 stats.draft_forwards += proposal.forwards
-                stats.draft_tokens += gamma
+                stats.draft_tokens += drafted
                 stats.accepted_tokens += n
-                if gamma > 0:
+                if drafted > 0:
                     stats.accepted_per_round.append(n)
-                    stats.drafted_per_round.append(gamma)
+                    stats.drafted_per_round.append(drafted)
+                    if proposal.parents is not None:
+                        stats.tree_sizes.append(drafted)
 
-                emitted = drafts[:n] + [token]
                 if processors:
-                    history = mx.concatenate([history, mx.array(emitted, mx.uint32)])
-                for i, tok in enumerate(emitted):
+                    history = mx.concatenate([history, mx.array(result.emitted, mx.uint32)])
+                for i, tok in enumerate(result.emitted):
                     if i < n:
                         kind, rejected = ACCEPTED, []
-                    elif gamma == 0:
+                    elif drafted == 0:
                         kind, rejected = TARGET, []
-                    elif n == gamma:
+                    elif result.bonus:
                         kind, rejected = BONUS, []
                     else:
-                        kind, rejected = RECOVERED, drafts[n:]
+                        kind, rejected = RECOVERED, result.rejected
                     seq.append(tok)
                     generated += 1
                     stats.generated_tokens = generated
                     stats.generation_time = time.perf_counter() - tic
-                    yield TokenEvent(tok, target_logprobs[i], i < n, kind, round_index, rejected)
+                    row = target_logprobs[result.rows[i]]
+                    yield TokenEvent(tok, row, i < n, kind, round_index, rejected)
+                    if generated == config.max_tokens:
+                        break
                 round_index += 1
                 if round_index % 256 == 0:
                     mx.clear_cache()
