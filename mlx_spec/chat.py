@@ -131,7 +131,7 @@ class Chat:
             self.tokenizer,
             prompt,
             self.draft_model,
-            speculative=self.method,
+            speculative=self.args.speculative,
             max_tokens=self.args.max_tokens,
             sampler=self.sampler,
             prompt_cache=self.cache,
@@ -185,7 +185,16 @@ def run(args, out=sys.stdout):
             f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
         )
     mx.random.seed(args.seed)
-    model, tokenizer, draft_model = load_pair(model_path, draft_path)
+    if args.pipeline:
+        raise ValueError(
+            "--pipeline (distributed inference) is not supported by mlx_spec.chat."
+        )
+    model, tokenizer, draft_model = load_pair(
+        model_path,
+        draft_path,
+        adapter_path=args.adapter_path,
+        tokenizer_config={"trust_remote_code": args.trust_remote_code},
+    )
     chat = Chat(model, tokenizer, draft_model, args, out)
     out.write(f"[model {model_path}]\n")
     if chat.draft_model is not None:

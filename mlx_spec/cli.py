@@ -13,19 +13,12 @@ from . import ensure_fast_blas
 ensure_fast_blas()
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from typing import Dict, List, Optional
 
-from .config import (
-    DEFAULT_NGRAM_MAX,
-    DEFAULT_NGRAM_MIN,
-    DEFAULT_NUM_DRAFT_TOKENS,
-    DEFAULT_TREE_BUDGET,
-    DEFAULT_TREE_DEPTH,
-    DEFAULT_TREE_TOP_K,
-    METHODS,
-)
+from .config import METHODS, SpecConfig
 
 # Subcommand -> "module:function", imported only when chosen.
 SUBCOMMANDS = {
@@ -37,101 +30,109 @@ SUBCOMMANDS = {
 }
 BENCH_ENTRY = "benchmarks.run:main"
 
-# SpecConfig fields that the method options below set (sampling lives elsewhere).
-METHOD_OPTIONS = (
-    "num_draft_tokens",
-    "tree_budget",
-    "tree_top_k",
-    "tree_depth",
-    "tree_choices",
-    "ngram_min",
-    "ngram_max",
-    "adaptive",
+# SpecConfig fields that are not method options (sampling, length, timing).
+GENERAL_FIELDS = (
+    "method",
+    "temp",
+    "top_p",
+    "top_k",
+    "min_p",
+    "min_tokens_to_keep",
+    "max_tokens",
+    "seed",
+    "profile",
 )
+OPTION_HELP = {
+    "num_draft_tokens": "Draft tokens per round, 1 to 64",
+    "tree_budget": "tree: maximum tree nodes verified per round",
+    "tree_top_k": "tree: children per node, 1 to 16",
+    "tree_depth": "tree: maximum tree depth",
+    "tree_choices": 'tree: a static tree as JSON index paths, e.g. "[[0], [1], [0, 0]]"',
+    "ngram_min": "lookup: shortest n-gram to match",
+    "ngram_max": "lookup: longest n-gram to match",
+    "adaptive": "Choose the draft length or tree size per round",
+    "draft_p_min": "Stop drafting when the draft's confidence drops below it",
+}
+
+
+def method_option_fields() -> List[dataclasses.Field]:
+    """The :class:`SpecConfig` fields that configure a method (not sampling).
+
+    New fields of later methods show up here, as command-line flags and as
+    server request fields, without further changes.
+    """
+    return [f for f in dataclasses.fields(SpecConfig) if f.name not in GENERAL_FIELDS]
+
+
+def method_option_names() -> List[str]:
+    return [f.name for f in method_option_fields()]
 
 
 def add_speculative_options(
-    parser: argparse.ArgumentParser,
-    *,
-    speculative_default: Optional[str] = None,
-    num_draft_tokens: bool = True,
+    parser: argparse.ArgumentParser, *, speculative_default: Optional[str] = None
 ) -> argparse._ArgumentGroup:
-    """Add ``--speculative`` and every method's options to ``parser``.
+    """Add ``--speculative`` and every method option that ``parser`` lacks.
+
+    One flag per :func:`method_option_fields` entry (``--num-draft-tokens``,
+    ``--tree-budget``, ...), with the :class:`SpecConfig` default; booleans
+    get ``--flag/--no-flag``. Flags the parser already has are kept as is.
 
     Args:
         parser: The parser to extend.
         speculative_default: Default of ``--speculative``. Default: ``None``
-          (``draft`` when a draft model is given, else ``none``).
-        num_draft_tokens: Also add ``--num-draft-tokens`` (leave it out when
-          the parser already has mlx_lm's flag). Default: ``True``.
+          (the best method for the models given).
 
     Returns:
         The argument group that holds the options.
     """
+    existing = {action.dest for action in parser._actions}
     group = parser.add_argument_group("speculative decoding")
-    if not any(a.dest == "speculative" for a in parser._actions):
+    if "speculative" not in existing:
         group.add_argument(
             "--speculative",
             choices=METHODS,
             default=speculative_default,
             metavar="METHOD",
-            help=f"Speculative method, one of: {', '.join(METHODS)}. "
-            "Default: draft when a draft model is given, else none.",
+            help=f"Speculative method, one of: {', '.join(METHODS)}. Default: "
+            "draft when a draft model is given, else none.",
         )
-    if num_draft_tokens:
-        group.add_argument(
-            "--num-draft-tokens",
-            type=int,
-            default=DEFAULT_NUM_DRAFT_TOKENS,
-            help=f"Draft tokens per round, 1 to 64 (default: {DEFAULT_NUM_DRAFT_TOKENS}).",
-        )
-    group.add_argument(
-        "--tree-budget",
-        type=int,
-        default=DEFAULT_TREE_BUDGET,
-        help=f"tree: maximum tree nodes verified per round (default: {DEFAULT_TREE_BUDGET}).",
-    )
-    group.add_argument(
-        "--tree-top-k",
-        type=int,
-        default=DEFAULT_TREE_TOP_K,
-        help=f"tree: children per node, 1 to 16 (default: {DEFAULT_TREE_TOP_K}).",
-    )
-    group.add_argument(
-        "--tree-depth",
-        type=int,
-        default=DEFAULT_TREE_DEPTH,
-        help=f"tree: maximum tree depth (default: {DEFAULT_TREE_DEPTH}).",
-    )
-    group.add_argument(
-        "--tree-choices",
-        default=None,
-        metavar="JSON",
-        help='tree: a static tree as index paths, e.g. "[[0], [1], [0, 0]]" (default: None).',
-    )
-    group.add_argument(
-        "--ngram-min",
-        type=int,
-        default=DEFAULT_NGRAM_MIN,
-        help=f"lookup: shortest n-gram to match (default: {DEFAULT_NGRAM_MIN}).",
-    )
-    group.add_argument(
-        "--ngram-max",
-        type=int,
-        default=DEFAULT_NGRAM_MAX,
-        help=f"lookup: longest n-gram to match (default: {DEFAULT_NGRAM_MAX}).",
-    )
-    group.add_argument(
-        "--adaptive",
-        action="store_true",
-        help="Choose the draft length or tree size per round (default: off).",
-    )
+    for f in method_option_fields():
+        if f.name in existing:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        text = OPTION_HELP.get(f.name, f.name.replace("_", " ").capitalize())
+        if isinstance(f.default, bool):
+            state = "on" if f.default else "off"
+            group.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=f"{text} (default: {state}).",
+            )
+        elif isinstance(f.default, (int, float)):
+            group.add_argument(
+                flag,
+                type=type(f.default),
+                default=f.default,
+                help=f"{text} (default: {f.default}).",
+            )
+        else:
+            group.add_argument(
+                flag,
+                default=f.default,
+                metavar="JSON",
+                help=f"{text} (default: {f.default}).",
+            )
     return group
 
 
 def method_options(args: argparse.Namespace) -> Dict[str, object]:
-    """The :data:`METHOD_OPTIONS` found in parsed ``args``."""
-    return {name: getattr(args, name) for name in METHOD_OPTIONS if hasattr(args, name)}
+    """The method options found in parsed ``args``, ready for ``SpecConfig``."""
+    return {
+        name: getattr(args, name)
+        for name in method_option_names()
+        if hasattr(args, name)
+    }
 
 
 def _load(entry: str):

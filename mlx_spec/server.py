@@ -41,7 +41,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from .cli import METHOD_OPTIONS, add_speculative_options, method_options
+from .cli import add_speculative_options, method_option_fields, method_options
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from .generate import stream_generate
 from .loading import default_model_pair
@@ -129,7 +129,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         elif action.dest == "host":
             action.default = "127.0.0.1"
             action.help = "Host for the HTTP server (default: 127.0.0.1)."
-    add_speculative_options(parser, num_draft_tokens=False)
+    add_speculative_options(parser)
     return parser
 
 
@@ -165,10 +165,19 @@ class SpecCompletionRequest(lm_server.CompletionRequest):
     error: Optional[Exception] = None
 
 
-def _int_option(value, name):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"{name} must be an integer, got {value!r}.")
-    return value
+def _check_type(name: str, value, default):
+    """Request fields take the JSON type of their ``SpecConfig`` default."""
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        kind = "a number"
+    else:
+        return
+    if not ok:
+        raise RequestError(f"{name} must be {kind}, got {value!r}.")
 
 
 def request_speculation(body: dict, cli_args: argparse.Namespace) -> Dict[str, Any]:
@@ -184,14 +193,10 @@ def request_speculation(body: dict, cli_args: argparse.Namespace) -> Dict[str, A
         raise RequestError(
             f"speculative must be a string, got {options['speculative']!r}."
         )
-    for name in METHOD_OPTIONS:
-        value = body.get(name, getattr(cli_args, name))
-        if name == "adaptive":
-            if not isinstance(value, bool):
-                raise RequestError(f"adaptive must be true or false, got {value!r}.")
-        elif name != "tree_choices":
-            value = _int_option(value, name)
-        options[name] = value
+    for f in method_option_fields():
+        value = body.get(f.name, getattr(cli_args, f.name, f.default))
+        _check_type(f.name, value, f.default)
+        options[f.name] = value
     try:
         SpecConfig(
             method=options["speculative"] or "draft", **method_options_of(options)
@@ -202,7 +207,7 @@ def request_speculation(body: dict, cli_args: argparse.Namespace) -> Dict[str, A
 
 
 def method_options_of(options: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: v for k, v in options.items() if k in METHOD_OPTIONS}
+    return {k: v for k, v in options.items() if k != "speculative"}
 
 
 def stats_payload(stats) -> Optional[dict]:
@@ -259,7 +264,10 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         provider = self.model_provider
         model, tokenizer = provider.model, provider.tokenizer
         speculation = getattr(request, "speculation", None) or {}
-        method = _resolve_method(speculation.get("speculative"), provider.draft_model)
+        requested = speculation.get("speculative")
+        # None and "auto" are resolved by stream_generate; here only the
+        # cache layout (with or without the draft's layers) is decided.
+        method = _resolve_method(requested, provider.draft_model)
         uses_draft = method in DRAFT_METHODS
         if uses_draft and provider.draft_model is None:
             raise RequestError(
@@ -293,7 +301,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             tokenizer,
             rest,
             draft_model,
-            speculative=method,
+            speculative=requested,
             max_tokens=args.max_tokens,
             sampler=_sampler(args, tokenizer),
             logits_processors=lm_server._make_logits_processors(args),

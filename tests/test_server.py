@@ -17,6 +17,7 @@ import mlx_lm
 import pytest
 from openai import OpenAI
 
+from mlx_spec.config import METHODS
 from mlx_spec.server import STATS_FIELD, SpecServer, setup_arg_parser
 
 MAX_TOKENS = 16
@@ -239,3 +240,16 @@ def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
     assert answer["choices"][0]["text"] == references[PROMPTS[3]]
     with urllib.request.urlopen(server.url + "/health", timeout=30) as response:
         assert json.loads(response.read()) == {"status": "ok"}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_per_request_equals_plain_greedy(server, references, method):
+    status, body = _post(
+        server,
+        "/v1/completions",
+        {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "speculative": method},
+    )
+    assert status == 200, body
+    assert body["choices"][0]["text"] == references[PROMPTS[0]]
+    if method != "auto":
+        assert body[STATS_FIELD]["method"] == method
