@@ -19,6 +19,7 @@ DEFAULT_TREE_TOP_K = 4
 DEFAULT_TREE_DEPTH = 5
 DEFAULT_NGRAM_MIN = 1
 DEFAULT_NGRAM_MAX = 3
+DEFAULT_ADAPTIVE = False
 
 
 def _check(ok: bool, name: str, value, allowed: str):
@@ -105,7 +106,7 @@ class SpecConfig:
     tree_choices: Optional[Sequence[Sequence[int]]] = None
     ngram_min: int = DEFAULT_NGRAM_MIN
     ngram_max: int = DEFAULT_NGRAM_MAX
-    adaptive: bool = False
+    adaptive: bool = DEFAULT_ADAPTIVE
     draft_p_min: float = 0.0
     profile: bool = False
 

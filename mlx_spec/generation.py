@@ -1,0 +1,493 @@
+"""``stream_generate`` / ``generate`` and the ``mlx_spec.generate`` command.
+
+Mirrors ``mlx_lm.generate``: the same arguments, the same
+``GenerationResponse`` objects and the same command-line output, plus
+``--speculative`` and the speculation statistics.
+"""
+
+from . import ensure_fast_blas
+
+ensure_fast_blas()
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, List, Optional, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import (
+    DEFAULT_QUANTIZED_KV_START,
+    GenerationResponse,
+    generate_step,
+    generation_stream,
+    wired_limit,
+)
+from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
+from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .config import (
+    DEFAULT_ADAPTIVE,
+    DEFAULT_NGRAM_MAX,
+    DEFAULT_NGRAM_MIN,
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_TREE_BUDGET,
+    DEFAULT_TREE_DEPTH,
+    DEFAULT_TREE_TOP_K,
+    METHODS,
+    SpecConfig,
+)
+from .engine import TARGET, speculative_events
+from .loading import check_draft_tokenizer, default_model_pair, load_model, tokenizer_size
+from .stats import SpecStats
+
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_PROMPT = "def fibonacci(n):\n"
+
+
+@dataclass
+class SpecResponse(GenerationResponse):
+    """An mlx_lm ``GenerationResponse`` with where the token came from.
+
+    Attributes:
+        kind: ``"accepted"``, ``"recovered"``, ``"bonus"`` or ``"target"``.
+        round: Index of the verification round that emitted the token.
+        rejected: For a recovered token, the draft tokens it replaced.
+        stats: The generation's :class:`SpecStats` (filled in as it runs).
+    """
+
+    kind: str = TARGET
+    round: int = 0
+    rejected: List[int] = field(default_factory=list)
+    stats: Optional[SpecStats] = None
+
+
+class SpecStream:
+    """The iterator ``stream_generate`` returns; ``.stats`` holds the counters."""
+
+    def __init__(self, responses: Iterator[SpecResponse], stats: SpecStats):
+        self._responses = responses
+        self.stats = stats
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> SpecResponse:
+        return next(self._responses)
+
+    def close(self):
+        self._responses.close()
+
+
+def _encode(tokenizer, prompt) -> mx.array:
+    if isinstance(prompt, mx.array):
+        return prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("the prompt is empty; give some text to continue.")
+        add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+        prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
+    return mx.array(prompt)
+
+
+def _resolve_method(speculative: Optional[str], draft_model) -> str:
+    if speculative is None:
+        return "draft" if draft_model is not None else "none"
+    if speculative == "auto":
+        return "draft" if draft_model is not None else "none"
+    return speculative
+
+
+def stream_generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: Union[str, mx.array, List[int]],
+    draft_model: Optional[nn.Module] = None,
+    *,
+    speculative: Optional[str] = None,
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    seed: Optional[int] = None,
+    sampler: Optional[Callable] = None,
+    logits_processors: Optional[List[Callable]] = None,
+    prompt_cache: Optional[List[Any]] = None,
+    max_kv_size: Optional[int] = None,
+    prefill_step_size: int = 512,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
+    profile: bool = False,
+    **method_options,
+) -> SpecStream:
+    """Generate text, yielding mlx_lm ``GenerationResponse`` objects.
+
+    Args:
+        model: The target model (any mlx_lm model).
+        tokenizer: Its tokenizer.
+        prompt: Text or token ids.
+        draft_model: An optional draft model with the same tokenizer.
+        speculative: ``"none"``, ``"draft"`` (and later methods); by default
+          ``"draft"`` when a draft model is given, else ``"none"``.
+        num_draft_tokens: Draft tokens per round (1 to 64). Default: ``4``.
+        temp, top_p, top_k, min_p, min_tokens_to_keep: Sampling law, as in
+          ``mlx_lm.sample_utils.make_sampler``. Default: greedy.
+        max_tokens: Maximum number of generated tokens. Default: ``256``.
+        seed: Seed for reproducible sampling. Default: ``None``.
+        sampler: An explicit sampler (overrides the sampling arguments).
+        logits_processors: mlx_lm logits processors.
+        prompt_cache: Prompt cache to reuse across calls: for speculative
+          methods, ``make_prompt_cache(model) + make_prompt_cache(draft_model)``.
+        max_kv_size: Bound the KV cache (a rotating cache); plain decoding only,
+          since a rotating cache cannot be rewound.
+        prefill_step_size: Prompt tokens per prefill chunk. Default: ``512``.
+        kv_bits, kv_group_size, quantized_kv_start: KV-cache quantisation.
+        profile: Split the time of each round into drafting and verification
+          (adds one sync per round). Default: ``False``.
+        method_options: Further :class:`SpecConfig` fields of later methods.
+
+    Returns:
+        SpecStream: iterates over :class:`SpecResponse` (a
+        ``GenerationResponse``); its ``stats`` attribute and each response's
+        ``stats`` hold the :class:`SpecStats`.
+    """
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    method = _resolve_method(speculative, draft_model)
+    config = SpecConfig(
+        method=method,
+        num_draft_tokens=num_draft_tokens,
+        temp=temp,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        min_tokens_to_keep=min_tokens_to_keep,
+        max_tokens=max_tokens,
+        seed=seed,
+        profile=profile,
+        **method_options,
+    )
+    prompt = _encode(tokenizer, prompt)
+    if prompt.size == 0:
+        raise ValueError("the prompt is empty; give some text to continue.")
+    if seed is not None:
+        mx.random.seed(seed)
+    stats = SpecStats(method=method, num_draft_tokens=num_draft_tokens)
+
+    if method == "none":
+        if sampler is None:
+            sampler = mlx_lm_make_sampler(temp, top_p, min_p, min_tokens_to_keep, top_k=top_k)
+        steps = generate_step(
+            prompt,
+            model,
+            max_tokens=max_tokens,
+            sampler=sampler,
+            logits_processors=logits_processors,
+            prompt_cache=prompt_cache,
+            max_kv_size=max_kv_size,
+            prefill_step_size=prefill_step_size,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
+            quantized_kv_start=quantized_kv_start,
+        )
+        events = _plain_events(steps, stats, prompt.size)
+    else:
+        if prompt_cache is None and max_kv_size is not None:
+            # A rotating cache cannot be rewound: the engine refuses it by name.
+            prompt_cache = make_prompt_cache(model, max_kv_size)
+        events = speculative_events(
+            prompt,
+            model,
+            draft_model,
+            sampler=sampler,
+            logits_processors=logits_processors,
+            prompt_cache=prompt_cache,
+            prefill_step_size=prefill_step_size,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
+            quantized_kv_start=quantized_kv_start,
+            config=config,
+            stats=stats,
+            tokenizer_size=tokenizer_size(tokenizer),
+        )
+    return SpecStream(_responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats)
+
+
+def _plain_events(steps, stats: SpecStats, prompt_size: int):
+    """Plain mlx_lm decoding, seen as events (one target forward per token)."""
+    from .engine import TokenEvent
+
+    tic = time.perf_counter()
+    for n, (token, logprobs) in enumerate(steps):
+        if n == 0:
+            stats.prompt_tokens = prompt_size
+            stats.prompt_time = time.perf_counter() - tic
+            tic = time.perf_counter()
+        stats.generated_tokens = n + 1
+        stats.target_forwards = n + 1
+        stats.rounds = n + 1
+        stats.generation_time = time.perf_counter() - tic
+        yield TokenEvent(int(token), logprobs, False, TARGET, n)
+
+
+def _responses(events, tokenizer, prompt_size, max_tokens, stats, model):
+    """Turn token events into responses, as mlx_lm's ``stream_generate`` does."""
+    detokenizer = tokenizer.detokenizer
+    with wired_limit(model, [generation_stream]):
+        try:
+            event = None
+            for n, event in enumerate(events):
+                if event.token in tokenizer.eos_token_ids:
+                    break
+                detokenizer.add_token(event.token)
+                if n + 1 == max_tokens:
+                    break
+                yield _response(detokenizer.last_segment, event, stats, prompt_size, None)
+            if event is None:
+                return
+            detokenizer.finalize()
+            reason = "stop" if event.token in tokenizer.eos_token_ids else "length"
+            yield _response(detokenizer.last_segment, event, stats, prompt_size, reason)
+        finally:
+            events.close()
+
+
+def _response(text, event, stats, prompt_size, finish_reason) -> SpecResponse:
+    return SpecResponse(
+        text=text,
+        token=event.token,
+        logprobs=event.logprobs,
+        from_draft=event.from_draft,
+        prompt_tokens=prompt_size,
+        prompt_tps=stats.prompt_tps,
+        generation_tokens=stats.generated_tokens,
+        generation_tps=stats.generation_tps,
+        peak_memory=mx.get_peak_memory() / 1e9,
+        finish_reason=finish_reason,
+        kind=event.kind,
+        round=event.round,
+        rejected=event.rejected,
+        stats=stats,
+    )
+
+
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: Union[str, List[int]],
+    draft_model: Optional[nn.Module] = None,
+    verbose: bool = False,
+    **kwargs,
+) -> str:
+    """Generate a complete response; ``kwargs`` go to :func:`stream_generate`.
+
+    With ``verbose=True`` prints the text and timings in mlx_lm's format,
+    followed by a line of speculation statistics.
+    """
+    stream = stream_generate(model, tokenizer, prompt, draft_model, **kwargs)
+    return _collect(stream, verbose)
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    """mlx_lm.generate's parser plus the speculative options."""
+    parser = mlx_lm_arg_parser()
+    parser.prog = "mlx_spec.generate"
+    parser.description = "Speculative text generation with MLX (a superset of mlx_lm.generate)."
+    parser.set_defaults(
+        num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS,
+        max_tokens=DEFAULT_MAX_TOKENS,
+        prefill_step_size=512,
+    )
+    for action in parser._actions:
+        if action.dest == "model":
+            action.help = (
+                "The path to the local model directory or Hugging Face repo. Default: "
+                "the embedded default pair in models/ (with its draft)."
+            )
+        if action.dest == "num_draft_tokens":
+            action.help = f"Draft tokens per round, 1 to 64 (default: {DEFAULT_NUM_DRAFT_TOKENS})."
+    group = parser.add_argument_group("speculative decoding")
+    group.add_argument(
+        "--speculative",
+        choices=METHODS,
+        default=None,
+        metavar="METHOD",
+        help="none (plain mlx_lm decoding), draft (chain from --draft-model), tree (token "
+        "tree from --draft-model), lookup (prompt n-grams, no draft model), self (the "
+        "target with layers skipped), auto (pick online). Default: auto.",
+    )
+    group.add_argument("--tree-budget", type=int, default=DEFAULT_TREE_BUDGET,
+                       help=f"Tree: total draft nodes per round (default: {DEFAULT_TREE_BUDGET}).")
+    group.add_argument("--tree-top-k", type=int, default=DEFAULT_TREE_TOP_K,
+                       help=f"Tree: children per expanded node (default: {DEFAULT_TREE_TOP_K}).")
+    group.add_argument("--tree-depth", type=int, default=DEFAULT_TREE_DEPTH,
+                       help=f"Tree: levels drafted per round (default: {DEFAULT_TREE_DEPTH}).")
+    group.add_argument("--tree-choices", default=None, metavar="JSON",
+                       help='Tree: a static tree as index paths, e.g. "[[0],[1],[0,0]]" '
+                       "(overrides budget/top-k/depth).")
+    group.add_argument("--ngram-min", type=int, default=DEFAULT_NGRAM_MIN,
+                       help=f"Lookup: shortest n-gram matched (default: {DEFAULT_NGRAM_MIN}).")
+    group.add_argument("--ngram-max", type=int, default=DEFAULT_NGRAM_MAX,
+                       help=f"Lookup: longest n-gram matched (default: {DEFAULT_NGRAM_MAX}).")
+    group.add_argument("--adaptive", dest="adaptive", action="store_true", default=DEFAULT_ADAPTIVE,
+                       help="Choose the draft length / tree size per round from measured "
+                       f"acceptance and costs (default: {'on' if DEFAULT_ADAPTIVE else 'off'}).")
+    group.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                       help="Keep --num-draft-tokens / --tree-budget fixed.")
+    group.add_argument("--stats-json", default=None, metavar="PATH",
+                       help="Write the speculation statistics as JSON to PATH.")
+    group.add_argument("--profile", action="store_true",
+                       help="Split round time into drafting and verification (adds a sync per round).")
+    return parser
+
+
+def _check_args(args):
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens={args.max_tokens} is out of range: an integer >= 1.")
+    if args.temp < 0:
+        raise ValueError(f"--temp={args.temp} is out of range: temp >= 0 (0 is greedy).")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p={args.top_p} is out of range: 0 < top_p <= 1.")
+    if not 1 <= args.num_draft_tokens <= 64:
+        raise ValueError(
+            f"--num-draft-tokens={args.num_draft_tokens} is out of range: an integer from 1 to 64."
+        )
+    if args.xtc_probability > 0:
+        raise ValueError("--xtc-probability is not supported by mlx_spec; use mlx_lm.generate.")
+    if args.image:
+        raise ValueError("--image is not supported by mlx_spec; use mlx_lm.generate.")
+    if args.prompt_cache_file:
+        raise ValueError("--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate.")
+
+
+def _build_prompt(args, tokenizer) -> List[int]:
+    prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
+    prompt = sys.stdin.read() if prompt == "-" else prompt
+    if not prompt:
+        raise ValueError("the prompt is empty; pass --prompt TEXT (or - to read stdin).")
+    use_chat_template = not args.ignore_chat_template and tokenizer.has_chat_template
+    if use_chat_template:
+        messages = []
+        if args.system_prompt is not None:
+            messages.append({"role": "system", "content": args.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        has_prefill = args.prefill_response is not None
+        if has_prefill:
+            messages.append({"role": "assistant", "content": args.prefill_response})
+        template_kwargs = {}
+        if args.chat_template_config is not None:
+            try:
+                template_kwargs = json.loads(args.chat_template_config)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--chat-template-config is not valid JSON ({e.msg}).") from None
+        prompt = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            continue_final_message=has_prefill,
+            add_generation_prompt=not has_prefill,
+            **template_kwargs,
+        )
+    return tokenizer.encode(prompt, add_special_tokens=not use_chat_template)
+
+
+def run(args) -> str:
+    _check_args(args)
+    model_path, draft_path = args.model, args.draft_model
+    if model_path is None:
+        model_path, default_draft = default_model_pair()
+        if draft_path is None and args.speculative not in ("none",):
+            draft_path = default_draft
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    model, tokenizer = load_model(
+        model_path, "model", tokenizer_config={"trust_remote_code": args.trust_remote_code}
+    )
+    for eos_token in args.extra_eos_token:
+        tokenizer.add_eos_token(eos_token)
+    draft_model = None
+    if draft_path is not None:
+        draft_model, draft_tokenizer = load_model(draft_path, "draft model")
+        check_draft_tokenizer(tokenizer, draft_tokenizer)
+    prompt = _build_prompt(args, tokenizer)
+    stream = stream_generate(
+        model,
+        tokenizer,
+        prompt,
+        draft_model,
+        speculative=args.speculative,
+        num_draft_tokens=args.num_draft_tokens,
+        temp=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        min_tokens_to_keep=args.min_tokens_to_keep,
+        max_tokens=args.max_tokens,
+        max_kv_size=args.max_kv_size,
+        prefill_step_size=args.prefill_step_size,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
+        profile=args.profile,
+        tree_budget=args.tree_budget,
+        tree_top_k=args.tree_top_k,
+        tree_depth=args.tree_depth,
+        tree_choices=args.tree_choices,
+        ngram_min=args.ngram_min,
+        ngram_max=args.ngram_max,
+        adaptive=args.adaptive,
+    )
+    text = _collect(stream, args.verbose)
+    if not args.verbose:
+        print(text)
+    if args.stats_json:
+        with open(args.stats_json, "w") as f:
+            json.dump(stream.stats.as_dict(), f, indent=2)
+    return text
+
+
+def _collect(stream: SpecStream, verbose: bool) -> str:
+    """Gather the text; with ``verbose`` print it as mlx_lm.generate does."""
+    if verbose:
+        print("=" * 10)
+    text, response = "", None
+    for response in stream:
+        if verbose:
+            print(response.text, end="", flush=True)
+        text += response.text
+    if verbose:
+        print()
+        print("=" * 10)
+        if not text:
+            print("No text generated for this prompt")
+        if response is not None:
+            print(f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec")
+            print(
+                f"Generation: {response.generation_tokens} tokens, "
+                f"{response.generation_tps:.3f} tokens-per-sec"
+            )
+            print(f"Peak memory: {response.peak_memory:.3f} GB")
+            print(stream.stats.summary())
+    return text
+
+
+def main(argv=None):
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "\n")
+
+
+if __name__ == "__main__":
+    main()
