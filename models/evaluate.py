@@ -298,6 +298,15 @@ def render_results(r: dict) -> str:
         f"({cfg[w]['num_attention_heads']}, {cfg[w]['intermediate_size']})",
     )
     tr = r.get("training", {})
+    ra = r.get("run_args", {})
+    row(
+        "peak LR / warmup steps",
+        lambda w: f"{ra[w]['lr']:g} / {ra[w]['warmup']}" if w in ra else "?",
+    )
+    row(
+        "batch x context",
+        lambda w: f"{ra[w]['batch_size']} x {ra[w]['seq_len']}" if w in ra else "?",
+    )
     row("optimizer steps", lambda w: f"{tr[w]['steps']:,}" if w in tr else "?")
     row(
         "training tokens seen",
@@ -409,6 +418,13 @@ def main():
         else:
             logged = MODELS_DIR / "logs" / f"{Path(path).name}.jsonl"
             recs = last_run(read_log(logged)) if logged.exists() else []
+        args_src = Path(path) / "checkpoints" / "run_args.json"
+        args_dst = MODELS_DIR / "logs" / f"{Path(path).name}.args.json"
+        if args_src.exists():
+            args_dst.parent.mkdir(exist_ok=True)
+            shutil.copy(args_src, args_dst)
+        if args_dst.exists():
+            results.setdefault("run_args", {})[name] = json.loads(args_dst.read_text())
         train = [r for r in recs if r.get("event") is None]
         if train:
             results.setdefault("training", {})[name] = {
