@@ -436,7 +436,24 @@ class SpecAPIHandler(lm_server.APIHandler):
         self.wfile.flush()
 
     def log_message(self, format, *args):
-        logging.debug("%s - %s", self.address_string(), format % args)
+        logging.info("%s - %s", self.address_string(), format % args)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """mlx_lm's threading HTTP server; a client that hangs up is not an error."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, family):
+        self.address_family = family
+        super().__init__(address, handler)
+
+    def handle_error(self, request, client_address):
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            logging.info("client %s disconnected", client_address[0])
+            return
+        super().handle_error(request, client_address)
 
 
 class SpecServer:
@@ -452,27 +469,27 @@ class SpecServer:
 
     def __init__(self, args: argparse.Namespace):
         self.args = resolve_model_args(args)
-        self.provider = SpecModelProvider(self.args)
-        self.generator = SpecResponseGenerator(
-            self.provider, LRUPromptCache(self.args.prompt_cache_size)
-        )
         family, _, _, _, address = socket.getaddrinfo(
             self.args.host,
             self.args.port,
             type=socket.SOCK_STREAM,
             flags=socket.AI_PASSIVE,
         )[0]
-
-        class Server(ThreadingHTTPServer):
-            address_family = family
-            daemon_threads = True
-
         fingerprint = lm_server.get_system_fingerprint()
-        self.httpd = Server(
+        # Bind first: a busy port fails before the generation thread starts.
+        self.httpd = _HTTPServer(
             address,
             lambda *a, **k: SpecAPIHandler(
                 self.generator, *a, system_fingerprint=fingerprint, **k
             ),
+            family,
+        )
+        cache_limits = {"max_size": self.args.prompt_cache_size}
+        if getattr(self.args, "prompt_cache_bytes", None) is not None:
+            cache_limits["max_bytes"] = self.args.prompt_cache_bytes
+        self.provider = SpecModelProvider(self.args)
+        self.generator = SpecResponseGenerator(
+            self.provider, LRUPromptCache(**cache_limits)
         )
         self._thread: Optional[threading.Thread] = None
 

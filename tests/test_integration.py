@@ -280,3 +280,79 @@ def test_unregistered_mlx_lm_rejects_speculative_keyword(pair):
     assert not integration.is_registered()
     with pytest.raises(TypeError):
         list(mlx_lm.stream_generate(model, tokenizer, "x", speculative="none"))
+
+
+def test_unmodified_mlx_lm_server_speculates_after_register(
+    checkpoints, pair, references
+):
+    """mlx_lm's own server with a draft model, routed through mlx-spec."""
+    import argparse
+    import json
+    import threading
+    import urllib.request
+    from http.server import ThreadingHTTPServer
+
+    from mlx_lm.models.cache import LRUPromptCache
+
+    args = argparse.Namespace(
+        model=str(checkpoints["llama"]),
+        draft_model=str(checkpoints["llama-near"]),
+        adapter_path=None,
+        num_draft_tokens=3,
+        trust_remote_code=False,
+        chat_template="",
+        use_default_chat_template=False,
+        chat_template_args={},
+        temp=0.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        max_tokens=MAX_TOKENS,
+        decode_concurrency=4,
+        prompt_concurrency=2,
+        prefill_step_size=512,
+        prompt_cache_size=4,
+        prompt_cache_bytes=None,
+        kv_bits=None,
+        kv_group_size=64,
+        quantized_kv_start=0,
+        pipeline=False,
+        allowed_origins=["*"],
+    )
+    calls = []
+    mlx_spec.register()
+    spy = integration._spec_stream
+
+    def counting(*a, **k):
+        calls.append(k.get("draft_model") if "draft_model" in k else a[4])
+        return spy(*a, **k)
+
+    integration._spec_stream = counting
+    generator = mlx_lm.server.ResponseGenerator(
+        mlx_lm.server.ModelProvider(args), LRUPromptCache(4)
+    )
+    httpd = ThreadingHTTPServer(
+        ("127.0.0.1", 0),
+        lambda *a, **k: mlx_lm.server.APIHandler(
+            generator, *a, system_fingerprint="test", **k
+        ),
+    )
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{httpd.server_address[1]}/v1/completions",
+            data=json.dumps({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            body = json.loads(response.read())
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        generator.stop_and_join()
+        integration._spec_stream = spy
+        mlx_spec.unregister()
+    tokenizer = pair[1]
+    assert body["choices"][0]["text"] == tokenizer.decode(references[PROMPTS[0]])
+    assert len(calls) == 1 and calls[0] is not None
