@@ -24,7 +24,7 @@ from ._blas import blas_in_use, preload_in_environment
 DEFAULT_SIZE = 1024
 DEFAULT_REPS = 5
 # Below this a Linux CPU is almost surely on the reference BLAS.
-SLOW_GFLOPS = 20.0
+SLOW_GFLOPS = 8.0
 
 
 def measure_matmul_gflops(size: int = DEFAULT_SIZE, reps: int = DEFAULT_REPS) -> float:
@@ -65,6 +65,9 @@ def report(size: int = DEFAULT_SIZE, reps: int = DEFAULT_REPS) -> List[str]:
         device_name = ""
     blas = blas_in_use()
     gflops = measure_matmul_gflops(size, reps)
+    slow = sys.platform.startswith("linux") and gflops < SLOW_GFLOPS
+    if slow and not blas.startswith("reference"):
+        blas += " (but the measured speed is that of the reference BLAS)"
     lines = [
         f"mlx_spec:   {__version__}",
         f"platform:   {platform.platform()} ({platform.machine()}), Python {platform.python_version()}",
