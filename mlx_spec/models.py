@@ -43,9 +43,15 @@ def cache_offset(cache: List[Any]) -> int:
 
 
 def output_size(model: nn.Module) -> int:
-    """Number of logits the model emits per position (may exceed the tokenizer)."""
-    logits = model(mx.array([[0]]))
-    return int(logits.shape[-1])
+    """Number of logits the model emits per position (may exceed the tokenizer).
+
+    mlx_lm builds the output head from ``args.vocab_size``; models without
+    it are asked with a one-token forward.
+    """
+    size = getattr(getattr(model, "args", None), "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    return int(model(mx.array([[0]])).shape[-1])
 
 
 class CachedModel:

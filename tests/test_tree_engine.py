@@ -1,0 +1,228 @@
+"""Token-tree speculation end to end: identity, exact law, caches, refusals."""
+
+import itertools
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_spec import SpecConfig, SpecStats
+from mlx_spec.acceptance import tree_accept
+from mlx_spec.engine import speculative_events
+from mlx_spec.tree import Tree
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]
+SHAPES = [
+    dict(tree_budget=8, tree_top_k=2, tree_depth=4),
+    dict(tree_budget=20, tree_top_k=4, tree_depth=5),
+    dict(tree_choices=[[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]),
+]
+
+
+def plain(model, ids, n, **kw):
+    return [t for t, _ in generate_step(mx.array(ids), model, max_tokens=n, **kw)]
+
+
+def tree_tokens(model, draft, ids, n, stats=None, **kw):
+    config = SpecConfig(method="tree", max_tokens=n, **kw)
+    return [e.token for e in speculative_events(mx.array(ids), model, draft, config=config,
+                                                stats=stats)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_greedy_identity_every_architecture(load_model, arch):
+    model, tokenizer = load_model(arch)
+    draft, _ = load_model(f"{arch}-near")
+    ids = tokenizer.encode("def fibonacci(n):")
+    expected = plain(model, ids, 30)
+    for shape in SHAPES:
+        stats = SpecStats()
+        assert tree_tokens(model, draft, ids, 30, stats, **shape) == expected, shape
+        assert stats.tree_sizes and max(stats.accepted_per_round) >= 1
+
+
+def test_tree_beats_chain_on_tokens_per_forward(load_model):
+    model, tokenizer = load_model("qwen2")
+    draft, _ = load_model("qwen2-near")
+    ids = tokenizer.encode("import os\nimport sys\n")
+    tree, chain = SpecStats(), SpecStats()
+    tree_tokens(model, draft, ids, 60, tree, tree_budget=24, tree_top_k=4, tree_depth=5)
+    config = SpecConfig(method="draft", max_tokens=60, num_draft_tokens=5)
+    list(speculative_events(mx.array(ids), model, draft, config=config, stats=chain))
+    assert tree.tokens_per_target_forward > chain.tokens_per_target_forward
+
+
+def _random_tree(rng, n, vocab):
+    """Random topological tree (node 0 = root) with distinct sibling tokens."""
+    parents, tokens, used = [-1], [int(rng.integers(vocab))], {}
+    for i in range(1, n):
+        p = int(rng.integers(i))
+        free = [t for t in range(vocab) if t not in used.get(p, set())]
+        if not free:
+            p, free = 0, [t for t in range(vocab) if t not in used.get(0, set())]
+        t = int(rng.choice(free))
+        used.setdefault(p, set()).add(t)
+        parents.append(p)
+        tokens.append(t)
+    return tokens, parents
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_round_law_is_exact_by_enumeration(seed):
+    """Enumerate the target's choice at every node; the emitted sequence,
+    continued by the target, must follow the target's law exactly."""
+    rng = np.random.default_rng(seed)
+    vocab, n = 3, 5
+    tokens, parents = _random_tree(rng, n, vocab)
+    tree = Tree.from_parents(tokens, parents)
+    depth = np.array(tree.depth).tolist()
+    max_depth = max(depth)
+    # The target's law depends on the full prefix: a table per sequence.
+    table = {}
+
+    def law(prefix):
+        if prefix not in table:
+            x = rng.random(vocab) + 0.05
+            table[prefix] = x / x.sum()
+        return table[prefix]
+
+    def path_tokens(node):
+        out = []
+        while node > 0:
+            out.append(tokens[node])
+            node = parents[node]
+        return tuple(reversed(out))
+
+    emitted = {}
+    for choices in itertools.product(range(vocab), repeat=n):
+        prob = math.prod(law(path_tokens(i))[c] for i, c in enumerate(choices))
+        deepest, num, nxt = tree_accept(tree.tokens, tree.parents, tree.depth,
+                                        tree.ancestor_mask, mx.array(choices))
+        out = path_tokens(deepest.item()) + (nxt.item(),)
+        assert num.item() == len(out) - 1
+        emitted[out] = emitted.get(out, 0.0) + prob
+
+    def target_prob(seq, start=0):
+        return math.prod(law(seq[:i])[seq[i]] for i in range(start, len(seq)))
+
+    for full in itertools.product(range(vocab), repeat=max_depth + 1):
+        prob = sum(emitted.get(full[:m], 0.0) * target_prob(full, m)
+                   for m in range(1, max_depth + 2))
+        assert prob == pytest.approx(target_prob(full), abs=1e-9)
+
+
+def test_tree_greedy_round_follows_argmax_path():
+    # root -> a(1) -> c(2); root -> b(2). Target argmax: root 1, a 2, c 0.
+    tree = Tree.from_parents([7, 1, 2, 2], [-1, 0, 0, 1])
+    choices = mx.array([1, 2, 9, 0])
+    deepest, num, nxt = tree_accept(tree.tokens, tree.parents, tree.depth,
+                                    tree.ancestor_mask, choices)
+    assert (deepest.item(), num.item(), nxt.item()) == (3, 2, 0)
+
+
+def test_tree_sampled_first_token_follows_target_law(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("The quick brown fox")
+    logits = model(mx.array([ids]))[0, -1]
+    p = np.array(mx.softmax(logits / 1.5), dtype=np.float64)
+    mx.random.seed(0)
+    runs = 300
+    counts = np.zeros(p.size)
+    for _ in range(runs):
+        config = SpecConfig(method="tree", max_tokens=2, temp=1.5, tree_budget=6,
+                            tree_top_k=3, tree_depth=2)
+        events = speculative_events(mx.array(ids), model, draft, config=config)
+        counts[next(events).token] += 1
+        events.close()
+    expected = p * runs
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    chi2 = ((obs - exp) ** 2 / exp).sum()
+    dof = len(obs) - 1
+    bound = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < bound, (chi2, bound)
+
+
+@pytest.mark.parametrize("kv_bits", [None, 8])
+@pytest.mark.parametrize("stop_after", [4, 11])
+def test_tree_caches_match_fresh_prefill(tmp_path_factory, kv_bits, stop_after):
+    from mlx_lm import load
+
+    from mlx_spec.testing import make_checkpoint
+
+    root = tmp_path_factory.mktemp("q")
+    target_dir = make_checkpoint(root / "t", "llama", hidden_size=128, seed=3)
+    draft_dir = make_checkpoint(root / "d", "llama", hidden_size=128, base=target_dir, noise=0.05)
+    model, tokenizer = load(str(target_dir))
+    draft, _ = load(str(draft_dir))
+    ids = tokenizer.encode("class Parser:\n    def __init__(self")
+    cache = make_prompt_cache(model) + make_prompt_cache(draft)
+    config = SpecConfig(method="tree", max_tokens=50, tree_budget=10, tree_top_k=3, tree_depth=4)
+    events = speculative_events(mx.array(ids), model, draft, config=config, prompt_cache=cache,
+                                kv_bits=kv_bits, kv_group_size=32, quantized_kv_start=0)
+    got = []
+    for e in events:
+        got.append(e.token)
+        if len(got) == stop_after:
+            break
+    events.close()
+    kv = dict(kv_bits=kv_bits, kv_group_size=32, quantized_kv_start=0) if kv_bits else {}
+    assert got == plain(model, ids, stop_after, **kv)
+    n = len(model.layers)
+    seq = ids + got
+    for m, part in ((model, cache[:n]), (draft, cache[n:])):
+        assert part[0].offset == len(seq)
+        fresh = make_prompt_cache(m)
+        m(mx.array([seq[:-1]]), cache=fresh)
+        if kv_bits:
+            fresh = [c.to_quantized(group_size=32, bits=kv_bits) for c in fresh]
+        expected = m(mx.array([[seq[-1]]]), cache=fresh)[0, -1]
+        for c in part:
+            c.trim(1)
+        logits = m(mx.array([[seq[-1]]]), cache=part)[0, -1]
+        # 8-bit K/V of slightly different float inputs may round one step
+        # apart (logits are ~10 in size); a wrong cache is off by O(1).
+        assert mx.abs(logits - expected).max().item() < (1e-4 if kv_bits is None else 0.1)
+
+
+@pytest.mark.parametrize(
+    "knobs, field",
+    [
+        (dict(tree_budget=0), "tree_budget"),
+        (dict(tree_budget=1000), "tree_budget"),
+        (dict(tree_top_k=0), "tree_top_k"),
+        (dict(tree_depth=0), "tree_depth"),
+        (dict(tree_choices="[[0], [0, 0"), "tree_choices"),
+        (dict(tree_choices="[[0, 1]]"), "tree_choices"),
+        (dict(tree_choices="[[0], [-1]]"), "tree_choices"),
+    ],
+)
+def test_bad_tree_knobs_one_line_errors(knobs, field):
+    with pytest.raises(ValueError) as err:
+        SpecConfig(method="tree", **knobs)
+    message = str(err.value)
+    assert field in message and "\n" not in message
+
+
+def test_unsupported_architecture_refused(tmp_path):
+    from mlx_lm.models import starcoder2
+
+    from mlx_spec.generation import stream_generate
+    from mlx_spec.testing import build_tokenizer
+
+    args = starcoder2.ModelArgs(model_type="starcoder2", hidden_size=32, num_hidden_layers=1,
+                                intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                vocab_size=512)
+    model = starcoder2.Model(args)
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tokenizer = load_tokenizer(build_tokenizer(tmp_path / "tok"))
+    with pytest.raises(ValueError) as err:
+        list(stream_generate(model, tokenizer, "def f():", model, speculative="tree",
+                             max_tokens=4))
+    assert "starcoder2" in str(err.value) and "\n" not in str(err.value)
