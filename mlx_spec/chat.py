@@ -25,7 +25,7 @@ from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
 from .cli import add_speculative_options, method_options
 from .config import SpecConfig
-from .generate import stream_generate
+from .generation import stream_generate
 from .loading import default_model_pair, load_pair
 
 DRAFT_METHODS = ("draft", "tree")

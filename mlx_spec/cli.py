@@ -94,7 +94,7 @@ def add_speculative_options(
             default=speculative_default,
             metavar="METHOD",
             help=f"Speculative method, one of: {', '.join(METHODS)}. Default: "
-            "draft when a draft model is given, else none.",
+            f"{speculative_default or 'picked for the models given (draft with a draft model, else none)'}.",
         )
     for f in method_option_fields():
         if f.name in existing:

@@ -101,7 +101,7 @@ def make_sampler(
 
 def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):
     """Translate an mlx_lm-style call into :func:`mlx_spec.stream_generate`."""
-    from .generate import stream_generate as spec_stream_generate
+    from .generation import stream_generate as spec_stream_generate
 
     kwargs = dict(kwargs)
     for name in _DROPPED:
@@ -166,7 +166,7 @@ def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
         return _originals["generate"](
             model, tokenizer, prompt, verbose=verbose, **kwargs
         )
-    from .generate import _collect
+    from .generation import _collect
 
     max_tokens = kwargs.pop("max_tokens", 256)
     stream, _ = _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs)

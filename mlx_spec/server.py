@@ -43,7 +43,7 @@ from mlx_lm.models.cache import (
 
 from .cli import add_speculative_options, method_option_fields, method_options
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
-from .generate import stream_generate
+from .generation import stream_generate
 from .loading import default_model_pair
 from .sampling import make_sampler
 
