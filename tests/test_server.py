@@ -253,3 +253,18 @@ def test_every_method_per_request_equals_plain_greedy(server, references, method
     assert body["choices"][0]["text"] == references[PROMPTS[0]]
     if method != "auto":
         assert body[STATS_FIELD]["method"] == method
+
+
+def test_sampled_requests_with_a_seed_are_reproducible(server):
+    body = {
+        "prompt": PROMPTS[2],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "seed": 7,
+    }
+    first = _post(server, "/v1/completions", body)
+    second = _post(server, "/v1/completions", body)
+    assert first[0] == second[0] == 200
+    assert first[1]["choices"][0]["text"] == second[1]["choices"][0]["text"]
+    assert first[1][STATS_FIELD]["method"] == "draft"
