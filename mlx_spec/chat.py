@@ -26,6 +26,7 @@ from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 from .cli import add_speculative_options, method_options
 from .config import SpecConfig
 from .generation import stream_generate
+from .integration import plan_method
 from .loading import default_model_pair, load_pair
 
 DRAFT_METHODS = ("draft", "tree")
@@ -78,11 +79,10 @@ class Chat:
         self.tokenizer = tokenizer
         self.args = args
         self.out = out
-        method = args.speculative
-        if method in (None, "auto"):
-            method = "draft" if draft_model is not None else "none"
-        self.method = method
-        self.draft_model = draft_model if method in DRAFT_METHODS else None
+        self.method, uses_draft = plan_method(args.speculative, draft_model)
+        if self.method in DRAFT_METHODS and not uses_draft:
+            raise ValueError(f"--speculative {self.method} needs a --draft-model.")
+        self.draft_model = draft_model if uses_draft else None
         self.use_template = (
             tokenizer.has_chat_template and not args.ignore_chat_template
         )
@@ -131,7 +131,7 @@ class Chat:
             self.tokenizer,
             prompt,
             self.draft_model,
-            speculative=self.args.speculative,
+            speculative=self.method,
             max_tokens=self.args.max_tokens,
             sampler=self.sampler,
             prompt_cache=self.cache,

@@ -22,7 +22,7 @@ are restored as well.
 import importlib
 import sys
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 # ``import mlx_lm.generate as m`` would give the function: the package
 # re-exports ``generate`` under the submodule's name.
@@ -43,6 +43,29 @@ _UNLIMITED = 2**31 - 1
 _lock = threading.Lock()
 _originals: Dict[str, Any] = {}
 _patched: Dict[str, Any] = {}
+
+
+# Methods whose prompt cache holds the draft model's layers after the target's.
+DRAFT_CACHE_METHODS = ("draft", "tree", "auto")
+
+
+def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
+    """The method a call will run and whether its cache holds draft layers.
+
+    Args:
+        speculative: The requested method (``None`` picks one).
+        draft_model: The draft model on hand, or ``None``.
+
+    Returns:
+        ``(method, uses_draft)``: ``method`` as :func:`mlx_spec.stream_generate`
+        resolves it; with ``uses_draft`` the caller passes the draft model and
+        builds ``make_prompt_cache(model) + make_prompt_cache(draft_model)``,
+        otherwise no draft model and the target's caches only.
+    """
+    from .generation import _resolve_method
+
+    method = _resolve_method(speculative, draft_model)
+    return method, draft_model is not None and method in DRAFT_CACHE_METHODS
 
 
 def wants_speculation(draft_model, kwargs) -> bool:

@@ -44,6 +44,7 @@ from mlx_lm.models.cache import (
 from .cli import add_speculative_options, method_option_fields, method_options
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from .generation import stream_generate
+from .integration import plan_method
 from .loading import default_model_pair
 from .sampling import make_sampler
 
@@ -242,12 +243,6 @@ def _sampler(args, tokenizer):
     return make_sampler(sampling.temperature, top_p, sampling.min_p, 1, sampling.top_k)
 
 
-def _resolve_method(speculative: Optional[str], draft_model) -> str:
-    if speculative is None or speculative == "auto":
-        return "draft" if draft_model is not None else "none"
-    return speculative
-
-
 class SpecResponseGenerator(lm_server.ResponseGenerator):
     """mlx_lm's request queue and generation thread, serving with mlx_spec."""
 
@@ -264,12 +259,10 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         provider = self.model_provider
         model, tokenizer = provider.model, provider.tokenizer
         speculation = getattr(request, "speculation", None) or {}
-        requested = speculation.get("speculative")
-        # None and "auto" are resolved by stream_generate; here only the
-        # cache layout (with or without the draft's layers) is decided.
-        method = _resolve_method(requested, provider.draft_model)
-        uses_draft = method in DRAFT_METHODS
-        if uses_draft and provider.draft_model is None:
+        method, uses_draft = plan_method(
+            speculation.get("speculative"), provider.draft_model
+        )
+        if method in DRAFT_METHODS and not uses_draft:
             raise RequestError(
                 f"speculative='{method}' needs a draft model; start the server with "
                 "--draft-model or choose another method."
@@ -301,7 +294,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             tokenizer,
             rest,
             draft_model,
-            speculative=requested,
+            speculative=method,
             max_tokens=args.max_tokens,
             sampler=_sampler(args, tokenizer),
             logits_processors=lm_server._make_logits_processors(args),
