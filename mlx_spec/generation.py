@@ -201,8 +201,10 @@ def stream_generate(
         events = _plain_events(steps, stats, prompt.size)
     else:
         if prompt_cache is None and max_kv_size is not None:
-            # A rotating cache cannot be rewound: the engine refuses it by name.
+            # As in mlx_lm; a rotating cache cannot be rewound and is refused by name.
             prompt_cache = make_prompt_cache(model, max_kv_size)
+            if draft_model is not None:
+                prompt_cache += make_prompt_cache(draft_model, max_kv_size)
         events = speculative_events(
             prompt,
             model,

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Create or refresh .venv with everything mlx-spec needs, system packages included.
+#   scripts/setup.sh            runtime (mlx, mlx-lm, numpy, gradio) + OpenBLAS on Linux
+#   scripts/setup.sh --dev      also the test tools and the browser for the UI tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dev=0
+[ "${1:-}" = "--dev" ] && dev=1
+PYTHON="${PYTHON:-python3}"
+
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || return 0
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
+    local missing=()
+    for pkg in "$@"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "setup: installing ${missing[*]} (apt-get)"
+    if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"; } >/tmp/mlx_spec_apt.log 2>&1; then
+        echo "setup: warning: could not install ${missing[*]} (see /tmp/mlx_spec_apt.log)"
+    fi
+}
+
+if [ "$(uname -s)" = "Linux" ]; then
+    # mlx[cpu] links a reference BLAS; mlx_spec preloads OpenBLAS instead (10-40x faster).
+    apt_install libopenblas0-pthread
+    [ $dev -eq 1 ] && apt_install chromium chromium-driver
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+
+extras="ui"
+[ $dev -eq 1 ] && extras="ui,dev"
+stamp=".venv/.mlx_spec_installed"
+want="$(cat pyproject.toml | sha1sum | cut -d' ' -f1) $extras"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "setup: installing mlx-spec[$extras] into .venv"
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import mlx_spec, mlx_lm" || { echo "setup: install failed"; exit 1; }
+    echo "$want" > "$stamp"
+fi
