@@ -142,6 +142,11 @@ def _load(entry: str):
 
 def bench_main(argv: Optional[List[str]] = None):
     """Run the benchmark harness (``benchmarks/run.py``)."""
+    from .loading import REPO_ROOT
+
+    # benchmarks/ ships with the source checkout, next to the package.
+    if (REPO_ROOT / "benchmarks").is_dir() and str(REPO_ROOT) not in sys.path:
+        sys.path.append(str(REPO_ROOT))
     try:
         bench = _load(BENCH_ENTRY)
     except ImportError as e:
@@ -149,7 +154,8 @@ def bench_main(argv: Optional[List[str]] = None):
             f"mlx_spec bench: error: the benchmark harness is not available ({e}); "
             "run it from a source checkout that has benchmarks/."
         )
-    return bench(argv) if argv is not None else bench()
+    bench(argv) if argv is not None else bench()
+    return 0
 
 
 def _usage() -> str:
@@ -188,7 +194,9 @@ def main(argv: Optional[List[str]] = None):
         sys.exit(f"mlx_spec: error: unknown subcommand '{name}'")
     # Subcommands parse sys.argv; make it look like their own console script.
     sys.argv = [f"mlx_spec {name}", *rest]
-    return _load(SUBCOMMANDS[name])(rest)
+    result = _load(SUBCOMMANDS[name])(rest)
+    # Console scripts exit with main()'s value: only pass on exit codes.
+    return result if isinstance(result, int) else None
 
 
 if __name__ == "__main__":

@@ -162,3 +162,11 @@ def test_python_m_mlx_spec_doctor_preloads_blas_first():
     assert "GFLOP/s" in result.stdout
     if sys.platform.startswith("linux"):
         assert "OpenBLAS preloaded: yes" in result.stdout
+
+
+@pytest.mark.skipif(not (REPO / "benchmarks" / "run.py").exists(), reason="no harness")
+def test_bench_help_reaches_the_real_harness(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    assert "benchmarks" in capsys.readouterr().out
