@@ -1,0 +1,404 @@
+"""The app's engine side: one MLX thread, loaded models and per-browser sessions.
+
+mlx_lm's generation stream is thread-local, so every model load and every
+generation runs on a single :class:`Worker` thread; Gradio's handler threads
+only read the tokens it streams back. Stopping sets an event the worker checks
+after every token, then closes the ``SpecStream``, which rewinds the caches.
+"""
+
+import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
+
+# isort: split
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from mlx_lm.models.cache import (
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
+
+from mlx_spec.generate import stream_generate
+from mlx_spec.loading import (
+    REPO_ROOT,
+    check_draft_tokenizer,
+    default_model_pair,
+    load_model,
+)
+
+from .render import Piece, Turn
+
+log = logging.getLogger("mlx_spec.ui")
+
+NO_DRAFT = "(none)"
+MAX_SESSIONS = 16
+MAX_LOADED_MODELS = 4
+
+
+class _Done:
+    pass
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+class Worker:
+    """Runs every MLX job, one at a time, on one daemon thread."""
+
+    def __init__(self):
+        self._jobs: "queue.Queue[Callable[[], None]]" = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._loop, name="mlx-spec-worker", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            self._jobs.get()()
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """Run ``fn`` on the worker and return its result (or raise its error)."""
+        done, box = threading.Event(), {}
+
+        def job():
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # handed back to the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        self._jobs.put(job)
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def stream(
+        self, make_iter: Callable[[], Iterator], stop: threading.Event
+    ) -> Iterator[list]:
+        """Iterate ``make_iter()`` on the worker, yielding batches of its items.
+
+        Each batch holds everything produced since the previous one, so a slow
+        consumer (the browser) never makes the worker wait. Setting ``stop``
+        or closing this generator makes the worker stop after the current item
+        and close the iterator.
+        """
+        out: "queue.Queue" = queue.Queue()
+
+        def job():
+            it = None
+            try:
+                it = make_iter()
+                for item in it:
+                    out.put(item)
+                    if stop.is_set():
+                        break
+            except BaseException as e:  # handed back to the consumer
+                out.put(_Failure(e))
+            finally:
+                if it is not None and hasattr(it, "close"):
+                    try:
+                        it.close()
+                    except BaseException as e:
+                        out.put(_Failure(e))
+                out.put(_Done())
+
+        self._jobs.put(job)
+        try:
+            while True:
+                batch = [out.get()]
+                while True:
+                    try:
+                        batch.append(out.get_nowait())
+                    except queue.Empty:
+                        break
+                items = []
+                for item in batch:
+                    if isinstance(item, _Failure):
+                        raise item.error
+                    if isinstance(item, _Done):
+                        if items:
+                            yield items
+                        return
+                    items.append(item)
+                yield items
+        finally:
+            stop.set()
+
+
+@dataclass
+class Pair:
+    """A loaded target and optional draft model."""
+
+    target_path: str
+    draft_path: Optional[str]
+    model: Any
+    tokenizer: Any
+    draft_model: Optional[Any]
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "has_chat_template", False))
+
+
+class ModelStore:
+    """Loaded models by path (a few at most). Call ``get`` on the worker only."""
+
+    def __init__(self, max_models: int = MAX_LOADED_MODELS):
+        self._models: "OrderedDict[str, Tuple[Any, Any]]" = OrderedDict()
+        self._max = max_models
+
+    def loaded(self, path: Optional[str]) -> bool:
+        return path is None or path in self._models
+
+    def _load(self, path: str, role: str):
+        if path in self._models:
+            self._models.move_to_end(path)
+            return self._models[path]
+        loaded = load_model(path, role)
+        self._models[path] = loaded
+        while len(self._models) > self._max:
+            self._models.popitem(last=False)
+        return loaded
+
+    def get(self, target_path: str, draft_path: Optional[str]) -> Pair:
+        target_path = _clean_path(target_path)
+        draft_path = _clean_path(draft_path)
+        if not target_path:
+            raise ValueError(
+                "choose a target model (a local path or a Hugging Face repo)."
+            )
+        model, tokenizer = self._load(target_path, "model")
+        draft_model = None
+        if draft_path:
+            draft_model, draft_tokenizer = self._load(draft_path, "draft model")
+            check_draft_tokenizer(tokenizer, draft_tokenizer)
+        return Pair(target_path, draft_path or None, model, tokenizer, draft_model)
+
+
+def _clean_path(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    path = str(path).strip()
+    return None if not path or path == NO_DRAFT else path
+
+
+@dataclass
+class Options:
+    """The user's generation settings (validated by ``SpecConfig``)."""
+
+    method: str = "draft"
+    num_draft_tokens: int = 4
+    tree_budget: int = 16
+    temp: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: Optional[int] = None
+
+    def kwargs(self) -> Dict[str, Any]:
+        out = dict(
+            speculative=self.method,
+            num_draft_tokens=self.num_draft_tokens,
+            temp=self.temp,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+        )
+        if self.method == "tree":
+            out["tree_budget"] = self.tree_budget
+        return out
+
+
+@dataclass
+class Session:
+    """One browser session: its conversation, prompt cache and stop flag.
+
+    ``cache_tokens`` are the token ids the prompt cache holds; a new turn
+    reuses their longest common prefix with its prompt and trims the rest.
+    """
+
+    turns: List[Turn] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    cache: Optional[List[Any]] = None
+    cache_key: Optional[tuple] = None
+    cache_tokens: List[int] = field(default_factory=list)
+    last_reused: int = 0
+
+    def reset(self):
+        self.turns = []
+        self.drop_cache()
+
+    def drop_cache(self):
+        self.cache, self.cache_key, self.cache_tokens = None, None, []
+
+
+class Sessions:
+    """Sessions by Gradio session hash; the oldest are dropped beyond a cap."""
+
+    def __init__(self, capacity: int = MAX_SESSIONS):
+        self._sessions: "OrderedDict[str, Session]" = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, key: Optional[str]) -> Session:
+        key = key or "default"
+        with self._lock:
+            if key not in self._sessions:
+                self._sessions[key] = Session()
+            self._sessions.move_to_end(key)
+            while len(self._sessions) > self._capacity:
+                self._sessions.popitem(last=False)
+            return self._sessions[key]
+
+    def drop(self, key: Optional[str]):
+        with self._lock:
+            self._sessions.pop(key or "default", None)
+
+
+def cache_layout(method: str, pair: Pair) -> Optional[str]:
+    """Which prompt cache a method uses: ``"target"``, ``"pair"`` or ``None``.
+
+    ``None`` means the method's cache layout is not known here, so each turn
+    sends the whole conversation (correct, just without reuse).
+    """
+    if method == "none":
+        return "target"
+    if method in ("draft", "auto") and pair.draft_model is not None:
+        return "pair"
+    if method == "auto":
+        return "target"
+    return None
+
+
+def _new_cache(layout: str, pair: Pair) -> List[Any]:
+    cache = make_prompt_cache(pair.model)
+    if layout == "pair":
+        cache += make_prompt_cache(pair.draft_model)
+    return cache
+
+
+def _offsets(cache: List[Any]) -> set:
+    return {int(c.offset) for c in cache if hasattr(c, "offset")}
+
+
+def common_prefix(a: List[int], b: List[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def encode_prompt(tokenizer, text: str, history: List[Turn], chat: bool) -> List[int]:
+    """Token ids of the full prompt: the chat template over the history, or raw text."""
+    if chat:
+        messages = []
+        for turn in history:
+            messages.append({"role": "user", "content": turn.user})
+            messages.append({"role": "assistant", "content": turn.reply})
+        messages.append({"role": "user", "content": text})
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer.encode(rendered, add_special_tokens=False))
+    bos = getattr(tokenizer, "bos_token", None)
+    add_special = bos is None or not text.startswith(bos)
+    return list(tokenizer.encode(text, add_special_tokens=add_special))
+
+
+def _piece(response, tokenizer) -> Piece:
+    rejected = tokenizer.decode(response.rejected) if response.rejected else ""
+    return Piece(response.text, response.kind, response.round, rejected)
+
+
+def run_turn(
+    session: Session,
+    pair: Pair,
+    tokens: List[int],
+    options: Options,
+    use_cache: bool = True,
+) -> Iterator[Tuple[Piece, Any]]:
+    """Generate on the worker, yielding ``(Piece, response)`` per token.
+
+    With ``use_cache`` the session's prompt cache is reused: only the tokens
+    after the longest common prefix with the cached ones are prefilled.
+    Closing the generator closes the stream (which rewinds the caches) and
+    records what the cache now holds.
+    """
+    if not tokens:
+        raise ValueError("the prompt is empty; type some text first.")
+    draft = pair.draft_model if options.method != "none" else None
+    layout = cache_layout(options.method, pair) if use_cache else None
+    cache, feed, reused = None, tokens, 0
+    if layout is not None:
+        key = (pair.target_path, pair.draft_path, layout)
+        if session.cache is None or session.cache_key != key:
+            session.cache, session.cache_key, session.cache_tokens = (
+                _new_cache(layout, pair),
+                key,
+                [],
+            )
+        cache = session.cache
+        reused = min(common_prefix(session.cache_tokens, tokens), len(tokens) - 1)
+        extra = len(session.cache_tokens) - reused
+        if extra and not can_trim_prompt_cache(cache):
+            session.cache, reused = _new_cache(layout, pair), 0
+            cache = session.cache
+        elif extra:
+            trim_prompt_cache(cache, extra)
+        session.cache_tokens = tokens[:reused]
+        feed = tokens[reused:]
+    session.last_reused = reused
+    stream = stream_generate(
+        pair.model, pair.tokenizer, feed, draft, prompt_cache=cache, **options.kwargs()
+    )
+    generated: List[int] = []
+    try:
+        for response in stream:
+            generated.append(response.token)
+            yield _piece(response, pair.tokenizer), response
+    finally:
+        stream.close()
+        if cache is not None:
+            _record_cache(session, cache, tokens + generated)
+
+
+def _record_cache(session: Session, cache: List[Any], sequence: List[int]):
+    """Note which tokens the cache holds; drop it if its layers disagree."""
+    offsets = _offsets(cache)
+    if len(offsets) != 1 or next(iter(offsets)) > len(sequence):
+        log.warning(
+            "prompt cache offsets %s do not match the conversation; rebuilding", offsets
+        )
+        session.drop_cache()
+        return
+    session.cache_tokens = sequence[: next(iter(offsets))]
+
+
+def known_models() -> List[Tuple[str, str]]:
+    """``(label, path)`` of models to offer: the default pair, models/, the HF cache."""
+    target, draft = default_model_pair()
+    found = [
+        (f"{Path(target).name} (default target)", target),
+        (f"{Path(draft).name} (default draft)", draft),
+    ]
+    seen = {target, draft}
+    for config in sorted((REPO_ROOT / "models").glob("*/config.json")):
+        path = str(config.parent)
+        if path not in seen:
+            found.append((config.parent.name, path))
+            seen.add(path)
+    hub = Path.home() / ".cache" / "huggingface" / "hub"
+    for entry in sorted(hub.glob("models--*")):
+        repo = entry.name[len("models--") :].replace("--", "/")
+        if repo not in seen:
+            found.append((repo, repo))
+            seen.add(repo)
+    return found
