@@ -106,6 +106,7 @@ class SpecConfig:
     tree_choices: Optional[Sequence[Sequence[int]]] = None
     ngram_min: int = DEFAULT_NGRAM_MIN
     ngram_max: int = DEFAULT_NGRAM_MAX
+    lookup_candidates: int = 1
     adaptive: bool = DEFAULT_ADAPTIVE
     draft_p_min: float = 0.0
     profile: bool = False
@@ -173,6 +174,12 @@ class SpecConfig:
             "ngram_max",
             self.ngram_max,
             f"an integer from ngram_min ({self.ngram_min}) to 16",
+        )
+        _check(
+            isinstance(self.lookup_candidates, int) and 1 <= self.lookup_candidates <= 64,
+            "lookup_candidates",
+            self.lookup_candidates,
+            "an integer from 1 to 64",
         )
         _check(0 <= self.draft_p_min < 1, "draft_p_min", self.draft_p_min, "0 <= draft_p_min < 1")
 

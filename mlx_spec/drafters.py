@@ -187,5 +187,12 @@ def _make_self_drafter(config, target, draft_model, cache, kv, vocab_size):
     return make_self_drafter(config, target, draft_model, cache, kv, vocab_size)
 
 
+def _make_auto_drafter(*args):
+    from .auto import make_auto_drafter
+
+    return make_auto_drafter(*args)
+
+
+DRAFTER_FACTORIES["auto"] = _make_auto_drafter
 DRAFTER_FACTORIES["lookup"] = _make_lookup_drafter
 DRAFTER_FACTORIES["self"] = _make_self_drafter

@@ -235,6 +235,8 @@ def speculative_events(
             config.temp, config.top_p, config.min_p, config.top_k, config.min_tokens_to_keep
         )
     law = Law(params, sampler)
+    if logits_processors and hasattr(drafter, "chain_only"):
+        drafter.chain_only()  # processors need one token history per position
     if logits_processors and getattr(drafter, "is_tree", False):
         raise ValueError(
             f"logits_processors are not supported by the '{config.method}' method yet; "
@@ -484,6 +486,8 @@ def _generate(prompt, target, drafter, law, config, processors, prefill_step_siz
                 drafter.commit(state, proposal, n, result.path)
                 planner.update(size, drafted, n, draft_time, done - verify_tic, drafted + 1,
                                profiled)
+                if hasattr(drafter, "observe"):
+                    drafter.observe(n + 1, done - round_tic)
                 stats.rounds += 1
                 stats.target_forwards += 1
                 stats.draft_forwards += proposal.forwards
@@ -518,6 +522,8 @@ def _generate(prompt, target, drafter, law, config, processors, prefill_step_siz
                 if round_index % 256 == 0:
                     mx.clear_cache()
         finally:
+            if hasattr(drafter, "report"):
+                drafter.report(stats)
             _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache)
 
 

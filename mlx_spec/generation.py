@@ -95,11 +95,8 @@ def _encode(tokenizer, prompt) -> mx.array:
 
 
 def _resolve_method(speculative: Optional[str], draft_model) -> str:
-    if speculative is None:
-        return "draft" if draft_model is not None else "none"
-    if speculative == "auto":
-        return "draft" if draft_model is not None else "none"
-    return speculative
+    """The default is ``auto``: it picks among the methods this call can use."""
+    return "auto" if speculative is None else speculative
 
 
 def stream_generate(

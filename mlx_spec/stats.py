@@ -33,6 +33,7 @@ class SpecStats:
     tree_sizes: List[int] = field(default_factory=list)
     # Self-speculation: the blocks the draft skips.
     skipped_layers: Optional[List[int]] = None
+    auto_rounds: Optional[dict] = None  # rounds each method ran under --speculative auto
 
     @property
     def acceptance_rate(self) -> float:

@@ -1,0 +1,136 @@
+"""``--speculative auto``: pick the best method online.
+
+With a draft model the arms are the draft chain, the draft tree and prompt
+lookup; without one, prompt lookup and self-speculation. Each round uses
+one arm; an arm's worth is its measured tokens per second (an exponential
+moving average of emitted tokens over round time), and an occasional
+round explores the others. Every arm is exact on its own and the choice
+depends only on past rounds, so the output stays exact.
+"""
+
+import random
+from typing import Dict, List, Optional
+
+from .drafters import ModelDrafter, Proposal, RoundState
+from .models import CachedModel
+
+EXPLORE = 0.05
+WARMUP_ROUNDS = 2
+EMA = 0.3
+SEED = 0
+
+
+class AutoDrafter:
+    """Chooses one drafter per round by measured tokens per second."""
+
+    name = "auto"
+    is_tree = False
+
+    def __init__(self, arms: Dict[str, object], config, seed: int = SEED):
+        self.arms = arms
+        self.config = config
+        self.rate: Dict[str, Optional[float]] = {name: None for name in arms}
+        self.tries: Dict[str, int] = {name: 0 for name in arms}
+        self.rng = random.Random(seed)
+        self.current: Optional[str] = None
+        self.chosen: List[str] = []
+
+    def _pick(self) -> str:
+        for name in self.arms:
+            if self.tries[name] < WARMUP_ROUNDS:
+                return name
+        best = max(self.arms, key=lambda name: self.rate[name] or 0.0)
+        if len(self.arms) > 1 and self.rng.random() < EXPLORE:
+            return self.rng.choice([name for name in self.arms if name != best])
+        return best
+
+    def prefill(self, tokens, step_size: int):
+        # The chain and tree arms share one draft cache: prefill it once.
+        done = set()
+        for arm in self.arms.values():
+            shared = id(getattr(arm, "draft", arm))
+            if shared not in done:
+                done.add(shared)
+                arm.prefill(tokens, step_size)
+
+    def propose(self, state: RoundState, gamma: int) -> Proposal:
+        self.current = self._pick()
+        self.chosen.append(self.current)
+        arm = self.arms[self.current]
+        size = self.config.tree_budget if getattr(arm, "is_tree", False) else gamma
+        return arm.propose(state, size)
+
+    def commit(self, state, proposal, num_accepted: int, path=None):
+        self.arms[self.current].commit(state, proposal, num_accepted, path)
+
+    def chain_only(self):
+        """Drop tree proposals (logits processors need a chain)."""
+        self.arms = {name: arm for name, arm in self.arms.items() if not arm.is_tree}
+        for arm in self.arms.values():
+            if hasattr(arm, "chain_only"):
+                arm.chain_only()
+        self.rate = {name: None for name in self.arms}
+        self.tries = {name: 0 for name in self.arms}
+
+    def observe(self, emitted: int, round_time: float):
+        """Feed back one round: tokens emitted and its wall time (seconds)."""
+        name = self.current
+        self.tries[name] += 1
+        rate = emitted / max(round_time, 1e-9)
+        old = self.rate[name]
+        self.rate[name] = rate if old is None else (1 - EMA) * old + EMA * rate
+
+    def caches(self) -> List:
+        # Model-based arms share one draft cache: report it once.
+        seen, out = set(), []
+        for arm in self.arms.values():
+            for c in arm.caches():
+                if id(c) not in seen:
+                    seen.add(id(c))
+                    out.append(c)
+        return out
+
+    def sync(self, seq, base: int):
+        for arm in self.arms.values():
+            arm.sync(seq, base)  # idempotent, so a shared cache is fine
+
+    def report(self, stats):
+        counts = {name: self.chosen.count(name) for name in self.arms}
+        stats.auto_rounds = counts
+        for arm in self.arms.values():
+            if hasattr(arm, "report"):
+                arm.report(stats)
+
+
+def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab_size):
+    from .drafters import _make_model_drafter
+    from .lookup import make_lookup_drafter
+
+    arms: Dict[str, object] = {}
+    if draft_model is not None:
+        from .tree import SUPPORTED_ARCHITECTURES, _model_type
+        from .tree_drafter import TreeDrafter, prepare_tree_model
+
+        chain = _make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
+        arms["draft"] = chain
+        tree_ok = (
+            _model_type(target.model) in SUPPORTED_ARCHITECTURES
+            and _model_type(draft_model) in SUPPORTED_ARCHITECTURES
+        )
+        if tree_ok:
+            prepare_tree_model(target.model)
+            arms["tree"] = TreeDrafter(
+                chain.draft,
+                vocab_size,
+                top_k=config.tree_top_k,
+                depth=config.tree_depth,
+                choices=config.tree_choices,
+            )
+        arms["lookup"] = make_lookup_drafter(config, target, None, None, kv, vocab_size)
+    else:
+        from .self_spec import make_self_drafter
+
+        arms["lookup"] = make_lookup_drafter(config, target, None, cache, kv, vocab_size)
+        if len(target.model.layers) >= 2:
+            arms["self"] = make_self_drafter(config, target, None, cache, kv, vocab_size)
+    return AutoDrafter(arms, config)
