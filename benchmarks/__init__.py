@@ -1,0 +1,1 @@
+"""Benchmark harness: mlx-spec against mlx-lm, side by side (``python -m benchmarks.run``)."""

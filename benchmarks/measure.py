@@ -1,0 +1,256 @@
+"""Bare forward timings: the limit the models themselves set.
+
+``forward_time`` times one cached forward of a given width (the number of
+tokens scored at once), evaluated, with the KV cache prefilled to a fixed
+context and trimmed back after each call. The harness uses it for the
+implementation-overhead ratio (draft 1-token steps and target verification
+forwards) and, with random-weight models shaped like real targets, for the
+``--cost-curves`` projection.
+"""
+
+# isort: off
+import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
+
+# isort: on
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+DEFAULT_CONTEXT = 256
+DEFAULT_FORWARD_REPEATS = 10
+COST_CURVE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+
+# Real target shapes (Hugging Face config values), built with random weights.
+QWEN2_SHAPES: Dict[str, dict] = {
+    "Qwen2.5-0.5B": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen2.5-1.5B": dict(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        intermediate_size=8960,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def _vocab_size(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    return int(size) if size else 256
+
+
+def forward_time(
+    model: nn.Module,
+    width: int,
+    *,
+    context: int = DEFAULT_CONTEXT,
+    repeats: int = DEFAULT_FORWARD_REPEATS,
+    warmup: int = 2,
+    seed: int = 0,
+) -> float:
+    """Median seconds of one evaluated forward of ``width`` tokens on a cache.
+
+    Args:
+        model: Any mlx_lm model.
+        width: Tokens per forward (1 for a decode step, γ + 1 to verify γ drafts).
+        context: Tokens in the KV cache before the timed forward. Default: ``256``.
+        repeats: Timed forwards (the median is returned). Default: ``10``.
+        warmup: Untimed forwards first. Default: ``2``.
+        seed: Seed of the random token ids. Default: ``0``.
+
+    Returns:
+        The median wall time of ``model(inputs, cache=cache)`` plus its
+        evaluation, with ``inputs`` of shape ``(1, width)``.
+    """
+    if width < 1:
+        raise ValueError(f"width={width} is out of range: an integer >= 1.")
+    key = mx.random.key(seed)
+    vocab = _vocab_size(model)
+    prefix = mx.random.randint(0, vocab, (1, context), key=key)
+    inputs = mx.random.randint(0, vocab, (1, width), key=mx.random.split(key)[0])
+    cache = make_prompt_cache(model)
+    if context:
+        for start in range(0, context, 512):
+            model(prefix[:, start : start + 512], cache=cache)
+            mx.eval([c.state for c in cache])
+    mx.eval(inputs)
+    times = []
+    for i in range(warmup + repeats):
+        tic = time.perf_counter()
+        out = model(inputs, cache=cache)
+        mx.eval(out)
+        elapsed = time.perf_counter() - tic
+        for c in cache:
+            c.trim(width)
+        if i >= warmup:
+            times.append(elapsed)
+    del cache, out
+    mx.clear_cache()
+    return statistics.median(times)
+
+
+class ForwardTimer:
+    """Bare forward times per model and width, sampled repeatedly during a run.
+
+    Each model keeps one KV cache prefilled to ``context`` tokens, so a sample
+    costs only its forwards. :meth:`sample` adds timings (call it between
+    benchmark passes, so the bare forwards see the same machine noise as the
+    generations); :meth:`__call__` returns the median, interpolating a
+    fractional width linearly between its neighbours.
+    """
+
+    def __init__(
+        self,
+        *,
+        context: int = DEFAULT_CONTEXT,
+        repeats: int = DEFAULT_FORWARD_REPEATS,
+        seed: int = 0,
+    ):
+        self.context = context
+        self.repeats = repeats
+        self.seed = seed
+        self._samples: Dict[tuple, List[float]] = {}
+        self._caches: Dict[str, list] = {}
+
+    def _cache(self, name: str, model: nn.Module) -> list:
+        if name not in self._caches:
+            prefix = mx.random.randint(
+                0, _vocab_size(model), (1, self.context), key=mx.random.key(self.seed)
+            )
+            cache = make_prompt_cache(model)
+            for start in range(0, self.context, 512):
+                model(prefix[:, start : start + 512], cache=cache)
+                mx.eval([c.state for c in cache])
+            self._caches[name] = cache
+        return self._caches[name]
+
+    def sample(
+        self,
+        name: str,
+        model: nn.Module,
+        width: int,
+        repeats: Optional[int] = None,
+        warmup: int = 1,
+    ) -> None:
+        """Time ``repeats`` more forwards of ``width`` tokens of ``model``."""
+        cache = self._cache(name, model)
+        inputs = mx.random.randint(
+            0, _vocab_size(model), (1, width), key=mx.random.key(self.seed + width)
+        )
+        mx.eval(inputs)
+        times = self._samples.setdefault((name, width), [])
+        for i in range(warmup + (repeats or self.repeats)):
+            tic = time.perf_counter()
+            mx.eval(model(inputs, cache=cache))
+            elapsed = time.perf_counter() - tic
+            for c in cache:
+                c.trim(width)
+            if i >= warmup:
+                times.append(elapsed)
+
+    def widths(self) -> List[tuple]:
+        """The ``(name, width)`` pairs sampled so far."""
+        return sorted(self._samples)
+
+    def __call__(self, name: str, model: nn.Module, width: float) -> float:
+        """Median seconds of a ``width``-token forward (measured if never sampled)."""
+        low = max(int(width), 1)
+        high = low + 1 if width > low else low
+        t_low = self._median(name, model, low)
+        if high == low:
+            return t_low
+        t_high = self._median(name, model, high)
+        return t_low + (width - low) * (t_high - t_low)
+
+    def _median(self, name: str, model: nn.Module, width: int) -> float:
+        if not self._samples.get((name, width)):
+            self.sample(name, model, width)
+        return statistics.median(self._samples[(name, width)])
+
+    def table(self) -> Dict[str, Dict[int, float]]:
+        """Medians of everything sampled, as ``{model name: {width: seconds}}``."""
+        out: Dict[str, Dict[int, float]] = {}
+        for (name, width), times in sorted(self._samples.items()):
+            out.setdefault(name, {})[width] = statistics.median(times)
+        return out
+
+    def close(self) -> None:
+        """Free the caches."""
+        self._caches.clear()
+        mx.clear_cache()
+
+
+def random_qwen2(shape: dict, dtype=mx.float32, seed: int = 0) -> nn.Module:
+    """A Qwen2 model of the given shape with random weights (no download)."""
+    from mlx_lm.models import qwen2
+
+    mx.random.seed(seed)
+    args = qwen2.ModelArgs(model_type="qwen2", rms_norm_eps=1e-6, **shape)
+    model = qwen2.Model(args)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def cost_curves(
+    shapes: Dict[str, dict] = QWEN2_SHAPES,
+    widths: Sequence[int] = COST_CURVE_WIDTHS,
+    *,
+    context: int = DEFAULT_CONTEXT,
+    repeats: int = 3,
+    progress: Optional[Callable[[str], None]] = None,
+) -> Dict[str, Dict[str, List[float]]]:
+    """Measured forward time against width for random-weight real shapes.
+
+    One model is alive at a time (Qwen2.5-1.5B in float32 is about 6 GB).
+
+    Returns:
+        ``{shape name: {"widths": [...], "forward_s": [...], "params": n}}``.
+    """
+    from mlx.utils import tree_flatten
+
+    out = {}
+    for name, shape in shapes.items():
+        if progress:
+            progress(f"cost curve: building random {name} (float32)")
+        model = random_qwen2(shape)
+        params = sum(v.size for _, v in tree_flatten(model.parameters()))
+        times = []
+        for width in widths:
+            if progress:
+                progress(f"cost curve: {name} width {width}")
+            times.append(
+                forward_time(model, width, context=context, repeats=repeats, warmup=1)
+            )
+        out[name] = {"widths": list(widths), "forward_s": times, "params": int(params)}
+        del model
+        gc.collect()
+        mx.clear_cache()
+    return out
+
+
+def interpolate(widths: Sequence[int], times: Sequence[float], width: float) -> float:
+    """Piecewise-linear value of a cost curve at ``width`` (clamped at the ends)."""
+    if width <= widths[0]:
+        return times[0]
+    for (w0, t0), (w1, t1) in zip(zip(widths, times), zip(widths[1:], times[1:])):
+        if width <= w1:
+            return t0 + (width - w0) / (w1 - w0) * (t1 - t0)
+    return times[-1]
