@@ -75,13 +75,19 @@ def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:
 
 
 class ModelDrafter:
-    """A small draft model run autoregressively, γ steps per round."""
+    """A small draft model run autoregressively, γ steps per round.
+
+    With ``p_min > 0`` drafting stops early once the draft's top probability
+    falls below ``p_min`` (like llama.cpp's ``--draft-p-min``); that check
+    costs one host sync per draft token, so it is off by default.
+    """
 
     name = "draft"
 
-    def __init__(self, draft: CachedModel, vocab_size: int):
+    def __init__(self, draft: CachedModel, vocab_size: int, p_min: float = 0.0):
         self.draft = draft
         self.vocab_size = vocab_size
+        self.p_min = p_min
 
     def prefill(self, tokens: mx.array, step_size: int):
         self.draft.prefill(tokens, step_size)
@@ -93,15 +99,19 @@ class ModelDrafter:
     def propose(self, state: RoundState, gamma: int) -> Proposal:
         inputs = mx.array(self.pending(state), mx.uint32)
         tokens, laws = [], []
-        for _ in range(gamma):
+        for i in range(gamma):
             logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
             token, law = state.choose(logits, tokens)
             mx.async_eval(token)
             tokens.append(token)
             laws.append(law)
             inputs = token
+            if self.p_min > 0 and i + 1 < gamma:
+                confidence = mx.exp(logits.max() - mx.logsumexp(logits))
+                if confidence.item() < self.p_min:
+                    break
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
-        return Proposal(mx.concatenate(tokens), logprobs, forwards=gamma)
+        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
 
     is_tree = False
 
@@ -139,7 +149,8 @@ def _make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
                 f"prompt_cache is inconsistent: the target caches hold {target.offset} "
                 f"tokens and the draft caches {cache_offset(cache)}."
             )
-    return ModelDrafter(CachedModel(draft_model, cache, kv, "draft model"), vocab_size)
+    draft = CachedModel(draft_model, cache, kv, "draft model")
+    return ModelDrafter(draft, vocab_size, p_min=config.draft_p_min)
 
 
 # method name -> factory(config, target, draft_model, cache, kv, vocab_size).

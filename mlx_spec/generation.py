@@ -341,6 +341,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
                        f"acceptance and costs (default: {'on' if DEFAULT_ADAPTIVE else 'off'}).")
     group.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                        help="Keep --num-draft-tokens / --tree-budget fixed.")
+    group.add_argument("--draft-p-min", type=float, default=0.0,
+                       help="Draft: stop drafting when the draft's top probability drops "
+                       "below this (costs a sync per draft token; default: 0, off).")
     group.add_argument("--stats-json", default=None, metavar="PATH",
                        help="Write the speculation statistics as JSON to PATH.")
     group.add_argument("--profile", action="store_true",
@@ -442,6 +445,7 @@ def run(args) -> str:
         ngram_min=args.ngram_min,
         ngram_max=args.ngram_max,
         adaptive=args.adaptive,
+        draft_p_min=args.draft_p_min,
     )
     text = _collect(stream, args.verbose)
     if not args.verbose:
