@@ -264,6 +264,11 @@ class LookupDrafter:
         self.max_len = max_len
         self.is_tree = max_candidates > 1
 
+    def chain_only(self):
+        """Propose chains only (logits processors need one history per position)."""
+        self.max_candidates = 1
+        self.is_tree = False
+
     def prefill(self, tokens, step_size: int):
         """Nothing to do: the index reads the prompt from the first round's state."""
 
@@ -326,14 +331,19 @@ def make_lookup_drafter(
 ) -> LookupDrafter:
     """Drafter factory for ``--speculative lookup`` (see ``drafters.DRAFTER_FACTORIES``).
 
-    Uses ``config.ngram_min``/``ngram_max``; ``config.lookup_candidates``
-    (if the config has it) turns on tree proposals. A draft model, if given,
-    is not used.
+    Uses ``config.ngram_min``/``ngram_max``; ``config.lookup_candidates > 1``
+    proposes token trees of up to ``config.tree_budget`` nodes (the target is
+    prepared for tree attention). A draft model, if given, is not used.
     """
     check_no_drafter_cache(cache, "lookup")
+    candidates = getattr(config, "lookup_candidates", DEFAULT_MAX_CANDIDATES)
+    if candidates > 1:
+        from .tree import prepare_tree_model
+
+        prepare_tree_model(target.model)
     return LookupDrafter(
         ngram_min=config.ngram_min,
         ngram_max=config.ngram_max,
-        max_candidates=getattr(config, "lookup_candidates", DEFAULT_MAX_CANDIDATES),
+        max_candidates=candidates,
         max_len=max(config.num_draft_tokens, 1),
     )

@@ -1,0 +1,233 @@
+"""Prompt lookup in the engine: greedy identity, exact law, no-match fallback."""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from law_checks import CHI2_9_999, stream_statistics
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
+from mlx_spec.drafters import RoundState
+from mlx_spec.lookup import LookupDrafter, make_lookup_drafter
+from mlx_spec.models import CachedModel
+from mlx_spec.sampling import SamplingParams, processed_logprobs
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]
+# Repeats a function with a change: n-grams of the first copy match.
+EDIT_PROMPT = (
+    "def add(a, b):\n    return a + b\n\n\ndef add(a, b, c):\n    return a + b"
+)
+
+
+def plain_tokens(model, ids, max_tokens, **kwargs):
+    return [
+        t
+        for t, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens, **kwargs)
+    ]
+
+
+def lookup_tokens(model, ids, max_tokens, stats=None, **knobs):
+    config = SpecConfig(method="lookup", max_tokens=max_tokens, **knobs)
+    steps = speculative_generate_step(mx.array(ids), model, config=config, stats=stats)
+    return [t for t, _, _ in steps]
+
+
+def state_of(seq):
+    return RoundState(list(seq), 0, None)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_identity_across_architectures(load_model, arch):
+    model, tokenizer = load_model(arch)
+    ids = tokenizer.encode(EDIT_PROMPT)
+    expected = plain_tokens(model, ids, 40)
+    for gamma in (1, 4, 8):
+        stats = SpecStats()
+        assert lookup_tokens(model, ids, 40, stats, num_draft_tokens=gamma) == expected
+        assert stats.draft_tokens > 0  # the prompt repeats itself: lookup drafts
+        assert stats.draft_forwards == 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7])
+def test_max_tokens_mid_round(load_model, max_tokens):
+    model, tokenizer = load_model("qwen3")
+    ids = tokenizer.encode(EDIT_PROMPT)
+    got = lookup_tokens(model, ids, max_tokens, num_draft_tokens=8)
+    assert got == plain_tokens(model, ids, max_tokens)
+
+
+def test_no_match_is_a_plain_step_with_no_wasted_verification(load_model, monkeypatch):
+    model, tokenizer = load_model("llama")
+    ids = tokenizer.encode("import os")
+    widths = []
+    call = CachedModel.__call__
+
+    def spy(self, tokens):
+        widths.append(int(tokens.shape[0]))
+        return call(self, tokens)
+
+    monkeypatch.setattr(CachedModel, "__call__", spy)
+    stats = SpecStats()
+    # 16-grams cannot repeat within len(ids) + 10 < 17 tokens.
+    got = lookup_tokens(model, ids, 10, stats, ngram_min=16, ngram_max=16)
+    assert got == plain_tokens(model, ids, 10)
+    assert stats.draft_tokens == 0 and stats.accepted_tokens == 0
+    assert stats.target_forwards == stats.generated_tokens == 10
+    assert widths[-10:] == [1] * 10
+
+
+def test_proposes_nothing_without_a_match():
+    drafter = LookupDrafter(ngram_min=1, ngram_max=3)
+    assert drafter.propose(state_of([1, 2, 3, 4, 5]), 4).size == 0
+    proposal = drafter.propose(state_of([1, 2, 3, 4, 5, 2]), 4)
+    assert proposal.tokens.tolist() == [3, 4, 5, 2] and proposal.logprobs is None
+
+
+def test_index_follows_state_without_rescanning():
+    drafter = LookupDrafter(ngram_min=1, ngram_max=3)
+    rng = np.random.default_rng(0)
+    seq = rng.integers(0, 50, 20_000).tolist()
+    drafter.propose(state_of(seq), 8)
+    costs = []
+    for _ in range(20):
+        seq = seq + rng.integers(0, 50, 5).tolist()
+        start = drafter.index.ops
+        drafter.propose(state_of(seq), 8)
+        costs.append(drafter.index.ops - start)
+    assert len(drafter.index) == len(seq)
+    # Five new tokens and one proposal per round: bounded, whatever the length.
+    assert max(costs) <= 5 * sum(n + 3 for n in (1, 2, 3)) + sum(
+        n + 1 + 8 * (1 + 2 * 8 + 2) for n in (1, 2, 3)
+    )
+
+
+def test_candidates_merge_into_a_tree():
+    drafter = LookupDrafter(ngram_min=1, ngram_max=1, max_candidates=3, max_len=3)
+    assert drafter.is_tree
+    # "7" was followed by "1 2 3" and by "1 5 6": shared first node.
+    proposal = drafter.propose(state_of([7, 1, 2, 3, 7, 1, 5, 6, 7]), 16)
+    assert proposal.tokens.tolist() == [1, 5, 6, 2, 3]
+    assert proposal.parents == [-1, 0, 1, 0, 3]
+    # One candidate only: a plain chain.
+    assert (
+        drafter.propose(state_of([7, 1, 2, 3, 7, 1, 5, 6, 7]), 2).size == 2
+    )  # node budget
+    # One candidate only: a plain chain.
+    drafter = LookupDrafter(ngram_min=1, ngram_max=1, max_candidates=3, max_len=3)
+    chain = drafter.propose(state_of([9, 4, 4, 8, 9]), 16)
+    assert chain.tokens.tolist() == [4, 4, 8] and chain.parents is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma"])
+def test_tree_greedy_identity(load_model, arch):
+    model, tokenizer = load_model(arch)
+    ids = tokenizer.encode(EDIT_PROMPT)
+    stats = SpecStats()
+    knobs = dict(lookup_candidates=4, num_draft_tokens=6, tree_budget=12)
+    assert lookup_tokens(model, ids, 40, stats, **knobs) == plain_tokens(model, ids, 40)
+    assert stats.tree_sizes and max(stats.tree_sizes) <= 12
+
+
+def test_prompt_cache_is_kept_and_reused(load_model):
+    model, tokenizer = load_model("phi3")
+    first, second = tokenizer.encode(EDIT_PROMPT), tokenizer.encode("\n\ndef add(")
+    cache = make_prompt_cache(model)
+    config = SpecConfig(method="lookup", max_tokens=12)
+    turn1 = [
+        t
+        for t, _, _ in speculative_generate_step(
+            mx.array(first), model, config=config, prompt_cache=cache
+        )
+    ]
+    turn2 = [
+        t
+        for t, _, _ in speculative_generate_step(
+            mx.array(second), model, config=config, prompt_cache=cache
+        )
+    ]
+    assert turn1 == plain_tokens(model, first, 12)
+    assert turn2 == plain_tokens(model, first + turn1 + second, 12)
+    assert len(cache) == len(model.layers)
+
+
+def test_sampled_first_token_follows_target_law(load_model):
+    """Point-mass proposals: the first token's law is the target's (chi-square),
+    and the first draft is accepted with probability p(d)."""
+    model, tokenizer = load_model("qwen2")
+    ids = tokenizer.encode(EDIT_PROMPT)
+    drafter = LookupDrafter()
+    first_draft = drafter.propose(state_of(ids), 1).tokens.item()
+    logits = model(mx.array([ids]))[0, -1:]
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    p = np.exp(
+        np.array(processed_logprobs(lp, SamplingParams(temp=1.0))[0], np.float64)
+    )
+    mx.random.seed(0)
+    runs, counts, accepted = 300, np.zeros(p.size), 0
+    config = SpecConfig(method="lookup", max_tokens=2, num_draft_tokens=2)
+    for _ in range(runs):
+        stats = SpecStats()
+        steps = speculative_generate_step(
+            mx.array(ids), model, config=config, sampler=make_sampler(1.0), stats=stats
+        )
+        token, _, _ = next(steps)
+        steps.close()
+        counts[token] += 1
+        accepted += stats.accepted_per_round[0] > 0
+    expected = p * runs
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    chi2 = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = keep.sum() - 1
+    bound = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < bound, (chi2, bound)
+    rate, pd = accepted / runs, p[first_draft]
+    assert abs(rate - pd) < 4 * math.sqrt(max(pd * (1 - pd), 1e-3) / runs) + 1e-9
+
+
+def test_sampled_stream_follows_target_law(load_model):
+    """Every sampled token follows the target's exact law given its prefix
+    (randomized PIT of a long stream, chi-square with 10 bins)."""
+    model, tokenizer = load_model("gemma")
+    ids = tokenizer.encode(EDIT_PROMPT)
+    temp, n = 1.5, 200
+    mx.random.seed(1)
+    stats = SpecStats()
+    config = SpecConfig(method="lookup", max_tokens=n, num_draft_tokens=6)
+    steps = speculative_generate_step(
+        mx.array(ids), model, config=config, sampler=make_sampler(temp), stats=stats
+    )
+    out = [t for t, _, _ in steps]
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
+    assert 0 < stats.accepted_tokens < stats.draft_tokens
+    chi2, z = stream_statistics(laws, np.array(out))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_candidates=0), "max_candidates"),
+        (dict(max_len=0), "max_len"),
+        (dict(ngram_min=0), "ngram_min"),
+        (dict(ngram_max=17), "ngram_max"),
+    ],
+)
+def test_bad_knobs_get_one_line_errors(kwargs, field):
+    with pytest.raises(ValueError, match=field) as err:
+        LookupDrafter(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_extra_prompt_cache_entries_are_refused(load_model):
+    model, tokenizer = load_model("llama")
+    config = SpecConfig(method="lookup")
+    with pytest.raises(ValueError, match="keeps no draft cache") as err:
+        make_lookup_drafter(config, None, None, make_prompt_cache(model), None, 0)
+    assert "\n" not in str(err.value)

@@ -1,0 +1,231 @@
+"""Self-speculation: greedy identity, exact law, shared caches, layer search."""
+
+import math
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+from law_checks import CHI2_9_999, stream_statistics
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
+from mlx_spec.drafters import DRAFTER_FACTORIES, RoundState
+from mlx_spec.models import CachedModel, KVSettings
+from mlx_spec.sampling import SamplingParams, processed_logprobs
+from mlx_spec.self_spec import (
+    SelfDrafter,
+    choose_skipped_layers,
+    expected_speedup,
+    make_self_drafter,
+    running_layers,
+)
+from mlx_spec.testing import ARCHITECTURES, make_checkpoint
+
+PROMPTS = ["def fibonacci(n):", "class Parser:\n    def __init__(self"]
+DEEP_LAYERS = 6
+
+
+@pytest.fixture(scope="session")
+def deep(tmp_path_factory):
+    """``deep(arch) -> (model, tokenizer)``: 6-layer test checkpoints, loaded once."""
+    root = tmp_path_factory.mktemp("deep")
+    loaded = {}
+
+    def load(arch):
+        if arch not in loaded:
+            seed = 11 + ARCHITECTURES.index(arch)
+            path = make_checkpoint(root / arch, arch, num_layers=DEEP_LAYERS, seed=seed)
+            loaded[arch] = mlx_lm.load(str(path))
+        return loaded[arch]
+
+    return load
+
+
+def plain_tokens(model, ids, max_tokens, **kwargs):
+    return [
+        t
+        for t, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens, **kwargs)
+    ]
+
+
+def self_tokens(model, ids, max_tokens, stats=None, gamma=4, **kwargs):
+    config = SpecConfig(method="self", max_tokens=max_tokens, num_draft_tokens=gamma)
+    steps = speculative_generate_step(
+        mx.array(ids), model, config=config, stats=stats, **kwargs
+    )
+    return [t for t, _, _ in steps]
+
+
+@pytest.fixture
+def fixed_skip(monkeypatch):
+    """``fixed_skip(layers)``: make ``--speculative self`` skip exactly ``layers``."""
+    built = []
+
+    def fix(layers):
+        def factory(config, target, draft_model, cache, kv, vocab_size):
+            drafter = make_self_drafter(
+                config, target, draft_model, cache, kv, vocab_size
+            )
+            drafter.set_skipped(layers)
+            built.append(drafter)
+            return drafter
+
+        monkeypatch.setitem(DRAFTER_FACTORIES, "self", factory)
+        return built
+
+    return fix
+
+
+def greedy_choose(logits, drafted):
+    return mx.argmax(logits, axis=-1), None
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_identity_across_architectures(deep, load_model, arch):
+    for (model, tokenizer), gammas in ((deep(arch), (1, 6)), (load_model(arch), (3,))):
+        for prompt in PROMPTS:
+            ids = tokenizer.encode(prompt)
+            expected = plain_tokens(model, ids, 24)
+            for gamma in gammas:
+                stats = SpecStats()
+                assert self_tokens(model, ids, 24, stats, gamma) == expected, (
+                    prompt,
+                    gamma,
+                )
+                assert stats.draft_tokens > 0
+
+
+@pytest.mark.parametrize("skipped", [[0], [5], [1, 2, 3], [0, 2, 4]])
+def test_greedy_identity_for_any_skipped_set(deep, fixed_skip, skipped):
+    model, tokenizer = deep("llama")
+    ids = tokenizer.encode(PROMPTS[1])
+    built = fixed_skip(skipped)
+    for max_tokens in (1, 9, 30):
+        assert self_tokens(model, ids, max_tokens, gamma=5) == plain_tokens(
+            model, ids, max_tokens
+        )
+    assert built[-1].skipped == skipped
+
+
+def test_lazy_draft_reads_its_own_cache_entries(deep):
+    """The verify forward overwrites the slots the draft wrote; the draft,
+    evaluated only afterwards, must still see its own entries."""
+    model, tokenizer = deep("qwen3")
+    ids = tokenizer.encode(PROMPTS[0])
+    kept, gamma = [0, 2, 5], 5
+    target = CachedModel(model, None, KVSettings(), "target model")
+    target.prefill(mx.array(ids[:-1]), 512)
+    drafter = SelfDrafter(target, 512, skipped=[1, 3, 4])
+    proposal = drafter.propose(RoundState(ids, 0, greedy_choose), gamma)
+    assert [c.offset for c in target.cache] == [len(ids) - 1] * DEEP_LAYERS
+    logits = target(mx.concatenate([mx.array(ids[-1:], mx.uint32), proposal.tokens]))
+    mx.eval(logits, proposal.tokens)
+
+    # Reference, eagerly: full-model prefix caches, then the kept blocks alone.
+    cache = make_prompt_cache(model)
+    model(mx.array([ids[:-1]]), cache=cache)
+    kept_cache = [cache[i] for i in kept]
+    token, expected = ids[-1], []
+    with running_layers(model, [model.layers[i] for i in kept]):
+        for _ in range(gamma):
+            token = mx.argmax(
+                model(mx.array([[token]]), cache=kept_cache)[0, -1]
+            ).item()
+            expected.append(token)
+    assert proposal.tokens.tolist() == expected
+    # The verify forward saw the full model's prefix at every layer.
+    fresh = model(mx.array([ids + expected]))[0, len(ids) - 1 :]
+    assert mx.abs(fresh - logits).max().item() < 1e-4
+
+
+def _identity_blocks(model, blocks):
+    """Zero the output projections of ``blocks``: they become exact identities."""
+    for i in blocks:
+        layer = model.layers[i]
+        attn_out = getattr(layer.self_attn, "o_proj")
+        attn_out.weight = mx.zeros_like(attn_out.weight)
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "phi3"])
+def test_identity_blocks_are_found_and_drafts_all_accepted(tmp_path, arch):
+    path = make_checkpoint(tmp_path / arch, arch, num_layers=DEEP_LAYERS, seed=3)
+    model, tokenizer = mlx_lm.load(str(path))
+    _identity_blocks(model, [2, 4])
+    ids = tokenizer.encode(PROMPTS[1])
+    skipped, report = choose_skipped_layers(model, mx.array(ids), 4)
+    assert skipped == [2, 4] and report["alpha"] == 1.0
+    stats = SpecStats()
+    assert self_tokens(model, ids, 21, stats, gamma=4) == plain_tokens(model, ids, 21)
+    # Skipping identities drafts exactly the target's tokens: all accepted.
+    assert stats.accepted_tokens == stats.draft_tokens == 16
+    assert stats.target_forwards == 5
+
+
+def test_cache_in_sync_after_early_close_and_reuse(deep):
+    model, tokenizer = deep("mistral")
+    first, second = tokenizer.encode(PROMPTS[0]), tokenizer.encode("\n\nclass A:")
+    cache = make_prompt_cache(model)
+    config = SpecConfig(method="self", max_tokens=50, num_draft_tokens=4)
+    steps = speculative_generate_step(
+        mx.array(first), model, config=config, prompt_cache=cache
+    )
+    turn1 = [t for _, (t, _, _) in zip(range(7), steps)]
+    steps.close()
+    assert turn1 == plain_tokens(model, first, 7)
+    assert [c.offset for c in cache] == [len(first) + 7] * DEEP_LAYERS
+    config = SpecConfig(method="self", max_tokens=12, num_draft_tokens=4)
+    turn2 = [
+        t
+        for t, _, _ in speculative_generate_step(
+            mx.array(second), model, config=config, prompt_cache=cache
+        )
+    ]
+    assert turn2 == plain_tokens(model, first + turn1 + second, 12)
+    assert len(cache) == DEEP_LAYERS
+
+
+def test_sampled_stream_follows_target_law(deep, fixed_skip):
+    """Every sampled token, accepted or recovered, follows the target's exact law
+    given its prefix (randomized PIT of a long stream, chi-square)."""
+    model, tokenizer = deep("llama")
+    ids = tokenizer.encode("The quick brown fox")
+    fixed_skip([2, 3])
+    temp, n = 1.5, 200
+    mx.random.seed(0)
+    stats = SpecStats()
+    config = SpecConfig(method="self", max_tokens=n, num_draft_tokens=3)
+    steps = speculative_generate_step(
+        mx.array(ids), model, config=config, sampler=make_sampler(temp), stats=stats
+    )
+    out = [t for t, _, _ in steps]
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    laws = np.array(mx.softmax(logits.astype(mx.float32), axis=-1), dtype=np.float64)
+    assert (
+        0 < stats.accepted_tokens < stats.draft_tokens
+    )  # accepted and recovered tokens
+    assert laws.max(axis=1).mean() < 0.95  # the laws are not point masses
+    chi2, z = stream_statistics(laws, np.array(out))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+def test_speedup_model():
+    assert expected_speedup(1.0, 4, 0.0) == 5
+    assert expected_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
+    assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+
+
+def test_bad_knobs_get_one_line_errors(load_model, deep):
+    model, _ = deep("llama")
+    target = CachedModel(model, None, KVSettings(), "target model")
+    for skipped in ([6], [-1], list(range(6))):
+        with pytest.raises(ValueError, match="skipped layers") as err:
+            SelfDrafter(target, 512, skipped=skipped)
+        assert "\n" not in str(err.value)
+    one_layer, _ = load_model("llama-unrelated")
+    with pytest.raises(ValueError, match="at least 2 layers"):
+        self_tokens(one_layer, [1, 2, 3], 4)
+    with pytest.raises(ValueError, match="keeps no draft cache"):
+        self_tokens(model, [1, 2, 3], 4, prompt_cache=make_prompt_cache(model) * 2)
