@@ -45,13 +45,13 @@ def test_cli_output_format_and_stats_json(checkpoints, capsys, tmp_path):
     assert out.count("==========\n") == 2
     assert any(line.startswith("Prompt: ") and "tokens-per-sec" in line for line in lines)
     assert any(line.startswith("Generation: 24 tokens") for line in lines)
-    assert any(line.startswith("Speculation: draft") for line in lines)
+    assert any(line.startswith("Speculation: auto") for line in lines)
     stats = json.loads(stats_path.read_text())
     for key in ("method", "generated_tokens", "target_forwards", "draft_tokens",
                 "accepted_tokens", "acceptance_rate", "tokens_per_target_forward",
                 "generation_tps"):
         assert key in stats
-    assert stats["method"] == "draft" and stats["generated_tokens"] == 24
+    assert stats["method"] == "auto" and stats["generated_tokens"] == 24
     assert stats["tokens_per_target_forward"] == pytest.approx(24 / stats["target_forwards"])
 
 
