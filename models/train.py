@@ -80,6 +80,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help="Stop (after a checkpoint) after this long; for probes.",
     )
+    p.add_argument(
+        "--stop-step",
+        type=int,
+        default=None,
+        help="Stop after this step; the LR schedule still spans --steps.",
+    )
     p.add_argument("--no-export", action="store_true")
     return p
 
@@ -245,7 +251,8 @@ def main():
 
     t0 = t_ckpt = t_log = time.perf_counter()
     losses, step = [], start
-    for step in range(start, args.steps):
+    last = args.steps if args.stop_step is None else min(args.stop_step, args.steps)
+    for step in range(start, last):
         inputs, targets = batch_at(
             train,
             step,
@@ -258,7 +265,7 @@ def main():
         losses.append(loss.item())
         now = time.perf_counter()
         done = step + 1
-        if done % args.log_every == 0 or done == args.steps:
+        if done % args.log_every == 0 or done == last:
             log_line(
                 log_path,
                 {
@@ -272,7 +279,7 @@ def main():
             )
             losses, t_log = [], time.perf_counter()
         over_time = args.max_seconds is not None and now - t0 > args.max_seconds
-        if now - t_ckpt > args.ckpt_every or done == args.steps or over_time:
+        if now - t_ckpt > args.ckpt_every or done == last or over_time:
             save_checkpoint(ckpt, model, opt, done)
             val = evaluate_loss(
                 model, heldout, seq_len=args.seq_len, max_tokens=args.eval_tokens
@@ -292,7 +299,7 @@ def main():
         if over_time:
             break
     log_line(
-        log_path, {"event": "end", "step": step + 1 if args.steps > start else start}
+        log_path, {"event": "end", "step": step + 1 if last > start else start}
     )
 
 

@@ -11,4 +11,4 @@ $PY models/train.py --out models/stdlib-llama-draft \
     --seq-len 256 --batch-size 8 --steps 800 --lr 2e-3 --warmup 50 --seed 0
 $PY models/train.py --out models/stdlib-llama-target \
     --hidden-size 256 --layers 6 --heads 4 \
-    --seq-len 256 --batch-size 8 --steps 640 --lr 1.5e-3 --warmup 40 --seed 0
+    --seq-len 256 --batch-size 8 --steps 520 --lr 2e-3 --warmup 30 --seed 0
