@@ -62,16 +62,17 @@ def test_chart_has_one_filled_bar_per_round_with_accepted_tokens():
     assert "mean 2.00" in svg
 
 
-def test_race_verdict_reports_identical_and_different_texts():
-    from mlx_spec import SpecStats
-
-    plain = SpecStats(method="none", generated_tokens=10, generation_time=1.0)
-    spec = SpecStats(method="draft", generated_tokens=10, generation_time=0.5)
-    same = render.race_verdict(plain, spec, "abc", "abc", greedy=True)
-    assert "2.00&times;" in same and "identical" in same
-    assert "differ from character 1" in render.race_verdict(
-        plain, spec, "abc", "axc", True
+def test_race_verdict_reports_speedup_and_identical_or_different_texts():
+    plain = render.Lane("draft", "abc", 50.0, 2.0, 100)
+    spec = render.Lane("draft", "abc", 100.0, 1.0, 100)
+    same = render.race_verdict(plain, spec, greedy=True)
+    assert "2.00&times;</b> faster" in same and "identical" in same
+    spec.text = "axc"
+    assert "differ from character 1" in render.race_verdict(plain, spec, greedy=True)
+    short = render.race_verdict(
+        render.Lane("draft", "a", 5.0, 1.0, 3), spec, greedy=True
     )
+    assert "too few" in short
 
 
 def test_access_flags():
@@ -172,6 +173,24 @@ def test_api_generate_matches_plain_greedy_decoding(server, load_model):
         expected = mlx_lm_generate(model, tokenizer, prompt, max_tokens=40)
         assert out["text"] == expected
         assert out["stats"]["method"] == "draft" and out["stats"]["rounds"] >= 1
+
+
+def test_race_endpoint_shows_identical_greedy_texts(server, checkpoints):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    settings = [target, draft, "draft", 4, 16, 0.0, 1.0, 40, "", True]
+    plain, _, spec, _, verdict, chart = client.predict(
+        CODE_PROMPT, *settings, api_name="/race"
+    )
+    assert "identical" in verdict and "&times;" in verdict
+    assert "tok-accepted" in spec and "tok-accepted" not in plain
+    assert "<svg" in chart
+    _, _, _, _, refused, _ = client.predict(
+        CODE_PROMPT, *settings[:2], "none", *settings[3:], api_name="/race"
+    )
+    assert "choose a speculative method" in refused
 
 
 def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(

@@ -173,6 +173,9 @@ class App:
     # --- models -----------------------------------------------------------------
 
     def load_pair(self, target: str, draft: Optional[str]) -> Pair:
+        """The pair, loaded on the worker unless both models are already loaded."""
+        if not self._needs_loading(target, draft):
+            return self.store.get(target, draft)
         return self.worker.call(self.store.get, target, draft)
 
     def preload(self):
@@ -180,7 +183,6 @@ class App:
         self.load_pair(self.default_target, self.default_draft)
 
     def _needs_loading(self, target, draft) -> bool:
-        draft = None if draft in (None, "", NO_DRAFT) else draft
         return not (self.store.loaded(target) and self.store.loaded(draft))
 
     def describe(self, pair: Pair, raw: bool) -> Tuple[str, str]:
@@ -216,7 +218,7 @@ class App:
             return render.error_banner(e), gr.update(), gr.update(), gr.update()
         status, note = self.describe(pair, raw)
         chat = pair.has_chat_template and not raw
-        if getattr(session, "pair_key", None) != (
+        if session.pair_key != (
             pair.target_path,
             pair.draft_path,
             chat,
@@ -266,19 +268,22 @@ class App:
             return
         chat = pair.has_chat_template and not raw
         key = (pair.target_path, pair.draft_path, chat)
-        if getattr(session, "pair_key", None) != key or not chat:
+        if session.pair_key != key or not chat:
             session.turns = []
             session.pair_key = key
         history = list(session.turns)
         turn = Turn(user=text)
         session.turns.append(turn)
         cleared = gr.update(value="") if chat else keep
+        stats_view, chart_view = keep, keep
         for update in self._stream_turn(session, pair, turn, history, options, chat):
+            if isinstance(update[1], str):
+                stats_view, chart_view = update[1], update[2]
             yield update[0], update[1], update[2], update[3], keep
         yield (
             render.transcript_html(session.turns, chat, mono=not chat),
-            keep,
-            keep,
+            stats_view,
+            chart_view,
             self._final_status(turn, options),
             cleared,
         )
@@ -424,7 +429,24 @@ class App:
             return
         chat = pair.has_chat_template and not raw
         plain_opts = Options(**{**options.__dict__, "method": "none"})
-        lanes = []
+        empty = render.transcript_html([Turn("")], chat=False)
+        warming = render.banner("Racing: warming up both methods&hellip;")
+        yield empty, render.stats_html(None), empty, render.stats_html(
+            None
+        ), warming, keep
+        try:
+            tokens = encode_prompt(pair.tokenizer, text, [], chat)
+            self.worker.call(_warm_up, pair, tokens, (plain_opts, options))
+        except Exception as e:
+            yield keep, keep, keep, keep, render.error_banner(e), keep
+            return
+        lanes, views = [], [
+            empty,
+            render.stats_html(None),
+            empty,
+            render.stats_html(None),
+        ]
+        chart_view = keep
         for lane, opts in enumerate((plain_opts, options)):
             lane_session = Session(stop=session.stop)
             turn = Turn(user=text)
@@ -433,34 +455,44 @@ class App:
             status = render.banner(
                 f"Racing: running <b>{html.escape(label)}</b>&hellip;"
             )
-            for view in self._stream_turn(
-                lane_session, pair, turn, [], opts, chat, False
-            ):
+            stream = self._stream_turn(lane_session, pair, turn, [], opts, chat, False)
+            for view in stream:
                 html_text = render.transcript_html(
                     [Turn("", turn.pieces, turn.finish)], chat=False, mono=not chat
                 )
-                if lane == 0:
-                    yield html_text, view[1], keep, keep, status, keep
-                else:
-                    yield keep, keep, html_text, view[1], status, view[2]
+                views[2 * lane] = html_text
+                if isinstance(view[1], str):
+                    views[2 * lane + 1] = view[1]
+                    chart_view = view[2] if lane == 1 else chart_view
+                yield (*views, status, chart_view)
             if turn.error is not None:
                 yield keep, keep, keep, keep, render.error_banner(turn.error), keep
                 return
             if turn.finish == "stopped":
-                yield keep, keep, keep, keep, render.banner(
-                    "Race stopped.", "warn"
-                ), keep
+                stopped = render.banner("Race stopped.", "warn")
+                yield keep, keep, keep, keep, stopped, keep
                 return
-            lanes.append(turn)
+            lanes.append((turn, lane_session.timing))
             session.stop.clear()
+        (plain, plain_time), (spec, spec_time) = lanes
         verdict = render.race_verdict(
-            lanes[0].stats,
-            lanes[1].stats,
-            lanes[0].reply,
-            lanes[1].reply,
-            options.temp == 0,
+            render.Lane(
+                options.method,
+                plain.reply,
+                plain_time.decode_tps,
+                plain_time.total,
+                plain_time.tokens,
+            ),
+            render.Lane(
+                options.method,
+                spec.reply,
+                spec_time.decode_tps,
+                spec_time.total,
+                spec_time.tokens,
+            ),
+            greedy=options.temp == 0,
         )
-        yield keep, keep, keep, keep, verdict, keep
+        yield (*views, verdict, chart_view)
 
     # --- API ----------------------------------------------------------------------
 
@@ -740,6 +772,14 @@ class App:
                 concurrency_limit=1,
             )
         return demo
+
+
+def _warm_up(pair: Pair, tokens: List[int], methods: Tuple[Options, ...]):
+    """Run each method for two tokens so neither lane pays first-use costs."""
+    for options in methods:
+        short = Options(**{**options.__dict__, "max_tokens": 2})
+        for _ in run_turn(Session(), pair, tokens[:16], short, use_cache=False):
+            pass
 
 
 def _method_info(method: str) -> str:

@@ -332,40 +332,55 @@ def first_difference(a: str, b: str) -> Optional[int]:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def race_verdict(plain, spec, plain_text: str, spec_text: str, greedy: bool) -> str:
+@dataclass
+class Lane:
+    """One side of a race, timed the same way for both sides.
+
+    Attributes:
+        method: The speculative method of the race.
+        text: The generated text.
+        decode_tps: Tokens per second after the first token.
+        total: Seconds from the request to the last token, prompt included.
+        tokens: Number of generated tokens.
+    """
+
+    method: str
+    text: str
+    decode_tps: float
+    total: float
+    tokens: int
+
+
+MIN_RACE_TOKENS = 16
+
+
+def race_verdict(plain: Lane, spec: Lane, greedy: bool) -> str:
     """The race result: measured speedup and, under greedy, whether texts agree."""
-    if (
-        plain is None
-        or spec is None
-        or plain.generation_tps <= 0
-        or spec.generation_tps <= 0
-    ):
-        return banner(
-            "Too few tokens to measure a speed; try a larger max tokens.", "warn"
-        )
-    ratio = spec.generation_tps / plain.generation_tps
-    plain_wall = plain.prompt_time + plain.generation_time
-    spec_wall = spec.prompt_time + spec.generation_time
-    wall = plain_wall / spec_wall if spec_wall > 0 else 0.0
-    faster = "faster" if ratio >= 1 else "slower"
-    head = (
-        f'<div class="spec-verdict"><b class="big">{ratio:.2f}&times;</b> '
-        f"{faster} with <b>{html.escape(spec.method)}</b> "
-        f"({spec.generation_tps:.1f} vs {plain.generation_tps:.1f} tokens/s; "
-        f"{wall:.2f}&times; in wall-clock time including the prompt)</div>"
-    )
     if greedy:
-        diff = first_difference(plain_text, spec_text)
+        diff = first_difference(plain.text, spec.text)
         if diff is None:
             check = "&#10003; Greedy decoding: the two texts are <b>identical</b>."
-            level = "ok"
         else:
             check = f"&#10007; The texts differ from character {diff} on."
-            level = "error"
     else:
         check = (
-            "Sampling (temperature &gt; 0): the texts may differ, but both follow the "
-            "target model's distribution exactly."
+            "Sampling (temperature &gt; 0): the texts may differ, but both follow "
+            "the target model's distribution exactly."
         )
-        level = "ok" if ratio >= 1 else "warn"
+    level = "error" if greedy and diff is not None else "ok"
+    tokens = min(plain.tokens, spec.tokens)
+    if tokens < MIN_RACE_TOKENS or plain.decode_tps <= 0 or spec.decode_tps <= 0:
+        head = (
+            f"Only {tokens} tokens were generated: too few to measure a speed. "
+            "Raise max tokens, or try completion mode."
+        )
+        return banner(f"<div>{head}</div><div>{check}</div>", "warn")
+    ratio = spec.decode_tps / plain.decode_tps
+    wall = plain.total / spec.total if spec.total > 0 else 0.0
+    head = (
+        f'<div class="spec-verdict"><b class="big">{ratio:.2f}&times;</b> '
+        f"{'faster' if ratio >= 1 else 'slower'} with <b>{html.escape(spec.method)}</b> "
+        f"({spec.decode_tps:.1f} vs {plain.decode_tps:.1f} tokens/s after the first token; "
+        f"{wall:.2f}&times; end to end: {spec.total:.2f} s vs {plain.total:.2f} s)</div>"
+    )
     return banner(f"{head}<div>{check}</div>", level)

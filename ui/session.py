@@ -13,6 +13,7 @@ import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,7 @@ class ModelStore:
         self._max = max_models
 
     def loaded(self, path: Optional[str]) -> bool:
+        path = _clean_path(path)
         return path is None or path in self._models
 
     def _load(self, path: str, role: str):
@@ -219,6 +221,28 @@ class Options:
 
 
 @dataclass
+class Timing:
+    """Wall-clock times of one generation, taken the same way for every method."""
+
+    start: float = 0.0
+    first: Optional[float] = None  # when the first token arrived
+    last: Optional[float] = None  # when the last token arrived
+    tokens: int = 0
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens per second after the first token (the prompt excluded)."""
+        if self.tokens < 2 or self.last is None or self.last <= self.first:
+            return 0.0
+        return (self.tokens - 1) / (self.last - self.first)
+
+    @property
+    def total(self) -> float:
+        """Seconds from the request to the last token (the prompt included)."""
+        return (self.last - self.start) if self.last is not None else 0.0
+
+
+@dataclass
 class Session:
     """One browser session: its conversation, prompt cache and stop flag.
 
@@ -232,6 +256,8 @@ class Session:
     cache_key: Optional[tuple] = None
     cache_tokens: List[int] = field(default_factory=list)
     last_reused: int = 0
+    timing: Timing = field(default_factory=Timing)
+    pair_key: Optional[tuple] = None  # (target, draft, chat) of the turns
 
     def reset(self):
         self.turns = []
@@ -356,12 +382,16 @@ def run_turn(
         session.cache_tokens = tokens[:reused]
         feed = tokens[reused:]
     session.last_reused = reused
+    clock = session.timing = Timing(start=time.perf_counter())
     stream = stream_generate(
         pair.model, pair.tokenizer, feed, draft, prompt_cache=cache, **options.kwargs()
     )
     generated: List[int] = []
     try:
         for response in stream:
+            clock.last = time.perf_counter()
+            clock.first = clock.first or clock.last
+            clock.tokens += 1
             generated.append(response.token)
             yield _piece(response, pair.tokenizer), response
     finally:
