@@ -35,8 +35,8 @@ from .sampling import SamplingParams
 # The keyword that turns a call into a speculative one without a draft model.
 SPECULATIVE_KEY = "speculative"
 # mlx_lm keywords the mlx-spec loop has no use for (mlx_lm's own speculative
-# path drops them too).
-_DROPPED = ("stream", "max_kv_size")
+# path drops them too; ``max_kv_size`` is kept for plain decoding).
+_DROPPED = ("stream",)
 # mlx_lm's ``max_tokens=-1`` means "until EOS".
 _UNLIMITED = 2**31 - 1
 
@@ -129,6 +129,8 @@ def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):
     kwargs = dict(kwargs)
     for name in _DROPPED:
         kwargs.pop(name, None)
+    if kwargs.get(SPECULATIVE_KEY) != "none":
+        kwargs.pop("max_kv_size", None)  # a rotating cache cannot be rewound
     if kwargs.pop("input_embeddings", None) is not None:
         raise ValueError("Speculative decoding does not support input embeddings.")
     progress = kwargs.pop("prompt_progress_callback", None)
