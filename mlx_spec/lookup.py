@@ -226,12 +226,29 @@ def build_token_tree(
 DEFAULT_LOOKUP_DRAFT_TOKENS = 8
 
 
+def extend_periodic(continuation: Sequence[int], max_len: int) -> List[int]:
+    """Extend a continuation cut short by the end of the context, as an overlapping copy.
+
+    :meth:`NGramIndex.propose` cuts a continuation only at ``max_len`` or at
+    the end of the context. In the latter case the copy source overlaps the
+    copy itself (as in LZ77): the matched text repeats with period
+    ``len(continuation)``, so the copy continues by repeating it. This keeps
+    proposals full length inside loops and immediate repetitions.
+    """
+    out = list(continuation)
+    if out and len(out) < max_len:
+        out = (out * (max_len // len(out) + 1))[:max_len]
+    return out
+
+
 class LookupDrafter:
     """Prompt lookup as a drafter: no model, no cache.
 
     Each round the index is extended with the tokens accepted since the last
     round (read from ``state.seq``; never rescanned) and proposes the
-    continuation of the longest, most recent n-gram match. Proposals are
+    continuation of the longest, most recent n-gram match (a continuation
+    that reaches the end of the context is extended periodically, see
+    :func:`extend_periodic`). Proposals are
     point masses (``Proposal.logprobs is None``), which the engine's
     acceptance handles exactly. With no match the proposal is empty and the
     round is a plain target step.
@@ -293,14 +310,13 @@ class LookupDrafter:
         if gamma < 1:
             return Proposal(mx.array([], mx.uint32), None)
         if not self.is_tree:
-            cands = self.index.propose(
-                max_len=min(gamma, MAX_LEN_LIMIT), max_candidates=1
-            )
-            chain = cands[0] if cands else []
+            max_len = min(gamma, MAX_LEN_LIMIT)
+            cands = self.index.propose(max_len=max_len, max_candidates=1)
+            chain = extend_periodic(cands[0], max_len) if cands else []
             return Proposal(mx.array(chain, mx.uint32), None)
-        cands = self.index.propose(
-            max_len=min(self.max_len, gamma), max_candidates=self.max_candidates
-        )
+        max_len = min(self.max_len, gamma)
+        cands = self.index.propose(max_len=max_len, max_candidates=self.max_candidates)
+        cands = [extend_periodic(c, max_len) for c in cands]
         tokens, parents = build_token_tree(cands, max_nodes=gamma)
         if all(p == i - 1 for i, p in enumerate(parents)):
             return Proposal(mx.array(tokens, mx.uint32), None)

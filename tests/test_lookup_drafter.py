@@ -11,7 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
 from mlx_spec.drafters import RoundState
-from mlx_spec.lookup import LookupDrafter, make_lookup_drafter
+from mlx_spec.lookup import LookupDrafter, extend_periodic, make_lookup_drafter
 from mlx_spec.models import CachedModel
 from mlx_spec.sampling import SamplingParams, processed_logprobs
 
@@ -84,6 +84,20 @@ def test_proposes_nothing_without_a_match():
     assert drafter.propose(state_of([1, 2, 3, 4, 5]), 4).size == 0
     proposal = drafter.propose(state_of([1, 2, 3, 4, 5, 2]), 4)
     assert proposal.tokens.tolist() == [3, 4, 5, 2] and proposal.logprobs is None
+
+
+def test_continuation_reaching_the_end_repeats_periodically():
+    # The newest "1 2" match continues with "1 2" up to the end of the
+    # context: an overlapping copy keeps repeating it.
+    drafter = LookupDrafter(ngram_min=1, ngram_max=2)
+    assert drafter.propose(state_of([5, 1, 2, 1, 2]), 5).tokens.tolist() == [
+        1,
+        2,
+        1,
+        2,
+        1,
+    ]
+    assert extend_periodic([7], 3) == [7, 7, 7] and extend_periodic([], 3) == []
 
 
 def test_index_follows_state_without_rescanning():
