@@ -46,6 +46,8 @@ DEFAULT_SEARCH_TOKENS = 64
 MAX_SKIP_FRACTION = 0.5
 # At most this many skip counts are scored.
 MAX_SEARCH_POINTS = 8
+# Generated tokens after which the search runs once more, on the output.
+DEFAULT_RETUNE_AFTER = 48
 
 
 def layer_owner(model: nn.Module) -> nn.Module:
@@ -219,7 +221,11 @@ class SelfDrafter:
         vocab_size: Width of the target's logits.
         skipped: Blocks to skip; ``None`` chooses them on the prompt.
         gamma: Draft length the layer search optimises for.
-        search_tokens: Prompt tokens the search looks at.
+        search_tokens: Tokens the search looks at (the last ones).
+        retune_after: Once this many tokens are generated, search once more
+          on the latest tokens, which are then mostly the target's own output
+          (its acceptance is what matters); ``0`` never re-tunes. Only for
+          automatically chosen layers. Default: ``48``.
     """
 
     name = "self"
@@ -233,8 +239,12 @@ class SelfDrafter:
         skipped: Optional[Sequence[int]] = None,
         gamma: int = 4,
         search_tokens: int = DEFAULT_SEARCH_TOKENS,
+        retune_after: int = DEFAULT_RETUNE_AFTER,
     ):
         self.target = target
+        self.retune_after = retune_after
+        self.auto = skipped is None
+        self.prompt_len = 0
         self.vocab_size = vocab_size
         self.gamma = gamma
         self.search_tokens = search_tokens
@@ -248,9 +258,14 @@ class SelfDrafter:
         self.search: Dict = {}
         self.skipped: Optional[List[int]] = None
         if skipped is not None:
-            self.set_skipped(skipped)
+            self._use(skipped)
 
     def set_skipped(self, skipped: Sequence[int]):
+        """Skip exactly these blocks from now on (no search, no re-tuning)."""
+        self.auto = False
+        self._use(skipped)
+
+    def _use(self, skipped: Sequence[int]):
         num_layers = len(self.target.model.layers)
         skipped = sorted(set(int(i) for i in skipped))
         if any(not 0 <= i < num_layers for i in skipped) or len(skipped) >= num_layers:
@@ -263,12 +278,13 @@ class SelfDrafter:
 
     def prefill(self, tokens: mx.array, step_size: int):
         """Choose the skipped blocks on the prompt (the target prefills the caches)."""
+        self.prompt_len = int(tokens.size) + 1
         if self.skipped is None:
             window = tokens[-self.search_tokens :] if tokens.size else tokens
             skipped, self.search = choose_skipped_layers(
                 self.target.model, window, self.gamma
             )
-            self.set_skipped(skipped)
+            self._use(skipped)
 
     def report(self, stats):
         """Record the chosen blocks in ``stats`` (a :class:`SpecStats`)."""
@@ -283,6 +299,15 @@ class SelfDrafter:
         """
         if self.skipped is None:
             self.prefill(mx.array(state.seq[:-1], mx.uint32), 0)
+        generated = len(state.seq) - self.prompt_len
+        if self.auto and self.retune_after and generated >= self.retune_after:
+            self.retune_after = 0  # once
+            window = mx.array(state.seq[-self.search_tokens :], mx.uint32)
+            skipped, self.search = choose_skipped_layers(
+                self.target.model, window, self.gamma
+            )
+            self.search["retuned_at"] = generated
+            self._use(skipped)
         if gamma < 1:
             return Proposal(mx.array([], mx.uint32), None)
         model = self.target.model
@@ -326,9 +351,10 @@ def make_self_drafter(
     otherwise they are chosen on the prompt. A draft model, if given, is not used.
     """
     check_no_drafter_cache(cache, "self")
+    skipped = getattr(config, "skip_layers", None)
     return SelfDrafter(
         target,
         vocab_size,
-        skipped=getattr(config, "skip_layers", None),
+        skipped=skipped,
         gamma=config.num_draft_tokens,
     )

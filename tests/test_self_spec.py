@@ -109,6 +109,22 @@ def test_greedy_identity_for_any_skipped_set(deep, fixed_skip, skipped):
     assert built[-1].skipped == skipped
 
 
+def test_retuning_on_the_output_stays_exact(deep, monkeypatch):
+    model, tokenizer = deep("qwen2")
+    built = []
+
+    def factory(config, target, draft_model, cache, kv, vocab_size):
+        built.append(SelfDrafter(target, vocab_size, gamma=3, retune_after=10))
+        return built[-1]
+
+    monkeypatch.setitem(DRAFTER_FACTORIES, "self", factory)
+    ids = tokenizer.encode(PROMPTS[0])
+    stats = SpecStats()
+    assert self_tokens(model, ids, 40, stats, gamma=3) == plain_tokens(model, ids, 40)
+    assert built[0].search["retuned_at"] >= 10
+    assert stats.skipped_layers == built[0].skipped
+
+
 def test_lazy_draft_reads_its_own_cache_entries(deep):
     """The verify forward overwrites the slots the draft wrote; the draft,
     evaluated only afterwards, must still see its own entries."""
