@@ -176,7 +176,7 @@ def run(args, out=sys.stdout):
         model_path, default_draft = default_model_pair()
         if draft_path is None and args.speculative not in ("none", "lookup", "self"):
             draft_path = default_draft
-    method = args.speculative or ("draft" if draft_path else "none")
+    method, _ = plan_method(args.speculative, draft_path)
     if method in DRAFT_METHODS and draft_path is None:
         raise ValueError(f"--speculative {method} needs a --draft-model.")
     SpecConfig(method=method, temp=args.temp, **method_options(args))

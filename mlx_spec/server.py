@@ -145,7 +145,7 @@ def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
             "self",
         ):
             args.draft_model = draft
-    method = args.speculative or ("draft" if args.draft_model else "none")
+    method, _ = plan_method(args.speculative, args.draft_model)
     if method in DRAFT_METHODS and args.draft_model is None:
         raise ValueError(f"--speculative {method} needs a --draft-model.")
     SpecConfig(method=method, **method_options(args))

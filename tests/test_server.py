@@ -18,6 +18,7 @@ import pytest
 from openai import OpenAI
 
 from mlx_spec.config import METHODS
+from mlx_spec.integration import plan_method
 from mlx_spec.server import STATS_FIELD, SpecServer, setup_arg_parser
 
 MAX_TOKENS = 16
@@ -28,6 +29,8 @@ PROMPTS = (
     "class Parser:\n    def __init__(self",
 )
 CHAT = [{"role": "user", "content": "Write a parser."}]
+# What a request runs when it names no method (the server has a draft).
+DEFAULT_METHOD = plan_method(None, draft_model=object())[0]
 
 
 def _greedy(model, tokenizer, tokens, max_tokens=MAX_TOKENS) -> str:
@@ -101,7 +104,7 @@ def test_completion_with_openai_client_equals_plain_greedy(client, references):
         response.usage.prompt_tokens + response.usage.completion_tokens
     )
     stats = response.model_extra[STATS_FIELD]
-    assert stats["method"] == "draft"
+    assert stats["method"] == DEFAULT_METHOD
     assert stats["generated_tokens"] == MAX_TOKENS
     assert stats["tokens_per_target_forward"] >= 1.0
 
@@ -267,4 +270,4 @@ def test_sampled_requests_with_a_seed_are_reproducible(server):
     second = _post(server, "/v1/completions", body)
     assert first[0] == second[0] == 200
     assert first[1]["choices"][0]["text"] == second[1]["choices"][0]["text"]
-    assert first[1][STATS_FIELD]["method"] == "draft"
+    assert first[1][STATS_FIELD]["method"] == DEFAULT_METHOD
