@@ -211,6 +211,8 @@ def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(
             model=str(checkpoints["llama"]),
             draft_model=str(checkpoints["llama-othertok"]),
         )
+    with pytest.raises(AppError, match="needs a draft model"):
+        client.predict(CODE_PROMPT, api_name="/generate", draft_model="(none)")
     with pytest.raises(AppError, match="method 'bogus' is unknown"):
         client.predict(CODE_PROMPT, api_name="/generate", method="bogus")
     out = client.predict(CODE_PROMPT, api_name="/generate", raw=True, max_tokens=8)
@@ -350,6 +352,11 @@ def test_browser_streams_colours_stops_and_recovers(server, browser):
     assert "[max tokens reached]" in text_of(
         "#transcript"
     ) or "[end of text]" in text_of("#transcript")
+    tip = browser.execute_script(
+        "const t = document.querySelector('#transcript .tok-recovered');"
+        "return t && t.dataset.rejected;"
+    )
+    assert tip and tip.startswith("draft proposed")
     ARTIFACTS.mkdir(exist_ok=True)
     browser.set_window_size(1400, 1500)
     browser.execute_script("window.scrollTo(0, 0)")

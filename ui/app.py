@@ -138,8 +138,12 @@ def parse_options(
     )
 
 
+def _param_count(model) -> int:
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
 def _num_params(model) -> str:
-    n = sum(v.size for _, v in tree_flatten(model.parameters()))
+    n = _param_count(model)
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
@@ -212,26 +216,27 @@ class App:
     def on_models(self, target, draft, raw, request: gr.Request):
         """Load the chosen models; update the mode note, the button and the transcript."""
         session = self.sessions.get(_session_key(request))
+        keep = gr.update()
         try:
             pair = self.load_pair(target, draft)
         except Exception as e:  # shown in the page, the app keeps running
-            return render.error_banner(e), gr.update(), gr.update(), gr.update()
+            return render.error_banner(e), keep, keep, keep, keep
         status, note = self.describe(pair, raw)
         chat = pair.has_chat_template and not raw
-        if session.pair_key != (
-            pair.target_path,
-            pair.draft_path,
-            chat,
-        ):
+        cleared = keep
+        if session.pair_key != (pair.target_path, chat):
             session.reset()
-            session.pair_key = (pair.target_path, pair.draft_path, chat)
+            session.pair_key = (pair.target_path, chat)
+            cleared = ""
         button = gr.update(value="Send" if chat else "Generate")
-        return (
-            status,
-            note,
-            button,
-            render.transcript_html(session.turns, chat, mono=not chat),
-        )
+        transcript = render.transcript_html(session.turns, chat, mono=not chat)
+        return status, note, button, transcript, cleared
+
+    def on_unload(self, request: gr.Request):
+        """The page was closed: stop its generation and forget its session."""
+        key = _session_key(request)
+        self.sessions.get(key).stop.set()
+        self.sessions.drop(key)
 
     # --- generation -------------------------------------------------------------
 
@@ -263,11 +268,12 @@ class App:
             if self._needs_loading(target, draft):
                 yield keep, keep, keep, render.banner("Loading models&hellip;"), keep
             pair = self.load_pair(target, draft)
+            _check_pair(options, pair)
         except Exception as e:
             yield keep, keep, keep, render.error_banner(e), keep
             return
         chat = pair.has_chat_template and not raw
-        key = (pair.target_path, pair.draft_path, chat)
+        key = (pair.target_path, chat)
         if session.pair_key != key or not chat:
             session.turns = []
             session.pair_key = key
@@ -424,6 +430,7 @@ class App:
                     "Loading models&hellip;"
                 ), keep
             pair = self.load_pair(target, draft)
+            _check_pair(options, pair)
         except Exception as e:
             yield keep, keep, keep, keep, render.error_banner(e), keep
             return
@@ -492,7 +499,7 @@ class App:
             ),
             greedy=options.temp == 0,
         )
-        yield (*views, verdict, chart_view)
+        yield (*views, verdict + _draft_size_note(pair), chart_view)
 
     # --- API ----------------------------------------------------------------------
 
@@ -529,6 +536,7 @@ class App:
                     draft_model or self.default_draft,
                 )
             pair = self.load_pair(model, draft_model or None)
+            _check_pair(options, pair)
             chat = pair.has_chat_template and not raw
             tokens = encode_prompt(pair.tokenizer, prompt or "", [], chat)
             session = Session()
@@ -747,7 +755,7 @@ class App:
                 concurrency_limit=1,
                 show_progress="hidden",
             )
-            model_outputs = [model_status, mode_note, send, transcript]
+            model_outputs = [model_status, mode_note, send, transcript, status]
             for trigger in (target.change, draft.change, raw.change, demo.load):
                 trigger(
                     self.on_models,
@@ -765,6 +773,7 @@ class App:
                 api_visibility="private",
                 queue=False,
             )
+            demo.unload(self.on_unload)
             gr.api(
                 self.api_generate,
                 api_name="generate",
@@ -772,6 +781,28 @@ class App:
                 concurrency_limit=1,
             )
         return demo
+
+
+def _check_pair(options: Options, pair: Pair):
+    if options.method == "draft" and pair.draft_model is None:
+        raise ValueError(
+            "the draft method needs a draft model: choose one under "
+            "'Models and method', or pick another method."
+        )
+
+
+def _draft_size_note(pair: Pair) -> str:
+    """A hint when the draft is too big for speculation to pay off."""
+    if pair.draft_model is None:
+        return ""
+    ratio = _param_count(pair.draft_model) / max(_param_count(pair.model), 1)
+    if ratio < 0.5:
+        return ""
+    return render.banner(
+        f"The draft model has {ratio:.0%} of the target's parameters: a draft pays off "
+        "when it is much smaller (and faster) than the target.",
+        "info",
+    )
 
 
 def _warm_up(pair: Pair, tokens: List[int], methods: Tuple[Options, ...]):
