@@ -55,6 +55,13 @@ OPTION_HELP = {
 }
 
 
+def _engine_default_method() -> str:
+    """What ``stream_generate`` runs when no method is named."""
+    from .generation import _resolve_method
+
+    return _resolve_method(None, None)
+
+
 def method_option_fields() -> List[dataclasses.Field]:
     """The :class:`SpecConfig` fields that configure a method (not sampling).
 
@@ -93,8 +100,8 @@ def add_speculative_options(
             choices=METHODS,
             default=speculative_default,
             metavar="METHOD",
-            help=f"Speculative method, one of: {', '.join(METHODS)}. Default: "
-            f"{speculative_default or 'picked for the models given (draft with a draft model, else none)'}.",
+            help=f"Speculative method, one of: {', '.join(METHODS)} "
+            f"(default: {speculative_default or _engine_default_method()}).",
         )
     for f in method_option_fields():
         if f.name in existing:
