@@ -245,3 +245,18 @@ def test_bad_knobs_get_one_line_errors(load_model, deep):
         self_tokens(one_layer, [1, 2, 3], 4)
     with pytest.raises(ValueError, match="keeps no draft cache"):
         self_tokens(model, [1, 2, 3], 4, prompt_cache=make_prompt_cache(model) * 2)
+
+
+def test_quantized_kv_cache_greedy_identity(tmp_path):
+    # Quantisation groups need a head dimension of at least 32.
+    path = make_checkpoint(
+        tmp_path / "q", "qwen3", hidden_size=128, num_layers=4, seed=5
+    )
+    model, tokenizer = mlx_lm.load(str(path))
+    ids = tokenizer.encode(PROMPTS[0])
+    kv = dict(kv_bits=8, kv_group_size=32, quantized_kv_start=0)
+    stats = SpecStats()
+    assert self_tokens(model, ids, 20, stats, 3, **kv) == plain_tokens(
+        model, ids, 20, **kv
+    )
+    assert stats.draft_tokens > 0
