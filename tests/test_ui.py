@@ -9,11 +9,16 @@ missing and skips with the reason only if that fails.
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
+    sys.path.insert(0, str(REPO_ROOT))
 
 import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
 
@@ -31,7 +36,7 @@ from ui.app import (  # noqa: E402
 )
 from ui.session import Options, Session, encode_prompt, run_turn  # noqa: E402
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 CODE_PROMPT = "def fibonacci(n):\n"
 # The random test target continues this one for over 1500 greedy tokens.
 LONG_PROMPT = "class Stack:\n    def __init__(self):\n"
@@ -304,6 +309,7 @@ def _set(driver, selector, text):
 
 @pytest.mark.browser
 def test_browser_streams_colours_stops_and_recovers(server, browser):
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
     def text_of(selector):
@@ -360,5 +366,7 @@ def test_browser_streams_colours_stops_and_recovers(server, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     browser.set_window_size(1400, 1500)
     browser.execute_script("window.scrollTo(0, 0)")
+    recovered = browser.find_elements(By.CSS_SELECTOR, "#transcript .tok-recovered")
+    ActionChains(browser).move_to_element(recovered[len(recovered) // 2]).perform()
     time.sleep(0.3)
     browser.save_screenshot(str(ARTIFACTS / "ui.png"))
