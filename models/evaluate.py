@@ -57,11 +57,16 @@ README_START = "<!-- results:start (written by models/evaluate.py) -->"
 README_END = "<!-- results:end -->"
 
 # Prompts in the style of the held-out modules (which the models never saw).
+# They end without a trailing newline: the byte-level BPE merges a newline with
+# the next line's indentation, so a bare final "\n" is a split never seen in
+# training.
 SAMPLE_PROMPTS = (
-    'def heappush(heap, item):\n    """Push item onto heap, maintaining the heap invariant."""\n',
-    "import json\n\n\ndef load_config(path):\n    with open(path) as f:\n",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
-    'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.\n',
+    'def heappush(heap, item):\n    """Push item onto heap, maintaining the heap'
+    ' invariant."""',
+    "import json\n\n\ndef load_config(path):\n    with open(path) as f:",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x",
+    'def dedent(text):\n    """Remove any common leading whitespace from every line'
+    " in `text`.",
 )
 
 
@@ -367,7 +372,7 @@ def render_results(r: dict) -> str:
     out += f"{r['sample_tokens']} new tokens at most; prompts written in the style of "
     out += "the held-out modules):\n"
     for k, s in enumerate(r["samples"], 1):
-        out += f"\nPrompt {k}:\n\n```python\n{s['prompt']}```\n"
+        out += f"\nPrompt {k}:\n\n```python\n{s['prompt']}\n```\n"
         for w in ("target", "draft"):
             out += f"\n{w} continues:\n\n```python\n{s[w]}\n```\n"
     return out + "\n"
