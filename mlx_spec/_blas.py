@@ -72,7 +72,12 @@ def ensure_fast_blas() -> str | None:
 
 
 def blas_in_use() -> str:
-    """Name the BLAS that this process's mlx resolves its matmuls to."""
+    """Name the BLAS that this process's mlx resolves its matmuls to.
+
+    mlx uses OpenBLAS only if the system library was loaded globally before
+    ``mlx.core`` (by :func:`ensure_fast_blas` or ``LD_PRELOAD``); numpy's
+    private ``scipy_openblas`` copy does not count.
+    """
     if sys.platform == "darwin":
         return "Accelerate (macOS)"
     try:
@@ -80,8 +85,9 @@ def blas_in_use() -> str:
             libs = {line.split()[-1] for line in maps if ".so" in line}
     except OSError:
         return "unknown"
-    if any("openblas" in lib for lib in libs):
+    system_openblas = any(
+        "libopenblas" in lib and "scipy_openblas" not in lib for lib in libs
+    )
+    if system_openblas and (_state["loaded"] is not None or preload_in_environment()):
         return "OpenBLAS"
-    if any("libblas" in lib for lib in libs):
-        return "reference BLAS (slow: install libopenblas0-pthread)"
-    return "unknown"
+    return "reference BLAS (slow: install libopenblas0-pthread and import mlx_spec first)"

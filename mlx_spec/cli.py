@@ -57,9 +57,9 @@ OPTION_HELP = {
 
 def _engine_default_method() -> str:
     """What ``stream_generate`` runs when no method is named."""
-    from .generation import _resolve_method
+    from .generation import resolve_method
 
-    return _resolve_method(None, None)
+    return resolve_method(None, None)
 
 
 def method_option_fields() -> List[dataclasses.Field]:

@@ -30,17 +30,7 @@ from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .config import (
-    DEFAULT_ADAPTIVE,
-    DEFAULT_NGRAM_MAX,
-    DEFAULT_NGRAM_MIN,
-    DEFAULT_NUM_DRAFT_TOKENS,
-    DEFAULT_TREE_BUDGET,
-    DEFAULT_TREE_DEPTH,
-    DEFAULT_TREE_TOP_K,
-    METHODS,
-    SpecConfig,
-)
+from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from .engine import TARGET, speculative_events
 from .loading import check_draft_tokenizer, default_model_pair, load_model, tokenizer_size
 from .stats import SpecStats
@@ -94,7 +84,7 @@ def _encode(tokenizer, prompt) -> mx.array:
     return mx.array(prompt)
 
 
-def _resolve_method(speculative: Optional[str], draft_model) -> str:
+def resolve_method(speculative: Optional[str], draft_model) -> str:
     """The default is ``auto``: it picks among the methods this call can use."""
     return "auto" if speculative is None else speculative
 
@@ -158,7 +148,7 @@ def stream_generate(
     """
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    method = _resolve_method(speculative, draft_model)
+    method = resolve_method(speculative, draft_model)
     config = SpecConfig(
         method=method,
         num_draft_tokens=num_draft_tokens,
@@ -313,37 +303,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
             )
         if action.dest == "num_draft_tokens":
             action.help = f"Draft tokens per round, 1 to 64 (default: {DEFAULT_NUM_DRAFT_TOKENS})."
-    group = parser.add_argument_group("speculative decoding")
-    group.add_argument(
-        "--speculative",
-        choices=METHODS,
-        default=None,
-        metavar="METHOD",
-        help="none (plain mlx_lm decoding), draft (chain from --draft-model), tree (token "
-        "tree from --draft-model), lookup (prompt n-grams, no draft model), self (the "
-        "target with layers skipped), auto (pick online). Default: auto.",
-    )
-    group.add_argument("--tree-budget", type=int, default=DEFAULT_TREE_BUDGET,
-                       help=f"Tree: total draft nodes per round (default: {DEFAULT_TREE_BUDGET}).")
-    group.add_argument("--tree-top-k", type=int, default=DEFAULT_TREE_TOP_K,
-                       help=f"Tree: children per expanded node (default: {DEFAULT_TREE_TOP_K}).")
-    group.add_argument("--tree-depth", type=int, default=DEFAULT_TREE_DEPTH,
-                       help=f"Tree: levels drafted per round (default: {DEFAULT_TREE_DEPTH}).")
-    group.add_argument("--tree-choices", default=None, metavar="JSON",
-                       help='Tree: a static tree as index paths, e.g. "[[0],[1],[0,0]]" '
-                       "(overrides budget/top-k/depth).")
-    group.add_argument("--ngram-min", type=int, default=DEFAULT_NGRAM_MIN,
-                       help=f"Lookup: shortest n-gram matched (default: {DEFAULT_NGRAM_MIN}).")
-    group.add_argument("--ngram-max", type=int, default=DEFAULT_NGRAM_MAX,
-                       help=f"Lookup: longest n-gram matched (default: {DEFAULT_NGRAM_MAX}).")
-    group.add_argument("--adaptive", dest="adaptive", action="store_true", default=DEFAULT_ADAPTIVE,
-                       help="Choose the draft length / tree size per round from measured "
-                       f"acceptance and costs (default: {'on' if DEFAULT_ADAPTIVE else 'off'}).")
-    group.add_argument("--no-adaptive", dest="adaptive", action="store_false",
-                       help="Keep --num-draft-tokens / --tree-budget fixed.")
-    group.add_argument("--draft-p-min", type=float, default=0.0,
-                       help="Draft: stop drafting when the draft's top probability drops "
-                       "below this (costs a sync per draft token; default: 0, off).")
+    from .cli import add_speculative_options
+
+    group = add_speculative_options(parser)
     group.add_argument("--stats-json", default=None, metavar="PATH",
                        help="Write the speculation statistics as JSON to PATH.")
     group.add_argument("--profile", action="store_true",
@@ -401,6 +363,8 @@ def _build_prompt(args, tokenizer) -> List[int]:
 
 
 def run(args) -> str:
+    from .cli import method_options
+
     _check_args(args)
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
@@ -425,7 +389,6 @@ def run(args) -> str:
         prompt,
         draft_model,
         speculative=args.speculative,
-        num_draft_tokens=args.num_draft_tokens,
         temp=args.temp,
         top_p=args.top_p,
         top_k=args.top_k,
@@ -438,14 +401,7 @@ def run(args) -> str:
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
         profile=args.profile,
-        tree_budget=args.tree_budget,
-        tree_top_k=args.tree_top_k,
-        tree_depth=args.tree_depth,
-        tree_choices=args.tree_choices,
-        ngram_min=args.ngram_min,
-        ngram_max=args.ngram_max,
-        adaptive=args.adaptive,
-        draft_p_min=args.draft_p_min,
+        **method_options(args),
     )
     text = _collect(stream, args.verbose)
     if not args.verbose:

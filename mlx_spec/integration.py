@@ -62,9 +62,9 @@ def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
         builds ``make_prompt_cache(model) + make_prompt_cache(draft_model)``,
         otherwise no draft model and the target's caches only.
     """
-    from .generation import _resolve_method
+    from .generation import resolve_method
 
-    method = _resolve_method(speculative, draft_model)
+    method = resolve_method(speculative, draft_model)
     return method, draft_model is not None and method in DRAFT_CACHE_METHODS
 
 
