@@ -26,6 +26,7 @@ import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
 
 gr = pytest.importorskip("gradio")
 
+from mlx_spec.config import METHODS  # noqa: E402
 from ui import render  # noqa: E402
 from ui.app import (  # noqa: E402
     create_app,
@@ -159,6 +160,15 @@ def test_multi_turn_reuses_the_cache_and_matches_a_fresh_run(app, checkpoints):
     )
 
 
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "none"])
+def test_every_method_gives_the_plain_greedy_text(app, checkpoints, method):
+    plain = app.api_generate(LONG_PROMPT, method="none", max_tokens=32, raw=True)
+    out = app.api_generate(
+        LONG_PROMPT, method=method, max_tokens=32, raw=True, adaptive=True
+    )
+    assert out["text"] == plain["text"] and out["stats"]["method"] == method
+
+
 def test_api_generate_matches_plain_greedy_decoding(server, load_model):
     from gradio_client import Client
     from mlx_lm import generate as mlx_lm_generate
@@ -185,7 +195,7 @@ def test_race_endpoint_shows_identical_greedy_texts(server, checkpoints):
 
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
-    settings = [target, draft, "draft", 4, 16, 0.0, 1.0, 40, "", True]
+    settings = [target, draft, "draft", 4, 16, False, 0.0, 1.0, 40, "", True]
     plain, _, spec, _, verdict, chart = client.predict(
         CODE_PROMPT, *settings, api_name="/race"
     )

@@ -115,7 +115,7 @@ def _as_int(value, name: str, optional: bool = False) -> Optional[int]:
 
 
 def parse_options(
-    method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed
+    method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed, adaptive=False
 ) -> Options:
     """UI values to :class:`Options`; ``SpecConfig`` checks the ranges later."""
     if method not in METHODS:
@@ -135,6 +135,7 @@ def parse_options(
         top_p=float(top_p if top_p is not None else 1.0),
         max_tokens=max_tokens,
         seed=_as_int(seed, "seed", optional=True),
+        adaptive=bool(adaptive),
     )
 
 
@@ -248,6 +249,7 @@ class App:
         method,
         gamma,
         tree_budget,
+        adaptive,
         temp,
         top_p,
         max_tokens,
@@ -261,7 +263,7 @@ class App:
         keep = gr.update()
         try:
             options = parse_options(
-                method, gamma, tree_budget, temp, top_p, max_tokens, seed
+                method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
             )
             if not (text or "").strip():
                 raise ValueError("the prompt is empty; type some text first.")
@@ -348,7 +350,10 @@ class App:
     def _view(self, session, turn, stats, chat, start, status):
         elapsed = time.perf_counter() - start
         accepted = list(stats.accepted_per_round) if stats else []
-        drafted = list(stats.drafted_per_round) if stats else []
+        # A tree's size is not comparable to its accepted depth: no outlines.
+        drafted = (
+            list(stats.drafted_per_round) if stats and not stats.tree_sizes else []
+        )
         return (
             render.transcript_html(session.turns, chat, mono=not chat),
             render.stats_html(stats, reused=session.last_reused, elapsed=elapsed),
@@ -403,6 +408,7 @@ class App:
         method,
         gamma,
         tree_budget,
+        adaptive,
         temp,
         top_p,
         max_tokens,
@@ -417,7 +423,7 @@ class App:
         keep = gr.update()
         try:
             options = parse_options(
-                method, gamma, tree_budget, temp, top_p, max_tokens, seed
+                method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
             )
             if options.method == "none":
                 raise ValueError(
@@ -515,6 +521,8 @@ class App:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         seed: Optional[int] = None,
         raw: bool = False,
+        tree_budget: int = DEFAULT_TREE_BUDGET,
+        adaptive: bool = False,
     ) -> Dict[str, Any]:
         """Generate a complete reply; returns {"text", "finish_reason", "stats"}.
 
@@ -524,11 +532,12 @@ class App:
             options = parse_options(
                 method,
                 num_draft_tokens,
-                DEFAULT_TREE_BUDGET,
+                tree_budget,
                 temp,
                 top_p,
                 max_tokens,
                 seed,
+                adaptive,
             )
             if not model:
                 model, draft_model = (
@@ -683,6 +692,10 @@ class App:
                             label="Tree budget (nodes per round)",
                             visible=self.default_method == "tree",
                         )
+                        adaptive = gr.Checkbox(
+                            False,
+                            label="Adaptive: choose the draft length or tree size per round",
+                        )
                         temp = gr.Slider(
                             0.0,
                             2.0,
@@ -714,6 +727,7 @@ class App:
                 method,
                 gamma,
                 tree_budget,
+                adaptive,
                 temp,
                 top_p,
                 max_tokens,

@@ -26,6 +26,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_spec.generate import stream_generate
+from mlx_spec.integration import plan_method
 from mlx_spec.loading import (
     REPO_ROOT,
     check_draft_tokenizer,
@@ -205,11 +206,13 @@ class Options:
     top_p: float = 1.0
     max_tokens: int = 256
     seed: Optional[int] = None
+    adaptive: bool = False
 
     def kwargs(self) -> Dict[str, Any]:
         out = dict(
             speculative=self.method,
             num_draft_tokens=self.num_draft_tokens,
+            adaptive=self.adaptive,
             temp=self.temp,
             top_p=self.top_p,
             max_tokens=self.max_tokens,
@@ -290,19 +293,14 @@ class Sessions:
             self._sessions.pop(key or "default", None)
 
 
-def cache_layout(method: str, pair: Pair) -> Optional[str]:
-    """Which prompt cache a method uses: ``"target"``, ``"pair"`` or ``None``.
+def cache_layout(method: str, pair: Pair) -> Tuple[str, bool]:
+    """The prompt cache a method uses and whether it runs the draft model.
 
-    ``None`` means the method's cache layout is not known here, so each turn
-    sends the whole conversation (correct, just without reuse).
+    Returns ``("pair", True)`` for target + draft caches (the draft model
+    drafts) and ``("target", False)`` for the target's caches only.
     """
-    if method == "none":
-        return "target"
-    if method in ("draft", "auto") and pair.draft_model is not None:
-        return "pair"
-    if method == "auto":
-        return "target"
-    return None
+    _, uses_draft = plan_method(method, pair.draft_model)
+    return ("pair", True) if uses_draft else ("target", False)
 
 
 def _new_cache(layout: str, pair: Pair) -> List[Any]:
@@ -360,8 +358,9 @@ def run_turn(
     """
     if not tokens:
         raise ValueError("the prompt is empty; type some text first.")
-    draft = pair.draft_model if options.method != "none" else None
-    layout = cache_layout(options.method, pair) if use_cache else None
+    layout, uses_draft = cache_layout(options.method, pair)
+    draft = pair.draft_model if uses_draft else None
+    layout = layout if use_cache else None
     cache, feed, reused = None, tokens, 0
     if layout is not None:
         key = (pair.target_path, pair.draft_path, layout)
