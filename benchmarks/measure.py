@@ -21,11 +21,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 DEFAULT_CONTEXT = 256
 DEFAULT_FORWARD_REPEATS = 10
-COST_CURVE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+RANDOM_BLOCK = 1 << 20
+COST_CURVE_WIDTHS = (1, 2, 3, 4, 5, 6, 8, 16, 32, 64)
 
 # Real target shapes (Hugging Face config values), built with random weights.
 QWEN2_SHAPES: Dict[str, dict] = {
@@ -56,6 +58,24 @@ def _vocab_size(model: nn.Module) -> int:
     return int(size) if size else 256
 
 
+def prefilled_cache(model: nn.Module, context: int, seed: int = 0) -> list:
+    """A KV cache holding ``context`` random tokens.
+
+    The prefill runs the model body only when it has one (``model.model``),
+    skipping the output head, which is large and irrelevant to the cache.
+    """
+    body = getattr(model, "model", None)
+    run = body if isinstance(body, nn.Module) else model
+    prefix = mx.random.randint(
+        0, _vocab_size(model), (1, context), key=mx.random.key(seed)
+    )
+    cache = make_prompt_cache(model)
+    for start in range(0, context, 128):
+        run(prefix[:, start : start + 128], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
 def forward_time(
     model: nn.Module,
     width: int,
@@ -81,15 +101,10 @@ def forward_time(
     """
     if width < 1:
         raise ValueError(f"width={width} is out of range: an integer >= 1.")
-    key = mx.random.key(seed)
-    vocab = _vocab_size(model)
-    prefix = mx.random.randint(0, vocab, (1, context), key=key)
-    inputs = mx.random.randint(0, vocab, (1, width), key=mx.random.split(key)[0])
-    cache = make_prompt_cache(model)
-    if context:
-        for start in range(0, context, 512):
-            model(prefix[:, start : start + 512], cache=cache)
-            mx.eval([c.state for c in cache])
+    cache = prefilled_cache(model, context, seed)
+    inputs = mx.random.randint(
+        0, _vocab_size(model), (1, width), key=mx.random.key(seed + 1)
+    )
     mx.eval(inputs)
     times = []
     for i in range(warmup + repeats):
@@ -131,14 +146,7 @@ class ForwardTimer:
 
     def _cache(self, name: str, model: nn.Module) -> list:
         if name not in self._caches:
-            prefix = mx.random.randint(
-                0, _vocab_size(model), (1, self.context), key=mx.random.key(self.seed)
-            )
-            cache = make_prompt_cache(model)
-            for start in range(0, self.context, 512):
-                model(prefix[:, start : start + 512], cache=cache)
-                mx.eval([c.state for c in cache])
-            self._caches[name] = cache
+            self._caches[name] = prefilled_cache(model, self.context, self.seed)
         return self._caches[name]
 
     def sample(
@@ -197,14 +205,32 @@ class ForwardTimer:
         mx.clear_cache()
 
 
-def random_qwen2(shape: dict, dtype=mx.float32, seed: int = 0) -> nn.Module:
-    """A Qwen2 model of the given shape with random weights (no download)."""
+def random_qwen2(shape: dict, seed: int = 0) -> nn.Module:
+    """A float32 Qwen2 model of the given shape with random weights (no download).
+
+    Matrices tile a block of ``RANDOM_BLOCK`` normal values (std 0.02) drawn
+    with numpy, which takes a second where drawing every value takes a
+    minute; norm scales are ones and biases zeros. Forward time does not
+    depend on the values.
+    """
+    from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.models import qwen2
 
-    mx.random.seed(seed)
     args = qwen2.ModelArgs(model_type="qwen2", rms_norm_eps=1e-6, **shape)
     model = qwen2.Model(args)
-    model.set_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    weights = []
+    for name, value in tree_flatten(model.parameters()):
+        if value.ndim == 1:
+            fill = np.zeros if name.endswith("bias") else np.ones
+            array = fill(value.shape, np.float32)
+        else:
+            block = rng.standard_normal(min(value.size, RANDOM_BLOCK), dtype=np.float32)
+            array = np.resize(block * np.float32(0.02), value.shape)
+        weights.append((name, mx.array(array)))
+        mx.eval(weights[-1][1])
+        del array
+    model.update(tree_unflatten(weights))
     mx.eval(model.parameters())
     return model
 
@@ -232,13 +258,14 @@ def cost_curves(
             progress(f"cost curve: building random {name} (float32)")
         model = random_qwen2(shape)
         params = sum(v.size for _, v in tree_flatten(model.parameters()))
+        timer = ForwardTimer(context=context, repeats=repeats)
         times = []
         for width in widths:
             if progress:
                 progress(f"cost curve: {name} width {width}")
-            times.append(
-                forward_time(model, width, context=context, repeats=repeats, warmup=1)
-            )
+            timer.sample(name, model, width)
+            times.append(timer(name, model, width))
+        timer.close()
         out[name] = {"widths": list(widths), "forward_s": times, "params": int(params)}
         del model
         gc.collect()

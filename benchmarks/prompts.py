@@ -157,11 +157,7 @@ def heappushpop(queue, item):
         "editing",
         "statistics",
         '''def median_low(data):
-    """Return the low median of numeric data.
-
-    When the number of data points is odd, the middle value is returned.
-    When it is even, the smaller of the two middle values is returned.
-    """
+    """Return the low median of numeric data."""
     data = sorted(data)
     n = len(data)
     if n == 0:

@@ -63,7 +63,7 @@ BASELINES = (PLAIN, MLX_LM_SPECULATIVE)
 # Methods with no draft step: their γ is meaningless and recorded as None.
 PLAIN_METHODS = (PLAIN, "none")
 DEFAULT_TEMPS = (0.0, 0.7)
-DEFAULT_MAX_TOKENS = 128
+DEFAULT_MAX_TOKENS = 96
 DEFAULT_REPEATS = 3
 DEFAULT_WARMUP = 1
 DEFAULT_SEED = 0
@@ -400,7 +400,7 @@ def aggregate(
     }
 
 
-def _fill_relative(rows: List[dict]) -> None:
+def _fill_relative(rows: List[dict], main_gamma: int) -> None:
     """Speedups against mlx_lm (same temp, prompts) and mlx_lm_speculative (+ same γ)."""
     base = {(r["temp"], r["prompt_set"]): r for r in rows if r["method"] == PLAIN}
     spec = {
@@ -412,7 +412,7 @@ def _fill_relative(rows: List[dict]) -> None:
         plain = base.get((row["temp"], row["prompt_set"]))
         if plain is not None:
             row["speedup_vs_plain"] = _ratio(row["tokens_per_s"], plain["tokens_per_s"])
-        gamma = row["gamma"] if row["gamma"] is not None else DEFAULT_NUM_DRAFT_TOKENS
+        gamma = row["gamma"] if row["gamma"] is not None else main_gamma
         other = spec.get((row["temp"], row["prompt_set"], gamma))
         if other is not None:
             row["speedup_vs_mlx_lm_speculative"] = _ratio(
@@ -435,7 +435,12 @@ def _greedy_identical(runs: Sequence[Run]) -> Dict[tuple, float]:
     return {k: sum(v) / len(v) for k, v in out.items()}
 
 
-def build_rows(runs: Sequence[Run], repeats: int, round_costs) -> List[dict]:
+def build_rows(
+    runs: Sequence[Run],
+    repeats: int,
+    round_costs,
+    main_gamma: int = DEFAULT_NUM_DRAFT_TOKENS,
+) -> List[dict]:
     configs: Dict[tuple, List[Run]] = {}
     for r in runs:
         configs.setdefault((r.method, r.temp, r.gamma), []).append(r)
@@ -450,7 +455,7 @@ def build_rows(runs: Sequence[Run], repeats: int, round_costs) -> List[dict]:
             if temp == 0:
                 row["greedy_identical"] = identical.get((method, gamma))
             rows.append(row)
-    _fill_relative(rows)
+    _fill_relative(rows, main_gamma)
     order = {name: i for i, name in enumerate((ALL_PROMPTS,) + PROMPT_SETS)}
     rows.sort(
         key=lambda r: (order.get(r["prompt_set"], 99), r["temp"], r["gamma"] or 0)
@@ -790,6 +795,14 @@ def benchmark(args) -> dict:
 
     prompts = prompt_suite(quick=settings["quick"], sets=args.prompt_sets)
     ids = {p.name: tokenizer.encode(p.text) for p in prompts}
+    longest = max(len(v) for v in ids.values()) + settings["max_tokens"]
+    limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if limit and longest > limit:
+        settings["context_note"] = (
+            f"the longest prompt plus --max-tokens is {longest} tokens, beyond the "
+            f"target's max_position_embeddings ({limit})"
+        )
+        progress.note("note: " + settings["context_note"])
     uses_draft, skipped = discover_methods(setup, ids[prompts[0].name])
     methods, skipped = _choose_methods(
         args.methods, uses_draft, skipped, draft is not None
@@ -874,7 +887,7 @@ def benchmark(args) -> dict:
     progress.note(f"bare forwards sampled on a {context}-token cache")
     round_costs = {id(r): _round_cost(r, timer, setup) for r in runs}
     timer.close()
-    rows = build_rows(runs, settings["repeats"], round_costs)
+    rows = build_rows(runs, settings["repeats"], round_costs, gamma)
     bare = timer.table()
     pair_ratio = None
     if "draft" in bare and 1 in bare["draft"] and bare.get("target", {}).get(1):
