@@ -281,3 +281,52 @@ def interpolate(widths: Sequence[int], times: Sequence[float], width: float) -> 
         if width <= w1:
             return t0 + (width - w0) / (w1 - w0) * (t1 - t0)
     return times[-1]
+
+
+def load_cost_curves(path: str) -> Dict[str, dict]:
+    """Cost curves from a ``cost_curves.json`` or an earlier ``results.json``."""
+    import json
+    from pathlib import Path
+
+    data = json.loads(Path(path).read_text())
+    curves = data.get("cost_curves", data)
+    if not curves or not all(
+        "widths" in c and "forward_s" in c for c in curves.values()
+    ):
+        raise ValueError(f"{path} holds no cost curves.")
+    return curves
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Measure the cost curves alone: ``python -m benchmarks.measure OUT.json``."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.measure",
+        description="Measure forward time against verified width for random-weight "
+        "models of real shapes; reuse with `benchmarks.run --cost-curves-from FILE`.",
+    )
+    parser.add_argument("out", help="JSON file to write.")
+    parser.add_argument(
+        "--shapes", nargs="+", default=list(QWEN2_SHAPES), choices=list(QWEN2_SHAPES)
+    )
+    parser.add_argument("--context", type=int, default=DEFAULT_CONTEXT)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    curves = cost_curves(
+        {k: QWEN2_SHAPES[k] for k in args.shapes},
+        context=args.context,
+        repeats=args.repeats,
+        progress=lambda text: print(text, file=sys.stderr, flush=True),
+    )
+    Path(args.out).write_text(
+        json.dumps({"cost_curves": curves, "context": args.context}, indent=2)
+    )
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

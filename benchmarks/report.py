@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 ALL_PROMPTS = "all"
+BASELINES = ("mlx_lm", "mlx_lm_speculative")
 
 
 def _fmt(value, digits: int = 2, suffix: str = "") -> str:
@@ -66,6 +67,31 @@ def _table(rows: Sequence[dict], with_set: bool = False) -> List[str]:
     return lines
 
 
+def _headline(results: dict) -> List[str]:
+    """Per temperature: the fastest mlx-spec method against both baselines."""
+    rows = _main_rows(results)
+    lines = []
+    for temp in sorted({r["temp"] for r in rows}):
+        spec = [
+            r
+            for r in rows
+            if r["temp"] == temp
+            and r["method"] not in BASELINES
+            and r["method"] != "none"
+        ]
+        if not spec:
+            continue
+        best = max(spec, key=lambda r: r["tokens_per_s"])
+        lines.append(
+            f"- temp {temp:g}: fastest mlx-spec method **{best['method']}** "
+            f"({_fmt(best['tokens_per_s'], 1)} tokens/s): "
+            f"{_fmt(best['speedup_vs_plain'])}× mlx_lm, "
+            f"{_fmt(best['speedup_vs_mlx_lm_speculative'])}× mlx_lm speculative, "
+            f"overhead {_fmt(best['overhead'])}"
+        )
+    return lines or ["- no mlx-spec speculative method ran"]
+
+
 def markdown(results: dict) -> str:
     """The Markdown report: settings, main table, per-set and γ tables, projection."""
     m, s, models = results["machine"], results["settings"], results["models"]
@@ -97,6 +123,8 @@ def markdown(results: dict) -> str:
             "- skipped: "
             + "; ".join(f"{k} ({v})" for k, v in results["methods_skipped"].items())
         )
+    lines += ["", "## Headline", ""]
+    lines += _headline(results)
     lines += ["", "## All prompts", ""]
     lines += _table(_main_rows(results))
     lines += [

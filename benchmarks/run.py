@@ -53,7 +53,13 @@ from mlx_spec._blas import blas_in_use
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS
 from mlx_spec.loading import default_model_pair, load_pair
 
-from .measure import QWEN2_SHAPES, ForwardTimer, cost_curves, interpolate
+from .measure import (
+    QWEN2_SHAPES,
+    ForwardTimer,
+    cost_curves,
+    interpolate,
+    load_cost_curves,
+)
 from .progress import Progress
 from .prompts import PROMPT_SETS, Prompt, prompt_suite
 
@@ -692,6 +698,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "and write PROJECTED speedups for them.",
     )
     parser.add_argument(
+        "--cost-curves-from",
+        default=None,
+        metavar="JSON",
+        help="Project with cost curves measured earlier (a results.json, or the "
+        "output of `python -m benchmarks.measure`) instead of measuring them.",
+    )
+    parser.add_argument(
         "--cost-shapes",
         nargs="+",
         default=list(QWEN2_SHAPES),
@@ -777,43 +790,8 @@ def _choose_methods(requested, uses_draft, skipped, has_draft) -> tuple:
     return chosen, {m: notes[m] for m in notes if m in wanted}
 
 
-def benchmark(args) -> dict:
-    """Run the benchmark described by parsed ``args``; return the results dict."""
-    settings = _settings(args)
-    model_path, draft_path = args.model, args.draft_model
-    if model_path is None:
-        model_path, default_draft = default_model_pair()
-        draft_path = draft_path or default_draft
-    progress = Progress(enabled=not args.no_progress)
-    progress.note(
-        f"loading {model_path}" + (f" + draft {draft_path}" if draft_path else "")
-    )
-    model, tokenizer, draft = load_pair(model_path, draft_path)
-    setup = Setup(
-        model, tokenizer, draft, settings["max_tokens"], settings["method_options"]
-    )
-
-    prompts = prompt_suite(quick=settings["quick"], sets=args.prompt_sets)
-    ids = {p.name: tokenizer.encode(p.text) for p in prompts}
-    longest = max(len(v) for v in ids.values()) + settings["max_tokens"]
-    limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-    if limit and longest > limit:
-        settings["context_note"] = (
-            f"the longest prompt plus --max-tokens is {longest} tokens, beyond the "
-            f"target's max_position_embeddings ({limit})"
-        )
-        progress.note("note: " + settings["context_note"])
-    uses_draft, skipped = discover_methods(setup, ids[prompts[0].name])
-    methods, skipped = _choose_methods(
-        args.methods, uses_draft, skipped, draft is not None
-    )
-    if not methods:
-        raise ValueError(
-            "no method to run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
-        )
-    for m, why in skipped.items():
-        progress.note(f"skipping method {m}: {why}")
-
+def _configs(methods: Sequence[str], settings: dict) -> List[tuple]:
+    """``(method, temp, γ)`` of every benchmarked configuration, γ sweep included."""
     gamma = settings["num_draft_tokens"]
     configs = []
     for temp in settings["temps"]:
@@ -823,39 +801,40 @@ def benchmark(args) -> dict:
             configs += [
                 ("draft", temp, g) for g in settings["gamma_sweep"] if g != gamma
             ]
+    return configs
 
-    # Warm-up: every (method, temp) once or more on a short generation.
-    setup.max_tokens = min(WARMUP_MAX_TOKENS, settings["max_tokens"])
+
+def _warm_up(setup, configs, ids, settings, uses_draft, progress) -> None:
+    """Run every (method, temp) ``warmup`` times on a short generation."""
+    saved, setup.max_tokens = setup.max_tokens, min(WARMUP_MAX_TOKENS, setup.max_tokens)
     warm = sorted({(m, t) for m, t, _ in configs}, key=lambda c: (c[1], c[0]))
-    total = settings["warmup"] * len(warm)
-    progress.start(total, "warm-up")
+    progress.start(settings["warmup"] * len(warm), "warm-up")
     for _ in range(settings["warmup"]):
         for m, t in warm:
             generate_once(
                 setup,
                 m,
-                ids[prompts[0].name],
+                ids,
                 t,
-                gamma,
+                settings["num_draft_tokens"],
                 settings["seed"],
                 uses_draft.get(m, True),
             )
             progress.update(f"warm-up {m} temp={t}")
     progress.close()
-    setup.max_tokens = settings["max_tokens"]
+    setup.max_tokens = saved
 
-    # Bare forwards on a cache as long as a typical mid-generation context,
-    # sampled between passes so that they see the same machine noise.
-    lengths = sorted(len(v) for v in ids.values())
-    context = lengths[len(lengths) // 2] + settings["max_tokens"] // 2
-    timer = ForwardTimer(
-        context=context, repeats=args.forward_repeats, seed=settings["seed"]
-    )
 
-    # Interleaved repetitions: the method order rotates per prompt and repeat.
+def _interleaved_runs(
+    setup, configs, prompts, ids, settings, uses_draft, timer, progress
+):
+    """All repetitions; the method order rotates per prompt and repeat.
+
+    After each prompt's pass, the bare forwards its rounds are made of are
+    sampled again, so they see the same machine noise as the generations.
+    """
     runs: List[Run] = []
-    total = settings["repeats"] * len(prompts) * len(configs)
-    progress.start(total, "benchmark")
+    progress.start(settings["repeats"] * len(prompts) * len(configs), "benchmark")
     step = 0
     for rep in range(settings["repeats"]):
         for pi, p in enumerate(prompts):
@@ -863,7 +842,13 @@ def benchmark(args) -> dict:
             shift = step % len(configs)
             for m, t, g in configs[shift:] + configs[:shift]:
                 result = generate_once(
-                    setup, m, ids[p.name], t, g or gamma, seed, uses_draft.get(m, True)
+                    setup,
+                    m,
+                    ids[p.name],
+                    t,
+                    g or settings["num_draft_tokens"],
+                    seed,
+                    uses_draft.get(m, True),
                 )
                 runs.append(
                     Run(
@@ -884,19 +869,80 @@ def benchmark(args) -> dict:
             )
             step += 1
     progress.close()
-    progress.note(f"bare forwards sampled on a {context}-token cache")
+    return runs
+
+
+def _context_note(model, ids, max_tokens) -> Optional[str]:
+    longest = max(len(v) for v in ids.values()) + max_tokens
+    limit = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+    if limit and longest > limit:
+        return (
+            f"the longest prompt plus --max-tokens is {longest} tokens, beyond the "
+            f"target's max_position_embeddings ({limit})"
+        )
+    return None
+
+
+def benchmark(args) -> dict:
+    """Run the benchmark described by parsed ``args``; return the results dict."""
+    settings = _settings(args)
+    model_path, draft_path = args.model, args.draft_model
+    if model_path is None:
+        model_path, default_draft = default_model_pair()
+        draft_path = draft_path or default_draft
+    progress = Progress(enabled=not args.no_progress)
+    progress.note(
+        f"loading {model_path}" + (f" + draft {draft_path}" if draft_path else "")
+    )
+    model, tokenizer, draft = load_pair(model_path, draft_path)
+    setup = Setup(
+        model, tokenizer, draft, settings["max_tokens"], settings["method_options"]
+    )
+
+    prompts = prompt_suite(quick=settings["quick"], sets=args.prompt_sets)
+    ids = {p.name: tokenizer.encode(p.text) for p in prompts}
+    note = _context_note(model, ids, settings["max_tokens"])
+    if note:
+        settings["context_note"] = note
+        progress.note("note: " + note)
+    uses_draft, skipped = discover_methods(setup, ids[prompts[0].name])
+    methods, skipped = _choose_methods(
+        args.methods, uses_draft, skipped, draft is not None
+    )
+    if not methods:
+        reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+        raise ValueError(f"no method to run: {reasons}")
+    for m, why in skipped.items():
+        progress.note(f"skipping method {m}: {why}")
+
+    configs = _configs(methods, settings)
+    _warm_up(setup, configs, ids[prompts[0].name], settings, uses_draft, progress)
+    # Bare forwards on a cache as long as a typical mid-generation context.
+    lengths = sorted(len(v) for v in ids.values())
+    context = lengths[len(lengths) // 2] + settings["max_tokens"] // 2
+    timer = ForwardTimer(
+        context=context, repeats=args.forward_repeats, seed=settings["seed"]
+    )
+    runs = _interleaved_runs(
+        setup, configs, prompts, ids, settings, uses_draft, timer, progress
+    )
     round_costs = {id(r): _round_cost(r, timer, setup) for r in runs}
     timer.close()
-    rows = build_rows(runs, settings["repeats"], round_costs, gamma)
+    rows = build_rows(
+        runs, settings["repeats"], round_costs, settings["num_draft_tokens"]
+    )
     bare = timer.table()
     pair_ratio = None
-    if "draft" in bare and 1 in bare["draft"] and bare.get("target", {}).get(1):
+    if bare.get("draft", {}).get(1) and bare.get("target", {}).get(1):
         pair_ratio = bare["draft"][1] / bare["target"][1]
 
     curves, projections = {}, []
-    if args.cost_curves:
+    if args.cost_curves_from:
+        curves = load_cost_curves(args.cost_curves_from)
+    elif args.cost_curves:
         shapes = {k: QWEN2_SHAPES[k] for k in args.cost_shapes}
         curves = cost_curves(shapes, context=context, progress=progress.note)
+    if curves:
         projections = project(rows, curves, pair_ratio)
 
     samples = {
@@ -931,7 +977,7 @@ def benchmark(args) -> dict:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     """Command-line entry point (also ``mlx_spec.bench``)."""
     from .report import write_outputs
 
@@ -944,7 +990,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     paths = write_outputs(results, Path(args.out), charts=not args.no_charts)
     print((Path(args.out) / "results.md").read_text())
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    return results
 
 
 if __name__ == "__main__":

@@ -23,7 +23,15 @@ def _is_number(x) -> bool:
 @pytest.fixture(scope="module")
 def quick_results(checkpoints, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
+    # Made-up cost curves: the projection path runs without measuring them.
+    curves = {
+        "small": {"widths": [1, 8], "forward_s": [0.01, 0.02], "params": 1},
+        "big": {"widths": [1, 8], "forward_s": [0.1, 0.15], "params": 2},
+    }
+    (out / "curves.json").write_text(json.dumps({"cost_curves": curves}))
     argv = [
+        "--cost-curves-from",
+        str(out / "curves.json"),
         "--model",
         str(checkpoints["llama"]),
         "--draft-model",
@@ -108,6 +116,15 @@ def test_markdown_and_charts_are_written(quick_results):
     pytest.importorskip("matplotlib")
     for name in ("tokens_per_s.png", "speedup_vs_temp.png", "acceptance_vs_gamma.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG", name
+
+
+def test_projections_from_saved_cost_curves_are_labelled(quick_results):
+    out, results = quick_results
+    assert results["projections"]
+    assert all(p["kind"] == "projected" for p in results["projections"])
+    assert all(_is_number(p["projected_speedup"]) for p in results["projections"])
+    md = (out / "results.md").read_text()
+    assert "PROJECTED speedups (not measurements)" in md
 
 
 def test_projection_is_labelled_and_follows_its_formula():
