@@ -208,6 +208,20 @@ def test_race_endpoint_shows_identical_greedy_texts(server, checkpoints):
     assert "choose a speculative method" in refused
 
 
+def test_chat_endpoint_reuses_the_prompt_cache_on_the_next_turn(server, checkpoints):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    settings = [target, draft, "draft", 4, 16, False, 0.0, 1.0, 24, "", False]
+    first = client.predict("hello", *settings, api_name="/chat")
+    second = client.predict("and again", *settings, api_name="/chat")
+    transcript, stats, _, status, _ = second
+    assert "Done:" in first[3] and "Done:" in status
+    assert transcript.count('class="spec-role">you<') == 2
+    assert "reused from the cache" in stats
+
+
 def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(
     server, checkpoints
 ):

@@ -596,7 +596,7 @@ class App:
                                 max_lines=12,
                                 show_label=False,
                                 placeholder="Type a message or the start of some code "
-                                "(Enter sends, Shift+Enter adds a line)",
+                                "(Shift+Enter sends)",
                                 elem_id="prompt",
                             )
                             with gr.Row():
@@ -890,7 +890,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--auth",
         action="append",
         metavar="USER:PASSWORD",
-        help="Require a login (repeat for several users).",
+        help="Require a login (repeat for several users). Default: $MLX_SPEC_UI_AUTH "
+        "(comma-separated), which keeps passwords out of the process list.",
     )
     parser.add_argument(
         "--model",
@@ -944,6 +945,11 @@ def main(argv=None):
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )
+    env_auth = [a for a in os.environ.get("MLX_SPEC_UI_AUTH", "").split(",") if a]
+    try:
+        auth = parse_auth(args.auth or env_auth)
+    except ValueError as e:
+        parser.error(str(e))
     if not is_loopback(args.host):
         if not args.allow_remote:
             parser.error(
@@ -952,11 +958,10 @@ def main(argv=None):
             )
         print(
             f"WARNING: listening on {args.host}: anyone who can reach this address can use "
-            "this machine's compute" + ("." if args.auth else " (no --auth given)."),
+            "this machine's compute" + ("." if auth else " (no --auth given)."),
             file=sys.stderr,
         )
     try:
-        auth = parse_auth(args.auth)
         app = create_app(
             args.model,
             args.draft_model,
