@@ -24,12 +24,15 @@ blocks need no cache at all.
 The skipped set is chosen once per call on the prompt: one full forward of
 the last prompt tokens ranks the blocks by how little they change the hidden
 state (block influence, ``1 - cos(h_in, h_out)``, as in ShortGPT), then
-skipping the k least influential blocks is scored for a few k by
+skipping the k least influential blocks is scored for a few k (or, for
+small models, every subset of at most half the blocks) by
 ``E[tokens per round] / (γ · draft_cost + 1)``, with the acceptance rate
 estimated by the agreement of the skipped and full models' greedy tokens on
 the same window and the draft cost by the bytes of weights each step reads.
 """
 
+import itertools
+import math
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -44,8 +47,10 @@ from .lookup import check_no_drafter_cache
 DEFAULT_SEARCH_TOKENS = 64
 # At most this fraction of the blocks is skipped.
 MAX_SKIP_FRACTION = 0.5
-# At most this many skip counts are scored.
+# At most this many skip counts are scored (large models).
 MAX_SEARCH_POINTS = 8
+# Models with at most this many candidate sets have all of them scored.
+MAX_EXHAUSTIVE_SETS = 32
 # Generated tokens after which the search runs once more, on the output.
 DEFAULT_RETUNE_AFTER = 48
 
@@ -157,14 +162,44 @@ def skippable(num_layers: int) -> List[int]:
     return list(range(num_layers))
 
 
+def candidate_sets(
+    candidates: Sequence[int], influence: Sequence[float], max_skip: int
+) -> List[Tuple[int, ...]]:
+    """The skip sets to score.
+
+    Every subset of at most ``max_skip`` candidates when there are at most
+    :data:`MAX_EXHAUSTIVE_SETS` of them (small models); otherwise the ``k``
+    least influential blocks for up to :data:`MAX_SEARCH_POINTS` values of k.
+    """
+    total = sum(math.comb(len(candidates), k) for k in range(1, max_skip + 1))
+    if total <= MAX_EXHAUSTIVE_SETS:
+        return [
+            s
+            for k in range(1, max_skip + 1)
+            for s in itertools.combinations(candidates, k)
+        ]
+    # Least influential first; ties go to the later block.
+    order = sorted(candidates, key=lambda i: (influence[i], -i))
+    counts = {
+        max(1, round(max_skip * j / MAX_SEARCH_POINTS))
+        for j in range(1, MAX_SEARCH_POINTS + 1)
+    }
+    return [tuple(sorted(order[:k])) for k in sorted(counts)]
+
+
 def choose_skipped_layers(
     model: nn.Module, tokens: mx.array, gamma: int
 ) -> Tuple[List[int], Dict]:
     """Pick the blocks to skip from a short search on ``tokens`` ``(W,)``.
 
+    One full forward gives each block's influence and the full model's greedy
+    tokens; each candidate set (see :func:`candidate_sets`) costs one forward
+    of its kept blocks. The set maximising :func:`expected_speedup` wins
+    (ties: the first scored, i.e. fewer skipped blocks).
+
     Returns:
         ``(skipped, report)``: sorted block indices, and the search's estimates
-        (``alpha``, ``cost``, ``speedup`` of the chosen set and every scored k).
+        (``alpha``, ``cost``, ``speedup`` of the chosen set and of every set).
     """
     num_layers = len(model.layers)
     candidates = skippable(num_layers)
@@ -179,30 +214,21 @@ def choose_skipped_layers(
         return skipped, {"searched": False}
 
     influence, greedy = block_influence(model, tokens)
-    influence = influence.tolist()
-    # Least influential first; ties go to the later block.
-    order = sorted(candidates, key=lambda i: (influence[i], -i))
-    counts = sorted(
-        {
-            max(1, round(max_skip * j / MAX_SEARCH_POINTS))
-            for j in range(1, MAX_SEARCH_POINTS + 1)
-        }
-    )
+    sets = candidate_sets(candidates, influence.tolist(), max_skip)
     alphas = []
-    for k in counts:
-        skip = set(order[:k])
+    for skip in sets:
         kept = [i for i in range(num_layers) if i not in skip]
         alphas.append(agreement(model, kept, tokens, greedy))
     alphas = mx.stack(alphas).tolist()
     best, scored = None, []
-    for k, alpha in zip(counts, alphas):
-        skip = set(order[:k])
+    for skip, alpha in zip(sets, alphas):
         cost = draft_cost(blocks, head, [i for i in range(num_layers) if i not in skip])
         speedup = expected_speedup(alpha, gamma, cost)
-        scored.append({"skip": k, "alpha": alpha, "cost": cost, "speedup": speedup})
+        scored.append(
+            {"skip": list(skip), "alpha": alpha, "cost": cost, "speedup": speedup}
+        )
         if best is None or speedup > best["speedup"]:
             best = scored[-1]
-    skipped = sorted(order[: best["skip"]])
     report = {
         "searched": True,
         "alpha": best["alpha"],
@@ -210,7 +236,7 @@ def choose_skipped_layers(
         "speedup": best["speedup"],
         "scored": scored,
     }
-    return skipped, report
+    return best["skip"], report
 
 
 class SelfDrafter:

@@ -16,6 +16,7 @@ from mlx_spec.models import CachedModel, KVSettings
 from mlx_spec.sampling import SamplingParams, processed_logprobs
 from mlx_spec.self_spec import (
     SelfDrafter,
+    candidate_sets,
     choose_skipped_layers,
     expected_speedup,
     make_self_drafter,
@@ -225,6 +226,17 @@ def test_sampled_stream_follows_target_law(deep, fixed_skip):
     assert laws.max(axis=1).mean() < 0.95  # the laws are not point masses
     chi2, z = stream_statistics(laws, np.array(out))
     assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+def test_candidate_sets_exhaustive_when_small_else_by_influence():
+    small = candidate_sets([1, 2, 3, 4], [0.0] * 6, 3)
+    assert len(small) == 4 + 6 + 4 and (1, 3, 4) in small
+    influence = [1.0] * 32
+    influence[7], influence[20], influence[9] = 0.1, 0.2, 0.3
+    large = candidate_sets(list(range(1, 31)), influence, 16)
+    # k = 2, 4, ..., 16 least influential; ties go to the later block.
+    assert large[0] == (7, 20) and large[1] == (7, 9, 20, 30)
+    assert len(large) == 8 and len(large[-1]) == 16
 
 
 def test_speedup_model():
