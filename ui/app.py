@@ -345,9 +345,9 @@ class App:
             )
             return
         turn.stats = stats
-        yield self._view(session, turn, stats, chat, start, gr.update())
+        yield self._view(session, turn, stats, chat, start, gr.update(), False)
 
-    def _view(self, session, turn, stats, chat, start, status):
+    def _view(self, session, turn, stats, chat, start, status, streaming=True):
         elapsed = time.perf_counter() - start
         accepted = list(stats.accepted_per_round) if stats else []
         # A tree's size is not comparable to its accepted depth: no outlines.
@@ -355,7 +355,9 @@ class App:
             list(stats.drafted_per_round) if stats and not stats.tree_sizes else []
         )
         return (
-            render.transcript_html(session.turns, chat, mono=not chat),
+            render.transcript_html(
+                session.turns, chat, mono=not chat, streaming=streaming
+            ),
             render.stats_html(stats, reused=session.last_reused, elapsed=elapsed),
             render.chart_svg(accepted, drafted),
             status,
@@ -471,7 +473,7 @@ class App:
             stream = self._stream_turn(lane_session, pair, turn, [], opts, chat, False)
             for view in stream:
                 html_text = render.transcript_html(
-                    [Turn("", turn.pieces, turn.finish)], chat=False, mono=not chat
+                    [turn], False, not chat, prompt=False, streaming=turn.finish is None
                 )
                 views[2 * lane] = html_text
                 if isinstance(view[1], str):

@@ -98,10 +98,21 @@ class Turn:
     finish: Optional[str] = None  # "stop", "length", "stopped" or "error"
     stats: Any = None  # the SpecStats once finished
     error: Optional[BaseException] = None
+    _html: str = field(default="", repr=False)
+    _rendered: int = field(default=0, repr=False)
 
     @property
     def reply(self) -> str:
         return "".join(p.text for p in self.pieces)
+
+    def spans(self) -> str:
+        """:func:`token_spans` of the pieces, rendering only the new ones."""
+        if self._rendered > len(self.pieces):
+            self._html, self._rendered = "", 0
+        if self._rendered < len(self.pieces):
+            self._html += token_spans(self.pieces[self._rendered :])
+            self._rendered = len(self.pieces)
+        return self._html
 
 
 def _visible(text: str) -> str:
@@ -144,10 +155,24 @@ def _end_marker(finish: Optional[str]) -> str:
     return f'<span class="spec-end">[{labels[finish]}]</span>'
 
 
-def transcript_html(turns: Sequence[Turn], chat: bool, mono: bool = False) -> str:
+def transcript_html(
+    turns: Sequence[Turn],
+    chat: bool,
+    mono: bool = False,
+    *,
+    prompt: bool = True,
+    streaming: bool = False,
+) -> str:
     """The conversation (chat) or the prompt and its continuation (completion).
 
-    ``mono`` sets the text in a monospace font (for code).
+    Args:
+        turns: The turns to show; the last one may still be generating.
+        chat: Show "you" / "model" turns (else the prompt and its continuation).
+        mono: Set the text in a monospace font (for code).
+        prompt: Show the completion prompt before the continuation.
+        streaming: Leave the last reply's tags open (the browser closes them),
+          so that each update only appends to the previous one and Gradio
+          sends just the new tokens.
     """
     font = " spec-mono" if mono else ""
     if not turns:
@@ -161,20 +186,27 @@ def transcript_html(turns: Sequence[Turn], chat: bool, mono: bool = False) -> st
         )
     parts = ['<div class="spec-transcript">']
     for turn in turns:
-        body = token_spans(turn.pieces) + _end_marker(turn.finish)
         if chat:
             parts.append(
                 '<div class="spec-turn"><div class="spec-role">you</div>'
                 f'<div class="spec-user">{html.escape(turn.user)}</div></div>'
                 '<div class="spec-turn"><div class="spec-role">model</div>'
-                f'<div class="spec-text{font} spec-reply">{body}</div></div>'
+                f'<div class="spec-text{font} spec-reply">'
             )
         else:
-            parts.append(
-                f'<div class="spec-turn"><div class="spec-text{font} spec-reply">'
-                f'<span class="spec-prompt">{html.escape(turn.user)}</span>{body}</div></div>'
+            shown = (
+                f'<span class="spec-prompt">{html.escape(turn.user)}</span>'
+                if prompt
+                else ""
             )
-    parts.append("</div>")
+            parts.append(
+                f'<div class="spec-turn"><div class="spec-text{font} spec-reply">{shown}'
+            )
+        parts.append(turn.spans())
+        if not (streaming and turn is turns[-1]):
+            parts.append(_end_marker(turn.finish) + "</div></div>")
+    if not streaming:
+        parts.append("</div>")
     return "".join(parts)
 
 
