@@ -384,9 +384,7 @@ class App:
     def on_clear(self, target, draft, raw, request: gr.Request):
         session = self.sessions.get(_session_key(request))
         session.reset()
-        chat = True
-        if not self._needs_loading(target, draft):
-            chat = self.store_pair_chat(target, draft, raw)
+        chat = self._chat_mode(target, draft, raw)
         return (
             render.transcript_html([], chat),
             render.stats_html(None),
@@ -394,10 +392,13 @@ class App:
             render.banner("Cleared; the prompt cache is empty.", "ok"),
         )
 
-    def store_pair_chat(self, target, draft, raw) -> bool:
+    def _chat_mode(self, target, draft, raw) -> bool:
+        """Whether the (already loaded) target chats; ``True`` when unknown."""
+        if self._needs_loading(target, draft):
+            return True
         try:
             return self.load_pair(target, draft).has_chat_template and not raw
-        except Exception:
+        except ValueError:
             return True
 
     # --- race ---------------------------------------------------------------------
@@ -444,24 +445,23 @@ class App:
             return
         chat = pair.has_chat_template and not raw
         plain_opts = Options(**{**options.__dict__, "method": "none"})
-        empty = render.transcript_html([Turn("")], chat=False)
-        warming = render.banner("Racing: warming up both methods&hellip;")
-        yield empty, render.stats_html(None), empty, render.stats_html(
-            None
-        ), warming, keep
+        empty, no_stats = render.transcript_html(
+            [Turn("")], chat=False
+        ), render.stats_html(None)
+        views = [
+            empty,
+            no_stats,
+            empty,
+            no_stats,
+        ]  # plain text, stats; spec text, stats
+        yield (*views, render.banner("Racing: warming up both methods&hellip;"), keep)
         try:
             tokens = encode_prompt(pair.tokenizer, text, [], chat)
             self.worker.call(_warm_up, pair, tokens, (plain_opts, options))
         except Exception as e:
             yield keep, keep, keep, keep, render.error_banner(e), keep
             return
-        lanes, views = [], [
-            empty,
-            render.stats_html(None),
-            empty,
-            render.stats_html(None),
-        ]
-        chart_view = keep
+        lanes, chart_view = [], keep
         for lane, opts in enumerate((plain_opts, options)):
             lane_session = Session(stop=session.stop)
             turn = Turn(user=text)
@@ -489,24 +489,11 @@ class App:
                 return
             lanes.append((turn, lane_session.timing))
             session.stop.clear()
-        (plain, plain_time), (spec, spec_time) = lanes
-        verdict = render.race_verdict(
-            render.Lane(
-                options.method,
-                plain.reply,
-                plain_time.decode_tps,
-                plain_time.total,
-                plain_time.tokens,
-            ),
-            render.Lane(
-                options.method,
-                spec.reply,
-                spec_time.decode_tps,
-                spec_time.total,
-                spec_time.tokens,
-            ),
-            greedy=options.temp == 0,
+        plain, spec = (
+            render.Lane(options.method, turn.reply, t.decode_tps, t.total, t.tokens)
+            for turn, t in lanes
         )
+        verdict = render.race_verdict(plain, spec, greedy=options.temp == 0)
         yield (*views, verdict + _draft_size_note(pair), chart_view)
 
     # --- API ----------------------------------------------------------------------
