@@ -259,12 +259,16 @@ def cost_curves(
         model = random_qwen2(shape)
         params = sum(v.size for _, v in tree_flatten(model.parameters()))
         timer = ForwardTimer(context=context, repeats=repeats)
-        times = []
-        for width in widths:
+        # Interleaved passes over the widths, so that bursts of machine load
+        # spread over the whole curve instead of bending one part of it.
+        for i in range(repeats):
             if progress:
-                progress(f"cost curve: {name} width {width}")
-            timer.sample(name, model, width)
-            times.append(timer(name, model, width))
+                progress(
+                    f"cost curve: {name} pass {i + 1}/{repeats} over widths {list(widths)}"
+                )
+            for width in widths:
+                timer.sample(name, model, width, repeats=1, warmup=1 if i == 0 else 0)
+        times = [timer(name, model, width) for width in widths]
         timer.close()
         out[name] = {"widths": list(widths), "forward_s": times, "params": int(params)}
         del model
