@@ -558,7 +558,7 @@ class App:
     # --- page -------------------------------------------------------------------------
 
     def build(self) -> gr.Blocks:
-        models = known_models()
+        models = known_models(self.default_target, self.default_draft)
         model_choices = [(label, path) for label, path in models]
         draft_choices = [(NO_DRAFT, NO_DRAFT)] + model_choices
         method_choices = [(METHOD_LABELS.get(m, m), m) for m in METHODS]

@@ -411,14 +411,23 @@ def _record_cache(session: Session, cache: List[Any], sequence: List[int]):
     session.cache_tokens = sequence[: next(iter(offsets))]
 
 
-def known_models() -> List[Tuple[str, str]]:
-    """``(label, path)`` of models to offer: the default pair, models/, the HF cache."""
-    target, draft = default_model_pair()
-    found = [
-        (f"{Path(target).name} (default target)", target),
-        (f"{Path(draft).name} (default draft)", draft),
-    ]
-    seen = {target, draft}
+def known_models(target: str, draft: Optional[str]) -> List[Tuple[str, str]]:
+    """``(label, path)`` of models to offer.
+
+    The app's starting pair first, then the embedded default pair, the
+    models in ``models/`` and the repos in the Hugging Face cache.
+    """
+    embedded = default_model_pair()
+    found, seen = [], set()
+    for path, role in (
+        (target, "target"),
+        (draft, "draft"),
+        *zip(embedded, ("target", "draft")),
+    ):
+        if path and path not in seen:
+            kind = "default" if path in embedded else "starting"
+            found.append((f"{Path(path).name} ({kind} {role})", path))
+            seen.add(path)
     for config in sorted((REPO_ROOT / "models").glob("*/config.json")):
         path = str(config.parent)
         if path not in seen:
