@@ -1,6 +1,6 @@
 """Bare forward timings: the limit the models themselves set.
 
-``forward_time`` times one cached forward of a given width (the number of
+:class:`ForwardTimer` times cached forwards of a given width (the number of
 tokens scored at once), evaluated, with the KV cache prefilled to a fixed
 context and trimmed back after each call. The harness uses it for the
 implementation-overhead ratio (draft 1-token steps and target verification
@@ -76,59 +76,15 @@ def prefilled_cache(model: nn.Module, context: int, seed: int = 0) -> list:
     return cache
 
 
-def forward_time(
-    model: nn.Module,
-    width: int,
-    *,
-    context: int = DEFAULT_CONTEXT,
-    repeats: int = DEFAULT_FORWARD_REPEATS,
-    warmup: int = 2,
-    seed: int = 0,
-) -> float:
-    """Median seconds of one evaluated forward of ``width`` tokens on a cache.
-
-    Args:
-        model: Any mlx_lm model.
-        width: Tokens per forward (1 for a decode step, γ + 1 to verify γ drafts).
-        context: Tokens in the KV cache before the timed forward. Default: ``256``.
-        repeats: Timed forwards (the median is returned). Default: ``10``.
-        warmup: Untimed forwards first. Default: ``2``.
-        seed: Seed of the random token ids. Default: ``0``.
-
-    Returns:
-        The median wall time of ``model(inputs, cache=cache)`` plus its
-        evaluation, with ``inputs`` of shape ``(1, width)``.
-    """
-    if width < 1:
-        raise ValueError(f"width={width} is out of range: an integer >= 1.")
-    cache = prefilled_cache(model, context, seed)
-    inputs = mx.random.randint(
-        0, _vocab_size(model), (1, width), key=mx.random.key(seed + 1)
-    )
-    mx.eval(inputs)
-    times = []
-    for i in range(warmup + repeats):
-        tic = time.perf_counter()
-        out = model(inputs, cache=cache)
-        mx.eval(out)
-        elapsed = time.perf_counter() - tic
-        for c in cache:
-            c.trim(width)
-        if i >= warmup:
-            times.append(elapsed)
-    del cache, out
-    mx.clear_cache()
-    return statistics.median(times)
-
-
 class ForwardTimer:
     """Bare forward times per model and width, sampled repeatedly during a run.
 
     Each model keeps one KV cache prefilled to ``context`` tokens, so a sample
     costs only its forwards. :meth:`sample` adds timings (call it between
     benchmark passes, so the bare forwards see the same machine noise as the
-    generations); :meth:`__call__` returns the median, interpolating a
-    fractional width linearly between its neighbours.
+    generations); :meth:`__call__` returns the mean (the generations' round
+    times are means too, outliers included), interpolating a fractional
+    width linearly between its neighbours.
     """
 
     def __init__(
@@ -178,25 +134,25 @@ class ForwardTimer:
         return sorted(self._samples)
 
     def __call__(self, name: str, model: nn.Module, width: float) -> float:
-        """Median seconds of a ``width``-token forward (measured if never sampled)."""
+        """Mean seconds of a ``width``-token forward (measured if never sampled)."""
         low = max(int(width), 1)
         high = low + 1 if width > low else low
-        t_low = self._median(name, model, low)
+        t_low = self._mean(name, model, low)
         if high == low:
             return t_low
-        t_high = self._median(name, model, high)
+        t_high = self._mean(name, model, high)
         return t_low + (width - low) * (t_high - t_low)
 
-    def _median(self, name: str, model: nn.Module, width: int) -> float:
+    def _mean(self, name: str, model: nn.Module, width: int) -> float:
         if not self._samples.get((name, width)):
             self.sample(name, model, width)
-        return statistics.median(self._samples[(name, width)])
+        return statistics.fmean(self._samples[(name, width)])
 
     def table(self) -> Dict[str, Dict[int, float]]:
-        """Medians of everything sampled, as ``{model name: {width: seconds}}``."""
+        """Means of everything sampled, as ``{model name: {width: seconds}}``."""
         out: Dict[str, Dict[int, float]] = {}
         for (name, width), times in sorted(self._samples.items()):
-            out.setdefault(name, {})[width] = statistics.median(times)
+            out.setdefault(name, {})[width] = statistics.fmean(times)
         return out
 
     def close(self) -> None:

@@ -158,7 +158,8 @@ def markdown(results: dict) -> str:
             "",
             "## Bare forwards (this run)",
             "",
-            f"Cache of {s['bare_forward_context']} tokens; median seconds.",
+            f"Cache of {s['bare_forward_context']} tokens; mean of the samples taken "
+            "between benchmark passes.",
             "",
             "| model | width | ms |",
             "|---|---|---|",
