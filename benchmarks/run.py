@@ -30,6 +30,7 @@ import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
 # isort: on
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -162,9 +163,15 @@ class Setup:
     method_options: Dict[str, Any] = field(default_factory=dict)
 
 
-def _consume(stream):
-    """Drain a response stream: (tokens, wall seconds, ttft, first, last, last response)."""
+def _consume(make_stream):
+    """Create and drain a response stream, timing from before its creation.
+
+    Returns:
+        ``(stream, tokens, wall seconds, ttft, first-to-last seconds, last response)``;
+        the EOS token of a ``"stop"`` finish is not counted.
+    """
     tic = time.perf_counter()
+    stream = make_stream()
     first = last = None
     tokens, response = [], None
     for response in stream:
@@ -176,7 +183,7 @@ def _consume(stream):
     end = time.perf_counter()
     first = first if first is not None else end
     last = last if last is not None else end
-    return tokens, end - tic, first - tic, last - first, response
+    return stream, tokens, end - tic, first - tic, last - first, response
 
 
 def run_mlx_lm(setup: Setup, ids, temp, gamma, seed, *, speculative: bool) -> dict:
@@ -186,15 +193,15 @@ def run_mlx_lm(setup: Setup, ids, temp, gamma, seed, *, speculative: bool) -> di
     if speculative:
         kwargs.update(draft_model=setup.draft, num_draft_tokens=gamma)
     mx.reset_peak_memory()
-    stream = mlx_lm_stream_generate(setup.model, setup.tokenizer, ids, **kwargs)
     from_draft = []
 
     def tagged():
+        stream = mlx_lm_stream_generate(setup.model, setup.tokenizer, ids, **kwargs)
         for response in stream:
             from_draft.append(bool(response.from_draft))
             yield response
 
-    tokens, wall, ttft, span, last = _consume(tagged())
+    _, tokens, wall, ttft, span, last = _consume(tagged)
     n = len(tokens)
     from_draft = from_draft[:n]
     if speculative:
@@ -229,7 +236,8 @@ def run_mlx_spec(
 ) -> dict:
     """One generation with ``mlx_spec.stream_generate`` and method ``method``."""
     mx.reset_peak_memory()
-    stream = spec_stream_generate(
+    make_stream = functools.partial(
+        spec_stream_generate,
         setup.model,
         setup.tokenizer,
         ids,
@@ -241,7 +249,7 @@ def run_mlx_spec(
         seed=seed,
         **setup.method_options,
     )
-    tokens, wall, ttft, _, _ = _consume(stream)
+    stream, tokens, wall, ttft, _, _ = _consume(make_stream)
     stats = stream.stats
     rounds = stats.rounds
     # Plain decoding times from the first token on: one round fewer.
