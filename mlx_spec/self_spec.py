@@ -29,6 +29,9 @@ small models, every subset of at most half the blocks) by
 ``E[tokens per round] / (γ · draft_cost + 1)``, with the acceptance rate
 estimated by the agreement of the skipped and full models' greedy tokens on
 the same window and the draft cost by the bytes of weights each step reads.
+When no set is estimated to pay (speedup below 1), nothing is drafted and
+decoding is plain. The search runs once more on the generated output after
+48 tokens, since that output, not the prompt, is what the draft must predict.
 """
 
 import itertools
@@ -44,15 +47,17 @@ from .drafters import Proposal, RoundState, align_vocab
 from .lookup import check_no_drafter_cache
 
 # Prompt tokens the layer search looks at (the last ones).
-DEFAULT_SEARCH_TOKENS = 64
+DEFAULT_SEARCH_TOKENS = 32
 # At most this fraction of the blocks is skipped.
 MAX_SKIP_FRACTION = 0.5
 # At most this many skip counts are scored (large models).
-MAX_SEARCH_POINTS = 8
+MAX_SEARCH_POINTS = 6
 # Models with at most this many candidate sets have all of them scored.
-MAX_EXHAUSTIVE_SETS = 32
+MAX_EXHAUSTIVE_SETS = 16
 # Generated tokens after which the search runs once more, on the output.
 DEFAULT_RETUNE_AFTER = 48
+# Below this estimated speedup a searched set is not used: plain decoding.
+DEFAULT_MIN_SPEEDUP = 1.0
 
 
 def layer_owner(model: nn.Module) -> nn.Module:
@@ -252,6 +257,9 @@ class SelfDrafter:
           on the latest tokens, which are then mostly the target's own output
           (its acceptance is what matters); ``0`` never re-tunes. Only for
           automatically chosen layers. Default: ``48``.
+        min_speedup: When the best searched set's estimated speedup is
+          below this, propose nothing (plain decoding) until a re-tune finds
+          a better one. Default: ``1.0``.
     """
 
     name = "self"
@@ -266,8 +274,11 @@ class SelfDrafter:
         gamma: int = 4,
         search_tokens: int = DEFAULT_SEARCH_TOKENS,
         retune_after: int = DEFAULT_RETUNE_AFTER,
+        min_speedup: float = DEFAULT_MIN_SPEEDUP,
     ):
         self.target = target
+        self.min_speedup = min_speedup
+        self.drafting = True
         self.retune_after = retune_after
         self.auto = skipped is None
         self.prompt_len = 0
@@ -289,6 +300,7 @@ class SelfDrafter:
     def set_skipped(self, skipped: Sequence[int]):
         """Skip exactly these blocks from now on (no search, no re-tuning)."""
         self.auto = False
+        self.drafting = True
         self._use(skipped)
 
     def _use(self, skipped: Sequence[int]):
@@ -306,15 +318,18 @@ class SelfDrafter:
         """Choose the skipped blocks on the prompt (the target prefills the caches)."""
         self.prompt_len = int(tokens.size) + 1
         if self.skipped is None:
-            window = tokens[-self.search_tokens :] if tokens.size else tokens
-            skipped, self.search = choose_skipped_layers(
-                self.target.model, window, self.gamma
-            )
-            self._use(skipped)
+            self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
+
+    def _search(self, window: mx.array):
+        skipped, self.search = choose_skipped_layers(
+            self.target.model, window, self.gamma
+        )
+        self._use(skipped)
+        self.drafting = self.search.get("speedup", self.min_speedup) >= self.min_speedup
 
     def report(self, stats):
-        """Record the chosen blocks in ``stats`` (a :class:`SpecStats`)."""
-        stats.skipped_layers = list(self.skipped or [])
+        """Record the skipped blocks in ``stats`` (``[]`` when not drafting)."""
+        stats.skipped_layers = list(self.skipped or []) if self.drafting else []
 
     def propose(self, state: RoundState, gamma: int) -> Proposal:
         """Draft ``gamma`` tokens with the kept blocks, then rewind their caches.
@@ -328,13 +343,9 @@ class SelfDrafter:
         generated = len(state.seq) - self.prompt_len
         if self.auto and self.retune_after and generated >= self.retune_after:
             self.retune_after = 0  # once
-            window = mx.array(state.seq[-self.search_tokens :], mx.uint32)
-            skipped, self.search = choose_skipped_layers(
-                self.target.model, window, self.gamma
-            )
+            self._search(mx.array(state.seq[-self.search_tokens :], mx.uint32))
             self.search["retuned_at"] = generated
-            self._use(skipped)
-        if gamma < 1:
+        if gamma < 1 or not self.drafting:
             return Proposal(mx.array([], mx.uint32), None)
         model = self.target.model
         caches = [self.target.cache[i] for i in self.kept]
