@@ -245,3 +245,29 @@ def test_extra_prompt_cache_entries_are_refused(load_model):
     with pytest.raises(ValueError, match="keeps no draft cache") as err:
         make_lookup_drafter(config, None, None, make_prompt_cache(model), None, 0)
     assert "\n" not in str(err.value)
+
+
+def test_logits_processors_applied_per_position(load_model):
+    from mlx_lm.sample_utils import make_logits_processors
+
+    model, tokenizer = load_model("llama")
+    ids = tokenizer.encode("import os\nimport sys\n")
+    processors = make_logits_processors(
+        repetition_penalty=1.5, repetition_context_size=8
+    )
+    expected = plain_tokens(model, ids, 30, logits_processors=processors)
+    assert expected != plain_tokens(model, ids, 30)
+    for candidates in (1, 4):  # trees fall back to chains with processors
+        config = SpecConfig(
+            method="lookup", max_tokens=30, lookup_candidates=candidates
+        )
+        stats = SpecStats()
+        steps = speculative_generate_step(
+            mx.array(ids),
+            model,
+            config=config,
+            logits_processors=processors,
+            stats=stats,
+        )
+        assert [t for t, _, _ in steps] == expected
+        assert stats.draft_tokens > 0

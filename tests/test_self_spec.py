@@ -301,3 +301,17 @@ def test_quantized_kv_cache_greedy_identity(tmp_path, always_draft):
         model, ids, 20, **kv
     )
     assert stats.draft_tokens > 0
+
+
+def test_logits_processors_applied_per_position(deep, always_draft):
+    from mlx_lm.sample_utils import make_logits_processors
+
+    model, tokenizer = deep("phi3")
+    ids = tokenizer.encode(PROMPTS[1])
+    processors = make_logits_processors(
+        repetition_penalty=1.5, repetition_context_size=8
+    )
+    expected = plain_tokens(model, ids, 20, logits_processors=processors)
+    assert expected != plain_tokens(model, ids, 20)  # the penalty changes the output
+    got = self_tokens(model, ids, 20, None, 3, logits_processors=processors)
+    assert got == expected
