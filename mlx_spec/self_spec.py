@@ -21,7 +21,7 @@ slice assignment, which makes a new array node, so the draft's reads keep
 their own inputs while the verify forward's writes come after them. Skipped
 blocks need no cache at all.
 
-The skipped set is chosen once per call on the prompt: one full forward of
+The skipped set is chosen on the prompt by a short search: one full forward of
 the last prompt tokens ranks the blocks by how little they change the hidden
 state (block influence, ``1 - cos(h_in, h_out)``, as in ShortGPT), then
 skipping the k least influential blocks is scored for a few k (or, for
