@@ -9,7 +9,12 @@ ensure_fast_blas()
 
 from .config import SpecConfig  # noqa: E402
 from .engine import speculative_generate_step  # noqa: E402
-from .generation import SpecResponse, SpecStream, generate, stream_generate  # noqa: E402
+from .generation import (  # noqa: E402
+    SpecResponse,
+    SpecStream,
+    generate,
+    stream_generate,
+)
 from .integration import register, unregister  # noqa: E402
 from .sampling import make_sampler  # noqa: E402
 from .stats import SpecStats  # noqa: E402

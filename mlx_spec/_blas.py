@@ -90,4 +90,6 @@ def blas_in_use() -> str:
     )
     if system_openblas and (_state["loaded"] is not None or preload_in_environment()):
         return "OpenBLAS"
-    return "reference BLAS (slow: install libopenblas0-pthread and import mlx_spec first)"
+    return (
+        "reference BLAS (slow: install libopenblas0-pthread and import mlx_spec first)"
+    )

@@ -63,7 +63,9 @@ def acceptance_probability(
 ) -> mx.array:
     """``min(1, p_i(d_i) / q_i(d_i))`` for each draft token, shape ``(γ,)``."""
     index = draft_tokens[:, None]
-    log_p = mx.take_along_axis(target_logprobs[: draft_tokens.shape[0]], index, axis=-1)[:, 0]
+    log_p = mx.take_along_axis(
+        target_logprobs[: draft_tokens.shape[0]], index, axis=-1
+    )[:, 0]
     log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)[:, 0]
     return mx.minimum(mx.exp(log_p - log_q), 1.0)
 
@@ -111,7 +113,9 @@ def rejection_accept(
         draft_logprobs = one_hot_logprobs(draft_tokens, target_logprobs.shape[-1])
     if uniforms is None:
         uniforms = mx.random.uniform(shape=(gamma,))
-    accept = uniforms < acceptance_probability(draft_tokens, target_logprobs, draft_logprobs)
+    accept = uniforms < acceptance_probability(
+        draft_tokens, target_logprobs, draft_logprobs
+    )
     num_accepted = accepted_prefix_length(accept)
     law = recovered_law(target_logprobs, draft_logprobs, num_accepted)
     return num_accepted, mx.random.categorical(mx.log(law))

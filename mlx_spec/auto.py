@@ -11,7 +11,7 @@ depends only on past rounds, so the output stays exact.
 import random
 from typing import Dict, List, Optional
 
-from .drafters import ModelDrafter, Proposal, RoundState
+from .drafters import Proposal, RoundState
 from .models import CachedModel
 
 EXPLORE = 0.05
@@ -130,7 +130,11 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
     else:
         from .self_spec import make_self_drafter
 
-        arms["lookup"] = make_lookup_drafter(config, target, None, cache, kv, vocab_size)
+        arms["lookup"] = make_lookup_drafter(
+            config, target, None, cache, kv, vocab_size
+        )
         if len(target.model.layers) >= 2:
-            arms["self"] = make_self_drafter(config, target, None, cache, kv, vocab_size)
+            arms["self"] = make_self_drafter(
+                config, target, None, cache, kv, vocab_size
+            )
     return AutoDrafter(arms, config)

@@ -6,7 +6,7 @@ the server and the UI can show it as a one-line error.
 """
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import List, Optional, Sequence, Tuple
 
 METHODS = ("none", "draft", "tree", "lookup", "self", "auto")
@@ -46,7 +46,7 @@ def parse_tree_choices(choices) -> Optional[List[Tuple[int, ...]]]:
     if not isinstance(choices, (list, tuple)) or not choices:
         raise ValueError(
             "tree_choices must be a non-empty list of index paths, "
-            'such as [[0], [1], [0, 0]].'
+            "such as [[0], [1], [0, 0]]."
         )
     paths = []
     for path in choices:
@@ -115,7 +115,12 @@ class SpecConfig:
         self.validate()
 
     def validate(self):
-        _check(self.method in METHODS, "speculative", self.method, f"one of {', '.join(METHODS)}")
+        _check(
+            self.method in METHODS,
+            "speculative",
+            self.method,
+            f"one of {', '.join(METHODS)}",
+        )
         _check(
             isinstance(self.num_draft_tokens, int)
             and 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS,
@@ -124,14 +129,18 @@ class SpecConfig:
             f"an integer from 1 to {MAX_DRAFT_TOKENS}",
         )
         _check(self.temp >= 0, "temp", self.temp, "temp >= 0 (0 is greedy)")
-        _check(0 < self.top_p <= 1, "top_p", self.top_p, "0 < top_p <= 1 (1 disables it)")
+        _check(
+            0 < self.top_p <= 1, "top_p", self.top_p, "0 < top_p <= 1 (1 disables it)"
+        )
         _check(
             isinstance(self.top_k, int) and self.top_k >= 0,
             "top_k",
             self.top_k,
             "an integer >= 0 (0 disables it)",
         )
-        _check(0 <= self.min_p <= 1, "min_p", self.min_p, "0 <= min_p <= 1 (0 disables it)")
+        _check(
+            0 <= self.min_p <= 1, "min_p", self.min_p, "0 <= min_p <= 1 (0 disables it)"
+        )
         _check(
             isinstance(self.min_tokens_to_keep, int) and self.min_tokens_to_keep >= 1,
             "min_tokens_to_keep",
@@ -145,7 +154,8 @@ class SpecConfig:
             "an integer >= 1",
         )
         _check(
-            isinstance(self.tree_budget, int) and 1 <= self.tree_budget <= MAX_TREE_BUDGET,
+            isinstance(self.tree_budget, int)
+            and 1 <= self.tree_budget <= MAX_TREE_BUDGET,
             "tree_budget",
             self.tree_budget,
             f"an integer from 1 to {MAX_TREE_BUDGET}",
@@ -157,7 +167,8 @@ class SpecConfig:
             "an integer from 1 to 16",
         )
         _check(
-            isinstance(self.tree_depth, int) and 1 <= self.tree_depth <= MAX_DRAFT_TOKENS,
+            isinstance(self.tree_depth, int)
+            and 1 <= self.tree_depth <= MAX_DRAFT_TOKENS,
             "tree_depth",
             self.tree_depth,
             f"an integer from 1 to {MAX_DRAFT_TOKENS}",
@@ -176,12 +187,18 @@ class SpecConfig:
             f"an integer from ngram_min ({self.ngram_min}) to 16",
         )
         _check(
-            isinstance(self.lookup_candidates, int) and 1 <= self.lookup_candidates <= 64,
+            isinstance(self.lookup_candidates, int)
+            and 1 <= self.lookup_candidates <= 64,
             "lookup_candidates",
             self.lookup_candidates,
             "an integer from 1 to 64",
         )
-        _check(0 <= self.draft_p_min < 1, "draft_p_min", self.draft_p_min, "0 <= draft_p_min < 1")
+        _check(
+            0 <= self.draft_p_min < 1,
+            "draft_p_min",
+            self.draft_p_min,
+            "0 <= draft_p_min < 1",
+        )
 
     @property
     def greedy(self) -> bool:

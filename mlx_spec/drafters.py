@@ -115,7 +115,9 @@ class ModelDrafter:
 
     is_tree = False
 
-    def commit(self, state: RoundState, proposal: Proposal, num_accepted: int, path=None):
+    def commit(
+        self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
+    ):
         # The draft cache holds seq + d_1..d_{γ-1}; d_1..d_n stay valid.
         keep = len(state.seq) + min(num_accepted, max(proposal.size - 1, 0))
         self.draft.trim_to(state.base + keep)

@@ -220,19 +220,29 @@ def speculative_events(
     if prompt.size == 0:
         raise ValueError("the prompt is empty; give at least one token.")
     if prefill_step_size < 1:
-        raise ValueError(f"prefill_step_size={prefill_step_size} is out of range: an integer >= 1.")
+        raise ValueError(
+            f"prefill_step_size={prefill_step_size} is out of range: an integer >= 1."
+        )
 
     kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start)
     num_target_layers = len(model.layers)
-    target_cache = prompt_cache[:num_target_layers] if prompt_cache is not None else None
-    drafter_cache = prompt_cache[num_target_layers:] if prompt_cache is not None else None
+    target_cache = (
+        prompt_cache[:num_target_layers] if prompt_cache is not None else None
+    )
+    drafter_cache = (
+        prompt_cache[num_target_layers:] if prompt_cache is not None else None
+    )
     target = CachedModel(model, target_cache, kv, "target model")
     vocab_size = _validate_vocab(model, draft_model, tokenizer_size)
     drafter = make_drafter(config, target, draft_model, drafter_cache, kv, vocab_size)
     params = sampling_params_of(sampler)
     if sampler is None:
         params = SamplingParams(
-            config.temp, config.top_p, config.min_p, config.top_k, config.min_tokens_to_keep
+            config.temp,
+            config.top_p,
+            config.min_p,
+            config.top_k,
+            config.min_tokens_to_keep,
         )
     law = Law(params, sampler)
     if logits_processors and hasattr(drafter, "chain_only"):
@@ -299,7 +309,12 @@ def _verify_chain(target, root, proposal, law, processors, history):
     def decode(values) -> RoundResult:
         n, token, drafts = values[0], values[1], values[2:]
         return RoundResult(
-            n, list(range(n)), drafts[:n] + [token], list(range(n + 1)), drafts[n:], n == gamma
+            n,
+            list(range(n)),
+            drafts[:n] + [token],
+            list(range(n + 1)),
+            drafts[n:],
+            n == gamma,
         )
 
     return packed, target_logprobs, decode
@@ -307,11 +322,16 @@ def _verify_chain(target, root, proposal, law, processors, history):
 
 def _verify_tree(target, root, proposal, law):
     """Score the root and a draft tree in one tree-attention forward."""
-    parents = mx.array(proposal.parents, mx.int32) if not isinstance(
-        proposal.parents, mx.array) else proposal.parents
+    parents = (
+        mx.array(proposal.parents, mx.int32)
+        if not isinstance(proposal.parents, mx.array)
+        else proposal.parents
+    )
     tree = Tree.from_parents(
         mx.concatenate([root, proposal.tokens.astype(mx.uint32)]),
-        mx.concatenate([mx.array([-1], mx.int32), mx.where(parents < 0, 0, parents + 1)]),
+        mx.concatenate(
+            [mx.array([-1], mx.int32), mx.where(parents < 0, 0, parents + 1)]
+        ),
     )
     logits = tree_forward(target.model, target.cache, tree)
     target_logprobs = normalize(logits)
@@ -371,21 +391,34 @@ class RoundPlanner:
             from .adaptive import AdaptiveController
 
             if self.is_tree:
-                budgets = sorted({b for b in (4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
-                                 | {config.tree_budget})
+                budgets = sorted(
+                    {
+                        b
+                        for b in (4, 8, 16, 24, 32, 48, 64)
+                        if b <= config.tree_budget * 4
+                    }
+                    | {config.tree_budget}
+                )
                 self.controller = AdaptiveController(
                     tree_budgets=budgets, init_budget=config.tree_budget
                 )
             else:
-                gamma_max = max(config.num_draft_tokens, min(2 * config.num_draft_tokens, 16))
+                gamma_max = max(
+                    config.num_draft_tokens, min(2 * config.num_draft_tokens, 16)
+                )
                 self.controller = AdaptiveController(
-                    gamma_min=1, gamma_max=gamma_max,
+                    gamma_min=1,
+                    gamma_max=gamma_max,
                     init_gamma=min(config.num_draft_tokens, gamma_max),
                 )
 
     def size(self) -> int:
         if self.controller is None:
-            return self.config.tree_budget if self.is_tree else self.config.num_draft_tokens
+            return (
+                self.config.tree_budget
+                if self.is_tree
+                else self.config.num_draft_tokens
+            )
         if self.is_tree:
             return self.controller.choose_budget()
         return self.controller.choose()
@@ -411,8 +444,17 @@ class RoundPlanner:
             self.controller.update(drafted, accepted, draft_time, verify_time, width)
 
 
-def _generate(prompt, target, drafter, law, config, processors, prefill_step_size, stats,
-              prompt_cache):
+def _generate(
+    prompt,
+    target,
+    drafter,
+    law,
+    config,
+    processors,
+    prefill_step_size,
+    stats,
+    prompt_cache,
+):
     base = target.offset
     seq: List[int] = prompt.tolist()
     history = prompt if processors else None
@@ -457,20 +499,27 @@ def _generate(prompt, target, drafter, law, config, processors, prefill_step_siz
                 prefix_len = base + len(seq) - 1
                 root = mx.array(seq[-1:], mx.uint32)
                 if proposal.parents is None:
-                    verified = _verify_chain(target, root, proposal, law, processors, history)
+                    verified = _verify_chain(
+                        target, root, proposal, law, processors, history
+                    )
                 else:
                     verified = _verify_tree(target, root, proposal, law)
                 packed, target_logprobs, decode = verified
                 extra = proposal.sync_data
                 if extra is not None:
-                    packed = mx.concatenate([packed.astype(mx.int32), extra.astype(mx.int32)])
+                    packed = mx.concatenate(
+                        [packed.astype(mx.int32), extra.astype(mx.int32)]
+                    )
 
                 # The round's single host sync.
                 sync_tic = time.perf_counter()
                 mx.eval(packed, target_logprobs)
                 values = packed.tolist()
                 if extra is not None:
-                    values, proposal.sync_values = values[: -extra.size], values[-extra.size :]
+                    values, proposal.sync_values = (
+                        values[: -extra.size],
+                        values[-extra.size :],
+                    )
                 done = time.perf_counter()
                 if profiled:
                     stats.verify_time = (stats.verify_time or 0.0) + done - verify_tic
@@ -482,10 +531,19 @@ def _generate(prompt, target, drafter, law, config, processors, prefill_step_siz
                 if proposal.parents is None:
                     target.trim_to(prefix_len + 1 + n)
                 else:
-                    commit_path(target.cache, prefix_len, [0] + [i + 1 for i in result.path])
+                    commit_path(
+                        target.cache, prefix_len, [0] + [i + 1 for i in result.path]
+                    )
                 drafter.commit(state, proposal, n, result.path)
-                planner.update(size, drafted, n, draft_time, done - verify_tic, drafted + 1,
-                               profiled)
+                planner.update(
+                    size,
+                    drafted,
+                    n,
+                    draft_time,
+                    done - verify_tic,
+                    drafted + 1,
+                    profiled,
+                )
                 if hasattr(drafter, "observe"):
                     drafter.observe(n + 1, done - round_tic)
                 stats.rounds += 1
@@ -500,7 +558,9 @@ def _generate(prompt, target, drafter, law, config, processors, prefill_step_siz
                         stats.tree_sizes.append(drafted)
 
                 if processors:
-                    history = mx.concatenate([history, mx.array(result.emitted, mx.uint32)])
+                    history = mx.concatenate(
+                        [history, mx.array(result.emitted, mx.uint32)]
+                    )
                 for i, tok in enumerate(result.emitted):
                     if i < n:
                         kind, rejected = ACCEPTED, []

@@ -5,10 +5,6 @@ Mirrors ``mlx_lm.generate``: the same arguments, the same
 ``--speculative`` and the speculation statistics.
 """
 
-from . import ensure_fast_blas
-
-ensure_fast_blas()
-
 import argparse
 import json
 import sys
@@ -23,16 +19,21 @@ from mlx_lm.generate import (
     GenerationResponse,
     generate_step,
     generation_stream,
-    wired_limit,
 )
 from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
-from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
+from mlx_lm.generate import wired_limit
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from .engine import TARGET, speculative_events
-from .loading import check_draft_tokenizer, default_model_pair, load_model, tokenizer_size
+from .loading import (
+    check_draft_tokenizer,
+    default_model_pair,
+    load_model,
+    tokenizer_size,
+)
 from .stats import SpecStats
 
 DEFAULT_MAX_TOKENS = 256
@@ -79,7 +80,9 @@ def _encode(tokenizer, prompt) -> mx.array:
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty; give some text to continue.")
-        add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+        add_special = tokenizer.bos_token is None or not prompt.startswith(
+            tokenizer.bos_token
+        )
         prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
     return mx.array(prompt)
 
@@ -171,7 +174,9 @@ def stream_generate(
 
     if method == "none":
         if sampler is None:
-            sampler = mlx_lm_make_sampler(temp, top_p, min_p, min_tokens_to_keep, top_k=top_k)
+            sampler = mlx_lm_make_sampler(
+                temp, top_p, min_p, min_tokens_to_keep, top_k=top_k
+            )
         steps = generate_step(
             prompt,
             model,
@@ -207,7 +212,9 @@ def stream_generate(
             stats=stats,
             tokenizer_size=tokenizer_size(tokenizer),
         )
-    return SpecStream(_responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats)
+    return SpecStream(
+        _responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats
+    )
 
 
 def _plain_events(steps, stats: SpecStats, prompt_size: int):
@@ -239,7 +246,9 @@ def _responses(events, tokenizer, prompt_size, max_tokens, stats, model):
                 detokenizer.add_token(event.token)
                 if n + 1 == max_tokens:
                     break
-                yield _response(detokenizer.last_segment, event, stats, prompt_size, None)
+                yield _response(
+                    detokenizer.last_segment, event, stats, prompt_size, None
+                )
             if event is None:
                 return
             detokenizer.finalize()
@@ -289,7 +298,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     """mlx_lm.generate's parser plus the speculative options."""
     parser = mlx_lm_arg_parser()
     parser.prog = "mlx_spec.generate"
-    parser.description = "Speculative text generation with MLX (a superset of mlx_lm.generate)."
+    parser.description = (
+        "Speculative text generation with MLX (a superset of mlx_lm.generate)."
+    )
     parser.set_defaults(
         num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS,
         max_tokens=DEFAULT_MAX_TOKENS,
@@ -306,18 +317,29 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     from .cli import add_speculative_options
 
     group = add_speculative_options(parser)
-    group.add_argument("--stats-json", default=None, metavar="PATH",
-                       help="Write the speculation statistics as JSON to PATH.")
-    group.add_argument("--profile", action="store_true",
-                       help="Split round time into drafting and verification (adds a sync per round).")
+    group.add_argument(
+        "--stats-json",
+        default=None,
+        metavar="PATH",
+        help="Write the speculation statistics as JSON to PATH.",
+    )
+    group.add_argument(
+        "--profile",
+        action="store_true",
+        help="Split round time into drafting and verification (adds a sync per round).",
+    )
     return parser
 
 
 def _check_args(args):
     if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens={args.max_tokens} is out of range: an integer >= 1.")
+        raise ValueError(
+            f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
+        )
     if args.temp < 0:
-        raise ValueError(f"--temp={args.temp} is out of range: temp >= 0 (0 is greedy).")
+        raise ValueError(
+            f"--temp={args.temp} is out of range: temp >= 0 (0 is greedy)."
+        )
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p={args.top_p} is out of range: 0 < top_p <= 1.")
     if not 1 <= args.num_draft_tokens <= 64:
@@ -325,18 +347,24 @@ def _check_args(args):
             f"--num-draft-tokens={args.num_draft_tokens} is out of range: an integer from 1 to 64."
         )
     if args.xtc_probability > 0:
-        raise ValueError("--xtc-probability is not supported by mlx_spec; use mlx_lm.generate.")
+        raise ValueError(
+            "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
+        )
     if args.image:
         raise ValueError("--image is not supported by mlx_spec; use mlx_lm.generate.")
     if args.prompt_cache_file:
-        raise ValueError("--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate.")
+        raise ValueError(
+            "--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate."
+        )
 
 
 def _build_prompt(args, tokenizer) -> List[int]:
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
     prompt = sys.stdin.read() if prompt == "-" else prompt
     if not prompt:
-        raise ValueError("the prompt is empty; pass --prompt TEXT (or - to read stdin).")
+        raise ValueError(
+            "the prompt is empty; pass --prompt TEXT (or - to read stdin)."
+        )
     use_chat_template = not args.ignore_chat_template and tokenizer.has_chat_template
     if use_chat_template:
         messages = []
@@ -351,7 +379,9 @@ def _build_prompt(args, tokenizer) -> List[int]:
             try:
                 template_kwargs = json.loads(args.chat_template_config)
             except json.JSONDecodeError as e:
-                raise ValueError(f"--chat-template-config is not valid JSON ({e.msg}).") from None
+                raise ValueError(
+                    f"--chat-template-config is not valid JSON ({e.msg})."
+                ) from None
         prompt = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
@@ -374,7 +404,9 @@ def run(args) -> str:
     if args.seed is not None:
         mx.random.seed(args.seed)
     model, tokenizer = load_model(
-        model_path, "model", tokenizer_config={"trust_remote_code": args.trust_remote_code}
+        model_path,
+        "model",
+        tokenizer_config={"trust_remote_code": args.trust_remote_code},
     )
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)
@@ -427,7 +459,9 @@ def _collect(stream: SpecStream, verbose: bool) -> str:
         if not text:
             print("No text generated for this prompt")
         if response is not None:
-            print(f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec")
+            print(
+                f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec"
+            )
             print(
                 f"Generation: {response.generation_tokens} tokens, "
                 f"{response.generation_tps:.3f} tokens-per-sec"

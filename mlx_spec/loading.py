@@ -29,7 +29,8 @@ def _looks_like_local_path(path: str) -> bool:
     return (
         path.startswith((".", "/", "~"))
         or path.count("/") != 1
-        or os.sep != "/" and os.sep in path
+        or os.sep != "/"
+        and os.sep in path
     )
 
 
@@ -40,7 +41,9 @@ def load_model(path: str, role: str = "model", **kwargs):
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
-            raise ValueError(f"{role} path '{path}' holds no model (no config.json in it).")
+            raise ValueError(
+                f"{role} path '{path}' holds no model (no config.json in it)."
+            )
     elif _looks_like_local_path(path):
         raise ValueError(f"{role} path '{path}' does not exist.")
     try:

@@ -11,7 +11,12 @@ from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_
 class KVSettings:
     """Optional KV-cache quantisation, as in ``mlx_lm.generate``."""
 
-    def __init__(self, kv_bits: Optional[int] = None, kv_group_size: int = 64, quantized_kv_start: int = 0):
+    def __init__(
+        self,
+        kv_bits: Optional[int] = None,
+        kv_group_size: int = 64,
+        quantized_kv_start: int = 0,
+    ):
         self.kv_bits = kv_bits
         self.kv_group_size = kv_group_size
         self.quantized_kv_start = quantized_kv_start
@@ -61,7 +66,9 @@ class CachedModel:
     quantisation may replace its entries in place.
     """
 
-    def __init__(self, model: nn.Module, cache: Optional[List[Any]], kv: KVSettings, who: str):
+    def __init__(
+        self, model: nn.Module, cache: Optional[List[Any]], kv: KVSettings, who: str
+    ):
         self.model = model
         self.cache = list(cache) if cache is not None else make_prompt_cache(model)
         self.kv = kv
@@ -76,7 +83,10 @@ class CachedModel:
         logits = self.model(tokens[None], cache=self.cache)[0]
         if self.kv.kv_bits is not None:
             maybe_quantize_kv_cache(
-                self.cache, self.kv.quantized_kv_start, self.kv.kv_group_size, self.kv.kv_bits
+                self.cache,
+                self.kv.quantized_kv_start,
+                self.kv.kv_group_size,
+                self.kv.kv_bits,
             )
         return logits
 

@@ -33,7 +33,9 @@ class SpecStats:
     tree_sizes: List[int] = field(default_factory=list)
     # Self-speculation: the blocks the draft skips.
     skipped_layers: Optional[List[int]] = None
-    auto_rounds: Optional[dict] = None  # rounds each method ran under --speculative auto
+    auto_rounds: Optional[dict] = (
+        None  # rounds each method ran under --speculative auto
+    )
 
     @property
     def acceptance_rate(self) -> float:
@@ -93,7 +95,9 @@ class SpecStats:
             f"{self.tokens_per_target_forward:.2f} tokens per target forward",
         ]
         if self.tree_sizes:
-            parts.append(f"mean tree size {sum(self.tree_sizes) / len(self.tree_sizes):.1f}")
+            parts.append(
+                f"mean tree size {sum(self.tree_sizes) / len(self.tree_sizes):.1f}"
+            )
         if self.draft_time is not None:
             parts.append(
                 f"draft {self.draft_time:.2f}s, verify {self.verify_time:.2f}s, "

@@ -87,7 +87,13 @@ class TreeDrafter(ModelDrafter):
         pool = Tree.from_parents(tokens, [-1] * k)  # every candidate seen so far
         pool_scores = [scores]
         # Pool node -> its slot among the draft's fed tree nodes (-1: not fed).
-        fed_index = [mx.arange(k, dtype=mx.int32) if self.depth > 1 else mx.full((k,), -1, mx.int32)]
+        fed_index = [
+            (
+                mx.arange(k, dtype=mx.int32)
+                if self.depth > 1
+                else mx.full((k,), -1, mx.int32)
+            )
+        ]
         fed = pool  # nodes fed to the draft, in cache order
         frontier, frontier_scores, start = mx.arange(k, dtype=mx.int32), scores, 0
         for level in range(2, self.depth + 1):
@@ -153,7 +159,9 @@ class TreeDrafter(ModelDrafter):
             sync_data=mx.array(fed_slots, mx.int32),
         )
 
-    def commit(self, state: RoundState, proposal: Proposal, num_accepted: int, path=None):
+    def commit(
+        self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
+    ):
         # Keep the accepted nodes the draft has already seen, contiguous.
         slots = proposal.sync_values or []
         kept: List[int] = []

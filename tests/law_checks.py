@@ -34,3 +34,20 @@ def stream_statistics(
     var = (laws * logp**2).sum(axis=1) - mean**2
     z = (logp[rows, tokens] - mean).sum() / np.sqrt(var.sum())
     return chi2, z
+
+
+def assert_counts_follow_law(counts: np.ndarray, law: np.ndarray):
+    """Chi-square test at the 99.9% level that ``counts`` are draws from ``law``.
+
+    Tokens expected fewer than 5 times are lumped into one bin; the
+    quantile uses the Wilson-Hilferty approximation.
+    """
+    expected = law * counts.sum()
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    chi2 = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = keep.sum() - 1
+    bound = dof * (1 - 2 / (9 * dof) + 3.09 * np.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < bound, (chi2, bound)

@@ -103,7 +103,9 @@ def test_round_law_equals_target_law(params, gamma):
             law = np.array(recovered_law(p_rows, q_stack, mx.array(k)))
             for token in range(VOCAB):
                 out = drafts[:k] + (token,)
-                emitted[out] = emitted.get(out, 0.0) + q_prob * reach * stop * law[token]
+                emitted[out] = (
+                    emitted.get(out, 0.0) + q_prob * reach * stop * law[token]
+                )
             if k < gamma:
                 reach *= ratios[k]
 
@@ -115,7 +117,8 @@ def test_round_law_equals_target_law(params, gamma):
     first = np.zeros(VOCAB)
     for full in itertools.product(range(VOCAB), repeat=gamma + 1):
         prob = sum(
-            emitted.get(full[:m], 0.0) * target_prob(full, m) for m in range(1, gamma + 2)
+            emitted.get(full[:m], 0.0) * target_prob(full, m)
+            for m in range(1, gamma + 2)
         )
         assert prob == pytest.approx(target_prob(full), abs=1e-6), full
         first[full[0]] += prob

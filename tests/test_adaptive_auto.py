@@ -1,10 +1,9 @@
 """Adaptive draft length and ``auto`` in the engine: identity, law, bounds."""
 
-import math
-
 import mlx.core as mx
 import numpy as np
 import pytest
+from law_checks import assert_counts_follow_law
 from mlx_lm.generate import generate_step
 
 from mlx_spec import stream_generate
@@ -48,8 +47,16 @@ def test_adaptive_stays_within_bounds(load_model):
     model, tokenizer = load_model("qwen2")
     draft, _ = load_model("qwen2-near")
     ids = tokenizer.encode("def fibonacci(n):")
-    _, stats = run(model, tokenizer, ids, draft, 80, speculative="draft", adaptive=True,
-                   num_draft_tokens=6)
+    _, stats = run(
+        model,
+        tokenizer,
+        ids,
+        draft,
+        80,
+        speculative="draft",
+        adaptive=True,
+        num_draft_tokens=6,
+    )
     assert stats.drafted_per_round
     assert all(1 <= g <= 12 for g in stats.drafted_per_round)
 
@@ -64,8 +71,11 @@ def test_auto_uses_every_arm_and_reports_it(load_model):
     assert sum(stats.auto_rounds.values()) == stats.rounds
 
 
-@pytest.mark.parametrize("kw", [dict(speculative="draft", adaptive=True),
-                                dict(speculative="auto")], ids=["adaptive", "auto"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(speculative="draft", adaptive=True), dict(speculative="auto")],
+    ids=["adaptive", "auto"],
+)
 def test_sampled_first_tokens_follow_target_law(load_model, kw):
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
@@ -76,14 +86,9 @@ def test_sampled_first_tokens_follow_target_law(load_model, kw):
     runs = 300
     counts = np.zeros(p.size)
     for _ in range(runs):
-        stream = stream_generate(model, tokenizer, ids, draft, max_tokens=3, temp=1.5, **kw)
+        stream = stream_generate(
+            model, tokenizer, ids, draft, max_tokens=3, temp=1.5, **kw
+        )
         counts[next(stream).token] += 1
         stream.close()
-    expected = p * runs
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    chi2 = ((obs - exp) ** 2 / exp).sum()
-    dof = len(obs) - 1
-    bound = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < bound, (chi2, bound)
+    assert_counts_follow_law(counts, p)

@@ -5,6 +5,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from law_checks import assert_counts_follow_law
 from mlx_lm.generate import GenerationResponse, generate_step
 from mlx_lm.generate import stream_generate as mlx_lm_stream_generate
 from mlx_lm.models.cache import make_prompt_cache
@@ -15,16 +16,30 @@ from mlx_spec import SpecStats, speculative_generate_step, stream_generate
 from mlx_spec.sampling import SamplingParams, processed_logprobs
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Parser:\n    def __init__(self"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Parser:\n    def __init__(self",
+]
 
 
 def plain_tokens(model, prompt, max_tokens, **kwargs):
-    return [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, **kwargs)]
+    return [
+        t
+        for t, _ in generate_step(
+            mx.array(prompt), model, max_tokens=max_tokens, **kwargs
+        )
+    ]
 
 
 def spec_tokens(model, draft, prompt, max_tokens, gamma, **kwargs):
     steps = speculative_generate_step(
-        mx.array(prompt), model, draft, num_draft_tokens=gamma, max_tokens=max_tokens, **kwargs
+        mx.array(prompt),
+        model,
+        draft,
+        num_draft_tokens=gamma,
+        max_tokens=max_tokens,
+        **kwargs,
     )
     return [t for t, _, _ in steps]
 
@@ -37,7 +52,10 @@ def test_greedy_identity_across_architectures(load_model, arch):
         ids = tokenizer.encode(prompt)
         expected = plain_tokens(model, ids, 24)
         for gamma in (1, 2, 4, 8):
-            assert spec_tokens(model, draft, ids, 24, gamma) == expected, (prompt, gamma)
+            assert spec_tokens(model, draft, ids, 24, gamma) == expected, (
+                prompt,
+                gamma,
+            )
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 7, 13])
@@ -72,9 +90,9 @@ def test_padded_vocabularies_work(load_model):
     model, tokenizer = load_model("qwen2-padded")
     draft, _ = load_model("qwen2-padded-near")
     ids = tokenizer.encode(PROMPTS[0])
-    assert spec_tokens(model, draft, ids, 20, 4, tokenizer_size=len(tokenizer)) == plain_tokens(
-        model, ids, 20
-    )
+    assert spec_tokens(
+        model, draft, ids, 20, 4, tokenizer_size=len(tokenizer)
+    ) == plain_tokens(model, ids, 20)
 
 
 def test_stream_generate_matches_mlx_lm_text_and_eos_mid_round(load_model):
@@ -84,14 +102,24 @@ def test_stream_generate_matches_mlx_lm_text_and_eos_mid_round(load_model):
     saved = set(tokenizer.eos_token_ids)
     try:
         tokenizer.eos_token_ids = set()
-        reference = [r.token for r in mlx_lm_stream_generate(model, tokenizer, prompt,
-                                                             max_tokens=30)]
+        reference = [
+            r.token
+            for r in mlx_lm_stream_generate(model, tokenizer, prompt, max_tokens=30)
+        ]
         # Make a token from the middle of the output the end-of-sequence token.
         tokenizer.eos_token_ids = {reference[9]}
         ref = list(mlx_lm_stream_generate(model, tokenizer, prompt, max_tokens=30))
         for gamma in (2, 4, 8):
-            ours = list(stream_generate(model, tokenizer, prompt, draft, num_draft_tokens=gamma,
-                                        max_tokens=30))
+            ours = list(
+                stream_generate(
+                    model,
+                    tokenizer,
+                    prompt,
+                    draft,
+                    num_draft_tokens=gamma,
+                    max_tokens=30,
+                )
+            )
             assert [r.token for r in ours] == [r.token for r in ref]
             assert "".join(r.text for r in ours) == "".join(r.text for r in ref)
             assert ours[-1].finish_reason == ref[-1].finish_reason == "stop"
@@ -105,11 +133,16 @@ def test_logits_processors_applied_per_position(load_model):
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode(PROMPTS[1])
-    processors = make_logits_processors(repetition_penalty=1.5, repetition_context_size=8)
+    processors = make_logits_processors(
+        repetition_penalty=1.5, repetition_context_size=8
+    )
     expected = plain_tokens(model, ids, 30, logits_processors=processors)
     assert expected != plain_tokens(model, ids, 30)  # the penalty changes the output
     for gamma in (1, 3, 6):
-        assert spec_tokens(model, draft, ids, 30, gamma, logits_processors=processors) == expected
+        assert (
+            spec_tokens(model, draft, ids, 30, gamma, logits_processors=processors)
+            == expected
+        )
 
 
 def test_quantized_kv_cache_greedy_identity(tmp_path):
@@ -119,8 +152,9 @@ def test_quantized_kv_cache_greedy_identity(tmp_path):
 
     # Quantisation groups need a head dimension of at least 32.
     target_dir = make_checkpoint(tmp_path / "t", "qwen3", hidden_size=128, seed=5)
-    draft_dir = make_checkpoint(tmp_path / "d", "qwen3", hidden_size=128, base=target_dir,
-                                noise=0.05)
+    draft_dir = make_checkpoint(
+        tmp_path / "d", "qwen3", hidden_size=128, base=target_dir, noise=0.05
+    )
     model, tokenizer = load(str(target_dir))
     draft, _ = load(str(draft_dir))
     ids = tokenizer.encode(PROMPTS[0])
@@ -151,8 +185,14 @@ def test_cache_consistent_after_early_close(load_model, stop_after):
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode(PROMPTS[0])
     cache = make_prompt_cache(model) + make_prompt_cache(draft)
-    steps = speculative_generate_step(mx.array(ids), model, draft, num_draft_tokens=5,
-                                      max_tokens=100, prompt_cache=cache)
+    steps = speculative_generate_step(
+        mx.array(ids),
+        model,
+        draft,
+        num_draft_tokens=5,
+        max_tokens=100,
+        prompt_cache=cache,
+    )
     got = []
     for token, _, _ in steps:
         got.append(token)
@@ -181,8 +221,19 @@ def test_seed_makes_sampling_reproducible(load_model):
     draft, _ = load_model("llama-near")
 
     def run(seed):
-        return [r.token for r in stream_generate(model, tokenizer, PROMPTS[0], draft, temp=0.8,
-                                                 top_p=0.95, max_tokens=20, seed=seed)]
+        return [
+            r.token
+            for r in stream_generate(
+                model,
+                tokenizer,
+                PROMPTS[0],
+                draft,
+                temp=0.8,
+                top_p=0.95,
+                max_tokens=20,
+                seed=seed,
+            )
+        ]
 
     assert run(3) == run(3)
     assert run(3) != run(4)
@@ -208,23 +259,20 @@ def test_sampled_first_token_follows_target_law(load_model):
     counts, accepted = np.zeros(p.size), 0
     for _ in range(runs):
         stats = SpecStats()
-        steps = speculative_generate_step(mx.array(ids), model, draft, num_draft_tokens=1,
-                                          max_tokens=2, sampler=sampler, stats=stats)
+        steps = speculative_generate_step(
+            mx.array(ids),
+            model,
+            draft,
+            num_draft_tokens=1,
+            max_tokens=2,
+            sampler=sampler,
+            stats=stats,
+        )
         token, _, _ = next(steps)
         steps.close()
         counts[token] += 1
         accepted += stats.accepted_per_round[0]
-    # Lump tokens with small expected counts into one bin.
-    expected = p * runs
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    chi2 = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = keep.sum() - 1
-    # Wilson-Hilferty 99.9% quantile of chi-square.
-    bound = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < bound, (chi2, bound)
+    assert_counts_follow_law(counts, p)
     overlap = np.minimum(p, q).sum()
     assert 0.05 < overlap < 0.99
     rate = accepted / runs
@@ -235,5 +283,9 @@ def test_opaque_sampler_uses_sample_and_match(load_model):
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode(PROMPTS[0])
-    greedy = lambda logprobs: mx.argmax(logprobs, axis=-1)  # noqa: E731 (no sampling_params)
-    assert spec_tokens(model, draft, ids, 16, 3, sampler=greedy) == plain_tokens(model, ids, 16)
+    greedy = lambda logprobs: mx.argmax(
+        logprobs, axis=-1
+    )  # noqa: E731 (no sampling_params)
+    assert spec_tokens(model, draft, ids, 16, 3, sampler=greedy) == plain_tokens(
+        model, ids, 16
+    )

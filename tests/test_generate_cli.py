@@ -28,43 +28,77 @@ def run_cli(argv, capsys):
 
 
 def model_args(checkpoints, target="llama", draft="llama-near"):
-    return ["--model", str(checkpoints[target]), "--draft-model", str(checkpoints[draft])]
+    return [
+        "--model",
+        str(checkpoints[target]),
+        "--draft-model",
+        str(checkpoints[draft]),
+    ]
 
 
 def test_cli_output_format_and_stats_json(checkpoints, capsys, tmp_path):
     stats_path = tmp_path / "stats.json"
     code, out, err = run_cli(
         model_args(checkpoints)
-        + ["--prompt", "def fibonacci(n):", "--max-tokens", "24", "--stats-json", str(stats_path),
-           "--ignore-chat-template"],
+        + [
+            "--prompt",
+            "def fibonacci(n):",
+            "--max-tokens",
+            "24",
+            "--stats-json",
+            str(stats_path),
+            "--ignore-chat-template",
+        ],
         capsys,
     )
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == "=========="
     assert out.count("==========\n") == 2
-    assert any(line.startswith("Prompt: ") and "tokens-per-sec" in line for line in lines)
+    assert any(
+        line.startswith("Prompt: ") and "tokens-per-sec" in line for line in lines
+    )
     assert any(line.startswith("Generation: 24 tokens") for line in lines)
     assert any(line.startswith("Speculation: auto") for line in lines)
     stats = json.loads(stats_path.read_text())
-    for key in ("method", "generated_tokens", "target_forwards", "draft_tokens",
-                "accepted_tokens", "acceptance_rate", "tokens_per_target_forward",
-                "generation_tps"):
+    for key in (
+        "method",
+        "generated_tokens",
+        "target_forwards",
+        "draft_tokens",
+        "accepted_tokens",
+        "acceptance_rate",
+        "tokens_per_target_forward",
+        "generation_tps",
+    ):
         assert key in stats
     assert stats["method"] == "auto" and stats["generated_tokens"] == 24
-    assert stats["tokens_per_target_forward"] == pytest.approx(24 / stats["target_forwards"])
+    assert stats["tokens_per_target_forward"] == pytest.approx(
+        24 / stats["target_forwards"]
+    )
 
 
 def test_cli_text_equals_plain_decoding(checkpoints, capsys, load_model):
     model, tokenizer = load_model("qwen2")
     prompt = "import os\nimport sys\n"
     ids = tokenizer.encode(prompt)
-    expected = tokenizer.decode([t for t, _ in generate_step(mx.array(ids), model, max_tokens=30)])
+    expected = tokenizer.decode(
+        [t for t, _ in generate_step(mx.array(ids), model, max_tokens=30)]
+    )
     for method in ("none", "draft", "tree"):
         code, out, err = run_cli(
             model_args(checkpoints, "qwen2", "qwen2-near")
-            + ["--prompt", prompt.replace("\n", "\\n"), "--max-tokens", "30",
-               "--ignore-chat-template", "--speculative", method, "--verbose", "False"],
+            + [
+                "--prompt",
+                prompt.replace("\n", "\\n"),
+                "--max-tokens",
+                "30",
+                "--ignore-chat-template",
+                "--speculative",
+                method,
+                "--verbose",
+                "False",
+            ],
             capsys,
         )
         assert code == 0, err
@@ -74,13 +108,38 @@ def test_cli_text_equals_plain_decoding(checkpoints, capsys, load_model):
 def test_cli_same_text_as_mlx_lm_generate_command(checkpoints):
     """The real console commands, side by side, print the same text."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    common = ["--model", str(checkpoints["llama"]), "--prompt", "class Parser:",
-              "--max-tokens", "20", "--ignore-chat-template", "--verbose", "False"]
+    common = [
+        "--model",
+        str(checkpoints["llama"]),
+        "--prompt",
+        "class Parser:",
+        "--max-tokens",
+        "20",
+        "--ignore-chat-template",
+        "--verbose",
+        "False",
+    ]
     ours = subprocess.run(
-        [sys.executable, "-m", "mlx_spec.generate", *common, "--draft-model",
-         str(checkpoints["llama-near"])], capture_output=True, text=True, env=env, timeout=120)
-    theirs = subprocess.run([sys.executable, "-m", "mlx_lm", "generate", *common],
-                            capture_output=True, text=True, env=env, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "mlx_spec.generate",
+            *common,
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    theirs = subprocess.run(
+        [sys.executable, "-m", "mlx_lm", "generate", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ours.returncode == 0, ours.stderr
     assert theirs.returncode == 0, theirs.stderr
     assert ours.stdout == theirs.stdout
@@ -111,7 +170,12 @@ def test_bad_input_one_line_error(checkpoints, capsys, extra, needle):
 
 def test_non_trimmable_cache_refused(checkpoints, capsys):
     # qwen2 honours --max-kv-size with a RotatingKVCache, which cannot be rewound.
-    argv = model_args(checkpoints, "qwen2", "qwen2-near") + ["--prompt", "x", "--max-kv-size", "16"]
+    argv = model_args(checkpoints, "qwen2", "qwen2-near") + [
+        "--prompt",
+        "x",
+        "--max-kv-size",
+        "16",
+    ]
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and "RotatingKVCache" in err and "--speculative none" in err
     assert len(err.strip().splitlines()) == 1
@@ -120,8 +184,10 @@ def test_non_trimmable_cache_refused(checkpoints, capsys):
 
 
 def test_draft_with_other_tokenizer_refused(checkpoints, capsys):
-    code, _, err = run_cli(model_args(checkpoints, "llama", "llama-othertok")
-                           + ["--prompt", "x = 1"], capsys)
+    code, _, err = run_cli(
+        model_args(checkpoints, "llama", "llama-othertok") + ["--prompt", "x = 1"],
+        capsys,
+    )
     assert code == 2 and "tokenizer differs" in err and "512" in err and "384" in err
     assert len(err.strip().splitlines()) == 1
 
@@ -130,7 +196,9 @@ def test_draft_output_smaller_than_vocabulary_refused(load_model):
     model, tokenizer = load_model("llama")
     small, _ = load_model("llama-othertok")  # 384 logits for a 512-token tokenizer
     with pytest.raises(ValueError) as err:
-        speculative_generate_step(mx.array([1, 2, 3]), model, small, tokenizer_size=len(tokenizer))
+        speculative_generate_step(
+            mx.array([1, 2, 3]), model, small, tokenizer_size=len(tokenizer)
+        )
     assert "384" in str(err.value) and "512" in str(err.value)
 
 
@@ -139,15 +207,30 @@ def test_bad_model_path(checkpoints, capsys, tmp_path, path_kind):
     path = tmp_path / "nothing-here" if path_kind == "missing" else tmp_path
     code, _, err = run_cli(["--model", str(path), "--prompt", "x"], capsys)
     assert code == 2 and str(path) in err
-    assert ("does not exist" in err) if path_kind == "missing" else ("holds no model" in err)
+    assert (
+        ("does not exist" in err)
+        if path_kind == "missing"
+        else ("holds no model" in err)
+    )
     assert len(err.strip().splitlines()) == 1
 
 
 def test_bad_input_as_a_real_process_has_no_traceback(checkpoints):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [sys.executable, "-m", "mlx_spec.generate", *model_args(checkpoints), "--temp", "-1"],
-        capture_output=True, text=True, env=env, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "mlx_spec.generate",
+            *model_args(checkpoints),
+            "--temp",
+            "-1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -156,6 +239,9 @@ def test_stdin_prompt(checkpoints, monkeypatch, capsys):
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("def main():"))
-    code, out, err = run_cli(model_args(checkpoints) + ["--prompt", "-", "--max-tokens", "5",
-                                                       "--ignore-chat-template"], capsys)
+    code, out, err = run_cli(
+        model_args(checkpoints)
+        + ["--prompt", "-", "--max-tokens", "5", "--ignore-chat-template"],
+        capsys,
+    )
     assert code == 0, err and "Generation: 5 tokens" in out

@@ -6,6 +6,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from law_checks import assert_counts_follow_law
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -28,8 +29,12 @@ def plain(model, ids, n, **kw):
 
 def tree_tokens(model, draft, ids, n, stats=None, **kw):
     config = SpecConfig(method="tree", max_tokens=n, **kw)
-    return [e.token for e in speculative_events(mx.array(ids), model, draft, config=config,
-                                                stats=stats)]
+    return [
+        e.token
+        for e in speculative_events(
+            mx.array(ids), model, draft, config=config, stats=stats
+        )
+    ]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -99,8 +104,9 @@ def test_tree_round_law_is_exact_by_enumeration(seed):
     emitted = {}
     for choices in itertools.product(range(vocab), repeat=n):
         prob = math.prod(law(path_tokens(i))[c] for i, c in enumerate(choices))
-        deepest, num, nxt = tree_accept(tree.tokens, tree.parents, tree.depth,
-                                        tree.ancestor_mask, mx.array(choices))
+        deepest, num, nxt = tree_accept(
+            tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, mx.array(choices)
+        )
         out = path_tokens(deepest.item()) + (nxt.item(),)
         assert num.item() == len(out) - 1
         emitted[out] = emitted.get(out, 0.0) + prob
@@ -109,8 +115,10 @@ def test_tree_round_law_is_exact_by_enumeration(seed):
         return math.prod(law(seq[:i])[seq[i]] for i in range(start, len(seq)))
 
     for full in itertools.product(range(vocab), repeat=max_depth + 1):
-        prob = sum(emitted.get(full[:m], 0.0) * target_prob(full, m)
-                   for m in range(1, max_depth + 2))
+        prob = sum(
+            emitted.get(full[:m], 0.0) * target_prob(full, m)
+            for m in range(1, max_depth + 2)
+        )
         assert prob == pytest.approx(target_prob(full), abs=1e-9)
 
 
@@ -118,8 +126,9 @@ def test_tree_greedy_round_follows_argmax_path():
     # root -> a(1) -> c(2); root -> b(2). Target argmax: root 1, a 2, c 0.
     tree = Tree.from_parents([7, 1, 2, 2], [-1, 0, 0, 1])
     choices = mx.array([1, 2, 9, 0])
-    deepest, num, nxt = tree_accept(tree.tokens, tree.parents, tree.depth,
-                                    tree.ancestor_mask, choices)
+    deepest, num, nxt = tree_accept(
+        tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, choices
+    )
     assert (deepest.item(), num.item(), nxt.item()) == (3, 2, 0)
 
 
@@ -133,19 +142,18 @@ def test_tree_sampled_first_token_follows_target_law(load_model):
     runs = 300
     counts = np.zeros(p.size)
     for _ in range(runs):
-        config = SpecConfig(method="tree", max_tokens=2, temp=1.5, tree_budget=6,
-                            tree_top_k=3, tree_depth=2)
+        config = SpecConfig(
+            method="tree",
+            max_tokens=2,
+            temp=1.5,
+            tree_budget=6,
+            tree_top_k=3,
+            tree_depth=2,
+        )
         events = speculative_events(mx.array(ids), model, draft, config=config)
         counts[next(events).token] += 1
         events.close()
-    expected = p * runs
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    chi2 = ((obs - exp) ** 2 / exp).sum()
-    dof = len(obs) - 1
-    bound = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < bound, (chi2, bound)
+    assert_counts_follow_law(counts, p)
 
 
 @pytest.mark.parametrize("kv_bits", [None, 8])
@@ -157,21 +165,35 @@ def test_tree_caches_match_fresh_prefill(tmp_path_factory, kv_bits, stop_after):
 
     root = tmp_path_factory.mktemp("q")
     target_dir = make_checkpoint(root / "t", "llama", hidden_size=128, seed=3)
-    draft_dir = make_checkpoint(root / "d", "llama", hidden_size=128, base=target_dir, noise=0.05)
+    draft_dir = make_checkpoint(
+        root / "d", "llama", hidden_size=128, base=target_dir, noise=0.05
+    )
     model, tokenizer = load(str(target_dir))
     draft, _ = load(str(draft_dir))
     ids = tokenizer.encode("class Parser:\n    def __init__(self")
     cache = make_prompt_cache(model) + make_prompt_cache(draft)
-    config = SpecConfig(method="tree", max_tokens=50, tree_budget=10, tree_top_k=3, tree_depth=4)
-    events = speculative_events(mx.array(ids), model, draft, config=config, prompt_cache=cache,
-                                kv_bits=kv_bits, kv_group_size=32, quantized_kv_start=0)
+    config = SpecConfig(
+        method="tree", max_tokens=50, tree_budget=10, tree_top_k=3, tree_depth=4
+    )
+    events = speculative_events(
+        mx.array(ids),
+        model,
+        draft,
+        config=config,
+        prompt_cache=cache,
+        kv_bits=kv_bits,
+        kv_group_size=32,
+        quantized_kv_start=0,
+    )
     got = []
     for e in events:
         got.append(e.token)
         if len(got) == stop_after:
             break
     events.close()
-    kv = dict(kv_bits=kv_bits, kv_group_size=32, quantized_kv_start=0) if kv_bits else {}
+    kv = (
+        dict(kv_bits=kv_bits, kv_group_size=32, quantized_kv_start=0) if kv_bits else {}
+    )
     assert got == plain(model, ids, stop_after, **kv)
     n = len(model.layers)
     seq = ids + got
@@ -187,7 +209,9 @@ def test_tree_caches_match_fresh_prefill(tmp_path_factory, kv_bits, stop_after):
         logits = m(mx.array([[seq[-1]]]), cache=part)[0, -1]
         # 8-bit K/V of slightly different float inputs may round one step
         # apart (logits are ~10 in size); a wrong cache is off by O(1).
-        assert mx.abs(logits - expected).max().item() < (1e-4 if kv_bits is None else 0.1)
+        assert mx.abs(logits - expected).max().item() < (
+            1e-4 if kv_bits is None else 0.1
+        )
 
 
 @pytest.mark.parametrize(
@@ -215,14 +239,23 @@ def test_unsupported_architecture_refused(tmp_path):
     from mlx_spec.generation import stream_generate
     from mlx_spec.testing import build_tokenizer
 
-    args = starcoder2.ModelArgs(model_type="starcoder2", hidden_size=32, num_hidden_layers=1,
-                                intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                vocab_size=512)
+    args = starcoder2.ModelArgs(
+        model_type="starcoder2",
+        hidden_size=32,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    )
     model = starcoder2.Model(args)
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     tokenizer = load_tokenizer(build_tokenizer(tmp_path / "tok"))
     with pytest.raises(ValueError) as err:
-        list(stream_generate(model, tokenizer, "def f():", model, speculative="tree",
-                             max_tokens=4))
+        list(
+            stream_generate(
+                model, tokenizer, "def f():", model, speculative="tree", max_tokens=4
+            )
+        )
     assert "starcoder2" in str(err.value) and "\n" not in str(err.value)
