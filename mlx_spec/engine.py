@@ -385,7 +385,7 @@ class RoundPlanner:
         self.config = config
         self.is_tree = getattr(drafter, "is_tree", False)
         self.controller = None
-        self.last_draft_time = 0.0
+        self.draft_time_per_token = 0.0
         self.rounds = 0
         if config.adaptive:
             from .adaptive import AdaptiveController
@@ -434,9 +434,9 @@ class RoundPlanner:
         if self.controller is None or drafted == 0:
             return
         if profiled:
-            self.last_draft_time = draft_time
+            self.draft_time_per_token = draft_time / drafted
         else:  # reuse the last measured costs; acceptance is always fresh
-            draft_time = self.last_draft_time
+            draft_time = self.draft_time_per_token * drafted
             verify_time = self.controller.verify_time(width)
         if self.is_tree:
             self.controller.update_tree(size, accepted, draft_time, verify_time, width)
