@@ -30,7 +30,8 @@ small models, every subset of at most half the blocks) by
 estimated by the agreement of the skipped and full models' greedy tokens on
 the same window and the draft cost by the bytes of weights each step reads.
 When no set is estimated to pay (speedup below 1), nothing is drafted and
-decoding is plain. The search runs once more on the generated output after
+decoding is plain; after 8 drafting rounds the estimate is redone with the
+measured acceptance, and drafting stops if it does not pay. The search runs once more on the generated output after
 48 tokens, since that output, not the prompt, is what the draft must predict.
 """
 
@@ -58,6 +59,8 @@ MAX_EXHAUSTIVE_SETS = 16
 DEFAULT_RETUNE_AFTER = 48
 # Below this estimated speedup a searched set is not used: plain decoding.
 DEFAULT_MIN_SPEEDUP = 1.0
+# Drafting rounds after which the speedup is re-estimated from measured acceptance.
+CHECK_ROUNDS = 8
 
 
 def layer_owner(model: nn.Module) -> nn.Module:
@@ -293,6 +296,7 @@ class SelfDrafter:
                 f"this one has {num_layers}."
             )
         self.search: Dict = {}
+        self.realized = [0, 0, 0]
         self.skipped: Optional[List[int]] = None
         if skipped is not None:
             self._use(skipped)
@@ -326,6 +330,7 @@ class SelfDrafter:
         )
         self._use(skipped)
         self.drafting = self.search.get("speedup", self.min_speedup) >= self.min_speedup
+        self.realized = [0, 0, 0]  # rounds, drafted, accepted since this search
 
     def report(self, stats):
         """Record the skipped blocks in ``stats`` (``[]`` when not drafting)."""
@@ -370,7 +375,27 @@ class SelfDrafter:
     def commit(
         self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
     ):
-        """Nothing to do: the target trims the shared caches."""
+        """Check the realized speedup; the target trims the shared caches.
+
+        The search's acceptance estimate is teacher-forced on a window with
+        no earlier context, so it can be far off. After
+        :data:`CHECK_ROUNDS` drafting rounds the estimate is redone with the
+        measured tokens per round, and drafting stops if it does not pay.
+        """
+        if not (
+            self.auto and self.drafting and proposal.size and "cost" in self.search
+        ):
+            return
+        self.realized = [
+            a + b for a, b in zip(self.realized, (1, proposal.size, num_accepted))
+        ]
+        rounds, drafted, accepted = self.realized
+        if rounds == CHECK_ROUNDS:
+            speedup = (accepted / rounds + 1) / (
+                drafted / rounds * self.search["cost"] + 1
+            )
+            self.search["realized_speedup"] = speedup
+            self.drafting = speedup >= self.min_speedup
 
     def caches(self) -> List:
         return []

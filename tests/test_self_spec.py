@@ -155,6 +155,22 @@ def test_no_draft_when_no_skip_set_pays(deep, monkeypatch):
     assert stats.skipped_layers == []
 
 
+def test_drafting_stops_when_measured_acceptance_does_not_pay(deep, monkeypatch):
+    from mlx_spec import self_spec
+
+    model, tokenizer = deep("qwen3")
+    # A search that overestimates: random blocks are far from identities.
+    estimate = {"searched": True, "alpha": 1.0, "cost": 0.5, "speedup": 3.0}
+    monkeypatch.setattr(
+        self_spec, "choose_skipped_layers", lambda *args: ([1, 2, 3], dict(estimate))
+    )
+    ids = tokenizer.encode(PROMPTS[0])
+    stats = SpecStats()
+    assert self_tokens(model, ids, 40, stats, 4) == plain_tokens(model, ids, 40)
+    assert len(stats.drafted_per_round) == self_spec.CHECK_ROUNDS
+    assert stats.skipped_layers == []
+
+
 def test_lazy_draft_reads_its_own_cache_entries(deep):
     """The verify forward overwrites the slots the draft wrote; the draft,
     evaluated only afterwards, must still see its own entries."""
