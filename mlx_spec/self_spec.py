@@ -27,8 +27,10 @@ state (block influence, ``1 - cos(h_in, h_out)``, as in ShortGPT), then
 skipping the k least influential blocks is scored for a few k (or, for
 small models, every subset of at most half the blocks) by
 ``E[tokens per round] / (γ · draft_cost + 1)``, with the acceptance rate
-estimated by the agreement of the skipped and full models' greedy tokens on
-the same window and the draft cost by the bytes of weights each step reads.
+estimated by how often the kept blocks, reading the full model's keys and
+values for the earlier tokens (as when drafting), give the full model's
+greedy token at the last 12 positions of the window, and the draft cost by
+the bytes of weights each step reads.
 When no set is estimated to pay (speedup below 1), nothing is drafted and
 decoding is plain; after 8 drafting rounds the estimate is redone with the
 measured acceptance, and drafting stops if it does not pay. The search runs once more on the generated output after
@@ -43,18 +45,21 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
 
 from .drafters import Proposal, RoundState, align_vocab
 from .lookup import check_no_drafter_cache
 
 # Prompt tokens the layer search looks at (the last ones).
-DEFAULT_SEARCH_TOKENS = 32
+DEFAULT_SEARCH_TOKENS = 64
+# Positions (the last of the window) at which a skip set's agreement is measured.
+EVAL_POSITIONS = 12
 # At most this fraction of the blocks is skipped.
 MAX_SKIP_FRACTION = 0.5
 # At most this many skip counts are scored (large models).
 MAX_SEARCH_POINTS = 6
 # Models with at most this many candidate sets have all of them scored.
-MAX_EXHAUSTIVE_SETS = 16
+MAX_EXHAUSTIVE_SETS = 8
 # Generated tokens after which the search runs once more, on the output.
 DEFAULT_RETUNE_AFTER = 48
 # Below this estimated speedup a searched set is not used: plain decoding.
@@ -136,8 +141,10 @@ class _Tap:
         return getattr(self.layer, name)
 
 
-def block_influence(model: nn.Module, tokens: mx.array) -> Tuple[mx.array, mx.array]:
-    """One full forward of ``tokens`` ``(W,)`` with no cache.
+def block_influence(
+    model: nn.Module, tokens: mx.array, cache: Optional[List] = None
+) -> Tuple[mx.array, mx.array]:
+    """One full forward of ``tokens`` ``(W,)``, filling ``cache`` if given.
 
     Returns:
         ``(influence (L,), greedy (W,))``: ``1 - mean cos(h_in, h_out)`` of each
@@ -145,7 +152,7 @@ def block_influence(model: nn.Module, tokens: mx.array) -> Tuple[mx.array, mx.ar
     """
     record: List = []
     with running_layers(model, [_Tap(layer, record) for layer in model.layers]):
-        logits = model(tokens[None])[0]
+        logits = model(tokens[None], cache=cache)[0]
     scores = []
     for h_in, h_out in record:
         dot = (h_in * h_out).sum(-1)
@@ -155,12 +162,50 @@ def block_influence(model: nn.Module, tokens: mx.array) -> Tuple[mx.array, mx.ar
 
 
 def agreement(
-    model: nn.Module, kept: Sequence[int], tokens: mx.array, greedy: mx.array
-):
-    """Fraction of positions where the kept blocks alone give the full argmax."""
-    with running_layers(model, [model.layers[i] for i in kept]):
-        logits = model(tokens[None])[0]
-    return (mx.argmax(logits, axis=-1) == greedy).astype(mx.float32).mean()
+    model: nn.Module,
+    kept: Sequence[int],
+    tokens: mx.array,
+    greedy: mx.array,
+    cache: List,
+    positions: int,
+) -> mx.array:
+    """How often the kept blocks give the full model's argmax, as when drafting.
+
+    At each of the last ``positions`` positions t of ``tokens`` ``(W,)``, the
+    kept blocks read the FULL model's keys and values for the tokens before t
+    (as a draft does on the target's caches), and their argmax is compared
+    with ``greedy[t]``. A teacher-forced forward of the kept blocks alone
+    would instead pair draft queries with draft keys and can be far off.
+
+    Args:
+        cache: Full-model ``KVCache`` list holding ``tokens`` (restored on return).
+    """
+    # Fresh views: slice assignment mutates the cache's own array objects.
+    saved = [
+        (c.keys[..., : c.offset, :], c.values[..., : c.offset, :], c.offset)
+        for c in cache
+    ]
+    kept_cache = [cache[i] for i in kept]
+    num = tokens.shape[0]
+    hits = []
+    try:
+        with running_layers(model, [model.layers[i] for i in kept]):
+            # Latest position first: each step only overwrites slots no longer read.
+            for t in range(num - 1, max(num - 1 - positions, 0), -1):
+                for c in kept_cache:
+                    c.trim(c.offset - t)
+                logits = model(tokens[None, t : t + 1], cache=kept_cache)[0, -1]
+                hits.append(mx.argmax(logits) == greedy[t])
+            rate = mx.stack(hits).astype(mx.float32).mean()
+            mx.eval(rate)
+    finally:
+        for c, (keys, values, offset) in zip(cache, saved):
+            c.keys, c.values, c.offset = (
+                keys[..., :offset, :],
+                values[..., :offset, :],
+                offset,
+            )
+    return rate
 
 
 def skippable(num_layers: int) -> List[int]:
@@ -221,12 +266,14 @@ def choose_skipped_layers(
         )
         return skipped, {"searched": False}
 
-    influence, greedy = block_influence(model, tokens)
+    cache = make_prompt_cache(model)
+    influence, greedy = block_influence(model, tokens, cache)
+    mx.eval(influence, greedy, [c.state for c in cache])
     sets = candidate_sets(candidates, influence.tolist(), max_skip)
     alphas = []
     for skip in sets:
         kept = [i for i in range(num_layers) if i not in skip]
-        alphas.append(agreement(model, kept, tokens, greedy))
+        alphas.append(agreement(model, kept, tokens, greedy, cache, EVAL_POSITIONS))
     alphas = mx.stack(alphas).tolist()
     best, scored = None, []
     for skip, alpha in zip(sets, alphas):
