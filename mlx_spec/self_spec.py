@@ -33,12 +33,14 @@ greedy token at the last 12 positions of the window, and the draft cost by
 the bytes of weights each step reads.
 When no set is estimated to pay (speedup below 1), nothing is drafted and
 decoding is plain; after 8 drafting rounds the estimate is redone with the
-measured acceptance, and drafting stops if it does not pay. The search runs once more on the generated output after
+measured acceptance, and drafting stops if it does not pay. Later calls on
+the same model object reuse the last search instead of paying for a new one. The search runs once more on the generated output after
 48 tokens, since that output, not the prompt, is what the draft must predict.
 """
 
 import itertools
 import math
+import weakref
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -294,6 +296,17 @@ def choose_skipped_layers(
     return best["skip"], report
 
 
+# The last search per live model object: id(model) -> search report.
+_TUNED: Dict[int, Dict] = {}
+
+
+def _remember(model: nn.Module, search: Dict):
+    key = id(model)
+    if key not in _TUNED:
+        weakref.finalize(model, _TUNED.pop, key, None)
+    _TUNED[key] = dict(search)
+
+
 class SelfDrafter:
     """The target with some blocks skipped, drafting on the target's own caches.
 
@@ -310,6 +323,10 @@ class SelfDrafter:
         min_speedup: When the best searched set's estimated speedup is
           below this, propose nothing (plain decoding) until a re-tune finds
           a better one. Default: ``1.0``.
+        reuse: Start from the last search done for the same model object in
+          this process (no search, no re-tune; the measured-speedup check
+          still runs), so repeated calls pay for the search once.
+          Default: ``True``.
     """
 
     name = "self"
@@ -325,8 +342,10 @@ class SelfDrafter:
         search_tokens: int = DEFAULT_SEARCH_TOKENS,
         retune_after: int = DEFAULT_RETUNE_AFTER,
         min_speedup: float = DEFAULT_MIN_SPEEDUP,
+        reuse: bool = True,
     ):
         self.target = target
+        self.reuse = reuse
         self.min_speedup = min_speedup
         self.drafting = True
         self.retune_after = retune_after
@@ -369,14 +388,26 @@ class SelfDrafter:
         """Choose the skipped blocks on the prompt (the target prefills the caches)."""
         self.prompt_len = int(tokens.size) + 1
         if self.skipped is None:
-            self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
+            tuned = _TUNED.get(id(self.target.model)) if self.reuse else None
+            if tuned is not None and tuned["gamma"] == self.gamma:
+                self.retune_after = 0
+                self._adopt(dict(tuned))
+            else:
+                self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
 
     def _search(self, window: mx.array):
-        skipped, self.search = choose_skipped_layers(
-            self.target.model, window, self.gamma
+        skipped, search = choose_skipped_layers(self.target.model, window, self.gamma)
+        self._adopt(dict(search, skipped=skipped, gamma=self.gamma))
+        if search.get("searched"):
+            _remember(self.target.model, self.search)
+
+    def _adopt(self, search: Dict):
+        self.search = search
+        self._use(search["skipped"])
+        speedup = search.get(
+            "realized_speedup", search.get("speedup", self.min_speedup)
         )
-        self._use(skipped)
-        self.drafting = self.search.get("speedup", self.min_speedup) >= self.min_speedup
+        self.drafting = speedup >= self.min_speedup
         self.realized = [0, 0, 0]  # rounds, drafted, accepted since this search
 
     def report(self, stats):
@@ -443,6 +474,7 @@ class SelfDrafter:
             )
             self.search["realized_speedup"] = speedup
             self.drafting = speedup >= self.min_speedup
+            _remember(self.target.model, self.search)
 
     def caches(self) -> List:
         return []

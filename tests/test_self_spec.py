@@ -59,6 +59,16 @@ def self_tokens(model, ids, max_tokens, stats=None, gamma=4, **kwargs):
     return [t for t, _, _ in steps]
 
 
+@pytest.fixture(autouse=True)
+def fresh_searches():
+    """Every test starts with no remembered layer search."""
+    from mlx_spec import self_spec
+
+    self_spec._TUNED.clear()
+    yield
+    self_spec._TUNED.clear()
+
+
 @pytest.fixture
 def fixed_skip(monkeypatch):
     """``fixed_skip(layers)``: make ``--speculative self`` skip exactly ``layers``."""
@@ -153,6 +163,25 @@ def test_no_draft_when_no_skip_set_pays(deep, monkeypatch):
     assert self_tokens(model, ids, 12, stats) == plain_tokens(model, ids, 12)
     assert stats.draft_tokens == 0 and stats.target_forwards == 12
     assert stats.skipped_layers == []
+
+
+def test_later_calls_reuse_the_search(deep, monkeypatch):
+    from mlx_spec import self_spec
+
+    model, tokenizer = deep("llama")
+    calls = []
+    search = self_spec.choose_skipped_layers
+
+    def counting(*args):
+        calls.append(1)
+        return search(*args)
+
+    monkeypatch.setattr(self_spec, "choose_skipped_layers", counting)
+    ids = tokenizer.encode(PROMPTS[0])
+    stats = [SpecStats(), SpecStats()]
+    for s in stats:
+        assert self_tokens(model, ids, 12, s) == plain_tokens(model, ids, 12)
+    assert len(calls) == 1 and stats[0].skipped_layers == stats[1].skipped_layers
 
 
 def test_drafting_stops_when_measured_acceptance_does_not_pay(deep, monkeypatch):
