@@ -389,7 +389,7 @@ class SelfDrafter:
         self.prompt_len = int(tokens.size) + 1
         if self.skipped is None:
             tuned = _TUNED.get(id(self.target.model)) if self.reuse else None
-            if tuned is not None and tuned["gamma"] == self.gamma:
+            if tuned is not None:
                 self.retune_after = 0
                 self._adopt(dict(tuned))
             else:
@@ -397,7 +397,7 @@ class SelfDrafter:
 
     def _search(self, window: mx.array):
         skipped, search = choose_skipped_layers(self.target.model, window, self.gamma)
-        self._adopt(dict(search, skipped=skipped, gamma=self.gamma))
+        self._adopt(dict(search, skipped=skipped))
         if search.get("searched"):
             _remember(self.target.model, self.search)
 
