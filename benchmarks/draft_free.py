@@ -25,6 +25,7 @@ import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
 import argparse
 import json
 import time
+from contextlib import contextmanager
 from typing import Dict, List, Tuple
 
 import mlx.core as mx
@@ -32,6 +33,8 @@ import mlx_lm
 from mlx_lm.generate import generate_step
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
+from mlx_spec.drafters import DRAFTER_FACTORIES
+from mlx_spec.self_spec import SelfDrafter
 
 from .prompts import prompt_suite
 
@@ -42,8 +45,12 @@ DEFAULT_REPEATS = 2
 PROMPT_SETS = ("editing", "free_text")
 
 
-def method_grid(gammas, self_gammas) -> List[Tuple[str, Dict]]:
-    """``(label, SpecConfig fields)`` of every method run; ``None`` is plain."""
+def method_grid(gammas, self_gammas, self_skip=None) -> List[Tuple[str, Dict]]:
+    """``(label, SpecConfig fields)`` of every method run; ``None`` is plain.
+
+    ``self_skip`` adds self-speculation with those blocks skipped, drafting
+    even where the layer search would not (field ``_skip``, not a config one).
+    """
     grid = [("plain", None)]
     grid += [
         (f"lookup γ={g}", dict(method="lookup", num_draft_tokens=g)) for g in gammas
@@ -59,7 +66,30 @@ def method_grid(gammas, self_gammas) -> List[Tuple[str, Dict]]:
     grid += [
         (f"self γ={g}", dict(method="self", num_draft_tokens=g)) for g in self_gammas
     ]
+    if self_skip is not None:
+        grid += [
+            (
+                f"self skip={self_skip} γ={g}",
+                dict(method="self", num_draft_tokens=g, _skip=self_skip),
+            )
+            for g in self_gammas
+        ]
     return grid
+
+
+@contextmanager
+def fixed_self_skip(skip: List[int]):
+    """Make ``--speculative self`` skip exactly ``skip`` while inside."""
+
+    def factory(config, target, draft_model, cache, kv, vocab_size):
+        return SelfDrafter(target, vocab_size, skipped=skip)
+
+    saved = DRAFTER_FACTORIES["self"]
+    DRAFTER_FACTORIES["self"] = factory
+    try:
+        yield
+    finally:
+        DRAFTER_FACTORIES["self"] = saved
 
 
 def run_once(model, ids: List[int], fields, max_tokens: int, temp: float):
@@ -76,7 +106,18 @@ def run_once(model, ids: List[int], fields, max_tokens: int, temp: float):
         ]
         return len(out), len(out), time.perf_counter() - tic, None
     stats = SpecStats()
+    fields = dict(fields)
+    skip = fields.pop("_skip", None)
     config = SpecConfig(max_tokens=max_tokens, temp=temp, **fields)
+    if skip is not None:
+        with fixed_self_skip(skip):
+            out = [
+                t
+                for t, _, _ in speculative_generate_step(
+                    prompt, model, config=config, stats=stats
+                )
+            ]
+        return len(out), stats.target_forwards, time.perf_counter() - tic, stats
     out = [
         t
         for t, _, _ in speculative_generate_step(
@@ -97,6 +138,13 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--temp", type=float, default=0.0)
     parser.add_argument(
+        "--self-skip",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Also run self-speculation skipping exactly these blocks.",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="First prompt of each set only."
     )
     parser.add_argument(
@@ -105,7 +153,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     model, tokenizer = mlx_lm.load(args.model)
-    grid = method_grid(args.gammas, args.self_gammas)
+    grid = method_grid(args.gammas, args.self_gammas, args.self_skip)
     prompts = prompt_suite(quick=args.quick, sets=PROMPT_SETS)
     encoded = [(p.prompt_set, tokenizer.encode(p.text)) for p in prompts]
     for _, fields in grid:  # warm-up
