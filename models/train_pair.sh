@@ -10,5 +10,5 @@ $PY models/train.py --out models/stdlib-llama-draft \
     --hidden-size 128 --layers 2 --heads 4 \
     --seq-len 256 --batch-size 8 --steps 800 --lr 2e-3 --warmup 50 --seed 0
 $PY models/train.py --out models/stdlib-llama-target \
-    --hidden-size 256 --layers 6 --heads 4 \
-    --seq-len 256 --batch-size 8 --steps 520 --lr 2e-3 --warmup 30 --seed 0
+    --hidden-size 384 --layers 3 --heads 6 \
+    --seq-len 256 --batch-size 8 --steps 560 --lr 1.5e-3 --warmup 30 --seed 0
