@@ -26,16 +26,13 @@ plus one) measured per budget instead of modelled per depth; budgets not
 measured recently are interpolated in ``log2(budget + 1)``, since a tree's
 gain flattens as it grows.
 
-:func:`early_stop_length` (host) and :func:`early_stop_length_mx` (device)
-cut a drafted chain at the first token whose draft probability is below a
-threshold, like llama.cpp's ``--draft-p-min``.
+Early stopping on the draft's own confidence (``--draft-p-min``) lives in
+the drafters (:class:`mlx_spec.drafters.ModelDrafter`).
 """
 
 import math
 import random
 from typing import Dict, List, Optional, Sequence
-
-import mlx.core as mx
 
 DEFAULT_GAMMA_MIN = 1
 DEFAULT_GAMMA_MAX = 12
@@ -109,48 +106,6 @@ def expected_tokens(acceptance: Sequence[float]) -> List[float]:
         reach *= a
         out.append(out[-1] + reach)
     return out
-
-
-def early_stop_length(
-    probs: Sequence[float], threshold: float, *, min_keep: int = 0
-) -> int:
-    """How many drafted tokens to keep: stop at the first unconfident one.
-
-    Args:
-        probs (Sequence[float]): ``(gamma,)`` draft probability of each
-          proposed token.
-        threshold (float): Keep tokens while their probability is at least
-          this (the first token below it and everything after are dropped).
-        min_keep (int): Keep at least this many (capped at ``gamma``).
-          Default: ``0``.
-
-    Returns:
-        int: Number of leading tokens to keep, in ``[0, gamma]``.
-    """
-    keep = 0
-    for p in probs:
-        if p < threshold:
-            break
-        keep += 1
-    return min(max(keep, min_keep), len(probs))
-
-
-def early_stop_length_mx(
-    probs: mx.array, threshold: float, *, min_keep: int = 0
-) -> mx.array:
-    """Device version of :func:`early_stop_length`, batched.
-
-    Args:
-        probs (mx.array): ``(..., gamma)`` draft probabilities.
-        threshold (float): Confidence threshold.
-        min_keep (int): Keep at least this many. Default: ``0``.
-
-    Returns:
-        mx.array: ``(...,)`` int32 number of leading tokens to keep.
-    """
-    confident = (probs >= threshold).astype(mx.int32)
-    keep = mx.sum(mx.cumprod(confident, axis=-1), axis=-1)
-    return mx.clip(keep, min(min_keep, probs.shape[-1]), None).astype(mx.int32)
 
 
 class AdaptiveController:

@@ -2,9 +2,11 @@
 
 With a draft model the arms are the draft chain, the draft tree and prompt
 lookup; without one, prompt lookup and self-speculation. Each round uses
-one arm; an arm's worth is its measured tokens per second (an exponential
-moving average of emitted tokens over round time), and an occasional
-round explores the others. Every arm is exact on its own and the choice
+one arm; an arm's worth is its tokens per unit of cost (an exponential
+moving average of emitted tokens over the round's cost), and an occasional
+round explores the others. The cost is wall time under greedy decoding and
+a fixed cost model when sampling (so a seed always gives the same text); see
+``engine.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds, so the output stays exact.
 """
 
@@ -53,12 +55,16 @@ class AutoDrafter:
                 done.add(shared)
                 arm.prefill(tokens, step_size)
 
-    def propose(self, state: RoundState, gamma: int) -> Proposal:
+    def select(self):
+        """Choose this round's arm (the engine sizes its proposal)."""
         self.current = self._pick()
         self.chosen.append(self.current)
-        arm = self.arms[self.current]
-        size = self.config.tree_budget if getattr(arm, "is_tree", False) else gamma
-        return arm.propose(state, size)
+        return self.arms[self.current]
+
+    def propose(self, state: RoundState, size: int) -> Proposal:
+        if self.current is None:
+            self.select()
+        return self.arms[self.current].propose(state, size)
 
     def commit(self, state, proposal, num_accepted: int, path=None):
         self.arms[self.current].commit(state, proposal, num_accepted, path)
@@ -72,13 +78,18 @@ class AutoDrafter:
         self.rate = {name: None for name in self.arms}
         self.tries = {name: 0 for name in self.arms}
 
-    def observe(self, emitted: int, round_time: float):
-        """Feed back one round: tokens emitted and its wall time (seconds)."""
+    def observe(self, emitted: int, cost: float):
+        """Feed back one round: tokens emitted and its cost (seconds or units)."""
         name = self.current
         self.tries[name] += 1
-        rate = emitted / max(round_time, 1e-9)
+        rate = emitted / max(cost, 1e-9)
         old = self.rate[name]
         self.rate[name] = rate if old is None else (1 - EMA) * old + EMA * rate
+
+    def add_history(self, tokens):
+        for arm in self.arms.values():
+            if hasattr(arm, "add_history"):
+                arm.add_history(tokens)
 
     def caches(self) -> List:
         # Model-based arms share one draft cache: report it once.
@@ -126,6 +137,7 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
                 depth=config.tree_depth,
                 choices=config.tree_choices,
             )
+            arms["tree"].step_cost = chain.step_cost
         arms["lookup"] = make_lookup_drafter(config, target, None, None, kv, vocab_size)
     else:
         from .self_spec import make_self_drafter

@@ -19,12 +19,20 @@ DEFAULT_TREE_TOP_K = 4
 DEFAULT_TREE_DEPTH = 5
 DEFAULT_NGRAM_MIN = 1
 DEFAULT_NGRAM_MAX = 3
-DEFAULT_ADAPTIVE = False
+DEFAULT_ADAPTIVE = True
 
 
 def _check(ok: bool, name: str, value, allowed: str):
     if not ok:
         raise ValueError(f"{name}={value!r} is out of range: {allowed}.")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_tree_choices(choices) -> Optional[List[Tuple[int, ...]]]:
@@ -122,82 +130,104 @@ class SpecConfig:
             f"one of {', '.join(METHODS)}",
         )
         _check(
-            isinstance(self.num_draft_tokens, int)
+            _is_int(self.num_draft_tokens)
             and 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS,
             "num_draft_tokens",
             self.num_draft_tokens,
             f"an integer from 1 to {MAX_DRAFT_TOKENS}",
         )
-        _check(self.temp >= 0, "temp", self.temp, "temp >= 0 (0 is greedy)")
         _check(
-            0 < self.top_p <= 1, "top_p", self.top_p, "0 < top_p <= 1 (1 disables it)"
+            _is_number(self.temp) and self.temp >= 0,
+            "temp",
+            self.temp,
+            "a number >= 0 (0 is greedy)",
         )
         _check(
-            isinstance(self.top_k, int) and self.top_k >= 0,
+            _is_number(self.top_p) and 0 < self.top_p <= 1,
+            "top_p",
+            self.top_p,
+            "a number with 0 < top_p <= 1 (1 disables it)",
+        )
+        _check(
+            _is_int(self.top_k) and self.top_k >= 0,
             "top_k",
             self.top_k,
             "an integer >= 0 (0 disables it)",
         )
         _check(
-            0 <= self.min_p <= 1, "min_p", self.min_p, "0 <= min_p <= 1 (0 disables it)"
+            _is_number(self.min_p) and 0 <= self.min_p <= 1,
+            "min_p",
+            self.min_p,
+            "a number with 0 <= min_p <= 1 (0 disables it)",
         )
         _check(
-            isinstance(self.min_tokens_to_keep, int) and self.min_tokens_to_keep >= 1,
+            _is_int(self.min_tokens_to_keep) and self.min_tokens_to_keep >= 1,
             "min_tokens_to_keep",
             self.min_tokens_to_keep,
             "an integer >= 1",
         )
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
             "max_tokens",
             self.max_tokens,
             "an integer >= 1",
         )
         _check(
-            isinstance(self.tree_budget, int)
-            and 1 <= self.tree_budget <= MAX_TREE_BUDGET,
+            _is_int(self.tree_budget) and 1 <= self.tree_budget <= MAX_TREE_BUDGET,
             "tree_budget",
             self.tree_budget,
             f"an integer from 1 to {MAX_TREE_BUDGET}",
         )
         _check(
-            isinstance(self.tree_top_k, int) and 1 <= self.tree_top_k <= 16,
+            _is_int(self.tree_top_k) and 1 <= self.tree_top_k <= 16,
             "tree_top_k",
             self.tree_top_k,
             "an integer from 1 to 16",
         )
         _check(
-            isinstance(self.tree_depth, int)
-            and 1 <= self.tree_depth <= MAX_DRAFT_TOKENS,
+            _is_int(self.tree_depth) and 1 <= self.tree_depth <= MAX_DRAFT_TOKENS,
             "tree_depth",
             self.tree_depth,
             f"an integer from 1 to {MAX_DRAFT_TOKENS}",
         )
         self.tree_choices = parse_tree_choices(self.tree_choices)
         _check(
-            isinstance(self.ngram_min, int) and 1 <= self.ngram_min <= 16,
+            _is_int(self.ngram_min) and 1 <= self.ngram_min <= 16,
             "ngram_min",
             self.ngram_min,
             "an integer from 1 to 16",
         )
         _check(
-            isinstance(self.ngram_max, int) and self.ngram_min <= self.ngram_max <= 16,
+            _is_int(self.ngram_max) and 1 <= self.ngram_max <= 16,
             "ngram_max",
             self.ngram_max,
-            f"an integer from ngram_min ({self.ngram_min}) to 16",
+            "an integer from 1 to 16",
         )
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"ngram_min={self.ngram_min} is larger than ngram_max={self.ngram_max}; "
+                "make ngram_min <= ngram_max."
+            )
         _check(
-            isinstance(self.lookup_candidates, int)
-            and 1 <= self.lookup_candidates <= 64,
+            _is_int(self.lookup_candidates) and 1 <= self.lookup_candidates <= 64,
             "lookup_candidates",
             self.lookup_candidates,
             "an integer from 1 to 64",
         )
         _check(
-            0 <= self.draft_p_min < 1,
+            _is_number(self.draft_p_min) and 0 <= self.draft_p_min < 1,
             "draft_p_min",
             self.draft_p_min,
-            "0 <= draft_p_min < 1",
+            "a number with 0 <= draft_p_min < 1 (0 disables it)",
+        )
+        for name in ("adaptive", "profile"):
+            value = getattr(self, name)
+            _check(isinstance(value, bool), name, value, "True or False")
+        _check(
+            self.seed is None or _is_int(self.seed),
+            "seed",
+            self.seed,
+            "an integer or None",
         )
 
     @property

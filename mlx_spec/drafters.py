@@ -63,6 +63,40 @@ class RoundState:
     choose: Callable
 
 
+# A fixed cost model, in units of one 1-token target forward; the engine uses
+# it instead of wall time when sampling, so a seed always gives the same text.
+VERIFY_SLOPE = 0.1  # each extra verified token adds 10% of a 1-token forward
+DRAFT_LATENCY = 0.05  # a draft forward's fixed cost (launch and dispatch)
+
+
+def static_round_cost(step_cost: float, forwards: int, width: int) -> float:
+    """Modelled cost of a round: draft forwards plus one verify of ``width``."""
+    return forwards * step_cost + 1.0 + VERIFY_SLOPE * (width - 1)
+
+
+def weight_bytes(model) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def model_step_cost(draft_model, target_model) -> float:
+    """A draft forward's modelled cost: weight bytes read, relative, plus latency."""
+    ratio = weight_bytes(draft_model) / max(weight_bytes(target_model), 1)
+    return DRAFT_LATENCY + ratio
+
+
+def confident(logits: mx.array, p_min: float) -> bool:
+    """Whether the draft's top probability in ``logits`` ``(1, V)`` is >= ``p_min``.
+
+    Like llama.cpp's ``--draft-p-min``; it costs one host sync, so ``p_min``
+    0 (off) skips it.
+    """
+    if p_min <= 0:
+        return True
+    return mx.exp(logits.max() - mx.logsumexp(logits)).item() >= p_min
+
+
 def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:
     """Cut or pad (with ``-inf``) the last axis to ``vocab_size``."""
     width = logits.shape[-1]
@@ -84,10 +118,17 @@ class ModelDrafter:
 
     name = "draft"
 
-    def __init__(self, draft: CachedModel, vocab_size: int, p_min: float = 0.0):
+    def __init__(
+        self,
+        draft: CachedModel,
+        vocab_size: int,
+        p_min: float = 0.0,
+        step_cost: float = DRAFT_LATENCY,
+    ):
         self.draft = draft
         self.vocab_size = vocab_size
         self.p_min = p_min
+        self.step_cost = step_cost
 
     def prefill(self, tokens: mx.array, step_size: int):
         self.draft.prefill(tokens, step_size)
@@ -106,10 +147,8 @@ class ModelDrafter:
             tokens.append(token)
             laws.append(law)
             inputs = token
-            if self.p_min > 0 and i + 1 < gamma:
-                confidence = mx.exp(logits.max() - mx.logsumexp(logits))
-                if confidence.item() < self.p_min:
-                    break
+            if i + 1 < gamma and not confident(logits, self.p_min):
+                break
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
         return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
 
@@ -152,7 +191,12 @@ def _make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
                 f"tokens and the draft caches {cache_offset(cache)}."
             )
     draft = CachedModel(draft_model, cache, kv, "draft model")
-    return ModelDrafter(draft, vocab_size, p_min=config.draft_p_min)
+    return ModelDrafter(
+        draft,
+        vocab_size,
+        p_min=config.draft_p_min,
+        step_cost=model_step_cost(draft_model, target.model),
+    )
 
 
 # method name -> factory(config, target, draft_model, cache, kv, vocab_size).

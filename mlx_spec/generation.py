@@ -116,6 +116,7 @@ def stream_generate(
     kv_group_size: int = 64,
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
     profile: bool = False,
+    history_tokens: Optional[List[int]] = None,
     **method_options,
 ) -> SpecStream:
     """Generate text, yielding mlx_lm ``GenerationResponse`` objects.
@@ -125,8 +126,9 @@ def stream_generate(
         tokenizer: Its tokenizer.
         prompt: Text or token ids.
         draft_model: An optional draft model with the same tokenizer.
-        speculative: ``"none"``, ``"draft"`` (and later methods); by default
-          ``"draft"`` when a draft model is given, else ``"none"``.
+        speculative: ``"none"``, ``"draft"``, ``"tree"``, ``"lookup"``,
+          ``"self"`` or ``"auto"``. Default: ``"auto"``, which picks among
+          the methods this call can use (with or without a draft model).
         num_draft_tokens: Draft tokens per round (1 to 64). Default: ``4``.
         temp, top_p, top_k, min_p, min_tokens_to_keep: Sampling law, as in
           ``mlx_lm.sample_utils.make_sampler``. Default: greedy.
@@ -142,6 +144,8 @@ def stream_generate(
         kv_bits, kv_group_size, quantized_kv_start: KV-cache quantisation.
         profile: Split the time of each round into drafting and verification
           (adds one sync per round). Default: ``False``.
+        history_tokens: The tokens ``prompt_cache`` already holds (earlier
+          turns of a conversation), so prompt lookup can match them too.
         method_options: Further :class:`SpecConfig` fields of later methods.
 
     Returns:
@@ -211,6 +215,7 @@ def stream_generate(
             config=config,
             stats=stats,
             tokenizer_size=tokenizer_size(tokenizer),
+            history_tokens=history_tokens,
         )
     return SpecStream(
         _responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats

@@ -280,6 +280,8 @@ class LookupDrafter:
         self.max_candidates = max_candidates
         self.max_len = max_len
         self.is_tree = max_candidates > 1
+        self.history = 0  # tokens indexed from before this call
+        self.step_cost = 0.0  # host-side n-gram matching; no forward
 
     def chain_only(self):
         """Propose chains only (logits processors need one history per position)."""
@@ -289,10 +291,16 @@ class LookupDrafter:
     def prefill(self, tokens, step_size: int):
         """Nothing to do: the index reads the prompt from the first round's state."""
 
+    def add_history(self, tokens: Sequence[int]):
+        """Index tokens from before this call (earlier turns in the cache)."""
+        self.index.extend(tokens)
+        self.history = len(tokens)
+
     def _catch_up(self, seq: List[int]):
         # seq only grows within a call, so the new tokens are its tail.
-        if len(seq) > len(self.index):
-            self.index.extend(seq[len(self.index) :])
+        seen = len(self.index) - self.history
+        if len(seq) > seen:
+            self.index.extend(seq[seen:])
 
     def propose(self, state, gamma: int):
         """Propose up to ``gamma`` tokens (chain) or ``gamma`` tree nodes.

@@ -33,14 +33,14 @@ greedy token at the last 12 positions of the window, and the draft cost by
 the bytes of weights each step reads.
 When no set is estimated to pay (speedup below 1), nothing is drafted and
 decoding is plain; after 8 drafting rounds the estimate is redone with the
-measured acceptance, and drafting stops if it does not pay. Later calls on
-the same model object reuse the last search instead of paying for a new one. The search runs once more on the generated output after
-48 tokens, since that output, not the prompt, is what the draft must predict.
+measured acceptance, and drafting stops if it does not pay. The search runs
+once more on the generated output after 48 tokens, since that output, not
+the prompt, is what the draft must predict. Every call searches afresh (no
+state is kept between calls), so equal inputs and seed give equal output.
 """
 
 import itertools
 import math
-import weakref
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -49,7 +49,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .drafters import Proposal, RoundState, align_vocab
+from .drafters import Proposal, RoundState, align_vocab, confident
 from .lookup import check_no_drafter_cache
 
 # Prompt tokens the layer search looks at (the last ones).
@@ -297,16 +297,6 @@ def choose_skipped_layers(
 
 
 # The last search per live model object: id(model) -> search report.
-_TUNED: Dict[int, Dict] = {}
-
-
-def _remember(model: nn.Module, search: Dict):
-    key = id(model)
-    if key not in _TUNED:
-        weakref.finalize(model, _TUNED.pop, key, None)
-    _TUNED[key] = dict(search)
-
-
 class SelfDrafter:
     """The target with some blocks skipped, drafting on the target's own caches.
 
@@ -323,10 +313,8 @@ class SelfDrafter:
         min_speedup: When the best searched set's estimated speedup is
           below this, propose nothing (plain decoding) until a re-tune finds
           a better one. Default: ``1.0``.
-        reuse: Start from the last search done for the same model object in
-          this process (no search, no re-tune; the measured-speedup check
-          still runs), so repeated calls pay for the search once.
-          Default: ``True``.
+        p_min: Stop drafting once the draft's top probability falls below
+          this (one host sync per draft step); ``0`` never stops early.
     """
 
     name = "self"
@@ -342,11 +330,11 @@ class SelfDrafter:
         search_tokens: int = DEFAULT_SEARCH_TOKENS,
         retune_after: int = DEFAULT_RETUNE_AFTER,
         min_speedup: float = DEFAULT_MIN_SPEEDUP,
-        reuse: bool = True,
+        p_min: float = 0.0,
     ):
         self.target = target
-        self.reuse = reuse
         self.min_speedup = min_speedup
+        self.p_min = p_min
         self.drafting = True
         self.retune_after = retune_after
         self.auto = skipped is None
@@ -362,10 +350,18 @@ class SelfDrafter:
                 f"this one has {num_layers}."
             )
         self.search: Dict = {}
+        self.layer_costs = layer_costs(target.model)
         self.realized = [0, 0, 0]
         self.skipped: Optional[List[int]] = None
         if skipped is not None:
             self._use(skipped)
+
+    @property
+    def step_cost(self) -> float:
+        """A draft step's cost relative to a full forward (weight bytes read)."""
+        if self.skipped is None:
+            return 1.0
+        return draft_cost(*self.layer_costs, self.kept)
 
     def set_skipped(self, skipped: Sequence[int]):
         """Skip exactly these blocks from now on (no search, no re-tuning)."""
@@ -388,18 +384,11 @@ class SelfDrafter:
         """Choose the skipped blocks on the prompt (the target prefills the caches)."""
         self.prompt_len = int(tokens.size) + 1
         if self.skipped is None:
-            tuned = _TUNED.get(id(self.target.model)) if self.reuse else None
-            if tuned is not None:
-                self.retune_after = 0
-                self._adopt(dict(tuned))
-            else:
-                self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
+            self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
 
     def _search(self, window: mx.array):
         skipped, search = choose_skipped_layers(self.target.model, window, self.gamma)
         self._adopt(dict(search, skipped=skipped))
-        if search.get("searched"):
-            _remember(self.target.model, self.search)
 
     def _adopt(self, search: Dict):
         self.search = search
@@ -436,7 +425,7 @@ class SelfDrafter:
         inputs = mx.array(state.seq[-1:], mx.uint32)
         tokens, laws = [], []
         with running_layers(model, [model.layers[i] for i in self.kept]):
-            for _ in range(gamma):
+            for i in range(gamma):
                 logits = align_vocab(
                     model(inputs[None], cache=caches)[0, -1:], self.vocab_size
                 )
@@ -445,10 +434,12 @@ class SelfDrafter:
                 tokens.append(token)
                 laws.append(law)
                 inputs = token
+                if i + 1 < gamma and not confident(logits, self.p_min):
+                    break
         for c, start in zip(caches, starts):
             c.trim(c.offset - start)
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
-        return Proposal(mx.concatenate(tokens), logprobs, forwards=gamma)
+        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
 
     def commit(
         self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
@@ -474,7 +465,6 @@ class SelfDrafter:
             )
             self.search["realized_speedup"] = speedup
             self.drafting = speedup >= self.min_speedup
-            _remember(self.target.model, self.search)
 
     def caches(self) -> List:
         return []
@@ -498,4 +488,5 @@ def make_self_drafter(
         vocab_size,
         skipped=skipped,
         gamma=config.num_draft_tokens,
+        p_min=config.draft_p_min,
     )

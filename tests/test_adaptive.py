@@ -9,8 +9,6 @@ import pytest
 
 from mlx_spec.adaptive import (
     AdaptiveController,
-    early_stop_length,
-    early_stop_length_mx,
     expected_tokens,
 )
 
@@ -233,32 +231,6 @@ def test_knob_errors_name_the_field(kwargs, field):
 def test_update_errors_name_the_field(args, field):
     with pytest.raises(ValueError, match=field):
         AdaptiveController().update(*args)
-
-
-@pytest.mark.parametrize(
-    "probs, threshold, min_keep, expect",
-    [
-        ([0.9, 0.8, 0.3, 0.9], 0.5, 0, 2),
-        ([0.1, 0.9], 0.5, 0, 0),
-        ([0.1, 0.9], 0.5, 1, 1),
-        ([0.6, 0.7], 0.5, 0, 2),
-        ([0.5, 0.49], 0.5, 0, 1),
-        ([], 0.5, 3, 0),
-        ([0.9], 0.0, 0, 1),
-    ],
-)
-def test_early_stop_length(probs, threshold, min_keep, expect):
-    assert early_stop_length(probs, threshold, min_keep=min_keep) == expect
-    if probs:
-        got = early_stop_length_mx(mx.array(probs), threshold, min_keep=min_keep)
-        assert got.dtype == mx.int32 and got.item() == expect
-
-
-def test_early_stop_length_mx_matches_host_batched():
-    rng = random.Random(6)
-    rows = [[rng.random() for _ in range(7)] for _ in range(32)]
-    got = early_stop_length_mx(mx.array(rows), 0.3).tolist()
-    assert got == [early_stop_length(r, 0.3) for r in rows]
 
 
 def test_round_without_drafts_keeps_acceptance():

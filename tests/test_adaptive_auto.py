@@ -92,3 +92,109 @@ def test_sampled_first_tokens_follow_target_law(load_model, kw):
         counts[next(stream).token] += 1
         stream.close()
     assert_counts_follow_law(counts, p)
+
+
+SAMPLED_SETUPS = {
+    "adaptive-draft": (True, dict(speculative="draft")),
+    "adaptive-tree": (True, dict(speculative="tree")),
+    "auto-with-draft": (True, dict(speculative="auto")),
+    "auto-draft-free": (False, dict(speculative="auto")),
+    "draft-p-min": (True, dict(speculative="draft", draft_p_min=0.3)),
+}
+
+
+@pytest.mark.parametrize("setup", list(SAMPLED_SETUPS))
+def test_sampled_stream_follows_target_law(load_model, setup):
+    """Every sampled token, in every round (not just the first), follows the
+    target's exact law given its prefix: randomized PIT of a long stream."""
+    from law_checks import CHI2_9_999, stream_statistics
+
+    with_draft, kw = SAMPLED_SETUPS[setup]
+    model, tokenizer = load_model("llama")
+    draft = load_model("llama-near")[0] if with_draft else None
+    ids = tokenizer.encode("def fibonacci(n):\n    return fibonacci(n - 1)")
+    temp, n = 1.3, 240
+    tokenizer.eos_token_ids, saved = set(), set(tokenizer.eos_token_ids)
+    try:
+        out, stats = run(model, tokenizer, ids, draft, n, temp=temp, seed=5, **kw)
+    finally:
+        tokenizer.eos_token_ids = saved
+    assert len(out) == n and stats.draft_tokens > 0
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
+    chi2, z = stream_statistics(laws, np.array(out))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+@pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "draft-free"])
+def test_sampling_with_a_seed_ignores_wall_time(load_model, monkeypatch, with_draft):
+    """When sampling, adaptive and auto decide from a fixed cost model, so the
+    same seed gives the same text however long the rounds take."""
+    import random
+
+    from mlx_spec import engine
+
+    model, tokenizer = load_model("llama")
+    draft = load_model("llama-near")[0] if with_draft else None
+    ids = tokenizer.encode("def fibonacci(n):")
+    clock = random.Random(0)
+    outputs = []
+    for jitter in (0.0, 1.0, 0.001):
+        now = [0.0]
+
+        def fake_clock():
+            now[0] += clock.random() * jitter + 1e-6
+            return now[0]
+
+        monkeypatch.setattr(engine.time, "perf_counter", fake_clock)
+        out, stats = run(model, tokenizer, ids, draft, 60, temp=0.9, seed=11)
+        outputs.append(out)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert stats.auto_rounds and len(stats.auto_rounds) >= 2
+
+
+def test_auto_sizes_each_arm_with_its_own_controller(load_model):
+    """The tree arm gets node budgets and the chain arms draft lengths."""
+    from mlx_spec.engine import RoundPlanner
+
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("def fibonacci(n):")
+    sizes = []
+    begin = RoundPlanner.begin_round
+
+    def spy(self):
+        is_tree, size = begin(self)
+        sizes.append((self.arm.name, is_tree, size))
+        return is_tree, size
+
+    RoundPlanner.begin_round = spy
+    try:
+        _, stats = run(model, tokenizer, ids, draft, 80, speculative="auto")
+    finally:
+        RoundPlanner.begin_round = begin
+    names = {name for name, _, _ in sizes}
+    assert {"draft", "tree", "lookup"} <= names
+    for name, is_tree, size in sizes:
+        if name == "tree":
+            assert is_tree and size in (4, 8, 16, 24, 32, 48, 64)
+        elif not is_tree:
+            assert 1 <= size <= 8, (name, size)
+
+
+def test_draft_p_min_stops_early_and_stays_exact(load_model):
+    model, tokenizer = load_model("qwen2")
+    draft, _ = load_model("qwen2-near")
+    ids = tokenizer.encode("import os\nimport sys\n")
+    tokenizer.eos_token_ids, saved = set(), set(tokenizer.eos_token_ids)
+    try:
+        expected = plain(model, ids, 40)
+        kw = dict(speculative="draft", adaptive=False, num_draft_tokens=6)
+        _, full = run(model, tokenizer, ids, draft, 40, **kw)
+        got, early = run(model, tokenizer, ids, draft, 40, draft_p_min=0.9, **kw)
+    finally:
+        tokenizer.eos_token_ids = saved
+    assert got == expected
+    assert set(full.drafted_per_round) == {6} or full.drafted_per_round[-1] < 6
+    assert min(early.drafted_per_round) < 6
+    assert early.draft_tokens < full.draft_tokens
