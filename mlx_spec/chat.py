@@ -26,7 +26,7 @@ from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 from .cli import add_speculative_options, method_options
 from .config import SpecConfig
 from .generation import stream_generate
-from .integration import plan_method
+from .integration import history_kwargs, plan_method
 from .loading import default_model_pair, load_pair
 
 DRAFT_METHODS = ("draft", "tree")
@@ -107,6 +107,8 @@ class Chat:
         self.cache = make_prompt_cache(self.model, self.args.max_kv_size)
         if self.draft_model is not None:
             self.cache += make_prompt_cache(self.draft_model, self.args.max_kv_size)
+        # Every token in the cache, oldest first (the prompt lookup context).
+        self.history: List[int] = []
         self.turns = 0
 
     @property
@@ -136,6 +138,7 @@ class Chat:
             sampler=self.sampler,
             prompt_cache=self.cache,
             prefill_step_size=self.args.prefill_step_size,
+            **history_kwargs(stream_generate, self.history),
             **method_options(self.args),
         )
         interrupted = False
@@ -150,6 +153,7 @@ class Chat:
             interrupted = True
         finally:
             stream.close()
+        self.history += list(prompt) + tokens
         self.turns += 1
         stats = stream.stats
         self.out.write("\n")

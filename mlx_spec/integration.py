@@ -11,8 +11,11 @@ swaps module attributes (never installed files):
   other call goes to the saved original, unchanged.
 - ``make_sampler`` in ``mlx_lm.sample_utils`` (and importers): samplers
   it makes carry ``.sampling_params``, so routed calls at ``temp > 0`` use
-  exact rejection sampling. XTC samplers stay opaque (they are random
-  filters, not a fixed law) and use sample-and-match, which is also exact.
+  exact rejection sampling. Every ``temp == 0`` call returns the same
+  tagged :func:`greedy_sampler`, so mlx_lm's batching (which shares one
+  sampler call when all rows hold the *same* sampler) keeps its fast path.
+  XTC samplers stay opaque (they are random filters, not a fixed law) and
+  use sample-and-match, which is also exact.
 
 :func:`unregister` puts the original function objects back everywhere.
 Modules imported after :func:`register` pick up the patched names too, and
@@ -20,9 +23,10 @@ are restored as well.
 """
 
 import importlib
+import inspect
 import sys
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 # ``import mlx_lm.generate as m`` would give the function: the package
 # re-exports ``generate`` under the submodule's name.
@@ -34,9 +38,12 @@ from .sampling import SamplingParams
 
 # The keyword that turns a call into a speculative one without a draft model.
 SPECULATIVE_KEY = "speculative"
-# mlx_lm keywords the mlx-spec loop has no use for (mlx_lm's own speculative
-# path drops them too; ``max_kv_size`` is kept for plain decoding).
+# mlx_lm keywords the mlx-spec loop has no use for: it runs on its own
+# generation stream (``max_kv_size`` is kept for plain decoding).
 _DROPPED = ("stream",)
+# The keyword that gives the engine the tokens already in the prompt cache
+# (the n-gram index of prompt lookup reads the whole conversation).
+HISTORY_KEY = "history_tokens"
 # mlx_lm's ``max_tokens=-1`` means "until EOS".
 _UNLIMITED = 2**31 - 1
 
@@ -86,6 +93,20 @@ def _tag(sampler, temp, top_p, min_p, min_tokens_to_keep, top_k):
     return sampler
 
 
+def greedy_sampler(logprobs):
+    """``mlx_lm.sample_utils.greedy_sampler`` (argmax), tagged as greedy.
+
+    One module-level object: every ``make_sampler(temp=0)`` returns it, as
+    mlx_lm returns its own ``greedy_sampler``, so samplers of greedy
+    requests compare identical (``is``) and mlx_lm's ``BatchGenerator``
+    samples a whole batch in one call.
+    """
+    return _lm_sample_utils.greedy_sampler(logprobs)
+
+
+greedy_sampler.sampling_params = SamplingParams()
+
+
 def make_sampler(
     temp: float = 0.0,
     top_p: float = 0.0,
@@ -98,8 +119,11 @@ def make_sampler(
 ):
     """``mlx_lm.sample_utils.make_sampler``, tagged with ``.sampling_params``.
 
-    Same arguments, same returned law. XTC samplers are returned untagged.
+    Same arguments, same returned law. ``temp == 0`` gives the shared
+    :func:`greedy_sampler`; XTC samplers are returned untagged.
     """
+    if temp == 0:
+        return greedy_sampler
     original = _originals["make_sampler"]
     sampler = original(
         temp,
@@ -111,15 +135,30 @@ def make_sampler(
         xtc_threshold,
         xtc_special_tokens,
     )
-    if xtc_probability > 0.0 and temp != 0:
+    if xtc_probability > 0.0:
         return sampler
-    if sampler is _lm_sample_utils.greedy_sampler:
-        greedy = sampler
-
-        def sampler(logprobs):
-            return greedy(logprobs)
-
     return _tag(sampler, temp, top_p, min_p, min_tokens_to_keep, top_k)
+
+
+def history_kwargs(generate_fn: Callable, history: Sequence[int]) -> Dict[str, Any]:
+    """``{"history_tokens": history}`` if ``generate_fn`` takes that keyword.
+
+    Chat and server pass only the uncached suffix of a conversation as the
+    prompt; ``history`` is what the prompt cache already holds, so the
+    n-gram index of prompt lookup can match the earlier turns too. An
+    engine without the keyword gets nothing (its index sees the suffix only).
+
+    Args:
+        generate_fn: The ``stream_generate`` about to be called.
+        history: Token ids already in the prompt cache, oldest first.
+    """
+    try:
+        parameters = inspect.signature(generate_fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if HISTORY_KEY not in parameters or not history:
+        return {}
+    return {HISTORY_KEY: list(history)}
 
 
 def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):
@@ -158,22 +197,49 @@ def _responses(stream, progress):
         stream.close()
 
 
+def _bind_original(args: tuple, kwargs: dict) -> Dict[str, Any]:
+    """Bind a call as mlx_lm's ``stream_generate`` would (its ``TypeError``s too).
+
+    Returns every named argument given, with the ``**kwargs`` catch-all
+    merged in, so positional extras (such as mlx_lm's sixth, ``stream``)
+    are seen by name.
+    """
+    signature = inspect.signature(_originals["stream_generate"])
+    bound = signature.bind(*args, **kwargs).arguments
+    named = {}
+    for name, value in bound.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return named
+
+
 def stream_generate(
-    model, tokenizer, prompt, max_tokens=256, draft_model=None, **kwargs
+    model, tokenizer, prompt, max_tokens=256, draft_model=None, *args, **kwargs
 ):
     """``mlx_lm.stream_generate``, speculative when the call asks for it.
 
-    With a ``draft_model`` or a ``speculative=`` method, mlx-spec's loop runs
+    Takes mlx_lm's arguments, positional or keyword (``model, tokenizer,
+    prompt, max_tokens, draft_model, stream, **kwargs``). With a
+    ``draft_model`` or a ``speculative=`` method, mlx-spec's loop runs
     (extra keywords such as ``num_draft_tokens``, ``temp``, ``tree_budget``
     go to :func:`mlx_spec.stream_generate`) and the yielded responses are
     ``GenerationResponse`` subclasses carrying ``stats``. Any other call is
     mlx_lm's original, with the same arguments.
     """
+    original = _originals["stream_generate"]
     if not wants_speculation(draft_model, kwargs):
-        original = _originals["stream_generate"]
-        return original(model, tokenizer, prompt, max_tokens, draft_model, **kwargs)
+        return original(
+            model, tokenizer, prompt, max_tokens, draft_model, *args, **kwargs
+        )
+    named = _bind_original(
+        (model, tokenizer, prompt, max_tokens, draft_model, *args), kwargs
+    )
+    for name in ("model", "tokenizer", "prompt", "max_tokens", "draft_model"):
+        named.pop(name)
     stream, progress = _spec_stream(
-        model, tokenizer, prompt, max_tokens, draft_model, kwargs
+        model, tokenizer, prompt, max_tokens, draft_model, named
     )
     return _responses(stream, progress)
 

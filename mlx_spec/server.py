@@ -13,7 +13,12 @@ model provider and its prompt cache. What changes:
   ``ngram_min``, ``ngram_max`` and ``adaptive``; a bad value gets HTTP 400
   with ``{"error": "..."}``;
 - responses carry the speculation statistics in ``speculative_stats``
-  (the final chunk of a stream); ``usage`` keeps OpenAI's shape.
+  (the final chunk of a stream); ``usage`` keeps OpenAI's shape;
+- the models are loaded (and a draft's tokenizer checked against the
+  target's) before the server answers anything, so a bad path is a
+  one-line error at startup, never a server that hangs;
+- streaming requests get ``: keepalive`` SSE comments while their prompt
+  is processed, as mlx_lm's do.
 """
 
 from . import ensure_fast_blas
@@ -21,6 +26,7 @@ from . import ensure_fast_blas
 ensure_fast_blas()
 
 import argparse
+import gc
 import json
 import logging
 import socket
@@ -44,8 +50,8 @@ from mlx_lm.models.cache import (
 from .cli import add_speculative_options, method_option_fields, method_options
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from .generation import stream_generate
-from .integration import plan_method
-from .loading import default_model_pair
+from .integration import history_kwargs, plan_method
+from .loading import check_draft_tokenizer, default_model_pair, load_model
 from .sampling import make_sampler
 
 # Methods that run a draft model next to the target (their prompt caches
@@ -54,6 +60,9 @@ DRAFT_METHODS = ("draft", "tree")
 # Statistics left out of responses (per-round lists grow with the output).
 _STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
 STATS_FIELD = "speculative_stats"
+# Seconds between ``: keepalive`` comments while a streamed prompt is processed.
+KEEPALIVE_SECONDS = 5.0
+PORT_RANGE = (1, 65535)
 
 
 class RequestError(ValueError):
@@ -132,6 +141,16 @@ def setup_arg_parser() -> argparse.ArgumentParser:
             action.help = "Host for the HTTP server (default: 127.0.0.1)."
     add_speculative_options(parser)
     return parser
+
+
+def check_port(port: int) -> int:
+    """The ``--port`` value, or a one-line ``ValueError`` naming the range."""
+    low, high = PORT_RANGE
+    if not low <= port <= high:
+        raise ValueError(
+            f"--port={port} is out of range: an integer from {low} to {high}."
+        )
+    return port
 
 
 def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -227,10 +246,44 @@ def stats_payload(stats) -> Optional[dict]:
 
 
 class SpecModelProvider(lm_server.ModelProvider):
-    """mlx_lm's provider; requests are never batched (each runs mlx_spec's loop)."""
+    """mlx_lm's provider with one-line load errors and a checked draft.
+
+    Requests are never batched (each runs mlx_spec's loop). A draft whose
+    tokenizer differs from the target's is refused (``ValueError``) rather
+    than merely warned about.
+    """
 
     def _load(self, model_path, adapter_path=None, draft_model_path=None):
-        super()._load(model_path, adapter_path, draft_model_path)
+        if self.is_distributed:  # mlx_lm's sharded load (it refuses drafts)
+            super()._load(model_path, adapter_path, draft_model_path)
+            self.is_batchable = False
+            return
+        self.reset()
+        gc.collect()
+        mx.clear_cache()
+        model, tokenizer, config = load_model(
+            model_path,
+            "model",
+            adapter_path=adapter_path,
+            tokenizer_config=self._tokenizer_config,
+            return_config=True,
+            trust_remote_code=self.cli_args.trust_remote_code,
+        )
+        if self.cli_args.use_default_chat_template and tokenizer.chat_template is None:
+            tokenizer.chat_template = tokenizer.default_chat_template
+        draft_model = None
+        if draft_model_path is not None:
+            draft_model, draft_tokenizer = load_model(
+                draft_model_path,
+                "draft model",
+                trust_remote_code=self.cli_args.trust_remote_code,
+            )
+            check_draft_tokenizer(tokenizer, draft_tokenizer)
+        self.model_key = (model_path, adapter_path, draft_model_path)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.processor = lm_server.load_processor(model, config)
+        self.draft_model = draft_model
         self.is_batchable = False
 
 
@@ -243,8 +296,41 @@ def _sampler(args, tokenizer):
     return make_sampler(sampling.temperature, top_p, sampling.min_p, 1, sampling.top_k)
 
 
+class _PrefillKeepalive:
+    """Progress messages on a request's queue until its first token.
+
+    mlx_lm's handler turns each ``(processed, total)`` on the queue into a
+    ``: keepalive processed/total`` SSE comment (streams only), so clients
+    and proxies do not time out during a long prefill. One is sent at once,
+    then one every ``interval`` seconds, and ``(total, total)`` at the end.
+    """
+
+    def __init__(self, rqueue, total: int, interval: float = KEEPALIVE_SECONDS):
+        self.rqueue = rqueue
+        self.total = total
+        self.interval = interval
+        self._done = threading.Event()
+        rqueue.put((0, total))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._done.wait(self.interval):
+            self.rqueue.put((0, self.total))
+
+    def stop(self):
+        """Stop the messages (idempotent); nothing is queued after this returns."""
+        if self._done.is_set():
+            return
+        self._done.set()
+        self._thread.join()
+        self.rqueue.put((self.total, self.total))
+
+
 class SpecResponseGenerator(lm_server.ResponseGenerator):
     """mlx_lm's request queue and generation thread, serving with mlx_spec."""
+
+    keepalive_seconds: float = KEEPALIVE_SECONDS
 
     def _serve_single(self, request, stream):
         rqueue, request, args = request
@@ -289,6 +375,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
 
         if args.seed is not None:
             mx.random.seed(args.seed)
+        cached = prompt[: len(prompt) - len(rest)]
         responses = stream_generate(
             model,
             tokenizer,
@@ -303,6 +390,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             kv_bits=self.cli_args.kv_bits,
             kv_group_size=self.cli_args.kv_group_size,
             quantized_kv_start=self.cli_args.quantized_kv_start,
+            **history_kwargs(stream_generate, cached),
             **method_options_of(speculation),
         )
         if isinstance(request, SpecCompletionRequest):
@@ -314,14 +402,16 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             text_sm=text_sm,
             initial_state=initial_state,
             prompt=prompt,
-            prompt_cache_count=len(prompt) - len(rest),
+            prompt_cache_count=len(cached),
         )
         rqueue.put(ctx)
 
         tokens = list(prompt)
         matcher = stop_sequences.matcher()
+        keepalive = _PrefillKeepalive(rqueue, len(rest), self.keepalive_seconds)
         try:
             for gen in responses:
+                keepalive.stop()
                 finish_reason = gen.finish_reason
                 if matcher.advance(gen.token):
                     finish_reason = "stop"
@@ -340,6 +430,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 if ctx._should_stop or finish_reason is not None:
                     break
         finally:
+            keepalive.stop()
             # Rewinds the caches to the prompt plus the tokens sent.
             responses.close()
         rqueue.put(None)
@@ -461,6 +552,10 @@ class SpecServer:
     """
 
     def __init__(self, args: argparse.Namespace):
+        """Bind the port and load the models (``ValueError``/``OSError`` on failure).
+
+        ``args.port`` 0 picks a free port (see :attr:`port`).
+        """
         self.args = resolve_model_args(args)
         family, _, _, _, address = socket.getaddrinfo(
             self.args.host,
@@ -480,11 +575,30 @@ class SpecServer:
         cache_limits = {"max_size": self.args.prompt_cache_size}
         if getattr(self.args, "prompt_cache_bytes", None) is not None:
             cache_limits["max_bytes"] = self.args.prompt_cache_bytes
-        self.provider = SpecModelProvider(self.args)
+        try:
+            # Load before the generation thread starts: a bad path or a
+            # mismatched draft fails here, in one line, not in that thread.
+            self.provider = SpecModelProvider(self.args)
+            self.provider.load_default()
+        except BaseException:
+            self.httpd.server_close()
+            raise
         self.generator = SpecResponseGenerator(
             self.provider, LRUPromptCache(**cache_limits)
         )
         self._thread: Optional[threading.Thread] = None
+
+    @property
+    def method(self) -> str:
+        """The method a request that names none runs (as ``plan_method`` resolves it)."""
+        return plan_method(self.args.speculative, self.provider.draft_model)[0]
+
+    def describe(self) -> str:
+        """The startup log line: address, models and the method actually used."""
+        return (
+            f"mlx_spec.server at {self.url} (model {self.args.model}, "
+            f"draft {self.args.draft_model}, speculative {self.method})"
+        )
 
     @property
     def port(self) -> int:
@@ -534,16 +648,16 @@ def main(argv: Optional[List[str]] = None):
         format="%(asctime)s - %(levelname)s - %(message)s",
     )
     try:
+        check_port(args.port)
         server = SpecServer(args)
     except (ValueError, OSError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    logging.info(
-        "mlx_spec.server at %s (model %s, draft %s, speculative %s)",
-        server.url,
-        args.model,
-        args.draft_model,
-        args.speculative or ("draft" if args.draft_model else "none"),
-    )
+    try:
+        server.wait_ready()
+    except (RuntimeError, TimeoutError) as e:
+        server.stop()
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
+    logging.info(server.describe())
     server.serve_forever()
 
 

@@ -183,3 +183,26 @@ def test_run_says_when_it_falls_back_to_continuation_mode(checkpoints, monkeypat
     assert "plain continuation mode" in text
     assert "[Speculation: none" in text
     assert text.endswith("bye\n")
+
+
+def test_later_turns_pass_the_cached_conversation_as_history(pair, monkeypatch):
+    """Prompt lookup must see earlier turns, though only new tokens are prefilled."""
+    from mlx_spec import chat as chat_module
+
+    real = chat_module.stream_generate
+    seen = []
+
+    def spy(*args, history_tokens=None, **kwargs):
+        seen.append(history_tokens)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "stream_generate", spy)
+    chat, _ = _chat(pair, "--speculative", "lookup")
+    first_prompt = chat._prompt("Write a parser.")
+    first = chat.reply("Write a parser.")
+    chat.reply("Now a lexer.")
+    assert seen[0] is None
+    assert seen[1] == first_prompt + first.tokens
+    assert len(chat.history) == chat.cached_tokens
+    chat.reset()
+    assert chat.history == []

@@ -170,3 +170,60 @@ def test_bench_help_reaches_the_real_harness(capsys):
         cli.main(["bench", "--help"])
     assert exit_info.value.code == 0
     assert "benchmarks" in capsys.readouterr().out
+
+
+def _fake_harness(monkeypatch):
+    """A harness module with its own parser, as benchmarks/run.py has."""
+    import argparse
+
+    calls = []
+    fake = types.ModuleType("fake_bench_harness")
+
+    def setup_arg_parser():
+        parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
+        parser.add_argument("--quick", action="store_true")
+        parser.add_argument("--num-draft-tokens", type=int, default=4)
+        parser.add_argument("--option", action="append", default=[])
+        return parser
+
+    fake.setup_arg_parser = setup_arg_parser
+    fake.main = lambda argv=None: calls.append(argv)
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(cli, "BENCH_ENTRY", f"{fake.__name__}:main")
+    return calls
+
+
+def test_bench_help_names_mlx_spec_bench_and_lists_method_options(monkeypatch, capsys):
+    _fake_harness(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("usage: mlx_spec bench ")
+    assert "benchmarks.run" not in out
+    for flag in SPECULATIVE_FLAGS[2:]:  # --speculative is the harness's --methods
+        assert flag in out, flag
+
+
+def test_bench_method_options_reach_the_harness_as_options(monkeypatch):
+    calls = _fake_harness(monkeypatch)
+    cli.main(
+        ["bench", "--quick", "--tree-budget", "12", "--tree-choices", "[[0], [1]]"]
+    )
+    assert calls == [
+        [
+            "--quick",
+            "--option",
+            "tree_budget=12",
+            "--option",
+            'tree_choices="[[0], [1]]"',
+        ]
+    ]
+
+
+def test_bench_bad_option_is_reported_under_mlx_spec_bench(monkeypatch, capsys):
+    _fake_harness(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--tree-budget", "many"])
+    assert exit_info.value.code == 2
+    assert "mlx_spec bench: error:" in capsys.readouterr().err

@@ -358,3 +358,58 @@ def test_unmodified_mlx_lm_server_speculates_after_register(
     tokenizer = pair[1]
     assert body["choices"][0]["text"] == tokenizer.decode(references[PROMPTS[0]])
     assert len(calls) == 1 and calls[0] is not None
+
+
+def test_registered_stream_generate_takes_mlx_lm_positional_arguments(
+    registered, pair, references
+):
+    """mlx_lm's order: model, tokenizer, prompt, max_tokens, draft_model, stream."""
+    model, tokenizer, draft = pair
+    prompt = PROMPTS[0]
+    stream = lm_generate.generation_stream
+    routed = mlx_lm.stream_generate(
+        model, tokenizer, prompt, MAX_TOKENS, draft, stream, num_draft_tokens=2
+    )
+    assert _tokens(routed) == references[prompt]
+    plain = mlx_lm.stream_generate(model, tokenizer, prompt, MAX_TOKENS, None, stream)
+    assert _tokens(plain) == references[prompt]
+
+
+def test_registered_stream_generate_binds_arguments_like_mlx_lm(registered, pair):
+    model, tokenizer, draft = pair
+    stream = lm_generate.generation_stream
+    with pytest.raises(TypeError):  # stream given twice
+        mlx_lm.stream_generate(model, tokenizer, "x", 4, draft, stream, stream=stream)
+    with pytest.raises(TypeError):  # one positional too many
+        mlx_lm.stream_generate(model, tokenizer, "x", 4, draft, stream, None)
+
+
+def test_greedy_samplers_are_one_tagged_object(registered):
+    """mlx_lm's BatchGenerator samples a batch in one call only when rows share
+    a sampler by identity, as its own greedy_sampler always does."""
+    samplers = [
+        lm_sample_utils.make_sampler(0.0),
+        mlx_lm.server.make_sampler(0.0, top_p=0.9, top_k=5),
+        lm_sample_utils.make_sampler(0, xtc_probability=0.5),
+    ]
+    assert all(s is samplers[0] for s in samplers)
+    assert samplers[0] is integration.greedy_sampler
+    assert samplers[0].sampling_params.greedy
+    logprobs = mx.log(mx.array([[0.1, 0.6, 0.3]]))
+    assert samplers[0](logprobs).item() == 1
+    # Sampled laws still get a sampler of their own.
+    assert lm_sample_utils.make_sampler(0.7) is not lm_sample_utils.make_sampler(0.7)
+
+
+def test_history_kwargs_only_for_engines_that_take_history():
+    def with_history(prompt, history_tokens=None):
+        pass
+
+    def without(prompt, **kwargs):
+        pass
+
+    assert integration.history_kwargs(with_history, (1, 2, 3)) == {
+        integration.HISTORY_KEY: [1, 2, 3]
+    }
+    assert integration.history_kwargs(with_history, []) == {}
+    assert integration.history_kwargs(without, [1, 2]) == {}

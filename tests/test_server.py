@@ -7,19 +7,28 @@ mlx_lm decoding, computed before the server starts.
 
 import http.client
 import json
+import logging
+import os
+import queue
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import httpx
 import mlx_lm
 import pytest
 from openai import OpenAI
 
+from mlx_spec import server as server_module
 from mlx_spec.config import METHODS
 from mlx_spec.integration import plan_method
-from mlx_spec.server import STATS_FIELD, SpecServer, setup_arg_parser
+from mlx_spec.server import STATS_FIELD, SpecServer, main, setup_arg_parser
+
+REPO = Path(__file__).resolve().parent.parent
 
 MAX_TOKENS = 16
 PROMPTS = (
@@ -271,3 +280,142 @@ def test_sampled_requests_with_a_seed_are_reproducible(server):
     assert first[0] == second[0] == 200
     assert first[1]["choices"][0]["text"] == second[1]["choices"][0]["text"]
     assert first[1][STATS_FIELD]["method"] == DEFAULT_METHOD
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _exit_message(argv, capsys) -> str:
+    """Run ``main(argv)``; it must exit non-zero with one line on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code not in (0, None)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("flag", ["--model", "--draft-model"])
+def test_bad_model_path_is_a_one_line_startup_error(flag, checkpoints, capsys):
+    argv = ["--model", str(checkpoints["llama"]), "--port", str(_free_port())]
+    argv += [flag, "/no/such/model"]
+    err = _exit_message(argv, capsys)
+    assert "'/no/such/model' does not exist" in err
+
+
+def test_mismatched_draft_tokenizer_is_refused_at_startup(checkpoints, capsys):
+    argv = [
+        "--model",
+        str(checkpoints["llama"]),
+        "--draft-model",
+        str(checkpoints["llama-othertok"]),
+        "--port",
+        str(_free_port()),
+    ]
+    err = _exit_message(argv, capsys)
+    assert "tokenizer differs" in err
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "65536"])
+def test_port_out_of_range_is_a_one_line_error(port, capsys):
+    err = _exit_message(["--port", port], capsys)
+    assert f"--port={port} is out of range" in err
+
+
+def test_server_command_with_bad_model_exits_instead_of_hanging():
+    result = subprocess.run(
+        [sys.executable, "-m", "mlx_spec", "server", "--model", "/no/such/model"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith("does not exist.")
+
+
+def test_startup_log_names_the_method_used(checkpoints, monkeypatch, caplog):
+    monkeypatch.setattr(SpecServer, "serve_forever", lambda self: self.stop())
+    caplog.set_level(logging.INFO)
+    main(["--model", str(checkpoints["llama"]), "--port", str(_free_port())])
+    method = plan_method(None, None)[0]
+    assert f"speculative {method})" in caplog.text
+    main(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--speculative",
+            "lookup",
+            "--port",
+            str(_free_port()),
+        ]
+    )
+    assert "speculative lookup)" in caplog.text
+
+
+def test_fixture_server_reports_its_default_method(server):
+    assert server.method == DEFAULT_METHOD
+    assert f"speculative {DEFAULT_METHOD})" in server.describe()
+
+
+def test_streaming_request_gets_keepalive_before_the_first_token(server):
+    body = json.dumps({"prompt": PROMPTS[1], "max_tokens": 2, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"data:" not in received:
+            received += sock.recv(4096)
+    assert b": keepalive 0/" in received.split(b"data:")[0]
+
+
+def test_prefill_keepalive_repeats_then_ends_with_the_total():
+    messages = queue.Queue()
+    keepalive = server_module._PrefillKeepalive(messages, 7, interval=0.001)
+    assert messages.get(timeout=30) == (0, 7)
+    assert messages.get(timeout=30) == (0, 7)  # repeated while prefilling
+    keepalive.stop()
+    keepalive.stop()  # idempotent
+    rest = []
+    while not messages.empty():
+        rest.append(messages.get_nowait())
+    assert rest[-1] == (7, 7) and rest.count((7, 7)) == 1
+
+
+def test_cached_conversation_reaches_the_engine_as_history(
+    server, load_model, monkeypatch
+):
+    """A reused prompt cache: the engine gets the cached tokens as history."""
+    real = server_module.stream_generate
+    seen = []
+
+    def spy(*args, history_tokens=None, **kwargs):
+        seen.append(history_tokens)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server_module, "stream_generate", spy)
+    prompt = "def history_probe(tokens):\n    return"
+    for _ in range(2):
+        status, _ = _post(
+            server,
+            "/v1/completions",
+            {"prompt": prompt, "max_tokens": 4, "speculative": "lookup"},
+        )
+        assert status == 200
+    _, tokenizer = load_model("llama")
+    tokens = tokenizer.encode(prompt)
+    # The second time the whole prompt is cached but for the token it recomputes.
+    assert seen[1] == tokens[:-1]
+    assert seen[0] is None or len(seen[0]) < len(seen[1])
