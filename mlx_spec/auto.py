@@ -1,7 +1,8 @@
 """``--speculative auto``: pick the best method online.
 
 With a draft model the arms are the draft chain, the draft tree and prompt
-lookup; without one, prompt lookup and self-speculation. Each round uses
+lookup falling back to the draft chain when the context has no strong match
+(:class:`LookupThenDraft`); without one, prompt lookup and self-speculation. Each round uses
 one arm; an arm's worth is its tokens per unit of cost (an exponential
 moving average of emitted tokens over the round's cost), and an occasional
 round explores the others. The cost is wall time under greedy decoding and
@@ -113,6 +114,60 @@ class AutoDrafter:
                 arm.report(stats)
 
 
+class LookupThenDraft:
+    """Prompt lookup when the context has a strong match, else the draft model.
+
+    A round proposes lookup's continuation (free to draft) when its n-gram
+    match is at least ``min_match`` tokens long, and the draft model's
+    chain otherwise. The draft cache catches up on skipped tokens the next
+    time it drafts.
+    """
+
+    name = "lookup+draft"
+    is_tree = False
+
+    def __init__(self, lookup, chain, min_match: int = 2):
+        self.lookup = lookup
+        self.chain = chain
+        self.min_match = min_match
+        self.used = chain
+
+    @property
+    def draft(self):
+        """The draft model's cache, shared with the other model arms."""
+        return self.chain.draft
+
+    @property
+    def step_cost(self) -> float:
+        return self.used.step_cost
+
+    def prefill(self, tokens, step_size: int):
+        self.chain.prefill(tokens, step_size)
+
+    def propose(self, state: RoundState, gamma: int) -> Proposal:
+        proposal = self.lookup.propose(state, gamma)
+        if proposal.size and self.lookup.index.last_match_len >= self.min_match:
+            self.used = self.lookup
+            return proposal
+        self.used = self.chain
+        return self.chain.propose(state, gamma)
+
+    def commit(self, state, proposal, num_accepted: int, path=None):
+        self.used.commit(state, proposal, num_accepted, path)
+
+    def add_history(self, tokens):
+        self.lookup.add_history(tokens)
+
+    def chain_only(self):
+        self.lookup.chain_only()
+
+    def caches(self) -> List:
+        return self.chain.caches()
+
+    def sync(self, seq, base: int):
+        self.chain.sync(seq, base)
+
+
 def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab_size):
     from .drafters import _make_model_drafter
     from .lookup import make_lookup_drafter
@@ -138,7 +193,9 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
                 choices=config.tree_choices,
             )
             arms["tree"].step_cost = chain.step_cost
-        arms["lookup"] = make_lookup_drafter(config, target, None, None, kv, vocab_size)
+        lookup = make_lookup_drafter(config, target, None, None, kv, vocab_size)
+        lookup.chain_only()
+        arms["lookup+draft"] = LookupThenDraft(lookup, chain)
     else:
         from .self_spec import make_self_drafter
 

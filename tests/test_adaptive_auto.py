@@ -66,7 +66,7 @@ def test_auto_uses_every_arm_and_reports_it(load_model):
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode("def fibonacci(n):")
     _, stats = run(model, tokenizer, ids, draft, 60, speculative="auto")
-    assert set(stats.auto_rounds) == {"draft", "tree", "lookup"}
+    assert set(stats.auto_rounds) == {"draft", "tree", "lookup+draft"}
     assert all(count >= 2 for count in stats.auto_rounds.values())
     assert sum(stats.auto_rounds.values()) == stats.rounds
 
@@ -174,7 +174,7 @@ def test_auto_sizes_each_arm_with_its_own_controller(load_model):
     finally:
         RoundPlanner.begin_round = begin
     names = {name for name, _, _ in sizes}
-    assert {"draft", "tree", "lookup"} <= names
+    assert {"draft", "tree", "lookup+draft"} <= names
     for name, is_tree, size in sizes:
         if name == "tree":
             assert is_tree and size in (4, 8, 16, 24, 32, 48, 64)
@@ -198,3 +198,32 @@ def test_draft_p_min_stops_early_and_stays_exact(load_model):
     assert set(full.drafted_per_round) == {6} or full.drafted_per_round[-1] < 6
     assert min(early.drafted_per_round) < 6
     assert early.draft_tokens < full.draft_tokens
+
+
+def test_lookup_then_draft_copies_on_a_match_and_stays_exact(load_model):
+    """The combined arm copies from the context on a strong n-gram match and
+    drafts with the model otherwise; greedy output is unchanged."""
+    from mlx_spec.auto import LookupThenDraft
+
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("x = [1, 2, 3, 4, 5, 6]\ny = [1, 2, 3, 4, 5, 6]\nz = [1, 2,")
+    used = []
+    propose = LookupThenDraft.propose
+
+    def spy(self, state, gamma):
+        proposal = propose(self, state, gamma)
+        used.append(self.used is self.lookup)
+        return proposal
+
+    LookupThenDraft.propose = spy
+    tokenizer.eos_token_ids, saved = set(), set(tokenizer.eos_token_ids)
+    try:
+        expected = plain(model, ids, 40)
+        got, stats = run(model, tokenizer, ids, draft, 40, speculative="auto")
+    finally:
+        LookupThenDraft.propose = propose
+        tokenizer.eos_token_ids = saved
+    assert got == expected
+    assert stats.auto_rounds["lookup+draft"] == len(used)
+    assert True in used
