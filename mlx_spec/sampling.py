@@ -82,5 +82,13 @@ def make_sampler(
 
 
 def sampling_params_of(sampler: Optional[Sampler]) -> Optional[SamplingParams]:
-    """The law a sampler declares, or ``None`` for an opaque callable."""
+    """The law a sampler declares, or ``None`` for an opaque callable.
+
+    mlx_lm's own ``greedy_sampler`` (what its ``make_sampler(0.0)`` returns)
+    is recognised as greedy.
+    """
+    from mlx_lm.sample_utils import greedy_sampler
+
+    if sampler is greedy_sampler:
+        return SamplingParams()
     return getattr(sampler, "sampling_params", None)

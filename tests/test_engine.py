@@ -289,3 +289,12 @@ def test_opaque_sampler_uses_sample_and_match(load_model):
     assert spec_tokens(model, draft, ids, 16, 3, sampler=greedy) == plain_tokens(
         model, ids, 16
     )
+
+
+def test_mlx_lm_greedy_sampler_is_recognised_as_greedy():
+    from mlx_lm.sample_utils import make_sampler as lm_make_sampler
+
+    from mlx_spec.sampling import sampling_params_of
+
+    assert sampling_params_of(lm_make_sampler(0.0)).greedy
+    assert sampling_params_of(lm_make_sampler(0.7)) is None  # opaque: match mode

@@ -204,7 +204,12 @@ def test_sampled_first_token_follows_target_law(load_model):
     assert abs(rate - pd) < 4 * math.sqrt(max(pd * (1 - pd), 1e-3) / runs) + 1e-9
 
 
-def test_sampled_stream_follows_target_law(load_model):
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(), dict(adaptive=False), dict(lookup_candidates=4, tree_budget=12)],
+    ids=["chain-adaptive", "chain-fixed", "tree"],
+)
+def test_sampled_stream_follows_target_law(load_model, knobs):
     """Every sampled token follows the target's exact law given its prefix
     (randomized PIT of a long stream, chi-square with 10 bins)."""
     model, tokenizer = load_model("gemma")
@@ -212,7 +217,7 @@ def test_sampled_stream_follows_target_law(load_model):
     temp, n = 1.5, 200
     mx.random.seed(1)
     stats = SpecStats()
-    config = SpecConfig(method="lookup", max_tokens=n, num_draft_tokens=6)
+    config = SpecConfig(method="lookup", max_tokens=n, num_draft_tokens=6, **knobs)
     steps = speculative_generate_step(
         mx.array(ids), model, config=config, sampler=make_sampler(temp), stats=stats
     )
@@ -220,6 +225,7 @@ def test_sampled_stream_follows_target_law(load_model):
     logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
     laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
     assert 0 < stats.accepted_tokens < stats.draft_tokens
+    assert bool(stats.tree_sizes) == ("lookup_candidates" in knobs)  # real trees
     chi2, z = stream_statistics(laws, np.array(out))
     assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
 
