@@ -117,6 +117,7 @@ def stream_generate(
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
     profile: bool = False,
     history_tokens: Optional[List[int]] = None,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     **method_options,
 ) -> SpecStream:
     """Generate text, yielding mlx_lm ``GenerationResponse`` objects.
@@ -146,6 +147,8 @@ def stream_generate(
           (adds one sync per round). Default: ``False``.
         history_tokens: The tokens ``prompt_cache`` already holds (earlier
           turns of a conversation), so prompt lookup can match them too.
+        prompt_progress_callback: ``f(processed, total)`` called as the
+          prompt is processed, as in mlx_lm.
         method_options: Further :class:`SpecConfig` fields of later methods.
 
     Returns:
@@ -193,6 +196,7 @@ def stream_generate(
             kv_bits=kv_bits,
             kv_group_size=kv_group_size,
             quantized_kv_start=quantized_kv_start,
+            prompt_progress_callback=prompt_progress_callback,
         )
         events = _plain_events(steps, stats, prompt.size)
     else:
@@ -216,6 +220,7 @@ def stream_generate(
             stats=stats,
             tokenizer_size=tokenizer_size(tokenizer),
             history_tokens=history_tokens,
+            prompt_progress_callback=prompt_progress_callback,
         )
     return SpecStream(
         _responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats

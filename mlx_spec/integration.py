@@ -172,7 +172,6 @@ def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):
         kwargs.pop("max_kv_size", None)  # a rotating cache cannot be rewound
     if kwargs.pop("input_embeddings", None) is not None:
         raise ValueError("Speculative decoding does not support input embeddings.")
-    progress = kwargs.pop("prompt_progress_callback", None)
     kwargs.setdefault("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
     if max_tokens == 0:
         raise ValueError(
@@ -183,15 +182,13 @@ def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):
     stream = spec_stream_generate(
         model, tokenizer, prompt, draft_model, max_tokens=max_tokens, **kwargs
     )
-    return stream, progress
+    return stream
 
 
-def _responses(stream, progress):
+def _responses(stream):
     """A real generator over a :class:`SpecStream`, closing it when closed."""
     try:
-        for n, response in enumerate(stream):
-            if n == 0 and progress is not None:
-                progress(response.prompt_tokens, response.prompt_tokens)
+        for response in stream:
             yield response
     finally:
         stream.close()
@@ -238,10 +235,8 @@ def stream_generate(
     )
     for name in ("model", "tokenizer", "prompt", "max_tokens", "draft_model"):
         named.pop(name)
-    stream, progress = _spec_stream(
-        model, tokenizer, prompt, max_tokens, draft_model, named
-    )
-    return _responses(stream, progress)
+    stream = _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, named)
+    return _responses(stream)
 
 
 def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
@@ -260,7 +255,7 @@ def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
     from .generation import _collect
 
     max_tokens = kwargs.pop("max_tokens", 256)
-    stream, _ = _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs)
+    stream = _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs)
     return _collect(stream, verbose)
 
 

@@ -90,13 +90,20 @@ class CachedModel:
             )
         return logits
 
-    def prefill(self, tokens: mx.array, step_size: int):
-        """Feed ``tokens`` in chunks, evaluating the cache after each chunk."""
+    def prefill(self, tokens: mx.array, step_size: int, progress=None):
+        """Feed ``tokens`` in chunks, evaluating the cache after each chunk.
+
+        ``progress(done, total)``, if given, is called after each chunk.
+        """
+        total, done = int(tokens.size), 0
         while tokens.size > 0:
             chunk = tokens[:step_size]
             self(chunk)
             mx.eval([c.state for c in self.cache])
             tokens = tokens[step_size:]
+            done += int(chunk.size)
+            if progress is not None:
+                progress(done, total)
             mx.clear_cache()
 
     def trim_to(self, num_tokens: int):

@@ -309,14 +309,21 @@ class _PrefillKeepalive:
         self.rqueue = rqueue
         self.total = total
         self.interval = interval
+        self.processed = 0
         self._done = threading.Event()
-        rqueue.put((0, total))
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self):
+        self.rqueue.put((self.processed, self.total))
         self._thread.start()
+
+    def progress(self, processed: int, total: int):
+        """``prompt_progress_callback``: remember how far the prefill got."""
+        self.processed = min(processed, self.total)
 
     def _run(self):
         while not self._done.wait(self.interval):
-            self.rqueue.put((0, self.total))
+            self.rqueue.put((self.processed, self.total))
 
     def stop(self):
         """Stop the messages (idempotent); nothing is queued after this returns."""
@@ -376,6 +383,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         if args.seed is not None:
             mx.random.seed(args.seed)
         cached = prompt[: len(prompt) - len(rest)]
+        keepalive = _PrefillKeepalive(rqueue, len(rest), self.keepalive_seconds)
         responses = stream_generate(
             model,
             tokenizer,
@@ -390,6 +398,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             kv_bits=self.cli_args.kv_bits,
             kv_group_size=self.cli_args.kv_group_size,
             quantized_kv_start=self.cli_args.quantized_kv_start,
+            prompt_progress_callback=keepalive.progress,
             **history_kwargs(stream_generate, cached),
             **method_options_of(speculation),
         )
@@ -408,7 +417,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
 
         tokens = list(prompt)
         matcher = stop_sequences.matcher()
-        keepalive = _PrefillKeepalive(rqueue, len(rest), self.keepalive_seconds)
+        keepalive.start()
         try:
             for gen in responses:
                 keepalive.stop()

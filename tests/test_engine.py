@@ -298,3 +298,26 @@ def test_mlx_lm_greedy_sampler_is_recognised_as_greedy():
 
     assert sampling_params_of(lm_make_sampler(0.0)).greedy
     assert sampling_params_of(lm_make_sampler(0.7)) is None  # opaque: match mode
+
+
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_prompt_progress_is_reported_per_chunk(load_model, method):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode(PROMPTS[0] * 3)
+    calls = []
+    stream = stream_generate(
+        model,
+        tokenizer,
+        ids,
+        draft,
+        speculative=method,
+        max_tokens=2,
+        prefill_step_size=4,
+        prompt_progress_callback=lambda done, total: calls.append((done, total)),
+    )
+    list(stream)
+    assert calls[-1] == (len(ids), len(ids))
+    assert len(calls) >= (len(ids) - 1) // 4
+    assert all(total == len(ids) for _, total in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)

@@ -384,8 +384,12 @@ def test_streaming_request_gets_keepalive_before_the_first_token(server):
 def test_prefill_keepalive_repeats_then_ends_with_the_total():
     messages = queue.Queue()
     keepalive = server_module._PrefillKeepalive(messages, 7, interval=0.001)
+    keepalive.start()
     assert messages.get(timeout=30) == (0, 7)
     assert messages.get(timeout=30) == (0, 7)  # repeated while prefilling
+    keepalive.progress(4, 8)  # the engine's prefill progress shows up
+    while messages.get(timeout=30) != (4, 7):
+        pass
     keepalive.stop()
     keepalive.stop()  # idempotent
     rest = []
