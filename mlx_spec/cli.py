@@ -54,8 +54,11 @@ OPTION_HELP = {
     "tree_choices": 'tree: a static tree as JSON index paths, e.g. "[[0], [1], [0, 0]]"',
     "ngram_min": "lookup: shortest n-gram to match",
     "ngram_max": "lookup: longest n-gram to match",
-    "adaptive": "Choose the draft length or tree size per round",
-    "draft_p_min": "Stop drafting when the draft's confidence drops below it",
+    "lookup_candidates": "lookup: matches verified together as one token tree (1 = a chain)",
+    "adaptive": "Choose the draft length or tree size per round from measured "
+    "acceptance and costs",
+    "draft_p_min": "Stop drafting when the draft's top probability drops below it, "
+    "like llama.cpp's --draft-p-min (one host sync per draft step; 0 = off)",
 }
 
 
