@@ -1,11 +1,14 @@
 """The Gradio app: rendering, cache reuse, its API and a real headless browser.
 
 The app runs in this process on a free loopback port with the tiny test
-checkpoints. The browser test drives Debian's chromium through Selenium; its
-set-up installs ``chromium chromium-driver`` with apt-get when they are
+checkpoints for the logic tests, and on the embedded default pair in
+``models/`` for the layout check and the screenshots (tests/artifacts/ui.png,
+ui_race.png). The browser tests drive Debian's chromium through Selenium;
+their set-up installs ``chromium chromium-driver`` with apt-get when they are
 missing and skips with the reason only if that fails.
 """
 
+import re
 import shutil
 import socket
 import subprocess
@@ -13,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,15 +31,29 @@ import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
 gr = pytest.importorskip("gradio")
 
 from mlx_spec.config import METHODS  # noqa: E402
+from mlx_spec.loading import REPO_ROOT as MODELS_ROOT  # noqa: E402
+from mlx_spec.loading import default_model_pair  # noqa: E402
+from mlx_spec.stats import SpecStats  # noqa: E402
 from ui import render  # noqa: E402
 from ui.app import (  # noqa: E402
+    CHAT_EXAMPLES,
+    COMPLETION_PROMPT,
+    DEFAULT_METHOD,
+    App,
     create_app,
     is_loopback,
     launch_kwargs,
     main,
     parse_auth,
+    setup_arg_parser,
 )
-from ui.session import Options, Session, encode_prompt, run_turn  # noqa: E402
+from ui.session import (  # noqa: E402
+    Options,
+    Pair,
+    Session,
+    encode_prompt,
+    run_turn,
+)
 
 ARTIFACTS = REPO_ROOT / "tests" / "artifacts"
 CODE_PROMPT = "def fibonacci(n):\n"
@@ -61,11 +79,76 @@ def test_token_spans_escape_text_and_carry_the_rejected_draft():
     assert 'class="tok tok-bonus odd"' in out
 
 
-def test_chart_has_one_filled_bar_per_round_with_accepted_tokens():
+def _text_of(markup: str) -> str:
+    """What a reader selects and copies: the markup without tags."""
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def test_whitespace_tokens_get_visible_marks_and_copy_as_the_real_text():
+    pieces = [
+        render.Piece(":", "accepted", 0),
+        render.Piece("\n        ", "accepted", 0),
+        render.Piece("\t", "bonus", 1),
+        render.Piece(" self", "recovered", 1, rejected="x"),
+    ]
+    out = render.token_spans(pieces)
+    assert 'data-ws="\u23ce"' in out  # the newline is marked
+    assert 'data-ws="' + "\u00b7" * 8 + '"' in out  # one dot per space
+    assert 'data-ws="\u21e5"' in out
+    assert _text_of(out) == ":\n        \t self"  # marks are CSS, not text
+    assert out.count('class="ws') == 3  # " self" is not whitespace-only
+    assert "user-select: none" in render.CSS
+
+
+def _stats(**fields) -> SpecStats:
+    return SpecStats(method=fields.pop("method", "lookup"), **fields)
+
+
+def test_chart_counts_every_round_like_the_stats_cards():
+    # Round 1 had no draft (prompt lookup found nothing): it is not in
+    # accepted_per_round, but the chart still counts it.
+    pieces = [
+        render.Piece("a", "accepted", 0),
+        render.Piece("b", "bonus", 0),
+        render.Piece("c", "target", 1),
+        render.Piece("d", "recovered", 2),
+    ]
+    stats = _stats(rounds=3, accepted_per_round=[1, 0], drafted_per_round=[1, 3])
+    accepted, drafted, bonus = render.round_series(pieces, stats)
+    assert (accepted, drafted, bonus) == ([1, 0, 0], [1, 0, 3], [True, False, False])
+    svg = render.chart_svg(accepted, drafted, bonus)
+    assert svg.count("<title>round") == stats.rounds
+    assert "over 3 rounds, 1 without a draft" in svg and "no draft" in svg
+    assert "mean 0.33" in svg
+    assert render.round_series(pieces, _stats(method="none")) == ([], [], [])
     assert "fills in" in render.chart_svg([])
-    svg = render.chart_svg([0, 2, 4], [4, 4, 4])
-    assert svg.count("<title>round") == 2
-    assert "mean 2.00" in svg
+
+
+def test_round_series_of_a_real_lookup_run_matches_its_round_count(app, checkpoints):
+    pair = app.load_pair(str(checkpoints["llama"]), str(checkpoints["llama-near"]))
+    tokens = encode_prompt(pair.tokenizer, LONG_PROMPT, [], chat=False)
+    pieces, stats = [], None
+    for piece, response in app.worker.call(
+        lambda: list(
+            run_turn(Session(), pair, tokens, Options("lookup", max_tokens=48))
+        )
+    ):
+        pieces.append(piece)
+        stats = response.stats
+    accepted, drafted, _ = render.round_series(pieces, stats)
+    assert len(accepted) == len(drafted) == stats.rounds
+    assert sum(accepted) == stats.accepted_tokens
+    assert sum(drafted) == stats.draft_tokens
+
+
+def test_error_banner_is_one_line_with_the_full_text_on_hover():
+    out = render.error_banner(OSError("first line\nsecond line"))
+    assert "OSError: first line" in out and "second line" not in _text_of(out)
+    assert 'title="OSError: first line' in out
+    long = render.error_banner(ValueError("x" * 1000))
+    assert len(_text_of(long)) < render.MAX_ERROR_CHARS + 20
 
 
 def test_race_verdict_reports_speedup_and_identical_or_different_texts():
@@ -79,6 +162,35 @@ def test_race_verdict_reports_speedup_and_identical_or_different_texts():
         render.Lane("draft", "a", 5.0, 1.0, 3), spec, greedy=True
     )
     assert "too few" in short
+    assert "slower here" not in same
+
+
+def test_a_lost_race_says_why_from_the_lane_statistics():
+    plain = render.Lane("draft", "abc", 100.0, 1.0, 100)
+    rejected = render.Lane("draft", "abc", 55.0, 2.0, 100, acceptance=0.2)
+    out = render.race_verdict(plain, rejected, greedy=True)
+    assert "0.55&times;</b> slower" in out and "identical" in out
+    assert "rejected often" in out and "20%" in out and "lookup" in out
+    kept = render.Lane("auto", "abc", 80.0, 1.2, 100, acceptance=0.8, per_forward=1.6)
+    out = render.race_verdict(plain, kept, greedy=True)
+    assert "rejected often" not in out and "1.60 tokens per target forward" in out
+    assert "on this CPU" in out and "smaller &gamma;" in out
+    # A tree's acceptance counts every node: judge it by tokens per forward.
+    deep = render.Lane("tree", "abc", 80.0, 1.2, 100, acceptance=0.2, per_forward=2.5)
+    assert "rejected often" not in render.race_verdict(plain, deep, greedy=True)
+    shallow = render.Lane(
+        "auto", "abc", 80.0, 1.2, 100, acceptance=0.9, per_forward=1.2
+    )
+    out = render.race_verdict(plain, shallow, greedy=True)
+    assert "rejected often (only 1.20 tokens per target forward)" in out
+
+
+def test_the_app_starts_on_auto_with_a_prompt_that_ends_mid_line():
+    assert DEFAULT_METHOD == "auto"
+    assert setup_arg_parser().parse_args([]).speculative == "auto"
+    assert App("target", "draft").default_method == "auto"
+    assert App("target", None).default_method == "auto"  # auto works without a draft
+    assert not COMPLETION_PROMPT.endswith("\n")
 
 
 def test_access_flags():
@@ -120,6 +232,57 @@ def server(app):
     )
     yield f"http://127.0.0.1:{port}/"
     demo.close()
+
+
+def _on_models(app, target, draft, raw=False, prompt=COMPLETION_PROMPT):
+    names = (
+        "status mode button transcript page_status raw completion_examples "
+        "chat_examples stats chart prompt"
+    ).split()
+    return SimpleNamespace(
+        **dict(zip(names, app.on_models(target, draft, raw, prompt, None)))
+    )
+
+
+def test_chat_only_controls_show_only_in_chat_mode(app, checkpoints, monkeypatch):
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    chat = _on_models(app, target, draft)  # the test tokenizer has a chat template
+    assert "Chat mode" in chat.mode and chat.raw["visible"]
+    assert chat.chat_examples["visible"] and not chat.completion_examples["visible"]
+    assert chat.prompt == CHAT_EXAMPLES[0]  # the untouched code prompt is swapped
+    raw = _on_models(app, target, draft, raw=True, prompt=CHAT_EXAMPLES[0])
+    assert "Completion mode" in raw.mode and raw.raw["visible"]
+    assert raw.completion_examples["visible"] and not raw.chat_examples["visible"]
+    assert raw.prompt == COMPLETION_PROMPT
+    typed = _on_models(app, target, draft, raw=True, prompt="my own text")
+    assert typed.prompt == gr.update()
+
+    # A model without a chat template: no "ignore the chat template" box.
+    pair = app.load_pair(target, draft)
+    plain_tok = SimpleNamespace(has_chat_template=False)
+    no_template = Pair(target, draft, pair.model, plain_tok, pair.draft_model)
+    monkeypatch.setattr(app, "load_pair", lambda *_: no_template)
+    completion = _on_models(app, target, draft)
+    assert "no chat template" in completion.mode and not completion.raw["visible"]
+    assert completion.completion_examples["visible"]
+    assert not completion.chat_examples["visible"]
+
+
+def test_errors_clear_stale_stats_and_mode_notes(app, checkpoints):
+    empty_stats, empty_chart = render.stats_html(None), render.chart_svg([])
+    bad = _on_models(app, "/no/such/model", None)
+    assert "does not exist" in bad.status and "does not exist" in bad.page_status
+    assert bad.mode == "" and bad.stats == empty_stats and bad.chart == empty_chart
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 0, "", True]
+    updates = list(app.on_generate(CODE_PROMPT, *settings, None))
+    _, stats, chart, status, _ = updates[-1]
+    assert "max_tokens=0" in status and "error" in status
+    assert stats == empty_stats and chart == empty_chart
+    updates = list(app.on_race(CODE_PROMPT, *settings, None))
+    _, plain_stats, head, _, spec_stats, verdict, stats, chart = updates[-1]
+    assert "max_tokens=0" in verdict and "auto" in head
+    assert plain_stats == spec_stats == stats == empty_stats and chart == empty_chart
 
 
 def _reply(app, session, pair, tokens, options, use_cache=True, stop_after=None):
@@ -187,7 +350,7 @@ def test_api_generate_matches_plain_greedy_decoding(server, load_model):
             prompt = tokenizer.encode(text, add_special_tokens=False)
         expected = mlx_lm_generate(model, tokenizer, prompt, max_tokens=40)
         assert out["text"] == expected
-        assert out["stats"]["method"] == "draft" and out["stats"]["rounds"] >= 1
+        assert out["stats"]["method"] == "auto" and out["stats"]["rounds"] >= 1
 
 
 def test_race_endpoint_shows_identical_greedy_texts(server, checkpoints):
@@ -196,16 +359,40 @@ def test_race_endpoint_shows_identical_greedy_texts(server, checkpoints):
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
     settings = [target, draft, "draft", 4, 16, False, 0.0, 1.0, 40, "", True]
-    plain, _, spec, _, verdict, chart = client.predict(
+    plain, _, head, spec, spec_stats, verdict, stats, chart = client.predict(
         CODE_PROMPT, *settings, api_name="/race"
     )
     assert "identical" in verdict and "&times;" in verdict
     assert "tok-accepted" in spec and "tok-accepted" not in plain
-    assert "<svg" in chart
-    _, _, _, _, refused, _ = client.predict(
+    assert "Speculative: draft" in head
+    # The page's stats cards and chart follow the speculative lane.
+    assert stats == spec_stats and "method <b>draft</b>" in stats
+    assert _rounds(stats) == _chart_rounds(chart)
+    refused = client.predict(
         CODE_PROMPT, *settings[:2], "none", *settings[3:], api_name="/race"
     )
-    assert "choose a speculative method" in refused
+    assert "choose a speculative method" in refused[5]
+
+
+def _rounds(stats_html: str) -> int:
+    return int(re.search(r'class="v">(\d+)</div><div class="k">rounds<', stats_html)[1])
+
+
+def _chart_rounds(chart_html: str) -> int:
+    return int(re.search(r"over (\d+) rounds", chart_html)[1])
+
+
+def test_chat_stats_and_chart_count_the_same_rounds(server, checkpoints):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    settings = [target, draft, "lookup", 4, 16, False, 0.0, 1.0, 48, "", True]
+    _, stats, chart, status, _ = client.predict(
+        LONG_PROMPT, *settings, api_name="/chat"
+    )
+    assert "Done:" in status
+    assert _rounds(stats) == _chart_rounds(chart) > 0
 
 
 def test_chat_endpoint_reuses_the_prompt_cache_on_the_next_turn(server, checkpoints):
@@ -213,7 +400,7 @@ def test_chat_endpoint_reuses_the_prompt_cache_on_the_next_turn(server, checkpoi
 
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
-    settings = [target, draft, "draft", 4, 16, False, 0.0, 1.0, 24, "", False]
+    settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 24, "", False]
     first = client.predict("hello", *settings, api_name="/chat")
     second = client.predict("and again", *settings, api_name="/chat")
     transcript, stats, _, status, _ = second
@@ -241,7 +428,9 @@ def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(
             draft_model=str(checkpoints["llama-othertok"]),
         )
     with pytest.raises(AppError, match="needs a draft model"):
-        client.predict(CODE_PROMPT, api_name="/generate", draft_model="(none)")
+        client.predict(
+            CODE_PROMPT, api_name="/generate", method="draft", draft_model="(none)"
+        )
     with pytest.raises(AppError, match="method 'bogus' is unknown"):
         client.predict(CODE_PROMPT, api_name="/generate", method="bogus")
     out = client.predict(CODE_PROMPT, api_name="/generate", raw=True, max_tokens=8)
@@ -332,8 +521,7 @@ def _set(driver, selector, text):
 
 
 @pytest.mark.browser
-def test_browser_streams_colours_stops_and_recovers(server, browser):
-    from selenium.webdriver.common.action_chains import ActionChains
+def test_browser_streams_colours_stops_and_recovers(server, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     def text_of(selector):
@@ -370,7 +558,7 @@ def test_browser_streams_colours_stops_and_recovers(server, browser):
     try:
         _wait("the stop", lambda: "Stopped after" in text_of("#status"))
     except AssertionError:
-        browser.save_screenshot("/tmp/ui_fail.png")
+        browser.save_screenshot(str(tmp_path / "ui_fail.png"))
         raise AssertionError(text_of("#status") + " | " + text_of("#stats"))
     assert "[stopped]" in text_of("#transcript")
     assert len(token_classes()) < 4000
@@ -387,10 +575,73 @@ def test_browser_streams_colours_stops_and_recovers(server, browser):
         "return t && t.dataset.rejected;"
     )
     assert tip and tip.startswith("draft proposed")
+
+
+@pytest.fixture(scope="module")
+def default_server():
+    """The app on the embedded default pair, as ``python -m ui.app`` starts it."""
+    target, draft = default_model_pair()
+    if not Path(target).is_relative_to(MODELS_ROOT / "models"):
+        pytest.skip("the embedded default pair is not in models/")
+    app = create_app()
+    app.preload()
+    demo = app.build()
+    demo.queue()
+    port = _free_port()
+    demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        quiet=True,
+        **launch_kwargs(),
+    )
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def _in_view(driver, selector) -> bool:
+    return driver.execute_script(
+        "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+        "return r.top >= 0 && r.bottom <= window.innerHeight && r.height > 0;",
+        selector,
+    )
+
+
+@pytest.mark.browser
+def test_browser_default_pair_at_1440x900_with_screenshots(default_server, browser):
+    """The first screen of ``python -m ui.app``: prompt and Generate in view, then a
+    generation and a race on the embedded default pair (screenshots in artifacts)."""
+    from selenium.webdriver.common.by import By
+
+    def text_of(selector):
+        return browser.find_element(By.CSS_SELECTOR, selector).text
+
+    browser.set_window_size(1440, 900)
+    browser.get(default_server)
+    _wait("the mode note", lambda: "mode" in text_of("#mode-note"))
+    assert _in_view(browser, "#prompt") and _in_view(browser, "#send")
+    assert browser.execute_script("return window.scrollY") == 0
+    assert text_of("#method")  # the method picker shows a value
+    _set(browser, "#max-tokens input", "80")
+    browser.find_element(By.CSS_SELECTOR, "#send").click()
+    _wait("the generation", lambda: "Done:" in text_of("#status"), timeout=120)
+    assert browser.find_elements(By.CSS_SELECTOR, "#transcript span.tok")
+    stats = browser.find_element(By.ID, "stats").get_attribute("innerHTML")
+    chart = browser.find_element(By.ID, "chart").get_attribute("innerHTML")
+    assert "method <b>auto</b>" in stats
+    assert _rounds(stats) == _chart_rounds(chart)
     ARTIFACTS.mkdir(exist_ok=True)
-    browser.set_window_size(1400, 1500)
     browser.execute_script("window.scrollTo(0, 0)")
-    recovered = browser.find_elements(By.CSS_SELECTOR, "#transcript .tok-recovered")
-    ActionChains(browser).move_to_element(recovered[len(recovered) // 2]).perform()
-    time.sleep(0.3)
     browser.save_screenshot(str(ARTIFACTS / "ui.png"))
+
+    browser.find_element(By.XPATH, "//button[@role='tab'][contains(., 'Race')]").click()
+    _wait("the race tab", lambda: _in_view(browser, "#race"))
+    assert "auto" in text_of("#spec-head")
+    browser.find_element(By.CSS_SELECTOR, "#race").click()
+    _wait("the verdict", lambda: "\u00d7" in text_of("#verdict"), timeout=180)
+    assert "identical" in text_of("#verdict")
+    assert "rounds" in text_of("#spec-stats")
+    page = browser.find_element(By.ID, "stats").get_attribute("innerHTML")
+    assert "method <b>auto</b>" in page and _rounds(page) > 0
+    browser.execute_script("window.scrollTo(0, 0)")
+    browser.save_screenshot(str(ARTIFACTS / "ui_race.png"))

@@ -30,7 +30,7 @@ from mlx_spec.config import (  # noqa: E402
     DEFAULT_TREE_BUDGET,
     METHODS,
 )
-from mlx_spec.generate import DEFAULT_MAX_TOKENS, DEFAULT_PROMPT  # noqa: E402
+from mlx_spec.generate import DEFAULT_MAX_TOKENS  # noqa: E402
 from mlx_spec.loading import default_model_pair  # noqa: E402
 
 from . import render  # noqa: E402
@@ -62,7 +62,7 @@ METHOD_LABELS = {
     "tree": "tree (token tree)",
     "lookup": "lookup (prompt lookup)",
     "self": "self (self-speculation)",
-    "auto": "auto",
+    "auto": "auto (keeps the fastest)",
 }
 
 METHOD_HELP = {
@@ -71,29 +71,38 @@ METHOD_HELP = {
     "tree": "a tree of draft continuations, verified in one forward",
     "lookup": "drafts copied from n-grams already in the text (no draft model)",
     "self": "the target drafts with a subset of its own layers",
-    "auto": "picks a method for the models you chose",
+    "auto": "tries the methods your models allow (draft, tree, lookup; lookup and self "
+    "without a draft) and keeps the fastest, measured round by round",
 }
 
-EXAMPLES = [
-    "def fibonacci(n):\n",
-    "class Stack:\n    def __init__(self):\n",
-    "import os\n\n\ndef list_python_files(path):\n",
-    "Explain speculative decoding in one paragraph.",
+DEFAULT_METHOD = "auto"
+# No trailing newline: the model's own newline and indent tokens come first.
+COMPLETION_PROMPT = "class Stack:\n    def __init__(self):"
+CHAT_PROMPT = "Explain speculative decoding in one paragraph."
+COMPLETION_EXAMPLES = [
+    COMPLETION_PROMPT,
+    "def fibonacci(n):",
+    "import os\n\n\ndef list_python_files(path):",
+]
+CHAT_EXAMPLES = [
+    CHAT_PROMPT,
+    "Write a Python function that reverses a string.",
 ]
 
 HEADER = """
 <div class="spec-header">
   <h1>mlx-spec</h1>
-  <p>Exact speculative decoding for MLX. A small draft model guesses the next tokens,
-  the big model checks them all in one step: same text as plain decoding, fewer slow steps.</p>
+  <p>Exact speculative decoding for MLX: a small draft guesses, the big model checks
+  several tokens in one step. Same text as plain decoding, fewer slow steps.</p>
 </div>
 """
 
 RACE_HELP = (
-    "Race runs plain mlx_lm decoding and the chosen method on the same prompt, one after the "
-    "other, then shows the measured speedup. Under greedy decoding (temperature 0) the two "
-    "texts must be identical."
+    '<div class="spec-note">Runs plain mlx_lm decoding, then the chosen method, on the '
+    "same prompt and shows the measured speed ratio. At temperature 0 the two texts "
+    "must be identical.</div>"
 )
+PLAIN_HEAD = '<div class="spec-lane-head">Plain mlx_lm decoding</div>'
 
 
 def _as_int(value, name: str, optional: bool = False) -> Optional[int]:
@@ -162,7 +171,7 @@ class App:
         self,
         target: str,
         draft: Optional[str],
-        method: str = "draft",
+        method: str = DEFAULT_METHOD,
         num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
         max_tokens: int = DEFAULT_MAX_TOKENS,
     ):
@@ -202,36 +211,68 @@ class App:
             status += " &middot; no draft model (speculative methods that need one will say so)"
         if pair.has_chat_template and not raw:
             note = (
-                "<b>Chat mode</b>: this model has a chat template, so your messages form a "
-                "conversation; each turn reuses the prompt cache of the previous ones."
+                "<b>Chat mode</b>: the model has a chat template; each turn reuses the "
+                "prompt cache."
             )
         elif pair.has_chat_template:
             note = "<b>Completion mode</b> (chat template ignored): the model continues your text."
         else:
             note = (
-                "<b>Completion mode</b>: this model has no chat template, so it continues "
-                "your text as-is. Start some code and let it finish."
+                "<b>Completion mode</b>: the model has no chat template, so it "
+                "continues your text."
             )
         return render.banner(status, "info"), render.banner(note, "info")
 
-    def on_models(self, target, draft, raw, request: gr.Request):
-        """Load the chosen models; update the mode note, the button and the transcript."""
+    def on_models(self, target, draft, raw, prompt, request: gr.Request):
+        """Load the chosen models; update the mode, its controls and the transcript.
+
+        Returns updates for: model status, mode note, send button, transcript,
+        status, the raw checkbox, the completion and chat examples, stats,
+        chart and prompt. A failed load clears the mode note and the stats.
+        """
         session = self.sessions.get(_session_key(request))
         keep = gr.update()
         try:
             pair = self.load_pair(target, draft)
         except Exception as e:  # shown in the page, the app keeps running
-            return render.error_banner(e), keep, keep, keep, keep
+            error = render.error_banner(e)
+            session.reset()
+            session.pair_key = None
+            return (
+                error,
+                "",
+                gr.update(value="Generate"),
+                render.transcript_html([], False),
+                error,
+                keep,
+                keep,
+                keep,
+                render.stats_html(None),
+                render.chart_svg([]),
+                keep,
+            )
         status, note = self.describe(pair, raw)
         chat = pair.has_chat_template and not raw
-        cleared = keep
+        cleared, stats, chart = keep, keep, keep
         if session.pair_key != (pair.target_path, chat):
             session.reset()
             session.pair_key = (pair.target_path, chat)
-            cleared = ""
+            cleared, stats, chart = "", render.stats_html(None), render.chart_svg([])
         button = gr.update(value="Send" if chat else "Generate")
         transcript = render.transcript_html(session.turns, chat, mono=not chat)
-        return status, note, button, transcript, cleared
+        return (
+            status,
+            note,
+            button,
+            transcript,
+            cleared,
+            gr.update(visible=pair.has_chat_template),
+            gr.update(visible=not chat),
+            gr.update(visible=chat),
+            stats,
+            chart,
+            _prompt_for_mode(prompt, chat),
+        )
 
     def on_unload(self, request: gr.Request):
         """The page was closed: stop its generation and forget its session."""
@@ -272,7 +313,7 @@ class App:
             pair = self.load_pair(target, draft)
             _check_pair(options, pair)
         except Exception as e:
-            yield keep, keep, keep, render.error_banner(e), keep
+            yield keep, *_no_stats(), render.error_banner(e), keep
             return
         chat = pair.has_chat_template and not raw
         key = (pair.target_path, chat)
@@ -339,8 +380,7 @@ class App:
                 session.turns.remove(turn)
             yield (
                 render.transcript_html(session.turns, chat, mono=not chat),
-                gr.update(),
-                gr.update(),
+                *_no_stats(),
                 render.error_banner(e),
             )
             return
@@ -349,17 +389,12 @@ class App:
 
     def _view(self, session, turn, stats, chat, start, status, streaming=True):
         elapsed = time.perf_counter() - start
-        accepted = list(stats.accepted_per_round) if stats else []
-        # A tree's size is not comparable to its accepted depth: no outlines.
-        drafted = (
-            list(stats.drafted_per_round) if stats and not stats.tree_sizes else []
-        )
         return (
             render.transcript_html(
                 session.turns, chat, mono=not chat, streaming=streaming
             ),
             render.stats_html(stats, reused=session.last_reused, elapsed=elapsed),
-            render.chart_svg(accepted, drafted),
+            _chart(turn, stats),
             status,
         )
 
@@ -419,11 +454,32 @@ class App:
         raw,
         request: gr.Request,
     ):
-        """Plain decoding, then the chosen method, on the same prompt; then the verdict."""
+        """Plain decoding, then the chosen method, on the same prompt; then the verdict.
+
+        Yields updates for: plain text, plain stats, speculative lane header,
+        speculative text, speculative stats, verdict, and the page's stats
+        cards and chart (which follow the speculative lane).
+        """
         session_key = _session_key(request)
         session = self.sessions.get(session_key)
         session.stop.clear()
         keep = gr.update()
+        empty = render.transcript_html([Turn("")], chat=False)
+        no_stats, no_chart = render.stats_html(None), render.chart_svg([])
+        head = _spec_head(method)
+
+        def failed(error):
+            return (
+                empty,
+                no_stats,
+                head,
+                empty,
+                no_stats,
+                render.error_banner(error),
+                no_stats,
+                no_chart,
+            )
+
         try:
             options = parse_options(
                 method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
@@ -435,33 +491,30 @@ class App:
             if not (text or "").strip():
                 raise ValueError("the prompt is empty; type some text first.")
             if self._needs_loading(target, draft):
-                yield keep, keep, keep, keep, render.banner(
-                    "Loading models&hellip;"
-                ), keep
+                loading = render.banner("Loading models&hellip;")
+                yield keep, keep, head, keep, keep, loading, keep, keep
             pair = self.load_pair(target, draft)
             _check_pair(options, pair)
         except Exception as e:
-            yield keep, keep, keep, keep, render.error_banner(e), keep
+            yield failed(e)
             return
         chat = pair.has_chat_template and not raw
         plain_opts = Options(**{**options.__dict__, "method": "none"})
-        empty, no_stats = render.transcript_html(
-            [Turn("")], chat=False
-        ), render.stats_html(None)
-        views = [
-            empty,
-            no_stats,
-            empty,
-            no_stats,
-        ]  # plain text, stats; spec text, stats
-        yield (*views, render.banner("Racing: warming up both methods&hellip;"), keep)
+        # plain text, plain stats, spec text, spec stats
+        views = [empty, no_stats, empty, no_stats]
+        page_stats, chart_view = no_stats, no_chart
+
+        def update(status):
+            return (*views[:2], head, *views[2:], status, page_stats, chart_view)
+
+        yield update(render.banner("Racing: warming up both methods&hellip;"))
         try:
             tokens = encode_prompt(pair.tokenizer, text, [], chat)
             self.worker.call(_warm_up, pair, tokens, (plain_opts, options))
         except Exception as e:
-            yield keep, keep, keep, keep, render.error_banner(e), keep
+            yield failed(e)
             return
-        lanes, chart_view = [], keep
+        lanes = []
         for lane, opts in enumerate((plain_opts, options)):
             lane_session = Session(stop=session.stop)
             turn = Turn(user=text)
@@ -472,29 +525,42 @@ class App:
             )
             stream = self._stream_turn(lane_session, pair, turn, [], opts, chat, False)
             for view in stream:
-                html_text = render.transcript_html(
+                if turn.error is not None:
+                    yield failed(turn.error)
+                    return
+                views[2 * lane] = render.transcript_html(
                     [turn], False, not chat, prompt=False, streaming=turn.finish is None
                 )
-                views[2 * lane] = html_text
                 if isinstance(view[1], str):
                     views[2 * lane + 1] = view[1]
-                    chart_view = view[2] if lane == 1 else chart_view
-                yield (*views, status, chart_view)
-            if turn.error is not None:
-                yield keep, keep, keep, keep, render.error_banner(turn.error), keep
-                return
+                    if lane == 1:
+                        page_stats, chart_view = view[1], view[2]
+                yield update(status)
             if turn.finish == "stopped":
-                stopped = render.banner("Race stopped.", "warn")
-                yield keep, keep, keep, keep, stopped, keep
+                yield update(render.banner("Race stopped.", "warn"))
                 return
             lanes.append((turn, lane_session.timing))
             session.stop.clear()
-        plain, spec = (
-            render.Lane(options.method, turn.reply, t.decode_tps, t.total, t.tokens)
-            for turn, t in lanes
+        (plain_turn, plain_time), (spec_turn, spec_time) = lanes
+        stats = spec_turn.stats
+        plain = render.Lane(
+            options.method,
+            plain_turn.reply,
+            plain_time.decode_tps,
+            plain_time.total,
+            plain_time.tokens,
+        )
+        spec = render.Lane(
+            options.method,
+            spec_turn.reply,
+            spec_time.decode_tps,
+            spec_time.total,
+            spec_time.tokens,
+            acceptance=stats.acceptance_rate if stats else None,
+            per_forward=stats.tokens_per_target_forward if stats else None,
         )
         verdict = render.race_verdict(plain, spec, greedy=options.temp == 0)
-        yield (*views, verdict + _draft_size_note(pair), chart_view)
+        yield update(verdict + _draft_size_note(pair))
 
     # --- API ----------------------------------------------------------------------
 
@@ -503,7 +569,7 @@ class App:
         prompt: str,
         model: str = "",
         draft_model: str = "",
-        method: str = "draft",
+        method: str = DEFAULT_METHOD,
         num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
         temp: float = 0.0,
         top_p: float = 1.0,
@@ -557,86 +623,135 @@ class App:
 
     # --- page -------------------------------------------------------------------------
 
+    def _starting_mode(self) -> Tuple[bool, bool]:
+        """``(has_chat_template, chat)`` of the starting pair (completion if unknown)."""
+        if self._needs_loading(self.default_target, self.default_draft):
+            return False, False
+        try:
+            pair = self.load_pair(self.default_target, self.default_draft)
+        except ValueError:
+            return False, False
+        return pair.has_chat_template, pair.has_chat_template
+
     def build(self) -> gr.Blocks:
+        """The page: prompt and Generate at the top left, stats and settings right.
+
+        The prompt box and its buttons come before the output so that they are
+        in view on a 1440x900 screen without scrolling.
+        """
         models = known_models(self.default_target, self.default_draft)
         model_choices = [(label, path) for label, path in models]
         draft_choices = [(NO_DRAFT, NO_DRAFT)] + model_choices
         method_choices = [(METHOD_LABELS.get(m, m), m) for m in METHODS]
+        has_template, chat = self._starting_mode()
+        first_prompt = CHAT_PROMPT if chat else COMPLETION_PROMPT
         with gr.Blocks(title="mlx-spec", analytics_enabled=False) as demo:
-            gr.HTML(HEADER)
+            gr.HTML(HEADER, padding=False)
             with gr.Row(equal_height=False):
                 with gr.Column(scale=3, min_width=420):
-                    mode_note = gr.HTML(elem_id="mode-note")
-                    gr.HTML(render.legend_html(), elem_id="legend")
+                    mode_note = gr.HTML(elem_id="mode-note", padding=False)
                     with gr.Tabs():
                         with gr.Tab("Generate", id="generate"):
+                            with gr.Row(equal_height=True):
+                                prompt = gr.Textbox(
+                                    value=first_prompt,
+                                    lines=3,
+                                    max_lines=10,
+                                    show_label=False,
+                                    placeholder="Type a message or the start of some "
+                                    "code (Shift+Enter sends)",
+                                    elem_id="prompt",
+                                    scale=4,
+                                )
+                                with gr.Column(scale=1, min_width=170):
+                                    send = gr.Button(
+                                        "Send" if chat else "Generate",
+                                        variant="primary",
+                                        elem_id="send",
+                                    )
+                                    with gr.Row():
+                                        stop = gr.Button(
+                                            "Stop",
+                                            variant="stop",
+                                            elem_id="stop",
+                                            min_width=60,
+                                        )
+                                        clear = gr.Button(
+                                            "Clear", elem_id="clear", min_width=60
+                                        )
+                            status = gr.HTML(elem_id="status", padding=False)
+                            gr.HTML(
+                                render.legend_html(), elem_id="legend", padding=False
+                            )
                             transcript = gr.HTML(
-                                render.transcript_html([], True),
+                                render.transcript_html([], chat),
                                 elem_id="transcript",
                                 autoscroll=True,
-                                max_height=560,
-                                min_height=320,
+                                max_height=520,
+                                min_height=240,
                                 container=True,
                                 padding=True,
                             )
-                            prompt = gr.Textbox(
-                                value=DEFAULT_PROMPT,
-                                lines=3,
-                                max_lines=12,
-                                show_label=False,
-                                placeholder="Type a message or the start of some code "
-                                "(Shift+Enter sends)",
-                                elem_id="prompt",
-                            )
-                            with gr.Row():
-                                send = gr.Button(
-                                    "Generate",
-                                    variant="primary",
-                                    elem_id="send",
-                                    scale=3,
+                            with gr.Column(
+                                visible=not chat, elem_id="completion-examples"
+                            ) as completion_examples:
+                                gr.Examples(
+                                    COMPLETION_EXAMPLES, inputs=[prompt], label="Try"
                                 )
-                                stop = gr.Button(
-                                    "Stop", variant="stop", elem_id="stop", scale=1
-                                )
-                                clear = gr.Button("Clear", elem_id="clear", scale=1)
-                            status = gr.HTML(elem_id="status")
-                            gr.Examples(EXAMPLES, inputs=[prompt], label="Try")
+                            with gr.Column(
+                                visible=chat, elem_id="chat-examples"
+                            ) as chat_examples:
+                                gr.Examples(CHAT_EXAMPLES, inputs=[prompt], label="Try")
                         with gr.Tab("Race", id="race"):
-                            gr.Markdown(RACE_HELP)
-                            race_prompt = gr.Textbox(
-                                value=DEFAULT_PROMPT,
-                                lines=3,
-                                show_label=False,
-                                elem_id="race-prompt",
-                            )
-                            with gr.Row():
-                                race = gr.Button(
-                                    "Race: plain vs speculative",
-                                    variant="primary",
-                                    elem_id="race",
-                                    scale=3,
+                            with gr.Row(equal_height=True):
+                                race_prompt = gr.Textbox(
+                                    value=COMPLETION_PROMPT,
+                                    lines=3,
+                                    max_lines=10,
+                                    show_label=False,
+                                    elem_id="race-prompt",
+                                    scale=4,
                                 )
-                                race_stop = gr.Button("Stop", variant="stop", scale=1)
-                            verdict = gr.HTML(elem_id="verdict")
+                                with gr.Column(scale=1, min_width=170):
+                                    race = gr.Button(
+                                        "Race vs plain",
+                                        variant="primary",
+                                        elem_id="race",
+                                    )
+                                    race_stop = gr.Button(
+                                        "Stop", variant="stop", elem_id="race-stop"
+                                    )
+                            gr.HTML(RACE_HELP, padding=False)
+                            verdict = gr.HTML(elem_id="verdict", padding=False)
                             with gr.Row(equal_height=False):
                                 with gr.Column():
-                                    gr.Markdown("**Plain mlx_lm decoding**")
+                                    gr.HTML(PLAIN_HEAD, padding=False)
                                     plain_text = gr.HTML(
                                         container=True,
                                         padding=True,
                                         max_height=420,
                                         autoscroll=True,
+                                        elem_id="plain-text",
                                     )
-                                    plain_stats = gr.HTML(render.stats_html(None))
+                                    plain_stats = gr.HTML(
+                                        render.stats_html(None), elem_id="plain-stats"
+                                    )
                                 with gr.Column():
-                                    gr.Markdown("**Speculative (chosen method)**")
+                                    spec_head = gr.HTML(
+                                        _spec_head(self.default_method),
+                                        padding=False,
+                                        elem_id="spec-head",
+                                    )
                                     spec_text = gr.HTML(
                                         container=True,
                                         padding=True,
                                         max_height=420,
                                         autoscroll=True,
+                                        elem_id="spec-text",
                                     )
-                                    spec_stats = gr.HTML(render.stats_html(None))
+                                    spec_stats = gr.HTML(
+                                        render.stats_html(None), elem_id="spec-stats"
+                                    )
                 with gr.Column(scale=2, min_width=320):
                     stats = gr.HTML(render.stats_html(None), elem_id="stats")
                     chart = gr.HTML(render.chart_svg([]), elem_id="chart")
@@ -663,6 +778,12 @@ class App:
                             label="Method",
                             elem_id="method",
                             info=_method_info(self.default_method),
+                        )
+                        raw = gr.Checkbox(
+                            False,
+                            label="Ignore the chat template (raw completion)",
+                            visible=has_template,
+                            elem_id="raw",
                         )
                         model_status = gr.HTML(elem_id="model-status")
                     with gr.Accordion("Options", open=True):
@@ -706,9 +827,6 @@ class App:
                             seed = gr.Textbox(
                                 "", label="Seed", placeholder="random", elem_id="seed"
                             )
-                        raw = gr.Checkbox(
-                            False, label="Ignore the chat template (raw completion)"
-                        )
 
             settings = [
                 target,
@@ -752,17 +870,38 @@ class App:
             race.click(
                 self.on_race,
                 [race_prompt, *settings],
-                [plain_text, plain_stats, spec_text, spec_stats, verdict, chart],
+                [
+                    plain_text,
+                    plain_stats,
+                    spec_head,
+                    spec_text,
+                    spec_stats,
+                    verdict,
+                    stats,
+                    chart,
+                ],
                 api_name="race",
                 concurrency_id="mlx",
                 concurrency_limit=1,
                 show_progress="hidden",
             )
-            model_outputs = [model_status, mode_note, send, transcript, status]
+            model_outputs = [
+                model_status,
+                mode_note,
+                send,
+                transcript,
+                status,
+                raw,
+                completion_examples,
+                chat_examples,
+                stats,
+                chart,
+                prompt,
+            ]
             for trigger in (target.change, draft.change, raw.change, demo.load):
                 trigger(
                     self.on_models,
-                    [target, draft, raw],
+                    [target, draft, raw, prompt],
                     model_outputs,
                     api_visibility="private",
                 )
@@ -770,9 +909,10 @@ class App:
                 lambda m: (
                     gr.update(visible=m == "tree"),
                     gr.update(info=_method_info(m)),
+                    _spec_head(m),
                 ),
                 method,
-                [tree_budget, method],
+                [tree_budget, method, spec_head],
                 api_visibility="private",
                 queue=False,
             )
@@ -784,6 +924,36 @@ class App:
                 concurrency_limit=1,
             )
         return demo
+
+
+def _no_stats() -> Tuple[str, str]:
+    """Empty stats cards and chart (after an error, or for new models)."""
+    return render.stats_html(None), render.chart_svg([])
+
+
+def _chart(turn: Turn, stats) -> str:
+    """The round chart of a reply, counting the same rounds as its stats."""
+    accepted, drafted, bonus = render.round_series(turn.pieces, stats)
+    # A tree's size is not comparable to its accepted depth: no outlines.
+    return render.chart_svg(
+        accepted, drafted, bonus, outlines=not (stats and stats.tree_sizes)
+    )
+
+
+def _spec_head(method) -> str:
+    """The speculative lane's header, naming its method."""
+    label = METHOD_LABELS.get(method, str(method))
+    return f'<div class="spec-lane-head">Speculative: {html.escape(label)}</div>'
+
+
+def _prompt_for_mode(prompt: Optional[str], chat: bool):
+    """Swap an untouched example prompt for one that suits the mode."""
+    prompt = prompt or ""
+    if chat and (not prompt.strip() or prompt in COMPLETION_EXAMPLES):
+        return CHAT_PROMPT
+    if not chat and (not prompt.strip() or prompt in CHAT_EXAMPLES):
+        return COMPLETION_PROMPT
+    return gr.update()
 
 
 def _check_pair(options: Options, pair: Pair):
@@ -895,8 +1065,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--speculative",
         choices=METHODS,
-        default="draft",
-        help="Method to start with (default: draft).",
+        default=DEFAULT_METHOD,
+        help=f"Method to start with (default: {DEFAULT_METHOD}, which keeps the fastest "
+        "method for the models and prompt).",
     )
     parser.add_argument(
         "--num-draft-tokens",

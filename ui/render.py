@@ -5,8 +5,9 @@ every streamed update. Everything user-provided goes through ``html.escape``.
 """
 
 import html
+import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 KINDS = ("accepted", "recovered", "bonus", "target")
 
@@ -21,10 +22,13 @@ MAX_CHART_ROUNDS = 160
 MIN_CHART_SLOTS = 48  # so that a few rounds do not make giant bars
 
 CSS = """
-.spec-header h1 { margin: 0; font-size: 1.9rem; letter-spacing: -0.02em; }
-.spec-header p { margin: 0.2rem 0 0; opacity: 0.75; }
-.spec-transcript { min-height: 320px; }
-.spec-empty { opacity: 0.6; padding: 2.5rem 1rem; text-align: center; line-height: 1.6; }
+.spec-header { display: flex; align-items: baseline; gap: 0.3rem 0.9rem; flex-wrap: wrap; }
+.spec-header h1 { margin: 0; font-size: 1.5rem; letter-spacing: -0.02em; }
+.spec-header p { margin: 0; opacity: 0.75; font-size: 0.88rem; }
+#status:has(.prose:empty), #verdict:has(.prose:empty) { display: none; }
+#mode-note .spec-banner { padding: 0.3rem 0.65rem; font-size: 0.84rem; }
+.spec-transcript { min-height: 200px; }
+.spec-empty { opacity: 0.6; padding: 2rem 1rem; text-align: center; line-height: 1.6; }
 .spec-turn { margin: 0 0 0.9rem; }
 .spec-role { font-size: 0.72rem; text-transform: uppercase; letter-spacing: 0.06em;
   opacity: 0.6; margin-bottom: 0.15rem; }
@@ -45,29 +49,39 @@ CSS = """
   top: 1.55em; z-index: 20; white-space: pre; font-size: 0.78rem; padding: 0.3rem 0.5rem;
   border-radius: 6px; background: #1f2937; color: #f9fafb; pointer-events: none;
   box-shadow: 0 4px 14px rgba(0, 0, 0, 0.25); }
+.ws { position: relative; }
+.ws::before { content: attr(data-ws); opacity: 0.5; pointer-events: none;
+  user-select: none; }
+.ws-sp::before { position: absolute; left: 0; top: 0; width: 100%; overflow: hidden;
+  white-space: pre; }
+.ws-nl::before { font-size: 0.8em; padding: 0 0.1em; }
 .spec-end { font-size: 0.75rem; opacity: 0.6; margin-left: 0.4rem; font-style: italic; }
-.spec-legend { display: flex; flex-wrap: wrap; gap: 0.35rem 1.1rem; font-size: 0.82rem;
+.spec-legend { display: flex; flex-wrap: wrap; gap: 0.2rem 0.9rem; font-size: 0.8rem;
   align-items: center; }
 .spec-legend .swatch { display: inline-block; width: 0.95em; height: 0.95em;
   border-radius: 3px; vertical-align: -0.12em; margin-right: 0.3em;
   border: 1px solid rgba(127, 127, 127, 0.35); }
 .spec-legend .tip { opacity: 0.65; }
-.spec-stats { display: grid; grid-template-columns: repeat(3, 1fr); gap: 0.5rem; }
-.spec-stat { padding: 0.45rem 0.6rem; border-radius: 8px;
+.spec-stats { display: grid; grid-template-columns: repeat(3, 1fr); gap: 0.4rem; }
+.spec-stat { padding: 0.35rem 0.6rem; border-radius: 8px;
   background: rgba(127, 127, 127, 0.09); }
-.spec-stat .v { font-size: 1.25rem; font-weight: 650; font-variant-numeric: tabular-nums; }
+.spec-stat .v { font-size: 1.2rem; font-weight: 650; font-variant-numeric: tabular-nums; }
 .spec-stat .k { font-size: 0.72rem; opacity: 0.7; }
 .spec-sub { font-size: 0.78rem; opacity: 0.7; margin-top: 0.4rem; }
-.spec-chart svg { width: 100%; height: 130px; display: block; }
+.spec-chart svg { width: 100%; height: 110px; display: block; }
 .spec-chart .title { font-size: 0.8rem; opacity: 0.8; margin-bottom: 0.2rem; }
-.spec-banner { padding: 0.5rem 0.75rem; border-radius: 8px; font-size: 0.88rem; }
+.spec-chart .spec-key { opacity: 0.7; font-size: 0.72rem; }
+.spec-banner { padding: 0.45rem 0.75rem; border-radius: 8px; font-size: 0.88rem; }
 .spec-banner.info { background: rgba(59, 130, 246, 0.12); }
 .spec-banner.ok { background: rgba(34, 197, 94, 0.15); }
 .spec-banner.warn { background: rgba(234, 179, 8, 0.18); }
 .spec-banner.error { background: rgba(239, 68, 68, 0.16); }
 .spec-banner code { font-size: 0.82rem; }
+.spec-note { font-size: 0.85rem; opacity: 0.85; }
+.spec-lane-head { font-weight: 600; }
 .spec-verdict { font-size: 1.05rem; }
 .spec-verdict b.big { font-size: 1.6rem; }
+.spec-why { margin-top: 0.3rem; }
 """
 
 
@@ -121,8 +135,37 @@ def _visible(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# Marks drawn (by CSS, from ``data-ws``) over whitespace-only tokens.
+WS_MARKS = {"\n": "\u23ce", "\t": "\u21e5"}
+SPACE_MARK = "\u00b7"
+
+
+def _whitespace_html(text: str) -> str:
+    """A whitespace-only token with visible marks that copy as the real text.
+
+    Each newline gets a ``⏎`` and each run of spaces or tabs a row of ``·``
+    or ``⇥``; the marks live in CSS ``::before`` content, so selecting and
+    copying the text gives the original whitespace.
+    """
+    out = []
+    for run in re.findall(r"\n|\t+|[^\S\n\t]+", text):
+        if run == "\n":
+            out.append('<span class="ws ws-nl" data-ws="\u23ce">\n</span>')
+        else:
+            mark = WS_MARKS["\t"] if run[0] == "\t" else SPACE_MARK
+            out.append(
+                f'<span class="ws ws-sp" data-ws="{mark * len(run)}">'
+                f"{html.escape(run)}</span>"
+            )
+    return "".join(out)
+
+
 def token_spans(pieces: Sequence[Piece]) -> str:
-    """The reply as ``<span class="tok tok-KIND">`` elements, one per token."""
+    """The reply as ``<span class="tok tok-KIND">`` elements, one per token.
+
+    Whitespace-only tokens (newlines, indentation) get visible marks, so that
+    an accepted newline is as easy to see as an accepted word.
+    """
     out = []
     for p in pieces:
         if not p.text:
@@ -139,7 +182,8 @@ def token_spans(pieces: Sequence[Piece]) -> str:
             attrs += f' data-rejected="{html.escape(tip, quote=True)}"'
         else:
             attrs += f' title="round {p.round}: {kind}"'
-        out.append(f"<span {attrs}>{html.escape(p.text)}</span>")
+        body = _whitespace_html(p.text) if p.text.isspace() else html.escape(p.text)
+        out.append(f"<span {attrs}>{body}</span>")
     return "".join(out)
 
 
@@ -177,9 +221,9 @@ def transcript_html(
     font = " spec-mono" if mono else ""
     if not turns:
         if chat:
-            hint = "Type a message below and press <b>Send</b>."
+            hint = "Type a message above and press <b>Send</b>."
         else:
-            hint = "Type the start of a text (or code) below and press <b>Generate</b>."
+            hint = "Type the start of a text (or code) above and press <b>Generate</b>."
         return (
             '<div class="spec-transcript"><div class="spec-empty">'
             f"{hint}<br>Each token is coloured by where it came from.</div></div>"
@@ -210,21 +254,33 @@ def transcript_html(
     return "".join(parts)
 
 
+LEGEND_SHORT = {
+    "accepted": "draft token kept",
+    "recovered": "target's fix after a rejected draft (hover it)",
+    "bonus": "free extra token",
+    "target": "plain step",
+}
+COLOURS = {
+    "accepted": "rgba(34, 197, 94, 0.28)",
+    "recovered": "rgba(249, 115, 22, 0.38)",
+    "bonus": "rgba(59, 130, 246, 0.32)",
+    "target": "transparent",
+}
+
+
 def legend_html() -> str:
-    """Swatches for the four token origins, with one-line explanations."""
-    colours = {
-        "accepted": "rgba(34, 197, 94, 0.28)",
-        "recovered": "rgba(249, 115, 22, 0.38)",
-        "bonus": "rgba(59, 130, 246, 0.32)",
-        "target": "transparent",
-    }
+    """One line of swatches for the four token origins; hover for more."""
     items = [
         f'<span title="{html.escape(KIND_HELP[k], quote=True)}">'
-        f'<span class="swatch" style="background:{colours[k]}"></span><b>{k}</b> '
-        f'<span class="tip">{html.escape(KIND_HELP[k])}</span></span>'
+        f'<span class="swatch" style="background:{COLOURS[k]}"></span><b>{k}</b> '
+        f'<span class="tip">{html.escape(LEGEND_SHORT[k])}</span></span>'
         for k in KINDS
     ]
-    return f'<div class="spec-legend">{"".join(items)}</div>'
+    marks = (
+        '<span title="newlines and indentation the model generated">'
+        '<span class="tip">\u23ce / \u00b7 newline / space</span></span>'
+    )
+    return f'<div class="spec-legend">{"".join(items)}{marks}</div>'
 
 
 def _fmt(value: Optional[float], digits: int = 1, suffix: str = "") -> str:
@@ -265,6 +321,11 @@ def stats_html(stats, *, reused: int = 0, elapsed: Optional[float] = None) -> st
                 f" &middot; &gamma; = {stats.num_draft_tokens} &middot; "
                 f"{stats.accepted_tokens}/{stats.draft_tokens} draft tokens kept"
             )
+        if stats.auto_rounds:
+            picked = ", ".join(
+                f"{html.escape(str(k))} {v}" for k, v in stats.auto_rounds.items() if v
+            )
+            sub += f" &middot; auto ran: {picked} rounds"
         sub += f" &middot; prompt {stats.prompt_tokens} new tokens"
         if reused:
             sub += f" + {reused} reused from the cache"
@@ -277,11 +338,65 @@ def stats_html(stats, *, reused: int = 0, elapsed: Optional[float] = None) -> st
     return f'<div class="spec-stats">{body}</div><div class="spec-sub">{sub}</div>'
 
 
-def chart_svg(accepted: Sequence[int], drafted: Sequence[int] = ()) -> str:
-    """A bar chart of accepted draft tokens per round, drafted tokens as outlines.
+def round_series(
+    pieces: Sequence[Piece], stats
+) -> Tuple[List[int], List[int], List[bool]]:
+    """Accepted and drafted tokens, and bonus flags, for every round so far.
 
-    Rounds where every draft token was kept (and a bonus token followed) are
-    drawn in blue. Only the last ``MAX_CHART_ROUNDS`` rounds are drawn.
+    ``stats.accepted_per_round`` skips rounds that had no draft (prompt
+    lookup found nothing, say); the pieces know every round, so those come
+    back as ``0`` drafted, and the chart counts the same rounds as the stats.
+
+    Args:
+        pieces: The reply's tokens in order.
+        stats: Its :class:`mlx_spec.SpecStats` (or ``None``).
+
+    Returns:
+        ``(accepted, drafted, bonus)``, one entry per round, in order.
+    """
+    if stats is None or stats.method == "none":
+        return [], [], []
+    drafted_in: Dict[int, bool] = {}
+    bonus_in: Dict[int, bool] = {}
+    accepted_in: Dict[int, int] = {}
+    for p in pieces:
+        drafted_in[p.round] = drafted_in.get(p.round, False) or p.kind != "target"
+        bonus_in[p.round] = bonus_in.get(p.round, False) or p.kind == "bonus"
+        accepted_in[p.round] = accepted_in.get(p.round, 0) + (p.kind == "accepted")
+    acc_iter = iter(list(stats.accepted_per_round))
+    drf_iter = iter(list(stats.drafted_per_round))
+    accepted, drafted, bonus = [], [], []
+    for r in sorted(drafted_in):
+        if drafted_in[r]:
+            a, d = next(acc_iter, None), next(drf_iter, None)
+            accepted.append(accepted_in[r] if a is None else a)
+            drafted.append(max(d or 0, 1))
+        else:
+            accepted.append(0)
+            drafted.append(0)
+        bonus.append(bonus_in[r])
+    return accepted, drafted, bonus
+
+
+def chart_svg(
+    accepted: Sequence[int],
+    drafted: Sequence[int] = (),
+    bonus: Sequence[bool] = (),
+    *,
+    outlines: bool = True,
+) -> str:
+    """A bar chart of accepted draft tokens per round.
+
+    Args:
+        accepted: Accepted draft tokens, one per round (every round).
+        drafted: Draft tokens proposed, one per round; ``0`` marks a round
+          without a draft, drawn as a grey tick. Drawn as outlines.
+        bonus: Rounds where every draft token was kept and a bonus token
+          followed, drawn in blue. Default: rounds with ``accepted >= drafted``.
+        outlines: Draw the drafted outlines (a tree's size is not comparable
+          to its accepted depth, so trees turn them off).
+
+    Only the last ``MAX_CHART_ROUNDS`` rounds are drawn; the title counts all.
     """
     title = "Accepted draft tokens per round"
     if not accepted:
@@ -290,45 +405,61 @@ def chart_svg(accepted: Sequence[int], drafted: Sequence[int] = ()) -> str:
             '<div class="spec-sub">The chart fills in as rounds are verified '
             "(speculative methods only).</div></div>"
         )
-    start = max(0, len(accepted) - MAX_CHART_ROUNDS)
-    acc = list(accepted[start:])
-    drf = list(drafted[start:]) if len(drafted) >= len(accepted) else [0] * len(acc)
-    top = max(max(acc), max(drf), 1)
+    n = len(accepted)
+    drafted = list(drafted) if len(drafted) >= n else [None] * n
+    bonus = list(bonus) if len(bonus) >= n else [None] * n
+    start = max(0, n - MAX_CHART_ROUNDS)
+    rows = list(zip(accepted, drafted, bonus))[start:]
+    top = max(
+        max(a for a, _, _ in rows),
+        max((d or 0) for _, d, _ in rows) if outlines else 0,
+        1,
+    )
     width, height, pad = 600, 120, 14
-    slot = width / max(len(acc), MIN_CHART_SLOTS)
+    slot = width / max(len(rows), MIN_CHART_SLOTS)
     bar = max(slot * 0.78, 0.6)
     scale = (height - pad - 2) / top
+    base = height - pad
     rects = []
-    for i, (a, d) in enumerate(zip(acc, drf)):
+    for i, (a, d, b) in enumerate(rows):
         x = i * slot + (slot - bar) / 2
-        if d:
+        label = f"round {start + i}"
+        if d == 0:
+            rects.append(
+                f'<rect x="{x:.2f}" y="{base:.2f}" width="{bar:.2f}" height="3" '
+                f'fill="rgba(127,127,127,0.55)"><title>{label}: no draft '
+                "(one plain target step)</title></rect>"
+            )
+            continue
+        if d and outlines:
             h = d * scale
             rects.append(
-                f'<rect x="{x:.2f}" y="{height - pad - h:.2f}" width="{bar:.2f}" '
+                f'<rect x="{x:.2f}" y="{base - h:.2f}" width="{bar:.2f}" '
                 f'height="{h:.2f}" fill="none" stroke="rgba(127,127,127,0.45)" '
                 'stroke-width="0.8"/>'
             )
-        if a:
-            h = a * scale
-            full = d and a >= d
-            colour = "rgba(59,130,246,0.85)" if full else "rgba(34,197,94,0.85)"
-            rects.append(
-                f'<rect x="{x:.2f}" y="{height - pad - h:.2f}" width="{bar:.2f}" '
-                f'height="{h:.2f}" fill="{colour}"><title>round {start + i}: '
-                f"{a}/{d} accepted</title></rect>"
-            )
-    mean = sum(accepted) / len(accepted)
-    y_mean = height - pad - mean * scale
+        full = b if b is not None else bool(d and a >= d)
+        colour = "rgba(59,130,246,0.85)" if full else "rgba(34,197,94,0.85)"
+        h = max(a * scale, 1.5)  # a thin bar marks a round that kept nothing
+        fill = colour if a else "rgba(249,115,22,0.85)"
+        kept = f"{a}/{d}" if d and outlines else str(a)
+        rects.append(
+            f'<rect x="{x:.2f}" y="{base - h:.2f}" width="{bar:.2f}" '
+            f'height="{h:.2f}" fill="{fill}"><title>{label}: {kept} accepted'
+            f"{' + bonus' if full else ''}</title></rect>"
+        )
+    mean = sum(accepted) / n
+    y_mean = base - mean * scale
     grid = "".join(
-        f'<line x1="0" x2="{width}" y1="{height - pad - k * scale:.2f}" '
-        f'y2="{height - pad - k * scale:.2f}" stroke="rgba(127,127,127,0.15)"/>'
-        f'<text x="2" y="{height - pad - k * scale - 2:.2f}" font-size="9" '
+        f'<line x1="0" x2="{width}" y1="{base - k * scale:.2f}" '
+        f'y2="{base - k * scale:.2f}" stroke="rgba(127,127,127,0.15)"/>'
+        f'<text x="2" y="{base - k * scale - 2:.2f}" font-size="9" '
         f'fill="currentColor" opacity="0.5">{k}</text>'
         for k in range(1, top + 1)
     )
-    shown = (
-        f"last {len(acc)} of {len(accepted)} rounds" if start else f"{len(acc)} rounds"
-    )
+    plain = sum(1 for d in drafted if d == 0)
+    counted = f"{n} rounds" + (f", {plain} without a draft" if plain else "")
+    shown = f"last {len(rows)} of {counted}" if start else counted
     svg = (
         f'<svg viewBox="0 0 {width} {height}" preserveAspectRatio="none" role="img" '
         f'aria-label="{title}">{grid}{"".join(rects)}'
@@ -338,8 +469,10 @@ def chart_svg(accepted: Sequence[int], drafted: Sequence[int] = ()) -> str:
         f'fill="currentColor" opacity="0.6">{shown}</text></svg>'
     )
     return (
-        f'<div class="spec-chart"><div class="title">{title} '
-        f"(mean {mean:.2f}, dashed; blue = all kept + bonus)</div>{svg}</div>"
+        f'<div class="spec-chart"><div class="title">{title}: mean {mean:.2f} '
+        f'over {counted} <span class="spec-key">(dashed: mean; blue: all kept '
+        "+ bonus; orange: none kept; grey: no draft)</span></div>"
+        f"{svg}</div>"
     )
 
 
@@ -348,12 +481,22 @@ def banner(message: str, level: str = "info") -> str:
     return f'<div class="spec-banner {level}">{message}</div>'
 
 
+MAX_ERROR_CHARS = 240
+
+
 def error_banner(error: BaseException) -> str:
-    """A readable error: the exception's message, without a traceback."""
+    """A readable one-line error: the message's first line, without a traceback."""
     text = str(error).strip() or type(error).__name__
     if not isinstance(error, ValueError):
         text = f"{type(error).__name__}: {text}"
-    return banner(f"<b>Error:</b> {html.escape(text)}", "error")
+    full = text
+    text = text.splitlines()[0]
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 3] + "..."
+    return (
+        f'<div class="spec-banner error" title="{html.escape(full, quote=True)}">'
+        f"<b>Error:</b> {html.escape(text)}</div>"
+    )
 
 
 def first_difference(a: str, b: str) -> Optional[int]:
@@ -374,6 +517,8 @@ class Lane:
         decode_tps: Tokens per second after the first token.
         total: Seconds from the request to the last token, prompt included.
         tokens: Number of generated tokens.
+        acceptance: Fraction of draft tokens kept (speculative lane only).
+        per_forward: Tokens per target forward (speculative lane only).
     """
 
     method: str
@@ -381,13 +526,61 @@ class Lane:
     decode_tps: float
     total: float
     tokens: int
+    acceptance: Optional[float] = None
+    per_forward: Optional[float] = None
 
 
 MIN_RACE_TOKENS = 16
+# Below this acceptance, "the draft is rejected often" explains a slow race.
+LOW_ACCEPTANCE = 0.5
+LOW_PER_FORWARD = 1.5
+ALTERNATIVES = {
+    "draft": "try <b>lookup</b> or <b>auto</b>",
+    "tree": "try <b>lookup</b> or <b>auto</b>",
+    "self": "try <b>lookup</b> or <b>auto</b>",
+    "lookup": "try <b>auto</b>, or a prompt that repeats more of itself",
+    "auto": "try <b>lookup</b>, or a smaller &gamma;",
+}
+
+
+def slow_reason(spec: Lane) -> str:
+    """Why a speculative lane lost the race, from its own statistics."""
+    method = html.escape(spec.method)
+    # A tree counts every node as drafted, so its acceptance looks low even
+    # when it goes deep: judge trees (and auto, which may use one) by depth.
+    if spec.method in ("tree", "auto"):
+        rejected = spec.per_forward is not None and spec.per_forward < LOW_PER_FORWARD
+    else:
+        rejected = spec.acceptance is not None and spec.acceptance < LOW_ACCEPTANCE
+    if rejected and spec.method in ("tree", "auto"):
+        why = (
+            f"the drafts are rejected often (only {spec.per_forward:.2f} tokens per "
+            "target forward), so most drafting work is wasted"
+        )
+    elif rejected:
+        why = (
+            f"the draft is rejected often (only {spec.acceptance:.0%} of draft tokens "
+            "kept), so most drafting work is wasted"
+        )
+    else:
+        per = (
+            f" ({spec.per_forward:.2f} tokens per target forward)"
+            if spec.per_forward
+            else ""
+        )
+        why = (
+            f"each round saves too little{per}: on this CPU a target forward over "
+            "several tokens costs much more than over one, and drafting is not free"
+        )
+    tip = ALTERNATIVES.get(spec.method, "try <b>lookup</b> or <b>auto</b>")
+    return f"Speculation ({method}) is slower here: {why}. Plain decoding wins this one; {tip}."
 
 
 def race_verdict(plain: Lane, spec: Lane, greedy: bool) -> str:
-    """The race result: measured speedup and, under greedy, whether texts agree."""
+    """The race result: measured speedup and, under greedy, whether texts agree.
+
+    A slower speculative lane comes with :func:`slow_reason`.
+    """
     if greedy:
         diff = first_difference(plain.text, spec.text)
         if diff is None:
@@ -415,4 +608,8 @@ def race_verdict(plain: Lane, spec: Lane, greedy: bool) -> str:
         f"({spec.decode_tps:.1f} vs {plain.decode_tps:.1f} tokens/s after the first token; "
         f"{wall:.2f}&times; end to end: {spec.total:.2f} s vs {plain.total:.2f} s)</div>"
     )
+    if ratio < 1:
+        if level == "ok":
+            level = "warn"
+        head += f'<div class="spec-why">{slow_reason(spec)}</div>'
     return banner(f"{head}<div>{check}</div>", level)

@@ -199,7 +199,7 @@ def _clean_path(path: Optional[str]) -> Optional[str]:
 class Options:
     """The user's generation settings (validated by ``SpecConfig``)."""
 
-    method: str = "draft"
+    method: str = "auto"
     num_draft_tokens: int = 4
     tree_budget: int = 16
     temp: float = 0.0
