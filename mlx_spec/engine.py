@@ -322,17 +322,12 @@ def _verify_chain(target, root, proposal, law, processors, history):
 
 def _verify_tree(target, root, proposal, law):
     """Score the root and a draft tree in one tree-attention forward."""
-    parents = (
-        mx.array(proposal.parents, mx.int32)
-        if not isinstance(proposal.parents, mx.array)
-        else proposal.parents
-    )
-    tree = Tree.from_parents(
-        mx.concatenate([root, proposal.tokens.astype(mx.uint32)]),
-        mx.concatenate(
-            [mx.array([-1], mx.int32), mx.where(parents < 0, 0, parents + 1)]
-        ),
-    )
+    draft_tree = getattr(proposal, "tree", None)  # reuse the drafter's mask
+    if draft_tree is None:
+        draft_tree = Tree.from_parents(
+            proposal.tokens.astype(mx.uint32), proposal.parents
+        )
+    tree = draft_tree.with_root(root)
     logits = tree_forward(target.model, target.cache, tree)
     target_logprobs = normalize(logits)
     choices = law.node_choices(target_logprobs)
@@ -532,7 +527,12 @@ def _generate(
                     target.trim_to(prefix_len + 1 + n)
                 else:
                     commit_path(
-                        target.cache, prefix_len, [0] + [i + 1 for i in result.path]
+                        target.cache,
+                        prefix_len,
+                        [0] + [i + 1 for i in result.path],
+                        kv_bits=target.kv.kv_bits,
+                        kv_group_size=target.kv.kv_group_size,
+                        quantized_kv_start=target.kv.quantized_kv_start,
                     )
                 drafter.commit(state, proposal, n, result.path)
                 planner.update(

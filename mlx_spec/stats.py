@@ -96,7 +96,8 @@ class SpecStats:
         ]
         if self.tree_sizes:
             parts.append(
-                f"mean tree size {sum(self.tree_sizes) / len(self.tree_sizes):.1f}"
+                f"mean tree size {sum(self.tree_sizes) / len(self.tree_sizes):.1f}, "
+                f"mean accepted depth {self.mean_accepted_depth:.2f}"
             )
         if self.draft_time is not None:
             parts.append(

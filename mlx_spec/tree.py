@@ -37,6 +37,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
+from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from mlx_lm.models.rope_utils import (
     Llama3RoPE,
@@ -97,23 +99,48 @@ class Tree:
         Returns:
             The :class:`Tree`.
         """
-        if not isinstance(parents, mx.array):
-            parents = list(parents)
-            for i, p in enumerate(parents):
-                if not -1 <= p < i:
-                    raise ValueError(
-                        f"parents[{i}] = {p}: must be -1 (root) or a node index < {i}."
-                    )
         tokens = _as_array(tokens)
+        if isinstance(parents, mx.array):
+            ancestors = _ancestor_mask(parents.astype(mx.int32))
+            depth = ancestors.astype(mx.int32).sum(axis=1) - 1
+        else:  # host parents: build the structure on the host, no device work
+            parents, depth, ancestors = _host_structure(list(parents))
         parents = mx.array(parents, dtype=mx.int32)
         if tokens.ndim != 1 or tokens.size == 0 or parents.shape != tokens.shape:
             raise ValueError(
                 f"tokens {tuple(tokens.shape)} and parents {tuple(parents.shape)} "
                 "must both have shape (N,) with N >= 1."
             )
-        ancestors = _ancestor_mask(parents)
-        depth = ancestors.astype(mx.int32).sum(axis=1) - 1
-        return cls(tokens, parents, depth, ancestors)
+        return cls(tokens, parents, mx.array(depth, mx.int32), mx.array(ancestors))
+
+    def with_root(self, token: Union[int, mx.array]) -> "Tree":
+        """Put a new root node 0 above this tree (its roots become its children).
+
+        Used to verify a draft tree: the root is the last accepted token,
+        whose K/V the target has not cached yet. Lazy and cheap: the ancestor
+        mask is extended, not recomputed.
+
+        Args:
+            token: the root's token id (an int or a ``(1,)`` / scalar array).
+
+        Returns:
+            A :class:`Tree` with ``N + 1`` nodes; node ``i + 1`` is node ``i``.
+        """
+        n = self.size
+        root = _as_array(token).astype(self.tokens.dtype).reshape(1)
+        top = mx.concatenate([mx.ones((1, 1), mx.bool_), mx.zeros((1, n), mx.bool_)], 1)
+        rows = mx.concatenate([mx.ones((n, 1), mx.bool_), self.ancestor_mask], 1)
+        return Tree(
+            mx.concatenate([root, self.tokens]),
+            mx.concatenate(
+                [
+                    mx.array([-1], mx.int32),
+                    mx.where(self.parents < 0, 0, self.parents + 1),
+                ]
+            ),
+            mx.concatenate([mx.array([0], mx.int32), self.depth + 1]),
+            mx.concatenate([top, rows], 0),
+        )
 
     @classmethod
     def from_choices(
@@ -255,6 +282,26 @@ class Tree:
 
 def _as_array(x: IntList) -> mx.array:
     return x if isinstance(x, mx.array) else mx.array(x)
+
+
+def _host_structure(parents: List[int]) -> Tuple[List[int], List[int], Any]:
+    """Host ``(N,)`` parents -> ``(parents, depth, (N, N) bool ancestor mask)``.
+
+    Checks that each parent precedes its child (``-1 <= parents[i] < i``).
+    """
+    n = len(parents)
+    mask = np.zeros((n, n), dtype=np.bool_)
+    depth = [0] * n
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise ValueError(
+                f"parents[{i}] = {p}: must be -1 (root) or a node index < {i}."
+            )
+        if p >= 0:
+            mask[i] = mask[p]
+            depth[i] = depth[p] + 1
+        mask[i, i] = True
+    return parents, depth, mask
 
 
 def _ancestor_mask(parents: mx.array) -> mx.array:
@@ -473,18 +520,30 @@ def tree_forward(
     return masked_forward(model, cache, tree.tokens[start:], positions, mask)
 
 
-def commit_path(cache: List[Any], prefix_len: int, path: IntList) -> None:
+def commit_path(
+    cache: List[Any],
+    prefix_len: int,
+    path: IntList,
+    *,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+) -> None:
     """Keep one root-to-node path of tree entries, contiguous after the prefix.
 
     Gathers the K/V of nodes ``path`` (flattened indices, root first) into
     slots ``prefix_len..prefix_len+K-1`` and drops the other tree entries
-    (cache offset becomes ``prefix_len + K``). Lazy: no host sync.
+    (cache offset becomes ``prefix_len + K``). Then, with ``kv_bits``, layers
+    that reached ``quantized_kv_start`` become ``QuantizedKVCache`` in place,
+    as ``mlx_lm.generate`` does after each step. Lazy: no host sync.
 
     Args:
         cache: the per-layer ``KVCache`` / ``QuantizedKVCache`` list, holding
             the prefix then the tree nodes in flattened order.
         prefix_len: cache length before the tree.
         path: ``(K,)`` node indices (list or device array), root first.
+        kv_bits, kv_group_size, quantized_kv_start: KV-cache quantisation, as
+            in ``mlx_lm.generate``. Default: none.
     """
     if isinstance(path, mx.array):
         K = path.shape[0]
@@ -510,3 +569,4 @@ def commit_path(cache: List[Any], prefix_len: int, path: IntList) -> None:
                 x[..., prefix_len:end, :] = mx.take(x, idx, axis=-2)
     for c in cache:
         c.offset = prefix_len + K
+    maybe_quantize_kv_cache(cache, quantized_kv_start, kv_group_size, kv_bits)

@@ -3,16 +3,21 @@
 Dynamic trees (EAGLE-2 style): grow level by level, each level expanded in
 one draft forward with tree attention. At every level the ``top_k`` most
 promising frontier nodes (by cumulative draft log-probability) get their
-``top_k`` best children; at the end the best ``budget`` nodes of everything
-seen are sent to the target. Everything is built lazily on device.
+``top_k`` best children. The best ``budget`` nodes of every candidate seen
+(by cumulative draft log-probability) are what the target verifies; the
+candidate pool is cut back to them whenever it grows past a small multiple
+of the budget, so its size stays bounded.
+Everything is built lazily on device.
 
 Static trees (Medusa "choices"): a fixed list of index paths, where path
-``(0, 1)`` is the second-best child of the best first token.
+``(0, 1)`` is the second-best child of the best first token. Their shape is
+laid out once, so a round only gathers tokens.
 
 Children are the draft's top-k, chosen without looking at the target, so
 :func:`mlx_spec.acceptance.tree_accept` is exact for greedy and sampling.
 """
 
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -22,24 +27,127 @@ from .models import CachedModel
 from .sampling import normalize
 from .tree import Tree, commit_path, prepare_tree_model, tree_forward
 
-# Keeps ancestors ahead of equally scored descendants in the top-budget cut.
-DEPTH_TIE_BREAK = 1e-6
+# The candidate pool is cut back to the best ``budget`` nodes whenever it
+# exceeds ``POOL_CAP * budget`` (cutting is exact: a node outside the best
+# ``budget`` never re-enters, and neither do its descendants).
+POOL_CAP = 4
+
+
+@dataclass
+class TreeProposal(Proposal):
+    """A :class:`Proposal` that also carries its draft :class:`Tree`.
+
+    Attributes:
+        tree: the ``N`` proposed nodes (``tokens`` and ``parents`` match it),
+            so the verifier reuses its ancestor mask instead of rebuilding it.
+    """
+
+    tree: Optional[Tree] = None
 
 
 def top_children(logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
-    """The ``k`` best tokens per row, best first: ``(R, V) -> (R, k), (R, k)``."""
-    tokens = mx.argsort(-logprobs, axis=-1)[:, :k]
-    return tokens, mx.take_along_axis(logprobs, tokens, axis=-1)
+    """The ``k`` best tokens per row, best first: ``(R, V) -> (R, k), (R, k)``.
+
+    A partial sort (``argpartition``) then a sort of just the ``k`` winners.
+    """
+    k = min(k, logprobs.shape[-1])
+    best = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
+    values = mx.take_along_axis(logprobs, best, axis=-1)
+    order = mx.argsort(-values, axis=-1)
+    return mx.take_along_axis(best, order, -1), mx.take_along_axis(values, order, -1)
 
 
-def select_budget(scores: mx.array, depth: mx.array, budget: int) -> mx.array:
-    """Indices of the ``budget`` best-scored nodes, ascending (ancestor-closed)."""
+def select_budget(
+    scores: mx.array, budget: int, valid: Optional[mx.array] = None
+) -> mx.array:
+    """Indices of the ``budget`` best nodes, ascending.
+
+    Nodes are ranked by ``valid`` first, then ``scores`` (higher first), then
+    index (lower first): a strict total order, so the result is deterministic
+    even with tied or ``-inf`` scores. When every child scores at most its
+    parent and parents precede children, the result is closed under
+    ancestors.
+
+    Args:
+        scores: ``(n,)`` cumulative draft log-probabilities.
+        budget: number of nodes to keep.
+        valid: optional ``(n,)`` bool; invalid nodes rank after all valid ones.
+
+    Returns:
+        ``(min(budget, n),)`` int32 node indices in ascending order.
+    """
     n = scores.shape[0]
+    index = mx.arange(n, dtype=mx.int32)
     if budget >= n:
-        return mx.arange(n, dtype=mx.int32)
-    ranked = scores - DEPTH_TIE_BREAK * depth.astype(scores.dtype)
-    best = mx.argpartition(-ranked, kth=budget - 1)[:budget]
-    return mx.sort(best).astype(mx.int32)
+        return index
+    s_i, s_j = scores[:, None], scores[None, :]
+    ahead = (s_j > s_i) | ((s_j == s_i) & (index[None, :] < index[:, None]))
+    if valid is not None:  # [i, j]: node j ranks ahead of node i
+        v_i, v_j = valid[:, None], valid[None, :]
+        ahead = (v_j & ~v_i) | ((v_j == v_i) & ahead)
+    rank = ahead.astype(mx.int32).sum(axis=1)  # a permutation of 0..n-1
+    keys = mx.where(rank < budget, index, index + n)
+    return mx.argsort(keys)[:budget].astype(mx.int32)
+
+
+class _StaticShape:
+    """A static tree's layout, computed once from its choices.
+
+    Nodes are numbered as in ``choices``. Level ``l`` (1-based) holds the
+    paths of length ``l``; the draft is fed the nodes of levels
+    ``1..depth-1`` in level order (its cache slots).
+    """
+
+    def __init__(self, choices: Sequence[Tuple[int, ...]]):
+        choices = [tuple(c) for c in choices]
+        index = {path: i for i, path in enumerate(choices)}
+        self.parents = [index[c[:-1]] if len(c) > 1 else -1 for c in choices]
+        self.depth = max(len(c) for c in choices)
+        self.width = max(c[-1] for c in choices) + 1
+        levels = [
+            [i for i, c in enumerate(choices) if len(c) == level]
+            for level in range(1, self.depth + 1)
+        ]
+        level_order = [i for members in levels for i in members]
+        slot = {node: s for s, node in enumerate(level_order)}
+        fed_count = len(level_order) - len(levels[-1])
+        # Per level: (row of the parent among the previous level, child rank).
+        self.gather = []
+        for level, members in enumerate(levels):
+            start = self._start(levels, level - 1) if level else 0
+            rows = [slot[self.parents[i]] - start if level else 0 for i in members]
+            cols = [choices[i][-1] for i in members]
+            self.gather.append((mx.array(rows), mx.array(cols)))
+        order = [level_order.index(i) for i in range(len(choices))]
+        self.order = None if order == list(range(len(order))) else mx.array(order)
+        self.fed_slots = mx.array(
+            [slot[i] if slot[i] < fed_count else -1 for i in range(len(choices))],
+            mx.int32,
+        )
+        # The proposal's tree, and per level the draft's fed tree before it
+        # (nodes of the earlier levels), structure only.
+        self.tree = Tree.from_parents([0] * len(choices), self.parents)
+        fed_parents = [
+            slot[self.parents[i]] if self.parents[i] >= 0 else -1
+            for i in level_order[:fed_count]
+        ]
+        self.fed = []
+        if fed_count:
+            fed = Tree.from_parents([0] * fed_count, fed_parents)
+            for level in range(1, self.depth):
+                start, end = self._start(levels, level - 1), self._start(levels, level)
+                structure = (
+                    fed.parents[:end],
+                    fed.depth[:end],
+                    fed.ancestor_mask[:end, :end],
+                )
+                self.fed.append((start, structure))
+        mx.eval(self.tree.ancestor_mask, [s for _, s in self.fed])
+
+    @staticmethod
+    def _start(levels: List[List[int]], level: int) -> int:
+        """Slot of the first node of ``level`` (0-based) in level order."""
+        return sum(len(m) for m in levels[:level])
 
 
 class TreeDrafter(ModelDrafter):
@@ -62,6 +170,7 @@ class TreeDrafter(ModelDrafter):
         self.top_k = top_k
         self.depth = depth
         self.choices = list(choices) if choices else None
+        self.static = _StaticShape(self.choices) if self.choices else None
         self._tree_prefix = 0
 
     def _root_logprobs(self, state: RoundState) -> mx.array:
@@ -76,87 +185,88 @@ class TreeDrafter(ModelDrafter):
 
     def propose(self, state: RoundState, budget: int) -> Proposal:
         root = self._root_logprobs(state)
-        if self.choices is not None:
+        if self.static is not None:
             return self._static(root)
         return self._dynamic(root, budget)
 
     def _dynamic(self, root: mx.array, budget: int) -> Proposal:
         k = self.top_k
-        tokens, scores = top_children(root, k)
-        tokens, scores = tokens[0], scores[0]
-        pool = Tree.from_parents(tokens, [-1] * k)  # every candidate seen so far
-        pool_scores = [scores]
+        width = min(k, budget)  # frontier nodes past the budget cannot be kept
+        tokens, scores = top_children(root, width)
+        pool = Tree.from_parents(tokens[0], [-1] * width)  # the best nodes so far
+        scores = scores[0]
+        valid = mx.ones((width,), mx.bool_)  # False: its parent was cut
         # Pool node -> its slot among the draft's fed tree nodes (-1: not fed).
-        fed_index = [
-            (
-                mx.arange(k, dtype=mx.int32)
-                if self.depth > 1
-                else mx.full((k,), -1, mx.int32)
-            )
-        ]
+        fed_slot = mx.arange(width, dtype=mx.int32)
+        if self.depth == 1:
+            fed_slot = mx.full((width,), -1, mx.int32)
         fed = pool  # nodes fed to the draft, in cache order
-        frontier, frontier_scores, start = mx.arange(k, dtype=mx.int32), scores, 0
+        frontier = mx.arange(width, dtype=mx.int32)  # pool index, -1 once cut
+        frontier_scores, start = scores, 0
         for level in range(2, self.depth + 1):
             children, child_lp = top_children(self._level_logprobs(fed, start), k)
-            cand_scores = (frontier_scores[:, None] + child_lp).reshape(-1)  # (k*k,)
+            mx.async_eval(children, child_lp)
+            child_lp = mx.minimum(child_lp, 0.0)  # never outscore the parent
+            cand_scores = (frontier_scores[:, None] + child_lp).reshape(-1)  # (w*k,)
             cand_tokens = children.reshape(-1)
+            cand_valid = mx.repeat(frontier >= 0, k)
             first_new = pool.size
             pool = pool.grow(cand_tokens, mx.repeat(frontier, k))
-            pool_scores.append(cand_scores)
-            if level == self.depth:
-                fed_index.append(mx.full((k * k,), -1, mx.int32))
-                break
-            best = mx.argpartition(-cand_scores, kth=k - 1)[:k].astype(mx.int32)
-            start = fed.size
-            fed = fed.grow(cand_tokens[best], start - k + best // k)
-            slots = mx.full((k * k,), -1, mx.int32)
-            slots[best] = start + mx.arange(k, dtype=mx.int32)
-            fed_index.append(slots)
-            frontier, frontier_scores = first_new + best, cand_scores[best]
-        keep = select_budget(mx.concatenate(pool_scores), pool.depth, budget)
-        chosen = pool.subtree(keep)
-        return Proposal(
-            chosen.tokens,
+            scores = mx.concatenate([scores, cand_scores])
+            valid = mx.concatenate([valid, cand_valid])
+            slots = mx.full((width * k,), -1, mx.int32)
+            if level < self.depth:
+                best = mx.argpartition(-cand_scores, kth=width - 1)[:width]
+                best = best.astype(mx.int32)
+                start = fed.size
+                fed = fed.grow(cand_tokens[best], start - width + best // k)
+                slots[best] = start + mx.arange(width, dtype=mx.int32)
+                frontier = mx.where(cand_valid[best], first_new + best, -1)
+                frontier_scores = cand_scores[best]
+            fed_slot = mx.concatenate([fed_slot, slots])
+            if pool.size > POOL_CAP * budget:  # cut back to the best ``budget``
+                keep = select_budget(scores, budget, valid)
+                remap = mx.full((pool.size,), -1, mx.int32)
+                remap[keep] = mx.arange(budget, dtype=mx.int32)
+                frontier = mx.where(frontier >= 0, remap[mx.maximum(frontier, 0)], -1)
+                pool = pool.subtree(keep)
+                scores, valid, fed_slot = scores[keep], valid[keep], fed_slot[keep]
+        if pool.size > budget:
+            keep = select_budget(scores, budget, valid)
+            pool, fed_slot = pool.subtree(keep), fed_slot[keep]
+        return TreeProposal(
+            pool.tokens,
             None,
             forwards=self.depth,
-            parents=chosen.parents,
-            sync_data=mx.concatenate(fed_index)[keep],
+            parents=pool.parents,
+            sync_data=fed_slot,
+            tree=pool,
         )
 
     def _static(self, root: mx.array) -> Proposal:
-        choices = self.choices
-        index = {path: i for i, path in enumerate(choices)}
-        parents = [index[c[:-1]] if len(c) > 1 else -1 for c in choices]
-        widest = max(c[-1] for c in choices) + 1
-        ranked, _ = top_children(root, widest)
-        tokens = [None] * len(choices)
-        level_start = 0
-        fed = None
-        for level in range(1, max(len(c) for c in choices) + 1):
-            members = [i for i, c in enumerate(choices) if len(c) == level]
-            if level > 1:
-                prev = [i for i, c in enumerate(choices) if len(c) == level - 1]
-                fed_tokens = mx.stack([tokens[i] for i in prev])
-                fed_parents = [parents[i] for i in prev]
-                fed = (
-                    Tree.from_parents(fed_tokens, fed_parents)
-                    if fed is None
-                    else fed.grow(fed_tokens, fed_parents)
-                )
-                ranked, _ = top_children(self._level_logprobs(fed, level_start), widest)
-                level_start = fed.size
-                rows = {node: r for r, node in enumerate(prev)}
-            for i in members:
-                row = 0 if level == 1 else rows[parents[i]]
-                tokens[i] = ranked[row, choices[i][-1]]
-        depth_max = max(len(c) for c in choices)
-        fed_slots = [i if len(c) < depth_max else -1 for i, c in enumerate(choices)]
-        return Proposal(
-            mx.stack(tokens),
+        shape = self.static
+        ranked, _ = top_children(root, shape.width)
+        levels = []
+        for level, (rows, cols) in enumerate(shape.gather):
+            if level > 0:
+                start, structure = shape.fed[level - 1]
+                fed = Tree(mx.concatenate(levels), *structure)
+                ranked, _ = top_children(self._level_logprobs(fed, start), shape.width)
+            levels.append(ranked[rows, cols])
+            mx.async_eval(levels[-1])
+        tokens = mx.concatenate(levels)
+        if shape.order is not None:
+            tokens = tokens[shape.order]
+        tree = Tree(
+            tokens, shape.tree.parents, shape.tree.depth, shape.tree.ancestor_mask
+        )
+        return TreeProposal(
+            tokens,
             None,
-            forwards=depth_max,
-            parents=parents,
-            sync_data=mx.array(fed_slots, mx.int32),
+            forwards=shape.depth,
+            parents=shape.parents,
+            sync_data=shape.fed_slots,
+            tree=tree,
         )
 
     def commit(

@@ -1,6 +1,7 @@
 """Tree attention: one forward over a token tree equals the per-path forwards."""
 
 import importlib
+import random
 
 import mlx.core as mx
 import pytest
@@ -130,6 +131,30 @@ def test_tree_logits_match_sequential_paths(model, name):
     expected = _sequential_logits(model, parents, tree.tokens)
     assert logits.shape == (len(parents), VOCAB)
     assert cache[0].offset == len(PREFIX) + len(parents)
+    assert mx.abs(logits - expected).max().item() < 1e-4
+
+
+def _random_parents(seed: int, n: int):
+    """A random topological forest: node i's parent is uniform in [-1, i)."""
+    rng = random.Random(seed)
+    return [-1] + [rng.randrange(-1, i) for i in range(1, n)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_tree_logits_match_sequential_paths(model, seed):
+    n = random.Random(seed).randint(2, 14)
+    parents = _random_parents(seed, n)
+    tree = Tree.from_parents(_tokens(n, 100 + seed), parents)
+    on_device = Tree.from_parents(tree.tokens, mx.array(parents))
+    assert mx.array_equal(tree.ancestor_mask, on_device.ancestor_mask).item()
+    cache, _ = _prefilled(model, PREFIX)
+    logits = tree_forward(model, cache, tree)
+    expected = _sequential_logits(model, parents, tree.tokens)
+    assert mx.abs(logits - expected).max().item() < 1e-4
+    # The same tree under a new root (as the target verifies a draft tree).
+    rooted = tree.with_root(PREFIX[-1])
+    cache, _ = _prefilled(model, PREFIX[:-1])
+    logits = tree_forward(model, cache, rooted)[1:]
     assert mx.abs(logits - expected).max().item() < 1e-4
 
 

@@ -6,14 +6,13 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from law_checks import assert_counts_follow_law
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats
 from mlx_spec.acceptance import tree_accept
 from mlx_spec.engine import speculative_events
-from mlx_spec.tree import Tree
+from mlx_spec.tree import Tree, tree_forward
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]
 SHAPES = [
@@ -132,33 +131,9 @@ def test_tree_greedy_round_follows_argmax_path():
     assert (deepest.item(), num.item(), nxt.item()) == (3, 2, 0)
 
 
-def test_tree_sampled_first_token_follows_target_law(load_model):
-    model, tokenizer = load_model("llama")
-    draft, _ = load_model("llama-near")
-    ids = tokenizer.encode("The quick brown fox")
-    logits = model(mx.array([ids]))[0, -1]
-    p = np.array(mx.softmax(logits / 1.5), dtype=np.float64)
-    mx.random.seed(0)
-    runs = 300
-    counts = np.zeros(p.size)
-    for _ in range(runs):
-        config = SpecConfig(
-            method="tree",
-            max_tokens=2,
-            temp=1.5,
-            tree_budget=6,
-            tree_top_k=3,
-            tree_depth=2,
-        )
-        events = speculative_events(mx.array(ids), model, draft, config=config)
-        counts[next(events).token] += 1
-        events.close()
-    assert_counts_follow_law(counts, p)
-
-
-@pytest.mark.parametrize("kv_bits", [None, 8])
-@pytest.mark.parametrize("stop_after", [4, 11])
-def test_tree_caches_match_fresh_prefill(tmp_path_factory, kv_bits, stop_after):
+@pytest.fixture(scope="module")
+def wide_pair(tmp_path_factory):
+    """A llama target and near draft with head_dim 32 (KV quantisable by 32)."""
     from mlx_lm import load
 
     from mlx_spec.testing import make_checkpoint
@@ -170,6 +145,13 @@ def test_tree_caches_match_fresh_prefill(tmp_path_factory, kv_bits, stop_after):
     )
     model, tokenizer = load(str(target_dir))
     draft, _ = load(str(draft_dir))
+    return model, draft, tokenizer
+
+
+@pytest.mark.parametrize("kv_bits", [None, 8])
+@pytest.mark.parametrize("stop_after", [4, 11])
+def test_tree_caches_match_fresh_prefill(wide_pair, kv_bits, stop_after):
+    model, draft, tokenizer = wide_pair
     ids = tokenizer.encode("class Parser:\n    def __init__(self")
     cache = make_prompt_cache(model) + make_prompt_cache(draft)
     config = SpecConfig(
@@ -212,6 +194,51 @@ def test_tree_caches_match_fresh_prefill(tmp_path_factory, kv_bits, stop_after):
         assert mx.abs(logits - expected).max().item() < (
             1e-4 if kv_bits is None else 0.1
         )
+
+
+def test_tree_quantizes_the_target_cache_once_it_reaches_the_start(
+    wide_pair, monkeypatch
+):
+    """With kv_bits, the target's cache turns quantized after the commit that
+    takes it past quantized_kv_start, as mlx_lm's decoding does."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+    import mlx_spec.engine as engine
+
+    model, draft, tokenizer = wide_pair
+    ids = tokenizer.encode("def fibonacci(n):")
+    start = len(ids) + 8
+    seen = []  # (cache offset, cache type) at each target tree forward
+
+    def spy(model_, cache, tree, **kw):
+        if model_ is model:
+            seen.append((cache[0].offset, type(cache[0])))
+        return tree_forward(model_, cache, tree, **kw)
+
+    monkeypatch.setattr(engine, "tree_forward", spy)
+    config = SpecConfig(method="tree", max_tokens=30, adaptive=False)
+    events = speculative_events(
+        mx.array(ids),
+        model,
+        draft,
+        config=config,
+        kv_bits=8,
+        kv_group_size=32,
+        quantized_kv_start=start,
+    )
+    assert len(list(events)) == 30
+    assert {t for o, t in seen if o < start} == {KVCache}
+    assert {t for o, t in seen if o >= start} == {QuantizedKVCache}
+
+
+def test_tree_summary_reports_accepted_depth(load_model):
+    model, tokenizer = load_model("qwen2")
+    draft, _ = load_model("qwen2-near")
+    stats = SpecStats()
+    tree_tokens(model, draft, tokenizer.encode("import os\n"), 20, stats)
+    depth = sum(stats.accepted_per_round) / len(stats.accepted_per_round)
+    assert stats.mean_accepted_depth == depth > 0
+    assert f"mean accepted depth {depth:.2f}" in stats.summary()
 
 
 @pytest.mark.parametrize(
