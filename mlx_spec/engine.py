@@ -16,7 +16,7 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, generation_stream
 
 from .acceptance import match_accept, rejection_accept, tree_accept
 from .config import SpecConfig
-from .drafters import Proposal, RoundState, make_drafter
+from .drafters import Proposal, RoundState, make_drafter, static_round_cost
 from .models import CachedModel, KVSettings, output_size
 from .sampling import SamplingParams, normalize, processed_logprobs, sampling_params_of
 from .stats import SpecStats
@@ -164,7 +164,8 @@ def speculative_generate_step(
         kv_bits, kv_group_size, quantized_kv_start: KV-cache quantisation,
           as in ``mlx_lm.generate``.
         config: A :class:`SpecConfig`; overrides ``num_draft_tokens`` and
-          ``max_tokens`` when given.
+          ``max_tokens`` when given. Without one the draft length is fixed,
+          as in ``mlx_lm``.
         stats: A :class:`SpecStats` to fill in place.
         tokenizer_size: The tokenizer's vocabulary size, to check the draft.
 
@@ -209,11 +210,16 @@ def speculative_events(
     config: Optional[SpecConfig] = None,
     stats: Optional[SpecStats] = None,
     tokenizer_size: Optional[int] = None,
+    history_tokens: Optional[List[int]] = None,
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
 ) -> Generator[TokenEvent, None, None]:
     """Validate eagerly, then return the generator of :class:`TokenEvent`."""
-    if config is None:
+    if config is None:  # mlx_lm's semantics: a fixed draft length
         config = SpecConfig(
-            method="draft", num_draft_tokens=num_draft_tokens, max_tokens=max_tokens
+            method="draft",
+            num_draft_tokens=num_draft_tokens,
+            max_tokens=max_tokens,
+            adaptive=False,
         )
     if isinstance(prompt, (list, tuple)):
         prompt = mx.array(prompt)
@@ -235,6 +241,14 @@ def speculative_events(
     target = CachedModel(model, target_cache, kv, "target model")
     vocab_size = _validate_vocab(model, draft_model, tokenizer_size)
     drafter = make_drafter(config, target, draft_model, drafter_cache, kv, vocab_size)
+    if history_tokens:
+        if len(history_tokens) != target.offset:
+            raise ValueError(
+                f"history_tokens holds {len(history_tokens)} tokens but prompt_cache "
+                f"holds {target.offset}; pass exactly the tokens already in the cache."
+            )
+        if hasattr(drafter, "add_history"):
+            drafter.add_history(list(history_tokens))
     params = sampling_params_of(sampler)
     if sampler is None:
         params = SamplingParams(
@@ -265,6 +279,7 @@ def speculative_events(
         prefill_step_size,
         stats,
         prompt_cache,
+        prompt_progress_callback,
     )
 
 
@@ -366,77 +381,103 @@ def _verify_tree(target, root, proposal, law):
 
 
 class RoundPlanner:
-    """Draft length (chains) or node budget (trees) for each round.
+    """Which drafter (arm) runs each round, and its draft length or tree budget.
 
-    Fixed by default; with ``config.adaptive`` an :class:`AdaptiveController`
-    picks it from measured acceptance and costs. Costs need the draft and
-    verification times apart, so every ``PROFILE_EVERY``-th adaptive round
+    Fixed by default; with ``config.adaptive`` each arm gets its own
+    :class:`AdaptiveController` fed with the arm's acceptance and costs.
+    Under greedy decoding the costs are measured (the output cannot depend on
+    them); when sampling they come from :func:`static_round_cost`, so a seed
+    always gives the same text. Measured costs need the draft and
+    verification times apart, so every ``PROFILE_EVERY``-th timed round
     adds one sync after drafting.
     """
 
     PROFILE_EVERY = 4
 
-    def __init__(self, config: SpecConfig, drafter):
+    def __init__(self, config: SpecConfig, drafter, timed: bool):
         self.config = config
-        self.is_tree = getattr(drafter, "is_tree", False)
-        self.controller = None
-        self.draft_time_per_token = 0.0
+        self.drafter = drafter
+        self.timed = timed
+        self.controllers = {}
+        self.draft_time_per_step = {}
         self.rounds = 0
-        if config.adaptive:
-            from .adaptive import AdaptiveController
+        self.arm = drafter
 
-            if self.is_tree:
-                budgets = sorted(
-                    {
-                        b
-                        for b in (4, 8, 16, 24, 32, 48, 64)
-                        if b <= config.tree_budget * 4
-                    }
-                    | {config.tree_budget}
-                )
-                self.controller = AdaptiveController(
-                    tree_budgets=budgets, init_budget=config.tree_budget
-                )
-            else:
-                gamma_max = max(
-                    config.num_draft_tokens, min(2 * config.num_draft_tokens, 16)
-                )
-                self.controller = AdaptiveController(
-                    gamma_min=1,
-                    gamma_max=gamma_max,
-                    init_gamma=min(config.num_draft_tokens, gamma_max),
-                )
+    def _controller(self, arm):
+        if not self.config.adaptive:
+            return None
+        key = getattr(arm, "name", "drafter")
+        if key not in self.controllers:
+            self.controllers[key] = _make_controller(self.config, arm.is_tree)
+        return self.controllers[key]
 
-    def size(self) -> int:
-        if self.controller is None:
-            return (
-                self.config.tree_budget
-                if self.is_tree
-                else self.config.num_draft_tokens
-            )
-        if self.is_tree:
-            return self.controller.choose_budget()
-        return self.controller.choose()
+    def begin_round(self) -> Tuple[bool, int]:
+        """Pick this round's arm; return ``(is_tree, size)``."""
+        select = getattr(self.drafter, "select", None)
+        self.arm = select() if select is not None else self.drafter
+        is_tree = getattr(self.arm, "is_tree", False)
+        controller = self._controller(self.arm)
+        if controller is None:
+            size = self.config.tree_budget if is_tree else self.config.num_draft_tokens
+        else:
+            size = controller.choose_budget() if is_tree else controller.choose()
+        return is_tree, size
 
     @property
     def profile_round(self) -> bool:
         return self.config.profile or (
-            self.controller is not None and self.rounds % self.PROFILE_EVERY == 0
+            self.timed
+            and self.config.adaptive
+            and self.rounds % self.PROFILE_EVERY == 0
         )
 
-    def update(self, size, drafted, accepted, draft_time, verify_time, width, profiled):
+    def round_cost(self, proposal, round_time: float) -> float:
+        """The cost the controllers and ``auto`` see for this round."""
+        if self.timed:
+            return round_time
+        step = getattr(self.arm, "step_cost", 0.0)
+        return static_round_cost(step, proposal.forwards, proposal.size + 1)
+
+    def update(self, size, proposal, accepted, draft_time, verify_time, profiled):
         self.rounds += 1
-        if self.controller is None or drafted == 0:
+        drafted, width = proposal.size, proposal.size + 1
+        controller = self._controller(self.arm)
+        if controller is None or drafted == 0:
             return
-        if profiled:
-            self.draft_time_per_token = draft_time / drafted
+        key = getattr(self.arm, "name", "drafter")
+        steps = max(proposal.forwards, 1)
+        if not self.timed:
+            step = getattr(self.arm, "step_cost", 0.0)
+            draft_time = proposal.forwards * step
+            verify_time = static_round_cost(0.0, 0, width)
+        elif profiled:
+            self.draft_time_per_step[key] = draft_time / steps
         else:  # reuse the last measured costs; acceptance is always fresh
-            draft_time = self.draft_time_per_token * drafted
-            verify_time = self.controller.verify_time(width)
-        if self.is_tree:
-            self.controller.update_tree(size, accepted, draft_time, verify_time, width)
+            draft_time = self.draft_time_per_step.get(key, 0.0) * steps
+            verify_time = controller.verify_time(width)
+        if getattr(self.arm, "is_tree", False):
+            controller.update_tree(size, accepted, draft_time, verify_time, width)
         else:
-            self.controller.update(drafted, accepted, draft_time, verify_time, width)
+            controller.update(
+                drafted, accepted, draft_time, verify_time, width, draft_steps=steps
+            )
+
+
+def _make_controller(config: SpecConfig, is_tree: bool):
+    from .adaptive import AdaptiveController
+
+    if is_tree:
+        budgets = {b for b in (4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
+        return AdaptiveController(
+            tree_budgets=sorted(budgets | {config.tree_budget}),
+            init_budget=config.tree_budget,
+        )
+    gamma_max = max(config.num_draft_tokens, min(2 * config.num_draft_tokens, 16))
+    return AdaptiveController(
+        gamma_min=1,
+        gamma_max=gamma_max,
+        init_gamma=min(config.num_draft_tokens, gamma_max),
+    )
 
 
 def _generate(
@@ -449,12 +490,13 @@ def _generate(
     prefill_step_size,
     stats,
     prompt_cache,
+    progress=None,
 ):
     base = target.offset
     seq: List[int] = prompt.tolist()
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
-    planner = RoundPlanner(config, drafter)
+    planner = RoundPlanner(config, drafter, timed=law.mode == "greedy")
     generated = 0
     round_index = 0
 
@@ -468,21 +510,25 @@ def _generate(
         try:
             tic = time.perf_counter()
             drafter.prefill(prompt[:-1], prefill_step_size)
-            target.prefill(prompt[:-1], prefill_step_size)
+            total = int(prompt.size)
+            report = progress and (lambda done, _: progress(done, total))
+            target.prefill(prompt[:-1], prefill_step_size, report)
+            if progress is not None:
+                progress(total, total)
             stats.prompt_tokens = int(prompt.size)
             stats.prompt_time = time.perf_counter() - tic
             tic = time.perf_counter()
 
             while generated < config.max_tokens:
                 remaining = config.max_tokens - generated
-                size = planner.size()
+                is_tree, size = planner.begin_round()
                 state = RoundState(seq, base, choose)
                 profiled = planner.profile_round
                 round_tic = time.perf_counter()
                 proposal = Proposal(mx.array([], mx.uint32), None)
                 if remaining > 1:
                     proposal = drafter.propose(
-                        state, size if planner.is_tree else min(size, remaining - 1)
+                        state, size if is_tree else min(size, remaining - 1)
                     )
                 draft_time = 0.0
                 if profiled:
@@ -536,16 +582,12 @@ def _generate(
                     )
                 drafter.commit(state, proposal, n, result.path)
                 planner.update(
-                    size,
-                    drafted,
-                    n,
-                    draft_time,
-                    done - verify_tic,
-                    drafted + 1,
-                    profiled,
+                    size, proposal, n, draft_time, done - verify_tic, profiled
                 )
                 if hasattr(drafter, "observe"):
-                    drafter.observe(n + 1, done - round_tic)
+                    drafter.observe(
+                        n + 1, planner.round_cost(proposal, done - round_tic)
+                    )
                 stats.rounds += 1
                 stats.target_forwards += 1
                 stats.draft_forwards += proposal.forwards
