@@ -287,10 +287,12 @@ def make_tree_drafter(config, target, draft_model, cache, kv, vocab_size):
 
     prepare_tree_model(target.model)
     base = _make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
-    return TreeDrafter(
+    drafter = TreeDrafter(
         base.draft,
         vocab_size,
         top_k=config.tree_top_k,
         depth=config.tree_depth,
         choices=config.tree_choices,
     )
+    drafter.step_cost = base.step_cost  # one level forward ~ one draft step
+    return drafter
