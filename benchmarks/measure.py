@@ -2,9 +2,11 @@
 
 :class:`ForwardTimer` times cached forwards of a given width (the number of
 tokens scored at once), evaluated, with the KV cache prefilled to a fixed
-context and trimmed back after each call. The harness uses it for the
-implementation-overhead ratio (draft 1-token steps and target verification
-forwards) and, with random-weight models shaped like real targets, for the
+context and trimmed back after each call, optionally as a pipelined chain of
+dependent forwards like mlx_lm's decoding loop. :func:`fit_linear` fits
+``T(w) = a + b * w`` to the medians. The harness uses them for the
+implementation-overhead ratio (draft steps and target verification forwards)
+and, with random-weight models shaped like real targets, for the
 ``--cost-curves`` projection.
 """
 
@@ -76,15 +78,97 @@ def prefilled_cache(model: nn.Module, context: int, seed: int = 0) -> list:
     return cache
 
 
+@dataclass(frozen=True)
+class LinearCost:
+    """A forward-time model ``T(w) = a + b * w`` (seconds, w tokens).
+
+    Attributes:
+        a: Fixed seconds per forward.
+        b: Seconds per token of width.
+        max_rel_residual: Largest ``|T(w) / median(w) - 1|`` over the fitted widths.
+        widths: The widths it was fitted on.
+    """
+
+    a: float
+    b: float
+    max_rel_residual: float
+    widths: tuple
+
+    def __call__(self, width: float) -> float:
+        return self.a + self.b * width
+
+    def as_dict(self) -> dict:
+        return {
+            "a_s": self.a,
+            "b_s_per_token": self.b,
+            "max_rel_residual": self.max_rel_residual,
+            "widths": list(self.widths),
+        }
+
+
+def fit_linear(widths: Sequence[float], times: Sequence[float]) -> LinearCost:
+    """Least-squares ``a + b * w`` through ``(widths, times)``.
+
+    With one width, or a negative slope (noise), the cost is flat: ``b = 0``
+    and ``a`` the median time.
+    """
+    if len(widths) < 2:
+        a, b = statistics.median(times), 0.0
+    else:
+        w, t = np.asarray(widths, float), np.asarray(times, float)
+        b, a = (float(v) for v in np.polyfit(w, t, 1))
+        if b < 0:
+            a, b = float(np.median(t)), 0.0
+    residual = max(abs((a + b * w) / t - 1) for w, t in zip(widths, times) if t > 0)
+    return LinearCost(a, b, float(residual), tuple(int(w) for w in widths))
+
+
+@dataclass(frozen=True)
+class PiecewiseCost:
+    """A forward-time model from medians at sampled widths (seconds, w tokens).
+
+    Between two sampled widths, ``T(w) = a + b * w`` is the line through
+    their medians; past the widest, the last line goes on (never
+    decreasing). CPU BLAS costs are not one line over all widths (a 16-row
+    matmul can beat an 8-row one), so each width is priced by its neighbours.
+
+    Attributes:
+        widths: Sampled widths, increasing.
+        times: Median seconds at each width.
+    """
+
+    widths: tuple
+    times: tuple
+
+    def __call__(self, width: float) -> float:
+        ws, ts = self.widths, self.times
+        if len(ws) == 1 or width <= ws[0]:
+            return ts[0]
+        i = next((k for k in range(1, len(ws)) if width <= ws[k]), len(ws) - 1)
+        slope = (ts[i] - ts[i - 1]) / (ws[i] - ws[i - 1])
+        if width > ws[-1]:
+            return ts[-1] + max(slope, 0.0) * (width - ws[-1])
+        return ts[i - 1] + slope * (width - ws[i - 1])
+
+
 class ForwardTimer:
     """Bare forward times per model and width, sampled repeatedly during a run.
 
     Each model keeps one KV cache prefilled to ``context`` tokens, so a sample
-    costs only its forwards. :meth:`sample` adds timings (call it between
-    benchmark passes, so the bare forwards see the same machine noise as the
-    generations); :meth:`__call__` returns the mean (the generations' round
-    times are means too, outliers included), interpolating a fractional
-    width linearly between its neighbours.
+    costs only its forwards. With ``chain > 1`` one sample is the mean
+    steady-state time per forward of a chain of dependent forwards, each
+    ``mx.async_eval``'d before the host waits for the previous one (the next
+    input is the argmax of the last output), as mlx_lm's ``generate_step``
+    pipelines decoding: graph building overlaps the previous forward, so plain
+    mlx_lm decoding runs at one such bare forward per token. ``chain=1``
+    times one synchronous forward.
+
+    :meth:`sample` adds samples (call it between benchmark passes, so the bare
+    forwards see the same machine noise as the generations); :meth:`__call__`
+    returns the median, interpolating a fractional width linearly between its
+    neighbours; :meth:`curve` prices any width from the medians (a line
+    ``a + b * w`` between sampled neighbours) and :meth:`fit` fits one line
+    ``T(w) = a + b * w`` to them all.
     """
 
     def __init__(
@@ -93,10 +177,12 @@ class ForwardTimer:
         context: int = DEFAULT_CONTEXT,
         repeats: int = DEFAULT_FORWARD_REPEATS,
         seed: int = 0,
+        chain: int = 1,
     ):
         self.context = context
         self.repeats = repeats
         self.seed = seed
+        self.chain = chain
         self._samples: Dict[tuple, List[float]] = {}
         self._caches: Dict[str, list] = {}
 
@@ -112,20 +198,23 @@ class ForwardTimer:
         width: int,
         repeats: Optional[int] = None,
         warmup: int = 1,
+        chain: Optional[int] = None,
     ) -> None:
-        """Time ``repeats`` more forwards of ``width`` tokens of ``model``."""
+        """Add ``repeats`` samples of ``width``-token forwards of ``model``.
+
+        Each sample is the seconds per forward of a chain of ``chain``
+        forwards (default: the timer's; see :func:`_time_chain`); ``warmup``
+        untimed chains come first.
+        """
         cache = self._cache(name, model)
+        chain = chain or self.chain
         inputs = mx.random.randint(
             0, _vocab_size(model), (1, width), key=mx.random.key(self.seed + width)
-        )
+        ).astype(mx.uint32)
         mx.eval(inputs)
         times = self._samples.setdefault((name, width), [])
         for i in range(warmup + (repeats or self.repeats)):
-            tic = time.perf_counter()
-            mx.eval(model(inputs, cache=cache))
-            elapsed = time.perf_counter() - tic
-            for c in cache:
-                c.trim(width)
+            elapsed = _time_chain(model, cache, inputs, chain)
             if i >= warmup:
                 times.append(elapsed)
 
@@ -133,32 +222,89 @@ class ForwardTimer:
         """The ``(name, width)`` pairs sampled so far."""
         return sorted(self._samples)
 
+    def samples(self) -> Dict[str, Dict[int, List[float]]]:
+        """Every sample so far, as ``{model name: {width: [seconds, ...]}}``."""
+        out: Dict[str, Dict[int, List[float]]] = {}
+        for (name, width), times in sorted(self._samples.items()):
+            out.setdefault(name, {})[width] = list(times)
+        return out
+
     def __call__(self, name: str, model: nn.Module, width: float) -> float:
-        """Mean seconds of a ``width``-token forward (measured if never sampled)."""
+        """Median seconds of a ``width``-token forward (measured if never sampled)."""
         low = max(int(width), 1)
         high = low + 1 if width > low else low
-        t_low = self._mean(name, model, low)
+        t_low = self._median(name, model, low)
         if high == low:
             return t_low
-        t_high = self._mean(name, model, high)
+        t_high = self._median(name, model, high)
         return t_low + (width - low) * (t_high - t_low)
 
-    def _mean(self, name: str, model: nn.Module, width: int) -> float:
+    def _median(self, name: str, model: nn.Module, width: int) -> float:
         if not self._samples.get((name, width)):
             self.sample(name, model, width)
-        return statistics.fmean(self._samples[(name, width)])
+        return statistics.median(self._samples[(name, width)])
 
     def table(self) -> Dict[str, Dict[int, float]]:
-        """Means of everything sampled, as ``{model name: {width: seconds}}``."""
+        """Medians of everything sampled, as ``{model name: {width: seconds}}``."""
         out: Dict[str, Dict[int, float]] = {}
         for (name, width), times in sorted(self._samples.items()):
-            out.setdefault(name, {})[width] = statistics.fmean(times)
+            if times:
+                out.setdefault(name, {})[width] = statistics.median(times)
         return out
+
+    def fit(self, name: str) -> Optional[LinearCost]:
+        """One line ``T(w) = a + b * w`` fitted to all of ``name``'s medians."""
+        medians = self.table().get(name)
+        if not medians:
+            return None
+        return fit_linear(list(medians), list(medians.values()))
+
+    def curve(self, name: str) -> Optional[PiecewiseCost]:
+        """``T(w)`` from the medians of ``name``, piecewise linear in ``w``."""
+        medians = self.table().get(name)
+        if not medians:
+            return None
+        return PiecewiseCost(tuple(medians), tuple(medians.values()))
 
     def close(self) -> None:
         """Free the caches."""
         self._caches.clear()
         mx.clear_cache()
+
+
+def _time_chain(model: nn.Module, cache: list, inputs: mx.array, chain: int) -> float:
+    """Seconds per forward of ``model`` on ``cache``; pipelined when ``chain > 1``.
+
+    With ``chain == 1``: one synchronous forward. Otherwise, as mlx_lm's
+    ``generate_step`` decodes: forward ``i + 1`` is built and
+    ``mx.async_eval``'d before the host waits for forward ``i``; the result is
+    the mean gap between those ``chain`` waits (steady state, ``chain - 1``
+    gaps, ``chain + 1`` forwards). The cache is trimmed back after each
+    forward (only its offset moves), so every forward sees the same context.
+    """
+    width = inputs.shape[1]
+
+    def step(x):
+        out = mx.argmax(model(x, cache=cache), axis=-1).astype(mx.uint32)
+        for c in cache:
+            c.trim(width)
+        return out
+
+    if chain <= 1:
+        tic = time.perf_counter()
+        mx.eval(step(inputs))
+        return time.perf_counter() - tic
+    y = step(inputs)
+    mx.async_eval(y)
+    waits = []
+    for _ in range(chain):
+        following = step(y)
+        mx.async_eval(following)
+        mx.eval(y)
+        waits.append(time.perf_counter())
+        y = following
+    mx.eval(y)
+    return (waits[-1] - waits[0]) / (len(waits) - 1)
 
 
 def random_qwen2(shape: dict, seed: int = 0) -> nn.Module:

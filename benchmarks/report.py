@@ -3,10 +3,13 @@
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 ALL_PROMPTS = "all"
 BASELINES = ("mlx_lm", "mlx_lm_speculative")
+SWEEP_METHODS = ("draft", "mlx_lm_speculative")
+# Tokens per target forward at or below this: nothing was accepted.
+NOTHING_ACCEPTED = 1.0 + 1e-9
 
 
 def _fmt(value, digits: int = 2, suffix: str = "") -> str:
@@ -38,13 +41,16 @@ def _table(rows: Sequence[dict], with_set: bool = False) -> List[str]:
         ["method", "temp", "γ"]
         + (["prompts"] if with_set else [])
         + [
-            "tokens/s",
+            "decode tok/s",
+            "e2e tok/s",
             "× mlx_lm",
+            "× mlx_lm e2e",
             "× mlx_lm spec",
             "acceptance",
             "tokens/target fwd",
             "overhead",
             "peak GB",
+            "+MB",
             "greedy = mlx_lm",
         ]
     )
@@ -53,22 +59,39 @@ def _table(rows: Sequence[dict], with_set: bool = False) -> List[str]:
         cells = [r["method"], _fmt(r["temp"], 1), _gamma(r)]
         if with_set:
             cells.append(r["prompt_set"])
+        same = r["greedy_identical"]
         cells += [
+            _fmt(r.get("decode_tokens_per_s"), 1),
             _fmt(r["tokens_per_s"], 1),
             _fmt(r["speedup_vs_plain"]),
+            _fmt(r.get("speedup_vs_plain_e2e")),
             _fmt(r["speedup_vs_mlx_lm_speculative"]),
             _fmt(r["acceptance_rate"]),
             _fmt(r["tokens_per_target_forward"]),
             _fmt(r["overhead"]),
             _fmt(r["peak_memory_gb"], 3),
-            _fmt(r["greedy_identical"]),
+            _fmt(_mb(r.get("memory_increase_gb")), 1),
+            _fmt(same) + (" **≠**" if same is not None and same < 1 else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
+def _mb(gb: Optional[float]) -> Optional[float]:
+    return None if gb is None else gb * 1e3
+
+
+def accepted_anything(row: dict) -> bool:
+    """Whether a row's method accepted any draft token (more than 1 token per round)."""
+    return (row.get("tokens_per_target_forward") or 0.0) > NOTHING_ACCEPTED
+
+
 def _headline(results: dict) -> List[str]:
-    """Per temperature: the fastest mlx-spec method against both baselines."""
+    """Per temperature: the fastest mlx-spec method against both baselines.
+
+    Only methods that accepted something compete: a method at 1.00 tokens per
+    target forward is plain decoding, whatever its timing says.
+    """
     rows = _main_rows(results)
     lines = []
     for temp in sorted({r["temp"] for r in rows}):
@@ -78,18 +101,57 @@ def _headline(results: dict) -> List[str]:
             if r["temp"] == temp
             and r["method"] not in BASELINES
             and r["method"] != "none"
+            and accepted_anything(r)
+            and r["speedup_vs_plain"] is not None
         ]
         if not spec:
+            lines.append(f"- temp {temp:g}: no mlx-spec method accepted a draft token")
             continue
-        best = max(spec, key=lambda r: r["tokens_per_s"])
+        best = max(spec, key=lambda r: r["speedup_vs_plain"])
         lines.append(
-            f"- temp {temp:g}: fastest mlx-spec method **{best['method']}** "
-            f"({_fmt(best['tokens_per_s'], 1)} tokens/s): "
-            f"{_fmt(best['speedup_vs_plain'])}× mlx_lm, "
-            f"{_fmt(best['speedup_vs_mlx_lm_speculative'])}× mlx_lm speculative, "
-            f"overhead {_fmt(best['overhead'])}"
+            f"- temp {temp:g}: best mlx-spec method **{best['method']}** "
+            f"({_fmt(best.get('decode_tokens_per_s'), 1)} decode tokens/s, "
+            f"{_fmt(best['tokens_per_target_forward'])} tokens per target forward): "
+            f"**{_fmt(best['speedup_vs_plain'])}× mlx_lm**, "
+            f"{_fmt(best['speedup_vs_mlx_lm_speculative'])}× mlx_lm speculative "
+            f"(decode, paired medians; end to end {_fmt(best.get('speedup_vs_plain_e2e'))}× "
+            f"mlx_lm), overhead {_fmt(best['overhead'])}"
+        )
+    excluded = sorted(
+        {
+            r["method"]
+            for r in rows
+            if r["method"] not in BASELINES
+            and r["method"] != "none"
+            and not accepted_anything(r)
+        }
+    )
+    if excluded:
+        lines.append(
+            "- not ranked (1.00 tokens per target forward, nothing accepted): "
+            + ", ".join(excluded)
+        )
+    calibration = results.get("overhead_calibration") or {}
+    if calibration:
+        lines.append(
+            "- overhead calibration, plain mlx_lm (should be ~1.00): "
+            + ", ".join(f"temp {t}: {_fmt(v)}" for t, v in calibration.items())
+        )
+    if results.get("plain_drift") is not None:
+        lines.append(
+            f"- noise floor: the two mlx_lm runs of a block differ by "
+            f"{100 * results['plain_drift']:.1f}% (median over blocks)"
         )
     return lines or ["- no mlx-spec speculative method ran"]
+
+
+def _warnings(results: dict) -> List[str]:
+    warnings = results.get("warnings") or []
+    if not warnings:
+        return []
+    lines = ["", "## ⚠️ WARNINGS", ""]
+    lines += [f"> **WARNING: {w}**" + "\n>" for w in warnings]
+    return lines
 
 
 def markdown(results: dict) -> str:
@@ -110,8 +172,10 @@ def markdown(results: dict) -> str:
         + (f" (commit {m['git_commit']})" if m.get("git_commit") else ""),
         f"- {len(s['prompts'])} prompts × {s['repeats']} repeat(s), {s['max_tokens']} tokens "
         f"each, warm-up {s['warmup']}, seed {s['seed']}"
+        + (f", γ sweep {s['gamma_sweep']}" if s.get("gamma_sweep") else "")
         + (", quick mode" if s["quick"] else ""),
-        f"- date: {m['date_utc']}",
+        f"- date: {m['date_utc']}"
+        + (f", {s['elapsed_s']:.0f} s" if s.get("elapsed_s") is not None else ""),
     ]
     if m.get("load_average_at_start"):
         lines.append(
@@ -123,16 +187,21 @@ def markdown(results: dict) -> str:
             "- skipped: "
             + "; ".join(f"{k} ({v})" for k, v in results["methods_skipped"].items())
         )
+    lines += _warnings(results)
     lines += ["", "## Headline", ""]
     lines += _headline(results)
     lines += ["", "## All prompts", ""]
     lines += _table(_main_rows(results))
     lines += [
         "",
-        "tokens/s: generated tokens / wall time from the call to the last token (prompt "
-        "processing included). × mlx_lm: speedup over plain mlx_lm at the same temperature. "
-        "overhead: round time / bare forward times of the round's draft steps and "
-        "verification, measured in this run (1.00 = no cost beyond the forwards).",
+        "decode tok/s: tokens after the first round / time from the first token to the "
+        "last. e2e tok/s: all tokens / time from the call (prompt processing included). "
+        "× mlx_lm: paired speedup over plain mlx_lm, decode only: per block (prompt, "
+        "repeat, temperature) over the mean of the block's two mlx_lm runs, median over "
+        "blocks (× mlx_lm e2e: the same end to end). overhead: median over rounds of the "
+        "round time / the bare forward cost of its draft steps and verification, measured "
+        "in this run (plain mlx_lm ≈ 1.00 is the calibration). +MB: the run's peak memory "
+        "over the active memory just before it. See benchmarks/README.md.",
     ]
     main_gamma = s["num_draft_tokens"]
     per_set = [
@@ -144,29 +213,13 @@ def markdown(results: dict) -> str:
         lines += ["", "## By prompt set", ""]
         per_set.sort(key=lambda r: (r["prompt_set"], r["temp"]))
         lines += _table(per_set, with_set=True)
-    sweep = [
-        r
-        for r in results["rows"]
-        if r["prompt_set"] == ALL_PROMPTS and r["method"] == "draft"
-    ]
+    sweep = _sweep_rows(results)
     if len({r["gamma"] for r in sweep}) > 1:
-        lines += ["", "## Draft length sweep (method draft)", ""]
-        lines += _table(sorted(sweep, key=lambda r: (r["temp"], r["gamma"])))
-    bare = results.get("bare_forward_s") or {}
-    if bare:
-        lines += [
-            "",
-            "## Bare forwards (this run)",
-            "",
-            f"Cache of {s['bare_forward_context']} tokens; mean of the samples taken "
-            "between benchmark passes.",
-            "",
-            "| model | width | ms |",
-            "|---|---|---|",
-        ]
-        for name, widths in bare.items():
-            for w, t in sorted(widths.items(), key=lambda kv: int(kv[0])):
-                lines.append(f"| {name} | {w} | {t * 1e3:.2f} |")
+        lines += ["", "## Draft length sweep (draft, mlx_lm_speculative)", ""]
+        lines += _table(
+            sorted(sweep, key=lambda r: (r["temp"], r["method"], r["gamma"]))
+        )
+    lines += _bare_section(results)
     if results.get("cost_curves"):
         lines += ["", "## Cost curves (random weights, measured)", ""]
         curves = results["cost_curves"]
@@ -206,6 +259,58 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sweep_rows(results: dict) -> List[dict]:
+    return [
+        r
+        for r in results["rows"]
+        if r["prompt_set"] == ALL_PROMPTS
+        and r["method"] in SWEEP_METHODS
+        and r["gamma"] is not None
+    ]
+
+
+def _bare_section(results: dict) -> List[str]:
+    bare = results.get("bare_forward_s") or {}
+    if not bare:
+        return []
+    s = results["settings"]
+    fits = results.get("bare_forward_fit") or {}
+    lines = [
+        "",
+        "## Bare forwards (this run)",
+        "",
+        f"Cache of {s['bare_forward_context']} tokens; each sample is the steady-state "
+        f"time per forward of a chain of {s.get('bare_chain', 1)} pipelined forwards (as "
+        "mlx_lm decodes), one taken after every run. The overhead prices a width with "
+        "the medians (a + b·w between sampled neighbours); one line over all widths is "
+        "shown for comparison.",
+        "",
+        "| model | width | median ms | one-line fit ms | samples |",
+        "|---|---|---|---|---|",
+    ]
+    samples = results.get("bare_forward_samples_s") or {}
+    for name, widths in bare.items():
+        fit = fits.get(name)
+        for w, t in sorted(widths.items(), key=lambda kv: int(kv[0])):
+            fitted = fit["a_s"] + fit["b_s_per_token"] * int(w) if fit else None
+            n = len(samples.get(name, {}).get(w, []))
+            lines.append(
+                f"| {name} | {w} | {t * 1e3:.2f} | {_fmt(_ms(fitted))} | {n} |"
+            )
+    for name, fit in fits.items():
+        if fit:
+            lines.append(
+                f"\n{name}, one line: T(w) = {fit['a_s'] * 1e3:.3f} ms + "
+                f"{fit['b_s_per_token'] * 1e3:.3f} ms × w (largest deviation from a "
+                f"median: {100 * fit['max_rel_residual']:.0f}%)"
+            )
+    return lines
+
+
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1e3
+
+
 def write_charts(results: dict, out: Path) -> List[Path]:
     """PNG charts: tokens/s by method, speedup vs temperature, acceptance vs γ,
     and the cost curves when measured. Needs matplotlib; returns written paths."""
@@ -226,12 +331,15 @@ def write_charts(results: dict, out: Path) -> List[Path]:
     width = 0.8 / max(len(temps), 1)
     for i, t in enumerate(temps):
         xs = [j + i * width for j in range(len(methods))]
-        ys = [index[(m, t)]["tokens_per_s"] if (m, t) in index else 0 for m in methods]
+        ys = [
+            (index[(m, t)].get("decode_tokens_per_s") or 0) if (m, t) in index else 0
+            for m in methods
+        ]
         ax.bar(xs, ys, width, label=f"temp {t:g}")
     ax.set_xticks([j + width * (len(temps) - 1) / 2 for j in range(len(methods))])
     ax.set_xticklabels(methods, rotation=20, ha="right")
-    ax.set_ylabel("tokens/s (measured)")
-    ax.set_title("Throughput by method")
+    ax.set_ylabel("decode tokens/s (measured)")
+    ax.set_title("Decode throughput by method")
     ax.legend()
     fig.tight_layout()
     written.append(_save(fig, out / "tokens_per_s.png", plt))
@@ -253,36 +361,39 @@ def write_charts(results: dict, out: Path) -> List[Path]:
     fig.tight_layout()
     written.append(_save(fig, out / "speedup_vs_temp.png", plt))
 
-    sweep = [
-        r
-        for r in results["rows"]
-        if r["prompt_set"] == ALL_PROMPTS
-        and r["acceptance_rate"] is not None
-        and r["gamma"] is not None
-        and r["method"] in ("draft", "mlx_lm_speculative")
-    ]
+    sweep = [r for r in _sweep_rows(results) if r["acceptance_rate"] is not None]
     if sweep:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for m in ("draft", "mlx_lm_speculative"):
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        # A series of one γ is a lone dot: left out when some series sweeps γ.
+        swept = len({(r["method"], r["temp"], r["gamma"]) for r in sweep}) > len(
+            {(r["method"], r["temp"]) for r in sweep}
+        )
+        for m in SWEEP_METHODS:
             for t in temps:
                 pts = sorted(
-                    (r["gamma"], r["acceptance_rate"])
+                    (r["gamma"], r["acceptance_rate"], r["speedup_vs_plain"])
                     for r in sweep
                     if r["method"] == m and r["temp"] == t
                 )
-                if pts:
-                    ax.plot(
-                        [p[0] for p in pts],
-                        [p[1] for p in pts],
-                        marker="o",
-                        ls="-" if m == "draft" else ":",
-                        label=f"{m}, temp {t:g}",
-                    )
+                if not pts or (swept and len(pts) < 2):
+                    continue
+                style = dict(
+                    marker="o",
+                    ls="-" if m == "draft" else ":",
+                    label=f"{m}, temp {t:g}",
+                )
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+                speed = [(g, x) for g, _, x in pts if x is not None]
+                ax2.plot([p[0] for p in speed], [p[1] for p in speed], **style)
         ax.set_xlabel("γ (draft tokens per round)")
         ax.set_ylabel("acceptance rate (measured)")
         ax.set_ylim(0, 1.05)
         ax.set_title("Acceptance against γ")
         ax.legend(fontsize=8)
+        ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax2.set_xlabel("γ (draft tokens per round)")
+        ax2.set_ylabel("decode speedup vs mlx_lm (measured)")
+        ax2.set_title("Speedup against γ")
         fig.tight_layout()
         written.append(_save(fig, out / "acceptance_vs_gamma.png", plt))
 

@@ -75,3 +75,50 @@ def test_greedy_generate_matches_argmax_loop(pair, name):
             break
         expected.append(nxt)
     assert text == tok.decode(expected)
+
+
+GREEDY_PROMPTS = (
+    "def median(data):\n    data = sorted(data)\n    n = len(data)\n",
+    "class Fraction:\n    def __init__(self, numerator=0, denominator=None):\n",
+    "The module provides functions for calculating mathematical statistics of",
+)
+GREEDY_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(pair):
+    """Plain mlx_lm greedy tokens of the target for each prompt."""
+    from mlx_lm.generate import stream_generate
+
+    model, tok = pair[TARGET.name]
+    out = {}
+    for prompt in GREEDY_PROMPTS:
+        out[prompt] = [
+            int(r.token)
+            for r in stream_generate(model, tok, prompt, max_tokens=GREEDY_TOKENS)
+            if r.finish_reason != "stop"
+        ]
+    return out
+
+
+@pytest.mark.parametrize("method", ["none", "draft", "tree", "lookup", "self", "auto"])
+def test_every_method_is_greedy_identical_to_mlx_lm(pair, plain_greedy, method):
+    from mlx_spec import stream_generate
+    from mlx_spec.config import METHODS
+
+    if method not in METHODS:
+        pytest.skip(f"method {method} is not in this build")
+    model, tok = pair[TARGET.name]
+    draft, _ = pair[DRAFT.name]
+    for prompt, expected in plain_greedy.items():
+        try:
+            stream = stream_generate(
+                model, tok, prompt, draft, speculative=method, max_tokens=GREEDY_TOKENS
+            )
+            tokens = [int(r.token) for r in stream if r.finish_reason != "stop"]
+        except ValueError:  # a draft-free method that refuses a draft model
+            stream = stream_generate(
+                model, tok, prompt, None, speculative=method, max_tokens=GREEDY_TOKENS
+            )
+            tokens = [int(r.token) for r in stream if r.finish_reason != "stop"]
+        assert tokens == expected, (method, prompt)
