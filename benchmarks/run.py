@@ -399,9 +399,12 @@ def _spec_rounds(response) -> Tuple[int, int, int]:
 
 
 def run_mlx_spec(
-    setup: Setup, method, ids, temp, gamma, seed, *, use_draft=True
+    setup: Setup, method, ids, temp, gamma, seed, *, use_draft=True, fixed=False
 ) -> dict:
     """One generation with ``mlx_spec.stream_generate`` and method ``method``."""
+    options = dict(setup.method_options)
+    if fixed:
+        options["adaptive"] = False
     make_stream = functools.partial(
         spec_stream_generate,
         setup.model,
@@ -413,7 +416,7 @@ def run_mlx_spec(
         temp=temp,
         max_tokens=setup.max_tokens,
         seed=seed,
-        **setup.method_options,
+        **options,
     )
     out = _consume(make_stream, _spec_rounds)
     out.pop("drafted_total")
@@ -430,12 +433,17 @@ def run_mlx_spec(
     )
 
 
-def generate_once(setup: Setup, method, ids, temp, gamma, seed, uses_draft) -> dict:
+def generate_once(
+    setup: Setup, method, ids, temp, gamma, seed, uses_draft, fixed=False
+) -> dict:
+    """One run; ``fixed`` turns adaptive control off (γ-sweep rows)."""
     if method == PLAIN:
         return run_mlx_lm(setup, ids, temp, gamma, seed, speculative=False)
     if method == MLX_LM_SPECULATIVE:
         return run_mlx_lm(setup, ids, temp, gamma, seed, speculative=True)
-    return run_mlx_spec(setup, method, ids, temp, gamma, seed, use_draft=uses_draft)
+    return run_mlx_spec(
+        setup, method, ids, temp, gamma, seed, use_draft=uses_draft, fixed=fixed
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -1171,6 +1179,7 @@ def _interleaved_runs(
                         g or settings["num_draft_tokens"],
                         seed,
                         uses_draft.get(m, True),
+                        fixed=g is not None and g != settings["num_draft_tokens"],
                     )
                     runs.append(
                         Run(
