@@ -384,23 +384,20 @@ class RoundPlanner:
     """Which drafter (arm) runs each round, and its draft length or tree budget.
 
     Fixed by default; with ``config.adaptive`` each arm gets its own
-    :class:`AdaptiveController` fed with the arm's acceptance and costs.
-    Under greedy decoding the costs are measured (the output cannot depend on
-    them); when sampling they come from :func:`static_round_cost`, so a seed
-    always gives the same text. Measured costs need the draft and
-    verification times apart, so every ``PROFILE_EVERY``-th timed round
-    adds one sync after drafting.
+    :class:`AdaptiveController`, fed with the arm's acceptance and the cost
+    of each round as a function of its verified width (draft steps,
+    verification and host work together, so no time is attributed by
+    guesswork and no extra sync is needed). Under greedy decoding that cost
+    is the round's wall time (the output cannot depend on it); when sampling
+    it comes from :func:`static_round_cost`, so a seed always gives the same
+    text.
     """
-
-    PROFILE_EVERY = 4
 
     def __init__(self, config: SpecConfig, drafter, timed: bool):
         self.config = config
         self.drafter = drafter
         self.timed = timed
         self.controllers = {}
-        self.draft_time_per_step = {}
-        self.rounds = 0
         self.arm = drafter
 
     def _controller(self, arm):
@@ -423,14 +420,6 @@ class RoundPlanner:
             size = controller.choose_budget() if is_tree else controller.choose()
         return is_tree, size
 
-    @property
-    def profile_round(self) -> bool:
-        return self.config.profile or (
-            self.timed
-            and self.config.adaptive
-            and self.rounds % self.PROFILE_EVERY == 0
-        )
-
     def round_cost(self, proposal, round_time: float) -> float:
         """The cost the controllers and ``auto`` see for this round."""
         if self.timed:
@@ -438,29 +427,16 @@ class RoundPlanner:
         step = getattr(self.arm, "step_cost", 0.0)
         return static_round_cost(step, proposal.forwards, proposal.size + 1)
 
-    def update(self, size, proposal, accepted, draft_time, verify_time, profiled):
-        self.rounds += 1
+    def update(self, size, proposal, accepted: int, cost: float):
+        """Record a round: its size, proposal, accepted drafts and cost."""
         drafted, width = proposal.size, proposal.size + 1
         controller = self._controller(self.arm)
         if controller is None or drafted == 0:
             return
-        key = getattr(self.arm, "name", "drafter")
-        steps = max(proposal.forwards, 1)
-        if not self.timed:
-            step = getattr(self.arm, "step_cost", 0.0)
-            draft_time = proposal.forwards * step
-            verify_time = static_round_cost(0.0, 0, width)
-        elif profiled:
-            self.draft_time_per_step[key] = draft_time / steps
-        else:  # reuse the last measured costs; acceptance is always fresh
-            draft_time = self.draft_time_per_step.get(key, 0.0) * steps
-            verify_time = controller.verify_time(width)
         if getattr(self.arm, "is_tree", False):
-            controller.update_tree(size, accepted, draft_time, verify_time, width)
+            controller.update_tree(size, accepted, 0.0, cost, width)
         else:
-            controller.update(
-                drafted, accepted, draft_time, verify_time, width, draft_steps=steps
-            )
+            controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
 
 
 def _make_controller(config: SpecConfig, is_tree: bool):
@@ -523,7 +499,7 @@ def _generate(
                 remaining = config.max_tokens - generated
                 is_tree, size = planner.begin_round()
                 state = RoundState(seq, base, choose)
-                profiled = planner.profile_round
+                profiled = config.profile
                 round_tic = time.perf_counter()
                 proposal = Proposal(mx.array([], mx.uint32), None)
                 if remaining > 1:
@@ -581,13 +557,10 @@ def _generate(
                         quantized_kv_start=target.kv.quantized_kv_start,
                     )
                 drafter.commit(state, proposal, n, result.path)
-                planner.update(
-                    size, proposal, n, draft_time, done - verify_tic, profiled
-                )
+                cost = planner.round_cost(proposal, done - round_tic)
+                planner.update(size, proposal, n, cost)
                 if hasattr(drafter, "observe"):
-                    drafter.observe(
-                        n + 1, planner.round_cost(proposal, done - round_tic)
-                    )
+                    drafter.observe(n + 1, cost)
                 stats.rounds += 1
                 stats.target_forwards += 1
                 stats.draft_forwards += proposal.forwards
