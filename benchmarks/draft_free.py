@@ -53,24 +53,34 @@ def method_grid(gammas, self_gammas, self_skip=None) -> List[Tuple[str, Dict]]:
     """
     grid = [("plain", None)]
     grid += [
-        (f"lookup γ={g}", dict(method="lookup", num_draft_tokens=g)) for g in gammas
+        (f"lookup γ={g}", dict(method="lookup", num_draft_tokens=g, adaptive=False))
+        for g in gammas
     ]
+    grid.append(("lookup adaptive", dict(method="lookup")))
     grid.append(
         (
             "lookup tree",
             dict(
-                method="lookup", lookup_candidates=4, tree_budget=16, num_draft_tokens=8
+                method="lookup",
+                lookup_candidates=4,
+                tree_budget=16,
+                num_draft_tokens=8,
+                adaptive=False,
             ),
         )
     )
     grid += [
-        (f"self γ={g}", dict(method="self", num_draft_tokens=g)) for g in self_gammas
+        (f"self γ={g}", dict(method="self", num_draft_tokens=g, adaptive=False))
+        for g in self_gammas
     ]
+    grid.append(("self adaptive", dict(method="self")))
     if self_skip is not None:
         grid += [
             (
                 f"self skip={self_skip} γ={g}",
-                dict(method="self", num_draft_tokens=g, _skip=self_skip),
+                dict(
+                    method="self", num_draft_tokens=g, adaptive=False, _skip=self_skip
+                ),
             )
             for g in self_gammas
         ]

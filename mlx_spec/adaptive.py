@@ -6,8 +6,10 @@ maximises the expected number of tokens per second, from online estimates:
 * per-depth acceptance ``a_i = P(depth i accepted | depth i-1 accepted)``,
   an exponential moving average per depth;
 * the time of one draft step (EMA) and of one verification forward as a
-  function of its width (EMA per width, a least-squares line ``a + b * width``
-  for widths not seen yet).
+  function of its width: an EMA per width, through which a line
+  ``a + b * width`` is fitted (weighted by observations); the line, not the
+  noisy per-width means, prices every width. The engine passes the whole
+  round's cost as the verification time and no separate draft time.
 
 For a chain of ``gamma`` tokens::
 
@@ -204,28 +206,37 @@ class AdaptiveController:
         return out
 
     def _verify_line(self):
-        """Least-squares ``(a, b)`` of verify time vs width, ``b >= 0``."""
-        pts = [(w, s.total / s.weight) for w, s in self._verify.items()]
+        """Weighted least-squares ``(a, b)`` of verify time vs width, ``b >= 0``.
+
+        Each width's mean counts with its (decayed) number of observations.
+        """
+        pts = [(w, s.total / s.weight, s.weight) for w, s in self._verify.items()]
+        pts = [p for p in pts if p[2] > _TINY]
         if not pts:
             return 0.0, 0.0
         if len(pts) == 1:
-            ((w0, t0),) = pts
+            ((w0, t0, _),) = pts
             per = t0 / (1.0 + self.verify_slope * (w0 - 1))
             return per * (1.0 - self.verify_slope), per * self.verify_slope
-        n = len(pts)
-        mw = sum(w for w, _ in pts) / n
-        mt = sum(t for _, t in pts) / n
-        sww = sum((w - mw) ** 2 for w, _ in pts)
-        b = max(sum((w - mw) * (t - mt) for w, t in pts) / sww, 0.0)
+        n = sum(k for _, _, k in pts)
+        mw = sum(k * w for w, _, k in pts) / n
+        mt = sum(k * t for _, t, k in pts) / n
+        sww = sum(k * (w - mw) ** 2 for w, _, k in pts)
+        b = max(sum(k * (w - mw) * (t - mt) for w, t, k in pts) / sww, 0.0)
         a = mt - b * mw
         if a < 0:
-            a, b = 0.0, sum(w * t for w, t in pts) / sum(w * w for w, _ in pts)
+            a = 0.0
+            b = sum(k * w * t for w, t, k in pts) / sum(k * w * w for w, _, k in pts)
         return a, b
 
     def verify_time(self, width: int) -> float:
-        """Estimated time of a verification forward of ``width`` tokens."""
-        stat = self._verify.get(width)
-        if stat is not None:
+        """Estimated time of a verification of ``width`` tokens.
+
+        Once two widths are measured, from the fitted line (round times are
+        noisy, and a line through all of them beats any one width's mean).
+        """
+        if len(self._verify) == 1 and width in self._verify:
+            stat = self._verify[width]
             return stat.total / stat.weight
         a, b = self._verify_line()
         return max(a + b * width, 0.0)
@@ -241,11 +252,9 @@ class AdaptiveController:
         tokens = expected_tokens(self.acceptance())
         t_draft = self._draft_time()
         t_over = self._overhead_time()
-        lines = self._verify_line()
         rates = []
         for g, e in enumerate(tokens):
-            stat = self._verify.get(g + 1)
-            t_ver = stat.total / stat.weight if stat else lines[0] + lines[1] * (g + 1)
+            t_ver = self.verify_time(g + 1)
             rates.append(e / max(g * t_draft + t_ver + t_over, _TINY))
         return rates
 

@@ -399,6 +399,8 @@ class RoundPlanner:
         self.timed = timed
         self.controllers = {}
         self.arm = drafter
+        self.pending = None  # the last round, until its cost is known
+        self.tic = 0.0
 
     def _controller(self, arm):
         if not self.config.adaptive:
@@ -409,7 +411,15 @@ class RoundPlanner:
         return self.controllers[key]
 
     def begin_round(self) -> Tuple[bool, int]:
-        """Pick this round's arm; return ``(is_tree, size)``."""
+        """Pick this round's arm; return ``(is_tree, size)``.
+
+        A measured round costs the time from its start to the next round's
+        start, so per-round host work (commit, streaming) counts too.
+        """
+        now = time.perf_counter()
+        if self.pending is not None:
+            self._record(now - self.tic)
+        self.tic = now
         select = getattr(self.drafter, "select", None)
         self.arm = select() if select is not None else self.drafter
         is_tree = getattr(self.arm, "is_tree", False)
@@ -420,15 +430,18 @@ class RoundPlanner:
             size = controller.choose_budget() if is_tree else controller.choose()
         return is_tree, size
 
-    def round_cost(self, proposal, round_time: float) -> float:
-        """The cost the controllers and ``auto`` see for this round."""
-        if self.timed:
-            return round_time
-        step = getattr(self.arm, "step_cost", 0.0)
-        return static_round_cost(step, proposal.forwards, proposal.size + 1)
+    def end_round(self, size: int, proposal, accepted: int):
+        """Note the round's outcome; it is recorded once its cost is known."""
+        self.pending = (size, proposal, accepted)
+        if not self.timed:
+            step = getattr(self.arm, "step_cost", 0.0)
+            self._record(static_round_cost(step, proposal.forwards, proposal.size + 1))
 
-    def update(self, size, proposal, accepted: int, cost: float):
-        """Record a round: its size, proposal, accepted drafts and cost."""
+    def _record(self, cost: float):
+        size, proposal, accepted = self.pending
+        self.pending = None
+        if hasattr(self.drafter, "observe"):
+            self.drafter.observe(accepted + 1, cost)
         drafted, width = proposal.size, proposal.size + 1
         controller = self._controller(self.arm)
         if controller is None or drafted == 0:
@@ -557,10 +570,7 @@ def _generate(
                         quantized_kv_start=target.kv.quantized_kv_start,
                     )
                 drafter.commit(state, proposal, n, result.path)
-                cost = planner.round_cost(proposal, done - round_tic)
-                planner.update(size, proposal, n, cost)
-                if hasattr(drafter, "observe"):
-                    drafter.observe(n + 1, cost)
+                planner.end_round(size, proposal, n)
                 stats.rounds += 1
                 stats.target_forwards += 1
                 stats.draft_forwards += proposal.forwards
