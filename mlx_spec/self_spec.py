@@ -46,10 +46,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from .drafters import Proposal, RoundState, align_vocab, confident
+from .drafters import Proposal, RoundState, align_vocab, confident, weight_bytes
 from .lookup import check_no_drafter_cache
 
 # Prompt tokens the layer search looks at (the last ones).
@@ -99,17 +98,13 @@ def running_layers(model: nn.Module, layers: Sequence):
         owner.layers = original
 
 
-def _nbytes(module: nn.Module) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
-
-
 def layer_costs(model: nn.Module) -> Tuple[List[int], int]:
     """Bytes of weights read per decode step: ``(per block (L,), output head)``."""
-    blocks = [_nbytes(layer) for layer in model.layers]
+    blocks = [weight_bytes(layer) for layer in model.layers]
     head = getattr(model, "lm_head", None)
     if head is None:  # tied embeddings
         head = layer_owner(model).embed_tokens
-    return blocks, _nbytes(head)
+    return blocks, weight_bytes(head)
 
 
 def draft_cost(blocks: Sequence[int], head: int, kept: Sequence[int]) -> float:

@@ -229,11 +229,13 @@ def test_concurrent_requests_each_equal_plain_greedy(server, references):
         assert body["choices"][0]["text"] == references[prompt]
 
 
-def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
+def _stream_until_data(server, prompt, max_tokens):
+    """POST a streamed completion over a raw socket; read until the first
+    ``data:`` event. Returns the open socket and the bytes read so far."""
     body = json.dumps(
-        {"prompt": PROMPTS[3], "max_tokens": 400, "stream": True}
+        {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
     ).encode()
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
     sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
         b"Content-Type: application/json\r\n"
@@ -243,6 +245,11 @@ def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
     received = b""
     while b"data:" not in received:
         received += sock.recv(4096)
+    return sock, received
+
+
+def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
+    sock, _ = _stream_until_data(server, PROMPTS[3], 400)
     sock.close()
 
     status, answer = _post(
@@ -367,17 +374,8 @@ def test_fixture_server_reports_its_default_method(server):
 
 
 def test_streaming_request_gets_keepalive_before_the_first_token(server):
-    body = json.dumps({"prompt": PROMPTS[1], "max_tokens": 2, "stream": True}).encode()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
-        sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-            b"Content-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"data:" not in received:
-            received += sock.recv(4096)
+    sock, received = _stream_until_data(server, PROMPTS[1], 2)
+    sock.close()
     assert b": keepalive 0/" in received.split(b"data:")[0]
 
 

@@ -213,13 +213,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app(checkpoints):
-    return create_app(str(checkpoints["llama"]), str(checkpoints["llama-near"]))
-
-
-@pytest.fixture(scope="module")
-def server(app):
+def _serve(app):
+    """Launch ``app`` on a free loopback port; yield its URL, then close it."""
     demo = app.build()
     demo.queue()
     port = _free_port()
@@ -232,6 +227,16 @@ def server(app):
     )
     yield f"http://127.0.0.1:{port}/"
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def app(checkpoints):
+    return create_app(str(checkpoints["llama"]), str(checkpoints["llama-near"]))
+
+
+@pytest.fixture(scope="module")
+def server(app):
+    yield from _serve(app)
 
 
 def _on_models(app, target, draft, raw=False, prompt=COMPLETION_PROMPT):
@@ -585,18 +590,7 @@ def default_server():
         pytest.skip("the embedded default pair is not in models/")
     app = create_app()
     app.preload()
-    demo = app.build()
-    demo.queue()
-    port = _free_port()
-    demo.launch(
-        server_name="127.0.0.1",
-        server_port=port,
-        prevent_thread_lock=True,
-        quiet=True,
-        **launch_kwargs(),
-    )
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    yield from _serve(app)
 
 
 def _in_view(driver, selector) -> bool:
