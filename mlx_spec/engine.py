@@ -512,15 +512,13 @@ def _generate(
                 remaining = config.max_tokens - generated
                 is_tree, size = planner.begin_round()
                 state = RoundState(seq, base, choose)
-                profiled = config.profile
                 round_tic = time.perf_counter()
                 proposal = Proposal(mx.array([], mx.uint32), None)
                 if remaining > 1:
                     proposal = drafter.propose(
                         state, size if is_tree else min(size, remaining - 1)
                     )
-                draft_time = 0.0
-                if profiled:
+                if config.profile:
                     mx.eval(proposal.tokens, proposal.logprobs)
                     draft_time = time.perf_counter() - round_tic
                     stats.draft_time = (stats.draft_time or 0.0) + draft_time
@@ -551,7 +549,7 @@ def _generate(
                         values[-extra.size :],
                     )
                 done = time.perf_counter()
-                if profiled:
+                if config.profile:
                     stats.verify_time = (stats.verify_time or 0.0) + done - verify_tic
                 else:
                     stats.sync_time += done - sync_tic
