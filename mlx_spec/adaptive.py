@@ -235,11 +235,17 @@ class AdaptiveController:
         Once two widths are measured, from the fitted line (round times are
         noisy, and a line through all of them beats any one width's mean).
         """
-        if len(self._verify) == 1 and width in self._verify:
-            stat = self._verify[width]
-            return stat.total / stat.weight
+        return self._verify_pricer()(width)
+
+    def _verify_pricer(self):
+        """``width -> verify_time(width)``, fitting the line once for many widths."""
+        if len(self._verify) == 1:
+            ((only, stat),) = self._verify.items()
+            mean = stat.total / stat.weight
+        else:
+            only = mean = None
         a, b = self._verify_line()
-        return max(a + b * width, 0.0)
+        return lambda width: mean if width == only else max(a + b * width, 0.0)
 
     def _draft_time(self) -> float:
         return self._draft_step.mean(0.0, _TINY)
@@ -252,9 +258,10 @@ class AdaptiveController:
         tokens = expected_tokens(self.acceptance())
         t_draft = self._draft_time()
         t_over = self._overhead_time()
+        verify_time = self._verify_pricer()
         rates = []
         for g, e in enumerate(tokens):
-            t_ver = self.verify_time(g + 1)
+            t_ver = verify_time(g + 1)
             rates.append(e / max(g * t_draft + t_ver + t_over, _TINY))
         return rates
 
@@ -317,9 +324,10 @@ class AdaptiveController:
         else:
             tokens, drafts = self._tree_estimates()
             t_over = self._overhead_time()
+            verify_time = self._verify_pricer()
             best, best_rate = 0, -1.0
             for j, b in enumerate(self.tree_budgets):
-                cost = drafts[j] + self.verify_time(b + 1) + t_over
+                cost = drafts[j] + verify_time(b + 1) + t_over
                 rate = tokens[j] / max(cost, _TINY)
                 if rate > best_rate * (1 + 1e-9):
                     best, best_rate = j, rate

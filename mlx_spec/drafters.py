@@ -222,6 +222,11 @@ def make_drafter(
     vocab_size: int,
 ):
     """Build the drafter of ``config.method``."""
+    if config.method == "none":
+        raise ValueError(
+            "method 'none' is plain decoding, which speculative_generate_step does "
+            "not run; use mlx_spec.stream_generate or mlx_lm's generate_step."
+        )
     try:
         factory = DRAFTER_FACTORIES[config.method]
     except KeyError:

@@ -321,3 +321,14 @@ def test_prompt_progress_is_reported_per_chunk(load_model, method):
     assert len(calls) >= (len(ids) - 1) // 4
     assert all(total == len(ids) for _, total in calls)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_method_none_in_the_step_api_names_the_plain_decoding_entry_points(
+    load_model,
+):
+    model, tokenizer = load_model("llama")
+    config = mlx_spec.SpecConfig(method="none", max_tokens=4)
+    prompt = mx.array(tokenizer.encode("x = 1"))
+    with pytest.raises(ValueError, match="method 'none' is plain decoding") as e:
+        next(speculative_generate_step(prompt, model, None, config=config))
+    assert "\n" not in str(e.value)

@@ -1,0 +1,102 @@
+"""benchmarks.adaptive: the replay that prices adaptive and fixed γ without noise.
+
+The replay must reproduce the engine's rounds exactly under greedy decoding,
+so its modelled comparison describes the same rounds the engine runs.
+"""
+
+import pytest
+
+import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
+
+# isort: split
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+
+from benchmarks import adaptive as bench
+from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
+
+
+def test_replay_advances_by_accepted_plus_one_and_respects_the_budget():
+    runs = [2, 0, 5, 5, 1, 0, 3]
+    seen = []
+    seconds, rounds = bench.replay(
+        runs, lambda: 3, lambda *a: seen.append(a), lambda g: 1.0 + g
+    )
+    # Rounds start at 0 (accepts 2), 3 (3), 7 = end; a γ never reaches past it.
+    assert [(g, a) for g, a, _ in seen] == [(3, 2), (3, 3)]
+    assert rounds == 2 and seconds == 8.0
+    seen.clear()
+    bench.replay([4, 4, 4], lambda: 5, lambda *a: seen.append(a), lambda g: 1.0)
+    assert [(g, a) for g, a, _ in seen] == [(2, 2)]  # cut to remaining - 1
+
+
+def test_interpolated_cost_is_linear_between_and_beyond_measured_gammas():
+    cost = bench._interpolate_cost({1: 10.0, 2: 12.0, 4: 20.0})
+    assert cost(1) == 10.0 and cost(3) == 16.0
+    assert cost(6) == 28.0  # the last slope, extended
+    assert cost(0) == 8.0  # the first slope, extended
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_replay_reproduces_the_engines_greedy_rounds(load_model, gamma):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("def add(a, b):")
+    path = [int(t) for t, _ in generate_step(mx.array(ids), model, max_tokens=20)]
+    runs = bench.acceptance_runs(model, draft, ids, path, depth=gamma)
+    assert any(runs) and not all(r == gamma for r in runs)
+
+    stats = SpecStats()
+    config = SpecConfig(
+        method="draft", num_draft_tokens=gamma, adaptive=False, max_tokens=20
+    )
+    out = [
+        t
+        for t, _, _ in speculative_generate_step(
+            mx.array(ids), model, draft, config=config, stats=stats
+        )
+    ]
+    assert out == path
+    accepted = []
+    _, rounds = bench.replay(
+        runs, lambda: gamma, lambda g, a, c: accepted.append(a), lambda g: 1.0
+    )
+    assert rounds == stats.rounds
+    drafted = zip(stats.accepted_per_round, stats.drafted_per_round)
+    assert accepted == [a for a, d in drafted if d]
+
+
+def test_end_to_end_on_test_checkpoints_reports_identity_and_replay(
+    checkpoints, capsys
+):
+    bench.main(
+        [
+            "--model", str(checkpoints["llama"]),
+            "--draft-model", str(checkpoints["llama-near"]),
+            "--methods", "draft", "lookup",
+            "--gammas", "1", "2",
+            "--max-tokens", "8",
+            "--repeats", "1",
+            "--quick",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "greedy output identical to plain decoding in every run: yes" in out
+    assert "replay reproduces the measured rounds of every fixed γ: yes" in out
+    assert "draft: adaptive" in out and "lookup: adaptive" in out
+    assert "replay: adaptive/best fixed" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gammas", "0"], "--gammas must all be >= 1"),
+        (["--methods", "tree"], "--methods takes draft, lookup or self"),
+        (["--max-tokens", "1"], "--max-tokens must be >= 2"),
+    ],
+)
+def test_bad_arguments_exit_with_a_one_line_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
