@@ -34,6 +34,7 @@ import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
 import argparse
 import json
 import time
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import mlx.core as mx
@@ -43,6 +44,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
+from mlx_spec.drafters import model_step_cost
 from mlx_spec.engine import _make_controller
 from mlx_spec.loading import default_model_pair
 
@@ -156,7 +158,9 @@ def replay_report(model, draft, encoded, paths, round_costs, gammas, max_tokens)
     outputs. Returns ``(rows, fixed γ rounds matching the measured rounds)``.
     """
     config = SpecConfig(method="draft", max_tokens=max_tokens)
-    gamma_max = _make_controller(config, is_tree=False).gamma_max
+    # The engine's chain arm for a draft model, as its controller sees it.
+    arm = SimpleNamespace(is_tree=False, step_cost=model_step_cost(draft, model))
+    gamma_max = config.max_draft_tokens
     cost = _interpolate_cost(round_costs)
     runs = [
         acceptance_runs(model, draft, ids, path, max(gamma_max, max(gammas)))
@@ -170,7 +174,7 @@ def replay_report(model, draft, encoded, paths, round_costs, gammas, max_tokens)
         replayed_rounds[g] = [n for _, n in totals]
     seconds = 0.0
     for r in runs:
-        controller = _make_controller(config, is_tree=False)
+        controller = _make_controller(config, arm)
         record = lambda g, a, c: controller.update(g, a, 0.0, c, g + 1, draft_steps=0)
         seconds += replay(r, controller.choose, record, cost)[0]
     rows["adaptive"] = tokens / seconds
@@ -231,7 +235,9 @@ def main(argv=None):
 
     # Per configuration and pass (every prompt once): tokens and decode seconds.
     passes = {key: [[0, 0.0] for _ in range(args.repeats)] for key in keys}
-    counts = {key: dict(tokens=0, forwards=0, rounds=0, runs=0, seconds=0.0) for key in keys}
+    counts = {
+        key: dict(tokens=0, forwards=0, rounds=0, runs=0, seconds=0.0) for key in keys
+    }
     paths, mismatches = {}, []
     for rep in range(args.repeats):
         for i, ids in enumerate(encoded):
@@ -338,8 +344,12 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"rows": rows, "verdicts": verdicts, "replay": replayed,
-                 "args": vars(args)},
+                {
+                    "rows": rows,
+                    "verdicts": verdicts,
+                    "replay": replayed,
+                    "args": vars(args),
+                },
                 f,
                 indent=1,
             )

@@ -122,6 +122,12 @@ class SpecConfig:
     def __post_init__(self):
         self.validate()
 
+    @property
+    def max_draft_tokens(self) -> int:
+        """The longest chain a round drafts: γ, or up to 2γ (16 at most) when adaptive."""
+        n = self.num_draft_tokens
+        return max(n, min(2 * n, 16)) if self.adaptive else n
+
     def validate(self):
         _check(
             self.method in METHODS,

@@ -9,7 +9,7 @@ A drafter has one small interface (as vLLM's proposers do):
 """
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import mlx.core as mx
 
@@ -72,6 +72,21 @@ DRAFT_LATENCY = 0.05  # a draft forward's fixed cost (launch and dispatch)
 def static_round_cost(step_cost: float, forwards: int, width: int) -> float:
     """Modelled cost of a round: draft forwards plus one verify of ``width``."""
     return forwards * step_cost + 1.0 + VERIFY_SLOPE * (width - 1)
+
+
+def expected_speedup(alpha: float, gamma: int, step_cost: float) -> float:
+    """Tokens per round over its modelled cost, for γ drafts each accepted
+    (independently) with rate ``alpha``."""
+    tokens = sum(alpha**i for i in range(gamma + 1))
+    return tokens / static_round_cost(step_cost, gamma, gamma + 1)
+
+
+def best_gamma(
+    alpha: float, step_cost: float, gammas: Sequence[int]
+) -> Tuple[int, float]:
+    """The draft length in ``gammas`` with the highest expected speedup, and it."""
+    scored = ((g, expected_speedup(alpha, g, step_cost)) for g in gammas)
+    return max(scored, key=lambda pair: pair[1])
 
 
 def weight_bytes(model) -> int:

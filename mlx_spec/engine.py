@@ -16,7 +16,14 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, generation_stream
 
 from .acceptance import match_accept, rejection_accept, tree_accept
 from .config import SpecConfig
-from .drafters import Proposal, RoundState, make_drafter, static_round_cost
+from .drafters import (
+    VERIFY_SLOPE,
+    Proposal,
+    RoundState,
+    best_gamma,
+    make_drafter,
+    static_round_cost,
+)
 from .models import CachedModel, KVSettings, output_size
 from .sampling import SamplingParams, normalize, processed_logprobs, sampling_params_of
 from .stats import SpecStats
@@ -407,7 +414,7 @@ class RoundPlanner:
             return None
         key = getattr(arm, "name", "drafter")
         if key not in self.controllers:
-            self.controllers[key] = _make_controller(self.config, arm.is_tree)
+            self.controllers[key] = _make_controller(self.config, arm)
         return self.controllers[key]
 
     def begin_round(self) -> Tuple[bool, int]:
@@ -452,21 +459,32 @@ class RoundPlanner:
             controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
 
 
-def _make_controller(config: SpecConfig, is_tree: bool):
+def _make_controller(config: SpecConfig, arm):
+    """A controller for one arm, starting from the arm's own cost and acceptance.
+
+    A chain round's cost grows by a draft step plus a verified token per γ
+    (:func:`static_round_cost`), which prices widths until two are measured.
+    An arm with an acceptance estimate (self's layer search) also starts at
+    the γ that estimate favours.
+    """
     from .adaptive import AdaptiveController
 
-    if is_tree:
+    if arm.is_tree:
         budgets = {b for b in (4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
         return AdaptiveController(
             tree_budgets=sorted(budgets | {config.tree_budget}),
             init_budget=config.tree_budget,
         )
-    gamma_max = max(config.num_draft_tokens, min(2 * config.num_draft_tokens, 16))
-    return AdaptiveController(
-        gamma_min=1,
-        gamma_max=gamma_max,
-        init_gamma=min(config.num_draft_tokens, gamma_max),
-    )
+    gamma_max = config.max_draft_tokens
+    step = getattr(arm, "step_cost", 0.0)
+    options = dict(gamma_min=1, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step)
+    alpha = getattr(arm, "acceptance_estimate", None)
+    if alpha is None:
+        options["init_gamma"] = min(config.num_draft_tokens, gamma_max)
+    else:
+        gamma, _ = best_gamma(alpha, step, range(1, gamma_max + 1))
+        options.update(prior_acceptance=alpha, init_gamma=gamma)
+    return AdaptiveController(**options)
 
 
 def _generate(

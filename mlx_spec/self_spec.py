@@ -46,9 +46,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .drafters import Proposal, RoundState, align_vocab, confident, weight_bytes
+from .drafters import (
+    Proposal,
+    RoundState,
+    align_vocab,
+    best_gamma,
+    confident,
+    weight_bytes,
+)
 from .lookup import check_no_drafter_cache
 
 # Prompt tokens the layer search looks at (the last ones).
@@ -112,16 +119,6 @@ def draft_cost(blocks: Sequence[int], head: int, kept: Sequence[int]) -> float:
     return (sum(blocks[i] for i in kept) + head) / (sum(blocks) + head)
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Tokens per round with γ drafts accepted independently with rate ``alpha``."""
-    return sum(alpha**i for i in range(gamma + 1))
-
-
-def expected_speedup(alpha: float, gamma: int, cost: float) -> float:
-    """Tokens per round over its cost in full forwards: ``E / (γ·cost + 1)``."""
-    return expected_tokens(alpha, gamma) / (gamma * cost + 1)
-
-
 class _Tap:
     """A block wrapper that records its input and output hidden states."""
 
@@ -173,10 +170,51 @@ def agreement(
     (as a draft does on the target's caches), and their argmax is compared
     with ``greedy[t]``. A teacher-forced forward of the kept blocks alone
     would instead pair draft queries with draft keys and can be far off.
+    All positions run in one masked forward (tree attention); models it does
+    not support run them one by one (:func:`agreement_stepwise`).
 
     Args:
-        cache: Full-model ``KVCache`` list holding ``tokens`` (restored on return).
+        cache: Full-model ``KVCache`` list holding ``tokens`` (unchanged on return).
     """
+    from .tree import masked_forward, prepare_tree_model
+
+    kept_cache = [cache[i] for i in kept]
+    try:
+        prepare_tree_model(model)
+        if {type(c) for c in kept_cache} != {KVCache}:
+            raise ValueError("not a plain KVCache")
+    except ValueError:
+        return agreement_stepwise(model, kept, tokens, greedy, cache, positions)
+    num = tokens.shape[0]
+    start = max(num - positions, 1)
+    steps = mx.arange(num - start)[:, None]
+    slots = mx.arange(2 * num - start)[None]
+    # Query j (position start + j) sees the full model's slots [0, start + j)
+    # and its own slot num + j.
+    mask = (slots < start + steps) | (slots == num + steps)  # (P, num + P)
+    try:
+        with running_layers(model, [model.layers[i] for i in kept]):
+            logits = masked_forward(
+                model, kept_cache, tokens[start:], mx.arange(start, num), mask
+            )
+        rate = (mx.argmax(logits, axis=-1) == greedy[start:]).astype(mx.float32)
+        rate = rate.mean()
+        mx.eval(rate)
+    finally:
+        for c in kept_cache:
+            c.trim(c.offset - num)
+    return rate
+
+
+def agreement_stepwise(
+    model: nn.Module,
+    kept: Sequence[int],
+    tokens: mx.array,
+    greedy: mx.array,
+    cache: List,
+    positions: int,
+) -> mx.array:
+    """:func:`agreement` with one forward of the kept blocks per position."""
     # Fresh views: slice assignment mutates the cache's own array objects.
     saved = [
         (c.keys[..., : c.offset, :], c.values[..., : c.offset, :], c.offset)
@@ -238,18 +276,20 @@ def candidate_sets(
 
 
 def choose_skipped_layers(
-    model: nn.Module, tokens: mx.array, gamma: int
+    model: nn.Module, tokens: mx.array, gammas: Sequence[int]
 ) -> Tuple[List[int], Dict]:
     """Pick the blocks to skip from a short search on ``tokens`` ``(W,)``.
 
     One full forward gives each block's influence and the full model's greedy
     tokens; each candidate set (see :func:`candidate_sets`) costs one forward
-    of its kept blocks. The set maximising :func:`expected_speedup` wins
-    (ties: the first scored, i.e. fewer skipped blocks).
+    of its kept blocks. The set maximising :func:`expected_speedup` at its
+    best draft length in ``gammas`` wins (ties: the first scored, i.e. fewer
+    skipped blocks).
 
     Returns:
         ``(skipped, report)``: sorted block indices, and the search's estimates
-        (``alpha``, ``cost``, ``speedup`` of the chosen set and of every set).
+        (``alpha``, ``cost``, ``gamma``, ``speedup`` of the chosen set and of
+        every set).
     """
     num_layers = len(model.layers)
     candidates = skippable(num_layers)
@@ -275,19 +315,20 @@ def choose_skipped_layers(
     best, scored = None, []
     for skip, alpha in zip(sets, alphas):
         cost = draft_cost(blocks, head, [i for i in range(num_layers) if i not in skip])
-        speedup = expected_speedup(alpha, gamma, cost)
+        gamma, speedup = best_gamma(alpha, cost, gammas)
         scored.append(
-            {"skip": list(skip), "alpha": alpha, "cost": cost, "speedup": speedup}
+            {
+                "skip": list(skip),
+                "alpha": alpha,
+                "cost": cost,
+                "gamma": gamma,
+                "speedup": speedup,
+            }
         )
         if best is None or speedup > best["speedup"]:
             best = scored[-1]
-    report = {
-        "searched": True,
-        "alpha": best["alpha"],
-        "cost": best["cost"],
-        "speedup": best["speedup"],
-        "scored": scored,
-    }
+    report = dict(best, searched=True, scored=scored)
+    del report["skip"]
     return best["skip"], report
 
 
@@ -299,7 +340,8 @@ class SelfDrafter:
         target: The target and its caches (shared, never copied).
         vocab_size: Width of the target's logits.
         skipped: Blocks to skip; ``None`` chooses them on the prompt.
-        gamma: Draft length the layer search optimises for.
+        gammas: Draft lengths the engine may ask for; the layer search and
+          the check score a set at its best one. Default: ``(4,)``.
         search_tokens: Tokens the search looks at (the last ones).
         retune_after: Once this many tokens are generated, search once more
           on the latest tokens, which are then mostly the target's own output
@@ -321,7 +363,7 @@ class SelfDrafter:
         vocab_size: int,
         *,
         skipped: Optional[Sequence[int]] = None,
-        gamma: int = 4,
+        gammas: Sequence[int] = (4,),
         search_tokens: int = DEFAULT_SEARCH_TOKENS,
         retune_after: int = DEFAULT_RETUNE_AFTER,
         min_speedup: float = DEFAULT_MIN_SPEEDUP,
@@ -335,7 +377,7 @@ class SelfDrafter:
         self.auto = skipped is None
         self.prompt_len = 0
         self.vocab_size = vocab_size
-        self.gamma = gamma
+        self.gammas = tuple(gammas)
         self.search_tokens = search_tokens
         num_layers = len(target.model.layers)
         layer_owner(target.model)
@@ -382,7 +424,7 @@ class SelfDrafter:
             self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
 
     def _search(self, window: mx.array):
-        skipped, search = choose_skipped_layers(self.target.model, window, self.gamma)
+        skipped, search = choose_skipped_layers(self.target.model, window, self.gammas)
         self._adopt(dict(search, skipped=skipped))
 
     def _adopt(self, search: Dict):
@@ -392,7 +434,7 @@ class SelfDrafter:
             "realized_speedup", search.get("speedup", self.min_speedup)
         )
         self.drafting = speedup >= self.min_speedup
-        self.realized = [0, 0, 0]  # rounds, drafted, accepted since this search
+        self.realized = [0, 0, 0]  # rounds, draft tokens tested, accepted
 
     def report(self, stats):
         """Record the skipped blocks in ``stats`` (``[]`` when not drafting)."""
@@ -443,23 +485,32 @@ class SelfDrafter:
 
         The search's acceptance estimate is teacher-forced on a window with
         no earlier context, so it can be far off. After
-        :data:`CHECK_ROUNDS` drafting rounds the estimate is redone with the
-        measured tokens per round, and drafting stops if it does not pay.
+        :data:`CHECK_ROUNDS` drafting rounds it is replaced by the measured
+        per-token acceptance (accepted over tested draft tokens; a round
+        tests up to its first rejection), and drafting stops if the set
+        does not pay at its best draft length.
         """
         if not (
             self.auto and self.drafting and proposal.size and "cost" in self.search
         ):
             return
+        tested = num_accepted + (num_accepted < proposal.size)
         self.realized = [
-            a + b for a, b in zip(self.realized, (1, proposal.size, num_accepted))
+            a + b for a, b in zip(self.realized, (1, tested, num_accepted))
         ]
-        rounds, drafted, accepted = self.realized
+        rounds, tested, accepted = self.realized
         if rounds == CHECK_ROUNDS:
-            speedup = (accepted / rounds + 1) / (
-                drafted / rounds * self.search["cost"] + 1
+            alpha = accepted / tested
+            gamma, speedup = best_gamma(alpha, self.search["cost"], self.gammas)
+            self.search.update(
+                realized_alpha=alpha, realized_gamma=gamma, realized_speedup=speedup
             )
-            self.search["realized_speedup"] = speedup
             self.drafting = speedup >= self.min_speedup
+
+    @property
+    def acceptance_estimate(self) -> Optional[float]:
+        """Per-token acceptance of the skipped set: measured, else searched."""
+        return self.search.get("realized_alpha", self.search.get("alpha"))
 
     def caches(self) -> List:
         return []
@@ -482,6 +533,10 @@ def make_self_drafter(
         target,
         vocab_size,
         skipped=skipped,
-        gamma=config.num_draft_tokens,
+        gammas=(
+            range(1, config.max_draft_tokens + 1)
+            if config.adaptive
+            else (config.num_draft_tokens,)
+        ),
         p_min=config.draft_p_min,
     )

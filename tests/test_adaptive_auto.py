@@ -227,3 +227,36 @@ def test_lookup_then_draft_copies_on_a_match_and_stays_exact(load_model):
     assert got == expected
     assert stats.auto_rounds["lookup+draft"] == len(used)
     assert True in used
+
+
+def test_controller_starts_from_the_arms_cost_and_acceptance():
+    """A dear drafter's controller prices wider rounds by its draft step, and
+    an arm with an acceptance estimate (self) starts at the γ it favours."""
+    from types import SimpleNamespace
+
+    from mlx_spec import SpecConfig
+    from mlx_spec.drafters import VERIFY_SLOPE, best_gamma, static_round_cost
+    from mlx_spec.engine import _make_controller
+
+    config = SpecConfig(method="self", num_draft_tokens=4)
+    assert config.max_draft_tokens == 8
+    plain_arm = SimpleNamespace(is_tree=False, step_cost=0.1)
+    controller = _make_controller(config, plain_arm)
+    assert controller.init_gamma == 4 and controller.gamma_max == 8
+    assert controller.verify_slope == pytest.approx(VERIFY_SLOPE + 0.1)
+
+    self_arm = SimpleNamespace(is_tree=False, step_cost=0.3, acceptance_estimate=0.85)
+    controller = _make_controller(config, self_arm)
+    init, _ = best_gamma(0.85, 0.3, range(1, 9))
+    assert init == 3 and controller.init_gamma == init
+    assert controller.prior_acceptance == 0.85
+    # One measured width prices the others like the static round cost, so
+    # wide rounds do not look cheap: the draft steps are counted.
+    gamma = controller.choose()
+    cost = static_round_cost(0.3, gamma, gamma + 1)
+    controller.update(gamma, 2, 0.0, cost, gamma + 1, draft_steps=0)
+    for wide in (1, 6, 8):
+        expected = static_round_cost(0.3, wide, wide + 1)
+        assert controller.verify_time(wide + 1) == pytest.approx(expected)
+    fixed = _make_controller(SpecConfig(method="self", adaptive=False), self_arm)
+    assert fixed.gamma_max == 4

@@ -1,7 +1,5 @@
 """Self-speculation: greedy identity, exact law, shared caches, layer search."""
 
-import math
-
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -11,14 +9,22 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
-from mlx_spec.drafters import DRAFTER_FACTORIES, RoundState
+from mlx_spec.drafters import (
+    DRAFTER_FACTORIES,
+    Proposal,
+    RoundState,
+    best_gamma,
+    expected_speedup,
+)
 from mlx_spec.models import CachedModel, KVSettings
-from mlx_spec.sampling import SamplingParams, processed_logprobs
 from mlx_spec.self_spec import (
+    CHECK_ROUNDS,
     SelfDrafter,
+    agreement,
+    agreement_stepwise,
+    block_influence,
     candidate_sets,
     choose_skipped_layers,
-    expected_speedup,
     make_self_drafter,
     running_layers,
 )
@@ -131,7 +137,7 @@ def test_retuning_on_the_output_stays_exact(deep, monkeypatch):
 
     def factory(config, target, draft_model, cache, kv, vocab_size):
         built.append(
-            SelfDrafter(target, vocab_size, gamma=3, retune_after=10, min_speedup=0.0)
+            SelfDrafter(target, vocab_size, gammas=(3,), retune_after=10, min_speedup=0.0)
         )
         return built[-1]
 
@@ -239,7 +245,7 @@ def test_identity_blocks_are_found_and_drafts_all_accepted(tmp_path, arch):
     model, tokenizer = mlx_lm.load(str(path))
     _identity_blocks(model, [2, 4])
     ids = tokenizer.encode(PROMPTS[1])
-    skipped, report = choose_skipped_layers(model, mx.array(ids), 4)
+    skipped, report = choose_skipped_layers(model, mx.array(ids), [4])
     assert skipped == [2, 4] and report["alpha"] == 1.0
     stats = SpecStats()
     assert self_tokens(model, ids, 21, stats, gamma=4) == plain_tokens(model, ids, 21)
@@ -312,9 +318,72 @@ def test_candidate_sets_exhaustive_when_small_else_by_influence():
 
 
 def test_speedup_model():
-    assert expected_speedup(1.0, 4, 0.0) == 5
-    assert expected_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
-    assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    # Tokens per round over 1 + γ·step + 0.1·γ (the engine's static round cost).
+    assert expected_speedup(1.0, 4, 0.0) == pytest.approx(5 / 1.4)
+    assert expected_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3.4)
+    assert expected_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.7)
+    # Cheap drafts favour long chains; dear ones short chains or none.
+    assert (
+        best_gamma(0.9, 0.05, range(1, 17))[0] > best_gamma(0.9, 0.5, range(1, 17))[0]
+    )
+    assert best_gamma(0.9, 0.5, range(1, 17)) == max(
+        ((g, expected_speedup(0.9, g, 0.5)) for g in range(1, 17)), key=lambda p: p[1]
+    )
+    assert best_gamma(0.3, 0.5, range(1, 17))[1] < 1
+    assert best_gamma(0.9, 0.5, [4]) == (4, expected_speedup(0.9, 4, 0.5))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "phi3"])
+def test_batched_agreement_matches_step_by_step(deep, arch):
+    """One masked forward of the kept blocks scores the same positions as one
+    forward per position, and leaves the search cache as it found it."""
+    model, tokenizer = deep(arch)
+    tokens = mx.array(tokenizer.encode(PROMPTS[1] + " " + PROMPTS[0]) * 2)
+    cache = make_prompt_cache(model)
+    _, greedy = block_influence(model, tokens, cache)
+    mx.eval(greedy, [c.state for c in cache])
+    before = [mx.array(c.state[0][..., : c.offset, :]) for c in cache]
+    for kept in ([0, 2, 5], [0, 1, 2, 3, 5], [4]):
+        for positions in (12, tokens.size):
+            batched = agreement(model, kept, tokens, greedy, cache, positions).item()
+            stepwise = agreement_stepwise(model, kept, tokens, greedy, cache, positions)
+            assert batched == stepwise.item(), (kept, positions)
+    # Every block kept reproduces the full model's own argmax everywhere.
+    assert (
+        agreement(model, list(range(DEEP_LAYERS)), tokens, greedy, cache, 12).item()
+        == 1
+    )
+    assert [c.offset for c in cache] == [tokens.size] * DEEP_LAYERS
+    for c, keys in zip(cache, before):
+        assert mx.array_equal(c.state[0][..., : c.offset, :], keys)
+
+
+def _checked_drafter(deep, gammas, accepted_per_round, drafted=4):
+    """A searched drafter after :data:`CHECK_ROUNDS` rounds of ``drafted``
+    tokens with ``accepted_per_round`` accepted each."""
+    model, _ = deep("llama")
+    target = CachedModel(model, None, KVSettings(), "target model")
+    drafter = SelfDrafter(target, 512, gammas=gammas)
+    drafter._adopt(dict(skipped=[2, 3], alpha=1.0, cost=0.5, speedup=2.0))
+    proposal = Proposal(mx.zeros((drafted,), mx.uint32), None, forwards=drafted)
+    for _ in range(CHECK_ROUNDS):
+        drafter.commit(None, proposal, accepted_per_round)
+    return drafter
+
+
+def test_check_uses_per_token_acceptance_at_the_best_length(deep):
+    # 1 of 4 accepted each round: 2 tokens tested (the 2nd rejected), alpha 1/2.
+    low = _checked_drafter(deep, range(1, 9), 1)
+    assert low.search["realized_alpha"] == 0.5 and low.acceptance_estimate == 0.5
+    assert low.search["realized_speedup"] == best_gamma(0.5, 0.5, range(1, 9))[1] < 1
+    assert not low.drafting
+    # 3 of 4: alpha 3/4, which pays at γ = 1 though not at the 4 drafted.
+    high = _checked_drafter(deep, range(1, 9), 3)
+    assert high.search["realized_alpha"] == 0.75
+    assert high.search["realized_gamma"] == 1 and high.drafting
+    assert not _checked_drafter(deep, (4,), 3).drafting  # fixed γ = 4 does not pay
+    # All accepted: every draft token tested passed.
+    assert _checked_drafter(deep, (4,), 4).search["realized_alpha"] == 1.0
 
 
 def test_bad_knobs_get_one_line_errors(load_model, deep):
