@@ -117,16 +117,17 @@ def acceptance_runs(model, draft, ids: List[int], path: List[int], depth: int):
 def replay(runs: List[int], choose, record, round_cost):
     """Replays the rounds of one greedy generation: ``(seconds, rounds)``.
 
-    ``choose()`` gives each round's γ (0: a plain round), ``record(γ,
-    accepted, cost)`` sees its outcome, and ``round_cost(γ)`` prices it; the
-    engine's cut at the token budget (``γ <= remaining - 1``) is kept.
+    ``choose()`` gives each round's γ, ``record(γ, accepted, cost)`` sees its
+    outcome, and ``round_cost(γ)`` prices it; the engine's cut at the token
+    budget (``γ <= remaining - 1``) is kept.
     """
     position, seconds, rounds = 0, 0.0, 0
     while position < len(runs):
         gamma = min(choose(), len(runs) - position - 1)
         accepted = min(runs[position], gamma)
         cost = round_cost(gamma)
-        record(gamma, accepted, cost)
+        if gamma:
+            record(gamma, accepted, cost)
         seconds += cost
         position += accepted + 1
         rounds += 1
@@ -304,10 +305,8 @@ def main(argv=None):
     if "draft" in args.methods and not args.no_replay:
         fixed = {g: counts[("draft", f"γ={g}")] for g in args.gammas}
         # Decode seconds start at the first token, so they miss each run's first round.
-        # γ 0 (a plain round, which the controller may choose) costs a plain step.
         round_costs = {
-            g: c["seconds"] / max(c["rounds"] - c["runs"], 1)
-            for g, c in {0: counts[plain], **fixed}.items()
+            g: c["seconds"] / max(c["rounds"] - c["runs"], 1) for g, c in fixed.items()
         }
         ordered = [paths[i] for i in range(len(encoded))]
         replayed, replayed_rounds = replay_report(

@@ -451,13 +451,11 @@ class RoundPlanner:
             self.drafter.observe(accepted + 1, cost)
         drafted, width = proposal.size, proposal.size + 1
         controller = self._controller(self.arm)
-        if controller is None:
+        if controller is None or drafted == 0:
             return
         if getattr(self.arm, "is_tree", False):
-            if drafted:
-                controller.update_tree(size, accepted, 0.0, cost, width)
+            controller.update_tree(size, accepted, 0.0, cost, width)
         else:
-            # A round with nothing drafted still prices plain decoding (width 1).
             controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
 
 
@@ -466,9 +464,8 @@ def _make_controller(config: SpecConfig, arm):
 
     A chain round's cost grows by a draft step plus a verified token per γ
     (:func:`static_round_cost`), which prices widths until two are measured.
-    γ may drop to 0 (plain decoding) when drafting does not pay. An arm with
-    an acceptance estimate (self's layer search) also starts at the γ that
-    estimate favours.
+    An arm with an acceptance estimate (self's layer search) also starts at
+    the γ that estimate favours.
     """
     from .adaptive import AdaptiveController
 
@@ -480,7 +477,7 @@ def _make_controller(config: SpecConfig, arm):
         )
     gamma_max = config.max_draft_tokens
     step = getattr(arm, "step_cost", 0.0)
-    options = dict(gamma_min=0, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step)
+    options = dict(gamma_min=1, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step)
     alpha = getattr(arm, "acceptance_estimate", None)
     if alpha is None:
         options["init_gamma"] = min(config.num_draft_tokens, gamma_max)
@@ -535,7 +532,7 @@ def _generate(
                 state = RoundState(seq, base, choose)
                 round_tic = time.perf_counter()
                 proposal = Proposal(mx.array([], mx.uint32), None)
-                if remaining > 1 and size > 0:  # γ 0: plain decoding
+                if remaining > 1:
                     proposal = drafter.propose(
                         state, size if is_tree else min(size, remaining - 1)
                     )
