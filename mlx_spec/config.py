@@ -124,7 +124,7 @@ class SpecConfig:
 
     @property
     def max_draft_tokens(self) -> int:
-        """The longest chain a round drafts: γ, or up to 2γ (16 at most) when adaptive."""
+        """Longest chain a round drafts: γ, or up to 2γ (16 at most) if adaptive."""
         n = self.num_draft_tokens
         return max(n, min(2 * n, 16)) if self.adaptive else n
 

@@ -25,17 +25,19 @@ The skipped set is chosen on the prompt by a short search: one full forward of
 the last prompt tokens ranks the blocks by how little they change the hidden
 state (block influence, ``1 - cos(h_in, h_out)``, as in ShortGPT), then
 skipping the k least influential blocks is scored for a few k (or, for
-small models, every subset of at most half the blocks) by
-``E[tokens per round] / (γ · draft_cost + 1)``, with the acceptance rate
-estimated by how often the kept blocks, reading the full model's keys and
-values for the earlier tokens (as when drafting), give the full model's
-greedy token at the last 12 positions of the window, and the draft cost by
-the bytes of weights each step reads.
+small models, every subset of at most half the blocks) by the expected
+tokens per round over the round's modelled cost
+(``drafters.expected_speedup``) at the set's best draft length among those
+the engine may use. The acceptance rate is how often the kept blocks,
+reading the full model's keys and values for the earlier tokens (as when
+drafting), give the full model's greedy token at the last 12 positions of
+the window (one masked forward per set), and the draft cost is the bytes of
+weights each step reads.
 When no set is estimated to pay (speedup below 1), nothing is drafted and
 decoding is plain; after 8 drafting rounds the estimate is redone with the
-measured acceptance, and drafting stops if it does not pay. The search runs
-once more on the generated output after 48 tokens, since that output, not
-the prompt, is what the draft must predict. Every call searches afresh (no
+measured per-token acceptance, and drafting stops if it does not pay. The
+search runs once more on the generated output after 48 tokens, since that
+output, not the prompt, is what the draft must predict. Every call searches afresh (no
 state is kept between calls), so equal inputs and seed give equal output.
 """
 

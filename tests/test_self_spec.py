@@ -137,7 +137,9 @@ def test_retuning_on_the_output_stays_exact(deep, monkeypatch):
 
     def factory(config, target, draft_model, cache, kv, vocab_size):
         built.append(
-            SelfDrafter(target, vocab_size, gammas=(3,), retune_after=10, min_speedup=0.0)
+            SelfDrafter(
+                target, vocab_size, gammas=(3,), retune_after=10, min_speedup=0.0
+            )
         )
         return built[-1]
 
