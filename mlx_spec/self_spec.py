@@ -178,14 +178,10 @@ def agreement(
     Args:
         cache: Full-model ``KVCache`` list holding ``tokens`` (unchanged on return).
     """
-    from .tree import masked_forward, prepare_tree_model
+    from .tree import masked_forward
 
     kept_cache = [cache[i] for i in kept]
-    try:
-        prepare_tree_model(model)
-        if {type(c) for c in kept_cache} != {KVCache}:
-            raise ValueError("not a plain KVCache")
-    except ValueError:
+    if not _masked_forward_ready(model, kept_cache):
         return agreement_stepwise(model, kept, tokens, greedy, cache, positions)
     num = tokens.shape[0]
     start = max(num - positions, 1)
@@ -206,6 +202,19 @@ def agreement(
         for c in kept_cache:
             c.trim(c.offset - num)
     return rate
+
+
+def _masked_forward_ready(model: nn.Module, cache: List) -> bool:
+    """Whether tree attention can run ``model`` on ``cache`` (prepares it if so)."""
+    from .tree import prepare_tree_model
+
+    if any(type(c) is not KVCache for c in cache):
+        return False
+    try:
+        prepare_tree_model(model)
+    except ValueError:
+        return False
+    return True
 
 
 def agreement_stepwise(

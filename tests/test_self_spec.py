@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from law_checks import CHI2_9_999, stream_statistics
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
 from mlx_spec.drafters import (
@@ -20,6 +20,7 @@ from mlx_spec.models import CachedModel, KVSettings
 from mlx_spec.self_spec import (
     CHECK_ROUNDS,
     SelfDrafter,
+    _masked_forward_ready,
     agreement,
     agreement_stepwise,
     block_influence,
@@ -350,6 +351,9 @@ def test_batched_agreement_matches_step_by_step(deep, arch):
             batched = agreement(model, kept, tokens, greedy, cache, positions).item()
             stepwise = agreement_stepwise(model, kept, tokens, greedy, cache, positions)
             assert batched == stepwise.item(), (kept, positions)
+    # Caches tree attention cannot read fall back to the step-by-step forwards.
+    assert _masked_forward_ready(model, cache)
+    assert not _masked_forward_ready(model, [RotatingKVCache(max_size=8)])
     # Every block kept reproduces the full model's own argmax everywhere.
     assert (
         agreement(model, list(range(DEEP_LAYERS)), tokens, greedy, cache, 12).item()
