@@ -37,8 +37,9 @@ When no set is estimated to pay (speedup below 1), nothing is drafted and
 decoding is plain; after 8 drafting rounds the estimate is redone with the
 measured per-token acceptance, and drafting stops if it does not pay. The
 search runs once more on the generated output after 48 tokens, since that
-output, not the prompt, is what the draft must predict. Every call searches afresh (no
-state is kept between calls), so equal inputs and seed give equal output.
+output, not the prompt, is what the draft must predict. Every call searches
+afresh (no state is kept between calls), so equal inputs and seed give equal
+output.
 """
 
 import itertools
@@ -343,7 +344,6 @@ def choose_skipped_layers(
     return best["skip"], report
 
 
-# The last search per live model object: id(model) -> search report.
 class SelfDrafter:
     """The target with some blocks skipped, drafting on the target's own caches.
 
