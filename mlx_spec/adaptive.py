@@ -9,7 +9,10 @@ maximises the expected number of tokens per second, from online estimates:
   function of its width: an EMA per width, through which a line
   ``a + b * width`` is fitted (weighted by observations); the line, not the
   noisy per-width means, prices every width. The engine passes the whole
-  round's cost as the verification time and no separate draft time.
+  round's cost as the verification time and no separate draft time;
+* the time of a round that drafted nothing (``gamma = 0``, plain decoding),
+  an EMA of its own: such a round pays no draft overhead, so the line
+  through drafting rounds would misprice it.
 
 For a chain of ``gamma`` tokens::
 
@@ -170,6 +173,7 @@ class AdaptiveController:
         self._accept[0] = _Ema(self.prior_acceptance, 1.0)
         self._draft_step = _Ema()
         self._overhead = _Ema()
+        self._plain = _Ema()
         self._verify: Dict[int, _Ema] = {}
         self.rounds = 0
         self.last_gamma: Optional[int] = None
@@ -263,6 +267,8 @@ class AdaptiveController:
         for g, e in enumerate(tokens):
             t_ver = verify_time(g + 1)
             rates.append(e / max(g * t_draft + t_ver + t_over, _TINY))
+        if self._plain.weight > _TINY:
+            rates[0] = 1.0 / max(self._plain.mean(0.0, _TINY), _TINY)
         return rates
 
     def _explore_around(self, best: int, lo: int, hi: int) -> int:
@@ -338,7 +344,11 @@ class AdaptiveController:
 
     # ------------------------------------------------------------- updates
 
-    def _update_costs(self, verify_time, verify_width, overhead_time):
+    def _update_costs(self, verify_time, verify_width, overhead_time, plain=False):
+        if plain:
+            self._plain.add(verify_time + overhead_time, self._keep)
+            self.rounds += 1
+            return
         stat = self._verify.setdefault(verify_width, _Ema())
         stat.add(verify_time, self._keep)
         self._overhead.add(overhead_time, self._keep)
@@ -392,7 +402,8 @@ class AdaptiveController:
                 stat.decay(keep)
         if draft_steps:
             self._draft_step.add(draft_time / draft_steps, keep)
-        self._update_costs(verify_time, verify_width, overhead_time)
+        plain = num_drafted == 0 and verify_width == 1
+        self._update_costs(verify_time, verify_width, overhead_time, plain)
 
     def update_tree(
         self,
@@ -450,6 +461,7 @@ class AdaptiveController:
                 w: s.total / s.weight for w, s in sorted(self._verify.items())
             },
             "verify_line": (a, b),
+            "plain_time": self._plain.mean(0.0, _TINY) if self._plain.weight else None,
             "expected_rates": self.expected_rates(),
         }
         if self.tree_budgets:

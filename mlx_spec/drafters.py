@@ -40,6 +40,9 @@ class Proposal:
     # round's sync (e.g. which tree nodes its cache holds): ``sync_values``.
     sync_data: Optional[mx.array] = None
     sync_values: Optional[List[int]] = None
+    # Seconds of one-off work in this round (a layer search), which the
+    # adaptive controller leaves out of the round's cost.
+    setup_time: float = 0.0
 
     @property
     def size(self) -> int:

@@ -407,6 +407,7 @@ class RoundPlanner:
         self.controllers = {}
         self.arm = drafter
         self.pending = None  # the last round, until its cost is known
+        self.planned = None  # the next round's (is_tree, size), once chosen
         self.tic = 0.0
 
     def _controller(self, arm):
@@ -417,8 +418,23 @@ class RoundPlanner:
             self.controllers[key] = _make_controller(self.config, arm)
         return self.controllers[key]
 
+    def plan(self) -> Tuple[bool, int]:
+        """Pick the next round's arm and size ahead of its start (see :meth:`begin_round`)."""
+        if self.planned is None:
+            select = getattr(self.drafter, "select", None)
+            self.arm = select() if select is not None else self.drafter
+            is_tree = getattr(self.arm, "is_tree", False)
+            controller = self._controller(self.arm)
+            if controller is None:
+                config = self.config
+                size = config.tree_budget if is_tree else config.num_draft_tokens
+            else:
+                size = controller.choose_budget() if is_tree else controller.choose()
+            self.planned = (is_tree, size)
+        return self.planned
+
     def begin_round(self) -> Tuple[bool, int]:
-        """Pick this round's arm; return ``(is_tree, size)``.
+        """Start a round with its planned arm; return ``(is_tree, size)``.
 
         A measured round costs the time from its start to the next round's
         start, so per-round host work (commit, streaming) counts too.
@@ -427,15 +443,24 @@ class RoundPlanner:
         if self.pending is not None:
             self._record(now - self.tic)
         self.tic = now
-        select = getattr(self.drafter, "select", None)
-        self.arm = select() if select is not None else self.drafter
-        is_tree = getattr(self.arm, "is_tree", False)
-        controller = self._controller(self.arm)
-        if controller is None:
-            size = self.config.tree_budget if is_tree else self.config.num_draft_tokens
-        else:
-            size = controller.choose_budget() if is_tree else controller.choose()
-        return is_tree, size
+        planned = self.plan()
+        self.planned = None
+        return planned
+
+    def queues_plain_round(self, seq_len: int) -> bool:
+        """Plan the next round; True if it is known to draft nothing.
+
+        Its target step can then be queued before this round's sync, as in
+        plain decoding. Only for a single drafter that says so for a context
+        of ``seq_len`` tokens without reading them (``drafts_nothing``).
+        """
+        if getattr(self.drafter, "select", None) is not None:
+            return False  # auto picks an arm per round; keep commits in order
+        is_tree, size = self.plan()
+        drafts_nothing = getattr(self.arm, "drafts_nothing", None)
+        return (
+            not is_tree and drafts_nothing is not None and drafts_nothing(size, seq_len)
+        )
 
     def end_round(self, size: int, proposal, accepted: int):
         """Note the round's outcome; it is recorded once its cost is known."""
@@ -447,15 +472,19 @@ class RoundPlanner:
     def _record(self, cost: float):
         size, proposal, accepted = self.pending
         self.pending = None
+        if self.timed:
+            cost = max(cost - proposal.setup_time, 0.0)  # a one-off search
         if hasattr(self.drafter, "observe"):
             self.drafter.observe(accepted + 1, cost)
         drafted, width = proposal.size, proposal.size + 1
         controller = self._controller(self.arm)
-        if controller is None or drafted == 0:
+        if controller is None:
             return
         if getattr(self.arm, "is_tree", False):
-            controller.update_tree(size, accepted, 0.0, cost, width)
-        else:
+            if drafted:
+                controller.update_tree(size, accepted, 0.0, cost, width)
+        elif drafted or controller.gamma_min == 0:
+            # With γ 0 allowed, a round that drafted nothing prices plain decoding.
             controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
 
 
@@ -465,7 +494,10 @@ def _make_controller(config: SpecConfig, arm):
     A chain round's cost grows by a draft step plus a verified token per γ
     (:func:`static_round_cost`), which prices widths until two are measured.
     An arm with an acceptance estimate (self's layer search) also starts at
-    the γ that estimate favours.
+    the γ that estimate favours, capped at the fixed default. An arm that can draft nothing for a round
+    at no later cost (``drafts_nothing``: self, whose draft is the target)
+    may choose γ 0, a plain round, when drafting does not pay in measured
+    time; a draft model would have to catch up later, so its arms keep γ ≥ 1.
     """
     from .adaptive import AdaptiveController
 
@@ -477,12 +509,18 @@ def _make_controller(config: SpecConfig, arm):
         )
     gamma_max = config.max_draft_tokens
     step = getattr(arm, "step_cost", 0.0)
-    options = dict(gamma_min=1, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step)
+    # γ 0 (plain rounds) only for arms that can pause without a catch-up cost.
+    gamma_min = 0 if hasattr(arm, "drafts_nothing") else 1
+    options = dict(
+        gamma_min=gamma_min, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step
+    )
     alpha = getattr(arm, "acceptance_estimate", None)
     if alpha is None:
         options["init_gamma"] = min(config.num_draft_tokens, gamma_max)
     else:
+        # Searched estimates run high: start no longer than the fixed default.
         gamma, _ = best_gamma(alpha, step, range(1, gamma_max + 1))
+        gamma = min(gamma, config.num_draft_tokens)
         options.update(prior_acceptance=alpha, init_gamma=gamma)
     return AdaptiveController(**options)
 
@@ -504,6 +542,7 @@ def _generate(
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
     planner = RoundPlanner(config, drafter, timed=law.mode == "greedy")
+    plain = (Proposal(mx.array([], mx.uint32), None), law, None, None)
     generated = 0
     round_index = 0
 
@@ -526,36 +565,50 @@ def _generate(
             stats.prompt_time = time.perf_counter() - tic
             tic = time.perf_counter()
 
+            queued = None  # a plain round's successor, built before its sync
             while generated < config.max_tokens:
                 remaining = config.max_tokens - generated
                 is_tree, size = planner.begin_round()
                 state = RoundState(seq, base, choose)
                 round_tic = time.perf_counter()
-                proposal = Proposal(mx.array([], mx.uint32), None)
-                if remaining > 1:
-                    proposal = drafter.propose(
-                        state, size if is_tree else min(size, remaining - 1)
-                    )
-                if config.profile:
-                    mx.eval(proposal.tokens, proposal.logprobs)
-                    draft_time = time.perf_counter() - round_tic
-                    stats.draft_time = (stats.draft_time or 0.0) + draft_time
-                verify_tic = time.perf_counter()
-
                 prefix_len = base + len(seq) - 1
-                root = mx.array(seq[-1:], mx.uint32)
-                if proposal.parents is None:
-                    verified = _verify_chain(
-                        target, root, proposal, law, processors, history
-                    )
+                if queued is not None:
+                    (proposal, verified), queued = queued, None
+                    verify_tic = round_tic
                 else:
-                    verified = _verify_tree(target, root, proposal, law)
+                    proposal = Proposal(mx.array([], mx.uint32), None)
+                    if remaining > 1:
+                        proposal = drafter.propose(
+                            state, size if is_tree else min(size, remaining - 1)
+                        )
+                    if config.profile:
+                        mx.eval(proposal.tokens, proposal.logprobs)
+                        draft_time = time.perf_counter() - round_tic
+                        stats.draft_time = (stats.draft_time or 0.0) + draft_time
+                    verify_tic = time.perf_counter()
+                    root = mx.array(seq[-1:], mx.uint32)
+                    if proposal.parents is None:
+                        verified = _verify_chain(
+                            target, root, proposal, law, processors, history
+                        )
+                    else:
+                        verified = _verify_tree(target, root, proposal, law)
                 packed, target_logprobs, decode = verified
                 extra = proposal.sync_data
                 if extra is not None:
                     packed = mx.concatenate(
                         [packed.astype(mx.int32), extra.astype(mx.int32)]
                     )
+                elif (
+                    proposal.size == 0
+                    and remaining > 1
+                    and not (processors or config.profile)
+                    and planner.queues_plain_round(len(seq) + 1)
+                ):
+                    # Two plain rounds in a row: queue the next target step on
+                    # this round's lazy token before syncing, as mlx_lm does.
+                    queued = (plain[0], _verify_chain(target, packed[1:2], *plain))
+                    mx.async_eval(queued[1][0], queued[1][1])
 
                 # The round's single host sync.
                 sync_tic = time.perf_counter()
@@ -574,7 +627,9 @@ def _generate(
 
                 result = decode(values)
                 n, drafted = result.num_accepted, proposal.size
-                if proposal.parents is None:
+                if queued is not None:
+                    pass  # nothing drafted, and the queued step holds the next slot
+                elif proposal.parents is None:
                     target.trim_to(prefix_len + 1 + n)
                 else:
                     commit_path(

@@ -44,6 +44,7 @@ output.
 
 import itertools
 import math
+import time
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -451,6 +452,19 @@ class SelfDrafter:
         """Record the skipped blocks in ``stats`` (``[]`` when not drafting)."""
         stats.skipped_layers = list(self.skipped or []) if self.drafting else []
 
+    def drafts_nothing(self, gamma: int, seq_len: int) -> bool:
+        """Whether :meth:`propose` for a context of ``seq_len`` tokens drafts nothing.
+
+        Known without the context's values, so the engine may queue such a
+        round's target step before it reads the previous round's token.
+        """
+        if self.skipped is None:
+            return False  # the first round searches on the prompt
+        retune = self.auto and self.retune_after
+        if retune and seq_len - self.prompt_len >= self.retune_after:
+            return False  # the re-tune searches on the output
+        return gamma < 1 or not self.drafting
+
     def propose(self, state: RoundState, gamma: int) -> Proposal:
         """Draft ``gamma`` tokens with the kept blocks, then rewind their caches.
 
@@ -461,12 +475,15 @@ class SelfDrafter:
         if self.skipped is None:
             self.prefill(mx.array(state.seq[:-1], mx.uint32), 0)
         generated = len(state.seq) - self.prompt_len
+        setup_time = 0.0
         if self.auto and self.retune_after and generated >= self.retune_after:
             self.retune_after = 0  # once
+            tic = time.perf_counter()
             self._search(mx.array(state.seq[-self.search_tokens :], mx.uint32))
+            setup_time = time.perf_counter() - tic  # the search syncs
             self.search["retuned_at"] = generated
         if gamma < 1 or not self.drafting:
-            return Proposal(mx.array([], mx.uint32), None)
+            return Proposal(mx.array([], mx.uint32), None, setup_time=setup_time)
         model = self.target.model
         caches = [self.target.cache[i] for i in self.kept]
         starts = [c.offset for c in caches]
@@ -487,7 +504,12 @@ class SelfDrafter:
         for c, start in zip(caches, starts):
             c.trim(c.offset - start)
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
-        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
+        return Proposal(
+            mx.concatenate(tokens),
+            logprobs,
+            forwards=len(tokens),
+            setup_time=setup_time,
+        )
 
     def commit(
         self, state: RoundState, proposal: Proposal, num_accepted: int, path=None

@@ -150,7 +150,7 @@ def test_verify_cost_fit_extrapolates_unseen_widths():
     assert ctl.verify_time(10) == pytest.approx(5.5)
     # One width only: the assumed relative slope.
     single = AdaptiveController(verify_slope=0.1)
-    single.update(0, 0, 0.0, 1.0, 1)
+    single.update(1, 1, 0.0, 1.1, 2)
     assert single.verify_time(11) == pytest.approx(2.0)
 
 
@@ -241,4 +241,19 @@ def test_round_without_drafts_keeps_acceptance():
     for _ in range(50):
         ctl.update(0, 0, 0.0, 0.9)
     assert ctl.acceptance() == before
-    assert ctl.state()["verify_time"][1] == pytest.approx(0.9)
+    # Plain rounds are priced on their own, not on the drafting rounds' line.
+    assert ctl.state()["plain_time"] == pytest.approx(0.9)
+    assert 1 not in ctl.state()["verify_time"]
+
+
+def test_plain_rounds_priced_on_their_own():
+    """Drafting rounds pay a fixed overhead a plain round does not: the line
+    through them overprices width 1, so γ 0 wins only once it is measured."""
+    ctl = AdaptiveController(gamma_min=0, gamma_max=4, explore=0.0)
+    for gamma in (1, 2, 3, 1, 2, 3):  # the first draft token is always accepted
+        ctl.update(gamma, 1, 0.0, 1.0 + 0.8 + 0.5 * gamma, gamma + 1)
+    assert ctl.choose() == 1  # the line prices width 1 at 1.8, γ 1 at 2.3
+    for _ in range(3):
+        ctl.update(0, 0, 0.0, 1.0, 1)
+    assert ctl.state()["plain_time"] == pytest.approx(1.0)
+    assert ctl.choose() == 0

@@ -245,11 +245,23 @@ def test_controller_starts_from_the_arms_cost_and_acceptance():
     assert controller.init_gamma == 4 and controller.gamma_max == 8
     assert controller.verify_slope == pytest.approx(VERIFY_SLOPE + 0.1)
 
-    self_arm = SimpleNamespace(is_tree=False, step_cost=0.3, acceptance_estimate=0.85)
+    assert controller.gamma_min == 1  # a draft model would have to catch up
+
+    self_arm = SimpleNamespace(
+        is_tree=False,
+        step_cost=0.3,
+        acceptance_estimate=0.85,
+        drafts_nothing=lambda gamma, seq_len: gamma < 1,
+    )
     controller = _make_controller(config, self_arm)
     init, _ = best_gamma(0.85, 0.3, range(1, 9))
     assert init == 3 and controller.init_gamma == init
     assert controller.prior_acceptance == 0.85
+    assert controller.gamma_min == 0  # self may pause at no later cost
+    # A high estimate starts no longer than the fixed default.
+    keen = SimpleNamespace(**{**vars(self_arm), "acceptance_estimate": 0.98})
+    assert best_gamma(0.98, 0.3, range(1, 9))[0] > 4
+    assert _make_controller(config, keen).init_gamma == 4
     # One measured width prices the others like the static round cost, so
     # wide rounds do not look cheap: the draft steps are counted.
     gamma = controller.choose()

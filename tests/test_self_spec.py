@@ -433,3 +433,53 @@ def test_logits_processors_applied_per_position(deep, always_draft):
     assert expected != plain_tokens(model, ids, 20)  # the penalty changes the output
     got = self_tokens(model, ids, 20, None, 3, logits_processors=processors)
     assert got == expected
+
+
+def test_plain_rounds_are_queued_and_stay_exact(deep, monkeypatch):
+    """Rounds known to draft nothing queue their target step before the
+    previous round's sync (no propose call); output, caches and the sampled
+    stream are as without queueing."""
+    model, tokenizer = deep("llama")
+    calls = []
+    propose = SelfDrafter.propose
+
+    def counting(self, state, gamma):
+        calls.append(len(state.seq))
+        return propose(self, state, gamma)
+
+    def factory(config, target, draft_model, cache, kv, vocab_size):
+        return SelfDrafter(target, vocab_size, retune_after=10, min_speedup=100.0)
+
+    monkeypatch.setattr(SelfDrafter, "propose", counting)
+    monkeypatch.setitem(DRAFTER_FACTORIES, "self", factory)
+    ids = tokenizer.encode(PROMPTS[0])
+    stats = SpecStats()
+    assert self_tokens(model, ids, 30, stats) == plain_tokens(model, ids, 30)
+    assert stats.draft_tokens == 0 and stats.target_forwards == 30
+    # Proposals only in the first round and the re-tune's round.
+    assert calls == [len(ids), len(ids) + 10]
+
+    cache = make_prompt_cache(model)
+    config = SpecConfig(method="self", max_tokens=50)
+    steps = speculative_generate_step(
+        mx.array(ids), model, config=config, prompt_cache=cache
+    )
+    first = [t for _, (t, _, _) in zip(range(7), steps)]
+    steps.close()  # a queued step is pending
+    assert [c.offset for c in cache] == [len(ids) + 7] * DEEP_LAYERS
+    more = speculative_generate_step(
+        mx.array(tokenizer.encode("\n")), model, config=config, prompt_cache=cache
+    )
+    assert [t for t, _, _ in more][:12] == plain_tokens(
+        model, ids + first + tokenizer.encode("\n"), 12
+    )
+
+    sampled = []
+    for profile in (False, True):  # profiling syncs twice a round: no queueing
+        mx.random.seed(5)
+        config = SpecConfig(method="self", max_tokens=25, profile=profile)
+        steps = speculative_generate_step(
+            mx.array(ids), model, config=config, sampler=make_sampler(1.5)
+        )
+        sampled.append([t for t, _, _ in steps])
+    assert sampled[0] == sampled[1]
