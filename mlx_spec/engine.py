@@ -3,7 +3,10 @@
 Each round: the drafter proposes γ tokens (lazily, async-evaluated), the
 target scores ``[last, d_1..d_γ]`` in one forward, acceptance runs on
 device, and the host syncs once to read ``(num_accepted, next_token,
-drafts)``. Both caches are then rewound to the accepted tokens.
+drafts)``. Both caches are then rewound to the accepted tokens. A round
+that drafts nothing, followed by another known to draft nothing (self
+paused), queues that next target step on its lazy token before the sync,
+as mlx_lm's plain decoding does.
 """
 
 import time

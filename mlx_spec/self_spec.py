@@ -21,18 +21,21 @@ slice assignment, which makes a new array node, so the draft's reads keep
 their own inputs while the verify forward's writes come after them. Skipped
 blocks need no cache at all.
 
-The skipped set is chosen on the prompt by a short search: one full forward of
-the last prompt tokens ranks the blocks by how little they change the hidden
-state (block influence, ``1 - cos(h_in, h_out)``, as in ShortGPT), then
-skipping the k least influential blocks is scored for a few k (or, for
-small models, every subset of at most half the blocks) by the expected
-tokens per round over the round's modelled cost
-(``drafters.expected_speedup``) at the set's best draft length among those
-the engine may use. The acceptance rate is how often the kept blocks,
-reading the full model's keys and values for the earlier tokens (as when
-drafting), give the full model's greedy token at the last 12 positions of
-the window (one masked forward per set), and the draft cost is the bytes of
-weights each step reads.
+The skipped set is chosen in the first round, once the target's cache holds
+the prompt, by a short search on the last 12 context tokens. One masked
+forward (tree attention) re-runs them against the whole cached context and
+ranks the blocks by how little they change the hidden state (block
+influence, ``1 - cos(h_in, h_out)``, as in ShortGPT); then skipping the k
+least influential blocks is scored for a few k (or, for small models, every
+subset of at most half the blocks) by the expected tokens per round over
+the round's modelled cost (``drafters.expected_speedup``) at the set's best
+draft length among those the engine may use. The acceptance rate is how
+often the kept blocks, reading the full model's keys and values for the
+earlier tokens (as when drafting), give the full model's greedy token at
+those positions (one masked forward per set), and the draft cost is the
+bytes of weights each step reads. The search leaves the cache as it found
+it. Caches tree attention cannot read (rotating, quantized) are searched
+on the last 64 tokens alone, in a fresh cache.
 When no set is estimated to pay (speedup below 1), nothing is drafted and
 decoding is plain; after 8 drafting rounds the estimate is redone with the
 measured per-token acceptance, and drafting stops if it does not pay. The
@@ -151,12 +154,35 @@ def block_influence(
     record: List = []
     with running_layers(model, [_Tap(layer, record) for layer in model.layers]):
         logits = model(tokens[None], cache=cache)[0]
+    return _influence(record), mx.argmax(logits, axis=-1)
+
+
+def _influence(record: List) -> mx.array:
+    """``1 - mean cos(h_in, h_out)`` per block, from :class:`_Tap` records ``(L,)``."""
     scores = []
     for h_in, h_out in record:
         dot = (h_in * h_out).sum(-1)
         norms = mx.linalg.norm(h_in, axis=-1) * mx.linalg.norm(h_out, axis=-1)
         scores.append(1 - (dot / mx.maximum(norms, 1e-6)).mean())
-    return mx.stack(scores), mx.argmax(logits, axis=-1)
+    return mx.stack(scores)
+
+
+def _rerun_tail(model: nn.Module, cache: List, tail: mx.array) -> mx.array:
+    """Re-run the cache's last ``P`` tokens ``tail`` ``(P,)`` in one masked forward.
+
+    Query j (the token in slot ``S - P + j``) reads the cached keys and
+    values of the slots before it and its own new entry in slot ``S + j``,
+    as a draft step at that position does. The caller trims the cache back
+    to ``S``. Returns the model output ``(P, V)``.
+    """
+    from .tree import masked_forward
+
+    size, num = cache[0].offset, tail.shape[0]
+    start = size - num
+    steps = mx.arange(num)[:, None]
+    slots = mx.arange(size + num)[None]
+    mask = (slots < start + steps) | (slots == size + steps)  # (P, S + P)
+    return masked_forward(model, cache, tail, mx.arange(start, size), mask)
 
 
 def agreement(
@@ -178,32 +204,51 @@ def agreement(
     not support run them one by one (:func:`agreement_stepwise`).
 
     Args:
-        cache: Full-model ``KVCache`` list holding ``tokens`` (unchanged on return).
+        cache: Full-model ``KVCache`` list whose last ``W`` entries hold
+          ``tokens`` (unchanged on return); only the masked forward accepts
+          a cache with more entries before them.
     """
-    from .tree import masked_forward
-
     kept_cache = [cache[i] for i in kept]
     if not _masked_forward_ready(model, kept_cache):
         return agreement_stepwise(model, kept, tokens, greedy, cache, positions)
-    num = tokens.shape[0]
-    start = max(num - positions, 1)
-    steps = mx.arange(num - start)[:, None]
-    slots = mx.arange(2 * num - start)[None]
-    # Query j (position start + j) sees the full model's slots [0, start + j)
-    # and its own slot num + j.
-    mask = (slots < start + steps) | (slots == num + steps)  # (P, num + P)
+    size, num = cache[0].offset, tokens.shape[0]
+    count = min(positions, num, size - 1)  # the first slot has nothing before it
     try:
         with running_layers(model, [model.layers[i] for i in kept]):
-            logits = masked_forward(
-                model, kept_cache, tokens[start:], mx.arange(start, num), mask
-            )
-        rate = (mx.argmax(logits, axis=-1) == greedy[start:]).astype(mx.float32)
+            logits = _rerun_tail(model, kept_cache, tokens[num - count :])
+        rate = (mx.argmax(logits, axis=-1) == greedy[num - count :]).astype(mx.float32)
         rate = rate.mean()
         mx.eval(rate)
     finally:
         for c in kept_cache:
-            c.trim(c.offset - num)
+            c.trim(c.offset - size)
     return rate
+
+
+def context_influence(
+    model: nn.Module, cache: List, tail: mx.array
+) -> Tuple[mx.array, mx.array]:
+    """:func:`block_influence` on the cache's last tokens ``tail`` ``(P,)``, in context.
+
+    One masked forward (:func:`_rerun_tail`) re-runs them against the full
+    context already in the target's ``cache`` (unchanged on return), so no
+    separate forward of a window without its context is needed.
+    """
+    from .tree import prepare_tree_model
+
+    prepare_tree_model(model)
+    size = cache[0].offset
+    record: List = []
+    try:
+        with running_layers(model, [_Tap(layer, record) for layer in model.layers]):
+            logits = _rerun_tail(model, cache, tail)
+        influence = _influence(record)
+        greedy = mx.argmax(logits, axis=-1)
+        mx.eval(influence, greedy)
+    finally:
+        for c in cache:
+            c.trim(c.offset - size)
+    return influence, greedy
 
 
 def _masked_forward_ready(model: nn.Module, cache: List) -> bool:
@@ -289,7 +334,10 @@ def candidate_sets(
 
 
 def choose_skipped_layers(
-    model: nn.Module, tokens: mx.array, gammas: Sequence[int]
+    model: nn.Module,
+    tokens: mx.array,
+    gammas: Sequence[int],
+    cache: Optional[List] = None,
 ) -> Tuple[List[int], Dict]:
     """Pick the blocks to skip from a short search on ``tokens`` ``(W,)``.
 
@@ -298,6 +346,12 @@ def choose_skipped_layers(
     of its kept blocks. The set maximising :func:`expected_speedup` at its
     best draft length in ``gammas`` wins (ties: the first scored, i.e. fewer
     skipped blocks).
+
+    With ``cache``, the target's own caches whose last entries hold
+    ``tokens``, the last :data:`EVAL_POSITIONS` tokens are re-run in context
+    by masked forwards (:func:`context_influence`, :func:`agreement`) and the
+    cache is left as it was; otherwise (or when tree attention cannot read
+    that cache) ``tokens`` are run alone on a fresh cache.
 
     Returns:
         ``(skipped, report)``: sorted block indices, and the search's estimates
@@ -316,9 +370,18 @@ def choose_skipped_layers(
         )
         return skipped, {"searched": False}
 
-    cache = make_prompt_cache(model)
-    influence, greedy = block_influence(model, tokens, cache)
-    mx.eval(influence, greedy, [c.state for c in cache])
+    in_context = (
+        cache is not None
+        and cache[0].offset >= 2
+        and _masked_forward_ready(model, cache)
+    )
+    if in_context:
+        tokens = tokens[-min(EVAL_POSITIONS, cache[0].offset - 1) :]
+        influence, greedy = context_influence(model, cache, tokens)
+    else:
+        cache = make_prompt_cache(model)
+        influence, greedy = block_influence(model, tokens, cache)
+        mx.eval(influence, greedy, [c.state for c in cache])
     sets = candidate_sets(candidates, influence.tolist(), max_skip)
     alphas = []
     for skip in sets:
@@ -340,7 +403,7 @@ def choose_skipped_layers(
         )
         if best is None or speedup > best["speedup"]:
             best = scored[-1]
-    report = dict(best, searched=True, scored=scored)
+    report = dict(best, searched=True, in_context=in_context, scored=scored)
     del report["skip"]
     return best["skip"], report
 
@@ -430,13 +493,14 @@ class SelfDrafter:
         self.kept = [i for i in range(num_layers) if i not in set(skipped)]
 
     def prefill(self, tokens: mx.array, step_size: int):
-        """Choose the skipped blocks on the prompt (the target prefills the caches)."""
+        """Note the prompt; the first round searches once the target holds it."""
         self.prompt_len = int(tokens.size) + 1
-        if self.skipped is None:
-            self._search(tokens[-self.search_tokens :] if tokens.size else tokens)
 
-    def _search(self, window: mx.array):
-        skipped, search = choose_skipped_layers(self.target.model, window, self.gammas)
+    def _search(self, context: List[int]):
+        """Search on the last tokens of ``context``, which the target's cache ends with."""
+        window = mx.array(context[-self.search_tokens :], mx.uint32)
+        model, cache = self.target.model, self.target.cache
+        skipped, search = choose_skipped_layers(model, window, self.gammas, cache)
         self._adopt(dict(search, skipped=skipped))
 
     def _adopt(self, search: Dict):
@@ -472,16 +536,16 @@ class SelfDrafter:
         ``seq[-1], d_1..d_{γ-1}`` appended while drafting and are trimmed back
         before returning, so the verify forward finds every layer in sync.
         """
-        if self.skipped is None:
-            self.prefill(mx.array(state.seq[:-1], mx.uint32), 0)
         generated = len(state.seq) - self.prompt_len
+        retune = self.auto and self.retune_after and generated >= self.retune_after
         setup_time = 0.0
-        if self.auto and self.retune_after and generated >= self.retune_after:
-            self.retune_after = 0  # once
+        if self.skipped is None or retune:
             tic = time.perf_counter()
-            self._search(mx.array(state.seq[-self.search_tokens :], mx.uint32))
+            self._search(state.seq[:-1])  # the target's cache holds seq[:-1]
             setup_time = time.perf_counter() - tic  # the search syncs
-            self.search["retuned_at"] = generated
+            if retune:
+                self.retune_after = 0  # once
+                self.search["retuned_at"] = generated
         if gamma < 1 or not self.drafting:
             return Proposal(mx.array([], mx.uint32), None, setup_time=setup_time)
         model = self.target.model
@@ -516,8 +580,8 @@ class SelfDrafter:
     ):
         """Check the realized speedup; the target trims the shared caches.
 
-        The search's acceptance estimate is teacher-forced on a window with
-        no earlier context, so it can be far off. After
+        The search's acceptance estimate comes from a few teacher-forced
+        positions, so it can be far off. After
         :data:`CHECK_ROUNDS` drafting rounds it is replaced by the measured
         per-token acceptance (accepted over tested draft tokens; a round
         tests up to its first rejection), and drafting stops if the set

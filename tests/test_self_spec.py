@@ -26,6 +26,7 @@ from mlx_spec.self_spec import (
     block_influence,
     candidate_sets,
     choose_skipped_layers,
+    context_influence,
     make_self_drafter,
     running_layers,
 )
@@ -362,6 +363,35 @@ def test_batched_agreement_matches_step_by_step(deep, arch):
     assert [c.offset for c in cache] == [tokens.size] * DEEP_LAYERS
     for c, keys in zip(cache, before):
         assert mx.array_equal(c.state[0][..., : c.offset, :], keys)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "phi3"])
+def test_search_in_context_reruns_the_targets_last_tokens(deep, arch):
+    """On the target's own cache the search re-runs the last tokens against
+    the whole context: the same greedy tokens and agreement as the full model
+    and as one forward per position, and the cache is left as it was."""
+    model, tokenizer = deep(arch)
+    tokens = mx.array(tokenizer.encode(PROMPTS[1] + " " + PROMPTS[0]) * 2)
+    cache = make_prompt_cache(model)
+    _, greedy = block_influence(model, tokens, cache)
+    mx.eval(greedy, [c.state for c in cache])
+    before = [mx.array(c.state[0][..., : c.offset, :]) for c in cache]
+    tail = tokens[-12:]
+    influence, tail_greedy = context_influence(model, cache, tail)
+    assert influence.shape == (DEEP_LAYERS,)
+    assert tail_greedy.tolist() == greedy[-12:].tolist()
+    for kept in ([0, 2, 5], [0, 1, 2, 3, 5], [4]):
+        in_context = agreement(model, kept, tail, tail_greedy, cache, 12).item()
+        stepwise = agreement_stepwise(model, kept, tokens, greedy, cache, 12)
+        assert in_context == stepwise.item(), kept
+    skipped, report = choose_skipped_layers(model, tokens, [2], cache)
+    assert report["in_context"] and len(report["scored"]) > 1
+    assert [c.offset for c in cache] == [tokens.size] * DEEP_LAYERS
+    for c, keys in zip(cache, before):
+        assert mx.array_equal(c.state[0][..., : c.offset, :], keys)
+    # A cache tree attention cannot read: the window is searched on its own.
+    _, alone = choose_skipped_layers(model, tokens, [2], [RotatingKVCache(8)] * 6)
+    assert not alone["in_context"]
 
 
 def _checked_drafter(deep, gammas, accepted_per_round, drafted=4):
