@@ -497,10 +497,11 @@ def _make_controller(config: SpecConfig, arm):
     A chain round's cost grows by a draft step plus a verified token per γ
     (:func:`static_round_cost`), which prices widths until two are measured.
     An arm with an acceptance estimate (self's layer search) also starts at
-    the γ that estimate favours, capped at the fixed default. An arm that can draft nothing for a round
-    at no later cost (``drafts_nothing``: self, whose draft is the target)
-    may choose γ 0, a plain round, when drafting does not pay in measured
-    time; a draft model would have to catch up later, so its arms keep γ ≥ 1.
+    the γ that estimate favours, capped at the fixed default. An arm that
+    can draft nothing for a round at no later cost (``drafts_nothing``:
+    self, whose draft is the target) may choose γ 0, a plain round, when
+    drafting does not pay in measured time; a draft model would have to
+    catch up later, so its arms keep γ ≥ 1.
     """
     from .adaptive import AdaptiveController
 
@@ -545,7 +546,6 @@ def _generate(
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
     planner = RoundPlanner(config, drafter, timed=law.mode == "greedy")
-    plain = (Proposal(mx.array([], mx.uint32), None), law, None, None)
     generated = 0
     round_index = 0
 
@@ -610,8 +610,10 @@ def _generate(
                 ):
                     # Two plain rounds in a row: queue the next target step on
                     # this round's lazy token before syncing, as mlx_lm does.
-                    queued = (plain[0], _verify_chain(target, packed[1:2], *plain))
-                    mx.async_eval(queued[1][0], queued[1][1])
+                    empty = Proposal(mx.array([], mx.uint32), None)
+                    step = _verify_chain(target, packed[1:2], empty, law, None, None)
+                    mx.async_eval(step[0], step[1])
+                    queued = (empty, step)
 
                 # The round's single host sync.
                 sync_tic = time.perf_counter()
@@ -630,10 +632,10 @@ def _generate(
 
                 result = decode(values)
                 n, drafted = result.num_accepted, proposal.size
-                if queued is not None:
-                    pass  # nothing drafted, and the queued step holds the next slot
-                elif proposal.parents is None:
-                    target.trim_to(prefix_len + 1 + n)
+                if proposal.parents is None:
+                    # With a step queued, nothing was drafted and it holds the next slot.
+                    if queued is None:
+                        target.trim_to(prefix_len + 1 + n)
                 else:
                     commit_path(
                         target.cache,

@@ -337,15 +337,21 @@ def test_speedup_model():
     assert best_gamma(0.9, 0.5, [4]) == (4, expected_speedup(0.9, 4, 0.5))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "phi3"])
-def test_batched_agreement_matches_step_by_step(deep, arch):
-    """One masked forward of the kept blocks scores the same positions as one
-    forward per position, and leaves the search cache as it found it."""
+def full_model_cache(deep, arch):
+    """``(model, tokens, cache, greedy)``: a full forward of a repeated prompt."""
     model, tokenizer = deep(arch)
     tokens = mx.array(tokenizer.encode(PROMPTS[1] + " " + PROMPTS[0]) * 2)
     cache = make_prompt_cache(model)
     _, greedy = block_influence(model, tokens, cache)
     mx.eval(greedy, [c.state for c in cache])
+    return model, tokens, cache, greedy
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma", "phi3"])
+def test_batched_agreement_matches_step_by_step(deep, arch):
+    """One masked forward of the kept blocks scores the same positions as one
+    forward per position, and leaves the search cache as it found it."""
+    model, tokens, cache, greedy = full_model_cache(deep, arch)
     before = [mx.array(c.state[0][..., : c.offset, :]) for c in cache]
     for kept in ([0, 2, 5], [0, 1, 2, 3, 5], [4]):
         for positions in (12, tokens.size):
@@ -370,11 +376,7 @@ def test_search_in_context_reruns_the_targets_last_tokens(deep, arch):
     """On the target's own cache the search re-runs the last tokens against
     the whole context: the same greedy tokens and agreement as the full model
     and as one forward per position, and the cache is left as it was."""
-    model, tokenizer = deep(arch)
-    tokens = mx.array(tokenizer.encode(PROMPTS[1] + " " + PROMPTS[0]) * 2)
-    cache = make_prompt_cache(model)
-    _, greedy = block_influence(model, tokens, cache)
-    mx.eval(greedy, [c.state for c in cache])
+    model, tokens, cache, greedy = full_model_cache(deep, arch)
     before = [mx.array(c.state[0][..., : c.offset, :]) for c in cache]
     tail = tokens[-12:]
     influence, tail_greedy = context_influence(model, cache, tail)
