@@ -17,7 +17,7 @@ demo: setup
 
 ## The test suite (about 5 minutes on a 2-core CPU).
 test: setup-dev
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest $(ARGS)
 
 ui: setup
 	$(PY) -m ui.app $(ARGS)

@@ -44,9 +44,9 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
-from mlx_spec.drafters import model_step_cost
-from mlx_spec.engine import _make_controller
+from mlx_spec.costs import model_step_cost
 from mlx_spec.loading import default_model_pair
+from mlx_spec.planner import make_controller
 
 from .prompts import prompt_suite
 
@@ -174,7 +174,7 @@ def replay_report(model, draft, encoded, paths, round_costs, gammas, max_tokens)
         replayed_rounds[g] = [n for _, n in totals]
     seconds = 0.0
     for r in runs:
-        controller = _make_controller(config, arm)
+        controller = make_controller(config, arm)
         record = lambda g, a, c: controller.update(g, a, 0.0, c, g + 1, draft_steps=0)
         seconds += replay(r, controller.choose, record, cost)[0]
     rows["adaptive"] = tokens / seconds

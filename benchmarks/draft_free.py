@@ -33,8 +33,8 @@ import mlx_lm
 from mlx_lm.generate import generate_step
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
-from mlx_spec.drafters import DRAFTER_FACTORIES
-from mlx_spec.self_spec import SelfDrafter
+from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
+from mlx_spec.drafters.self_spec import SelfDrafter
 
 from .prompts import prompt_suite
 

@@ -9,7 +9,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import List, Optional, Sequence, Tuple
 
-METHODS = ("none", "draft", "tree", "lookup", "self", "auto")
+from .drafters.registry import METHODS
+
 MAX_DRAFT_TOKENS = 64
 MAX_TREE_BUDGET = 256
 
@@ -20,6 +21,11 @@ DEFAULT_TREE_DEPTH = 5
 DEFAULT_NGRAM_MIN = 1
 DEFAULT_NGRAM_MAX = 3
 DEFAULT_ADAPTIVE = True
+
+
+def resolve_method(speculative: Optional[str], draft_model) -> str:
+    """The default is ``auto``: it picks among the methods this call can use."""
+    return "auto" if speculative is None else speculative
 
 
 def _check(ok: bool, name: str, value, allowed: str):

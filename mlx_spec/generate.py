@@ -1,23 +1,20 @@
-"""``python -m mlx_spec.generate``: the command line of :mod:`mlx_spec.generation`.
+"""``python -m mlx_spec.generate``: the command of :mod:`mlx_spec.cli.generate`.
 
-The implementation lives in :mod:`mlx_spec.generation`, so ``python -m``
-does not import this module twice. Importing this submodule rebinds the
-package attribute ``mlx_spec.generate`` to it; the module is made callable
-so ``mlx_spec.generate(...)`` keeps working as the function.
+Importing this submodule rebinds the package attribute ``mlx_spec.generate``
+to it; the module is made callable so ``mlx_spec.generate(...)`` keeps
+working as the function.
 """
 
 import sys
 import types
 
+from .cli.generate import main, setup_arg_parser  # noqa: F401
 from .generation import (  # noqa: F401
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPT,
     SpecResponse,
     SpecStream,
-    _collect,
     generate,
-    main,
-    setup_arg_parser,
     stream_generate,
 )
 

@@ -69,7 +69,7 @@ def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
         builds ``make_prompt_cache(model) + make_prompt_cache(draft_model)``,
         otherwise no draft model and the target's caches only.
     """
-    from .generation import resolve_method
+    from .config import resolve_method
 
     method = resolve_method(speculative, draft_model)
     return method, draft_model is not None and method in DRAFT_CACHE_METHODS
@@ -252,11 +252,11 @@ def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
         return _originals["generate"](
             model, tokenizer, prompt, verbose=verbose, **kwargs
         )
-    from .generation import _collect
+    from .generation import collect_text
 
     max_tokens = kwargs.pop("max_tokens", 256)
     stream = _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs)
-    return _collect(stream, verbose)
+    return collect_text(stream, verbose)
 
 
 # name -> (home module, replacement)

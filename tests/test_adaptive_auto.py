@@ -132,7 +132,7 @@ def test_sampling_with_a_seed_ignores_wall_time(load_model, monkeypatch, with_dr
     same seed gives the same text however long the rounds take."""
     import random
 
-    from mlx_spec import engine
+    from mlx_spec import planner
 
     model, tokenizer = load_model("llama")
     draft = load_model("llama-near")[0] if with_draft else None
@@ -146,7 +146,7 @@ def test_sampling_with_a_seed_ignores_wall_time(load_model, monkeypatch, with_dr
             now[0] += clock.random() * jitter + 1e-6
             return now[0]
 
-        monkeypatch.setattr(engine.time, "perf_counter", fake_clock)
+        monkeypatch.setattr(planner.time, "perf_counter", fake_clock)
         out, stats = run(model, tokenizer, ids, draft, 60, temp=0.9, seed=11)
         outputs.append(out)
     assert outputs[0] == outputs[1] == outputs[2]
@@ -155,7 +155,7 @@ def test_sampling_with_a_seed_ignores_wall_time(load_model, monkeypatch, with_dr
 
 def test_auto_sizes_each_arm_with_its_own_controller(load_model):
     """The tree arm gets node budgets and the chain arms draft lengths."""
-    from mlx_spec.engine import RoundPlanner
+    from mlx_spec.planner import RoundPlanner
 
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
@@ -203,7 +203,7 @@ def test_draft_p_min_stops_early_and_stays_exact(load_model):
 def test_lookup_then_draft_copies_on_a_match_and_stays_exact(load_model):
     """The combined arm copies from the context on a strong n-gram match and
     drafts with the model otherwise; greedy output is unchanged."""
-    from mlx_spec.auto import LookupThenDraft
+    from mlx_spec.drafters.auto import LookupThenDraft
 
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
@@ -235,13 +235,13 @@ def test_controller_starts_from_the_arms_cost_and_acceptance():
     from types import SimpleNamespace
 
     from mlx_spec import SpecConfig
-    from mlx_spec.drafters import VERIFY_SLOPE, best_gamma, static_round_cost
-    from mlx_spec.engine import _make_controller
+    from mlx_spec.costs import VERIFY_SLOPE, best_gamma, static_round_cost
+    from mlx_spec.planner import make_controller
 
     config = SpecConfig(method="self", num_draft_tokens=4)
     assert config.max_draft_tokens == 8
     plain_arm = SimpleNamespace(is_tree=False, step_cost=0.1)
-    controller = _make_controller(config, plain_arm)
+    controller = make_controller(config, plain_arm)
     assert controller.init_gamma == 4 and controller.gamma_max == 8
     assert controller.verify_slope == pytest.approx(VERIFY_SLOPE + 0.1)
 
@@ -253,7 +253,7 @@ def test_controller_starts_from_the_arms_cost_and_acceptance():
         acceptance_estimate=0.85,
         drafts_nothing=lambda gamma, seq_len: gamma < 1,
     )
-    controller = _make_controller(config, self_arm)
+    controller = make_controller(config, self_arm)
     init, _ = best_gamma(0.85, 0.3, range(1, 9))
     assert init == 3 and controller.init_gamma == init
     assert controller.prior_acceptance == 0.85
@@ -261,7 +261,7 @@ def test_controller_starts_from_the_arms_cost_and_acceptance():
     # A high estimate starts no longer than the fixed default.
     keen = SimpleNamespace(**{**vars(self_arm), "acceptance_estimate": 0.98})
     assert best_gamma(0.98, 0.3, range(1, 9))[0] > 4
-    assert _make_controller(config, keen).init_gamma == 4
+    assert make_controller(config, keen).init_gamma == 4
     # One measured width prices the others like the static round cost, so
     # wide rounds do not look cheap: the draft steps are counted.
     gamma = controller.choose()
@@ -270,5 +270,5 @@ def test_controller_starts_from_the_arms_cost_and_acceptance():
     for wide in (1, 6, 8):
         expected = static_round_cost(0.3, wide, wide + 1)
         assert controller.verify_time(wide + 1) == pytest.approx(expected)
-    fixed = _make_controller(SpecConfig(method="self", adaptive=False), self_arm)
+    fixed = make_controller(SpecConfig(method="self", adaptive=False), self_arm)
     assert fixed.gamma_max == 4

@@ -13,7 +13,7 @@ from pathlib import Path
 import mlx_lm
 import pytest
 
-from mlx_spec.chat import Chat, setup_arg_parser
+from mlx_spec.cli.chat import Chat, setup_arg_parser
 
 REPO = Path(__file__).resolve().parent.parent
 STATS_LINE = re.compile(r"\[Speculation: (\w+).*prompt (\d+) new tokens, (\d+) cached")
@@ -162,7 +162,7 @@ def test_reset_empties_the_cache(pair):
 
 
 def test_run_says_when_it_falls_back_to_continuation_mode(checkpoints, monkeypatch):
-    from mlx_spec import chat as chat_module
+    from mlx_spec.cli import chat as chat_module
 
     lines = iter(["def add(a, b):", "h", "q"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
@@ -187,7 +187,7 @@ def test_run_says_when_it_falls_back_to_continuation_mode(checkpoints, monkeypat
 
 def test_later_turns_pass_the_cached_conversation_as_history(pair, monkeypatch):
     """Prompt lookup must see earlier turns, though only new tokens are prefilled."""
-    from mlx_spec import chat as chat_module
+    from mlx_spec.cli import chat as chat_module
 
     real = chat_module.stream_generate
     seen = []

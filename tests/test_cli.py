@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlx_spec import cli
+from mlx_spec.cli import bench as cli_bench
 
 try:
     import tomllib
@@ -86,16 +87,16 @@ def test_bench_dispatches_to_benchmarks_run(monkeypatch):
     fake = types.ModuleType("fake_benchmarks_run")
     fake.main = lambda argv=None: calls.append(argv)
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
-    monkeypatch.setattr(cli, "BENCH_ENTRY", f"{fake.__name__}:main")
+    monkeypatch.setattr(cli_bench, "BENCH_ENTRY", f"{fake.__name__}:main")
     cli.main(["bench", "--quick"])
     assert calls == [["--quick"]]
-    assert cli.SUBCOMMANDS["bench"] == "mlx_spec.cli:bench_main"
+    assert cli.SUBCOMMANDS["bench"] == "mlx_spec.cli.bench:bench_main"
 
 
 def test_bench_without_harness_is_a_one_line_error(monkeypatch):
-    monkeypatch.setattr(cli, "BENCH_ENTRY", "no_such_benchmarks_module:main")
+    monkeypatch.setattr(cli_bench, "BENCH_ENTRY", "no_such_benchmarks_module:main")
     with pytest.raises(SystemExit) as exit_info:
-        cli.bench_main([])
+        cli_bench.bench_main([])
     assert "not available" in str(exit_info.value.code)
 
 
@@ -121,7 +122,7 @@ def test_generate_subcommand_end_to_end(checkpoints, capsys):
 
 
 def test_doctor_in_process(capsys):
-    from mlx_spec import doctor
+    from mlx_spec.cli import doctor
 
     assert doctor.main(["--size", "64", "--reps", "1"]) == 0
     out = capsys.readouterr().out
@@ -189,7 +190,7 @@ def _fake_harness(monkeypatch):
     fake.setup_arg_parser = setup_arg_parser
     fake.main = lambda argv=None: calls.append(argv)
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
-    monkeypatch.setattr(cli, "BENCH_ENTRY", f"{fake.__name__}:main")
+    monkeypatch.setattr(cli_bench, "BENCH_ENTRY", f"{fake.__name__}:main")
     return calls
 
 

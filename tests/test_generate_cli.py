@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from mlx_spec.cli.generate import main
 from mlx_spec.engine import speculative_generate_step
-from mlx_spec.generation import main
 
 REPO = Path(__file__).resolve().parent.parent
 

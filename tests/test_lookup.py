@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from mlx_spec.lookup import NGramIndex, build_token_tree
+from mlx_spec.drafters.ngram import NGramIndex, build_token_tree
 
 
 def brute_force_propose(seq, ngram_min, ngram_max, max_occ, max_len, max_cand):

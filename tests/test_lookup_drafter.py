@@ -10,8 +10,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
-from mlx_spec.drafters import RoundState
-from mlx_spec.lookup import LookupDrafter, extend_periodic, make_lookup_drafter
+from mlx_spec.drafters.base import RoundState
+from mlx_spec.drafters.lookup import LookupDrafter, make_lookup_drafter
+from mlx_spec.drafters.ngram import extend_periodic
 from mlx_spec.models import CachedModel
 from mlx_spec.sampling import SamplingParams, processed_logprobs
 

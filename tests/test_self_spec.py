@@ -9,15 +9,10 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
-from mlx_spec.drafters import (
-    DRAFTER_FACTORIES,
-    Proposal,
-    RoundState,
-    best_gamma,
-    expected_speedup,
-)
-from mlx_spec.models import CachedModel, KVSettings
-from mlx_spec.self_spec import (
+from mlx_spec.costs import best_gamma, expected_speedup
+from mlx_spec.drafters.base import Proposal, RoundState
+from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
+from mlx_spec.drafters.self_spec import (
     CHECK_ROUNDS,
     SelfDrafter,
     _masked_forward_ready,
@@ -30,6 +25,7 @@ from mlx_spec.self_spec import (
     make_self_drafter,
     running_layers,
 )
+from mlx_spec.models import CachedModel, KVSettings
 from mlx_spec.testing import ARCHITECTURES, make_checkpoint
 
 PROMPTS = ["def fibonacci(n):", "class Parser:\n    def __init__(self"]
@@ -168,7 +164,7 @@ def test_no_draft_when_no_skip_set_pays(deep, monkeypatch):
 
 
 def test_every_call_searches_afresh(deep, monkeypatch):
-    from mlx_spec import self_spec
+    from mlx_spec.drafters import self_spec
 
     model, tokenizer = deep("llama")
     calls = []
@@ -188,7 +184,7 @@ def test_every_call_searches_afresh(deep, monkeypatch):
 
 
 def test_drafting_stops_when_measured_acceptance_does_not_pay(deep, monkeypatch):
-    from mlx_spec import self_spec
+    from mlx_spec.drafters import self_spec
 
     model, tokenizer = deep("qwen3")
     # A search that overestimates: random blocks are far from identities.

@@ -23,10 +23,10 @@ import mlx_lm
 import pytest
 from openai import OpenAI
 
-from mlx_spec import server as server_module
 from mlx_spec.config import METHODS
 from mlx_spec.integration import plan_method
-from mlx_spec.server import STATS_FIELD, SpecServer, main, setup_arg_parser
+from mlx_spec.serve import server as server_module
+from mlx_spec.serve.server import STATS_FIELD, SpecServer, main, setup_arg_parser
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 from mlx_lm.models.rope_utils import DynamicNTKScalingRoPE
 
-from mlx_spec.tree import (
+from mlx_spec.attention.tree import (
     SUPPORTED_ARCHITECTURES,
     Tree,
     commit_path,

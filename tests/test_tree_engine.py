@@ -11,8 +11,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats
 from mlx_spec.acceptance import tree_accept
+from mlx_spec.attention.tree import Tree, tree_forward
 from mlx_spec.engine import speculative_events
-from mlx_spec.tree import Tree, tree_forward
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]
 SHAPES = [
@@ -203,7 +203,7 @@ def test_tree_quantizes_the_target_cache_once_it_reaches_the_start(
     takes it past quantized_kv_start, as mlx_lm's decoding does."""
     from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-    import mlx_spec.engine as engine
+    import mlx_spec.verify as verify
 
     model, draft, tokenizer = wide_pair
     ids = tokenizer.encode("def fibonacci(n):")
@@ -215,7 +215,7 @@ def test_tree_quantizes_the_target_cache_once_it_reaches_the_start(
             seen.append((cache[0].offset, type(cache[0])))
         return tree_forward(model_, cache, tree, **kw)
 
-    monkeypatch.setattr(engine, "tree_forward", spy)
+    monkeypatch.setattr(verify, "tree_forward", spy)
     config = SpecConfig(method="tree", max_tokens=30, adaptive=False)
     events = speculative_events(
         mx.array(ids),

@@ -14,11 +14,12 @@ import pytest
 from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
 from mlx_lm.models import llama
 
-from mlx_spec import SpecConfig, SpecStats, tree_drafter
-from mlx_spec.drafters import RoundState
+from mlx_spec import SpecConfig, SpecStats
+from mlx_spec.drafters import tree as tree_drafter
+from mlx_spec.drafters.base import RoundState
+from mlx_spec.drafters.tree import TreeDrafter, select_budget, top_children
 from mlx_spec.engine import speculative_events
 from mlx_spec.models import CachedModel, KVSettings
-from mlx_spec.tree_drafter import TreeDrafter, select_budget, top_children
 
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5]

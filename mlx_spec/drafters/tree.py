@@ -22,10 +22,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from .drafters import ModelDrafter, Proposal, RoundState, align_vocab
-from .models import CachedModel
-from .sampling import normalize
-from .tree import Tree, commit_path, prepare_tree_model, tree_forward
+from ..attention.tree import Tree, commit_path, prepare_tree_model, tree_forward
+from ..models import CachedModel
+from ..sampling import normalize
+from .base import Proposal, RoundState, align_vocab
+from .model import ModelDrafter, make_model_drafter
 
 # The candidate pool is cut back to the best ``budget`` nodes whenever it
 # exceeds ``POOL_CAP * budget`` (cutting is exact: a node outside the best
@@ -283,10 +284,8 @@ class TreeDrafter(ModelDrafter):
 
 
 def make_tree_drafter(config, target, draft_model, cache, kv, vocab_size):
-    from .drafters import _make_model_drafter
-
     prepare_tree_model(target.model)
-    base = _make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
+    base = make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
     drafter = TreeDrafter(
         base.draft,
         vocab_size,

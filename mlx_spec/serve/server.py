@@ -21,7 +21,7 @@ model provider and its prompt cache. What changes:
   is processed, as mlx_lm's do.
 """
 
-from . import ensure_fast_blas
+from .. import ensure_fast_blas
 
 ensure_fast_blas()
 
@@ -47,12 +47,16 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from .cli import add_speculative_options, method_option_fields, method_options
-from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
-from .generation import stream_generate
-from .integration import history_kwargs, plan_method
-from .loading import check_draft_tokenizer, default_model_pair, load_model
-from .sampling import make_sampler
+from ..cli.options import (
+    add_speculative_options,
+    method_option_fields,
+    method_options,
+)
+from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
+from ..generation import stream_generate
+from ..integration import history_kwargs, plan_method
+from ..loading import check_draft_tokenizer, default_model_pair, load_model
+from ..sampling import make_sampler
 
 # Methods that run a draft model next to the target (their prompt caches
 # hold the target's layers followed by the draft's).

@@ -374,11 +374,12 @@ class _TreeCacheView:
         return self._mask
 
 
-def _model_type(model: nn.Module) -> str:
-    model_type = getattr(model, "model_type", None)
-    if model_type is None and hasattr(model, "args"):
-        model_type = getattr(model.args, "model_type", None)
-    return str(model_type)
+def model_type(model: nn.Module) -> str:
+    """The ``model_type`` of an mlx-lm model, as in its ``config.json``."""
+    name = getattr(model, "model_type", None)
+    if name is None and hasattr(model, "args"):
+        name = getattr(model.args, "model_type", None)
+    return str(name)
 
 
 def prepare_tree_model(model: nn.Module) -> nn.Module:
@@ -398,16 +399,16 @@ def prepare_tree_model(model: nn.Module) -> nn.Module:
         ValueError: for another architecture, a sliding-window layer or a
             rope variant that cannot take per-token positions.
     """
-    model_type = _model_type(model)
-    if model_type not in SUPPORTED_ARCHITECTURES:
+    kind = model_type(model)
+    if kind not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
-            f"Tree attention does not support the '{model_type}' architecture "
+            f"Tree attention does not support the '{kind}' architecture "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
         )
     for layer in model.layers:
         if getattr(layer, "use_sliding", False):
             raise ValueError(
-                f"Tree attention does not support sliding-window layers ({model_type})."
+                f"Tree attention does not support sliding-window layers ({kind})."
             )
         attn = layer.self_attn
         if isinstance(attn.rope, TreeRoPE):

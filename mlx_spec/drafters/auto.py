@@ -7,15 +7,17 @@ one arm; an arm's worth is its tokens per unit of cost (an exponential
 moving average of emitted tokens over the round's cost), and an occasional
 round explores the others. The cost is wall time under greedy decoding and
 a fixed cost model when sampling (so a seed always gives the same text); see
-``engine.RoundPlanner``. Every arm is exact on its own and the choice
+``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds, so the output stays exact.
 """
 
 import random
 from typing import Dict, List, Optional
 
-from .drafters import Proposal, RoundState
-from .models import CachedModel
+from ..models import CachedModel
+from .base import Proposal, RoundState
+from .lookup import make_lookup_drafter
+from .model import make_model_drafter
 
 EXPLORE = 0.05
 WARMUP_ROUNDS = 2
@@ -169,19 +171,20 @@ class LookupThenDraft:
 
 
 def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab_size):
-    from .drafters import _make_model_drafter
-    from .lookup import make_lookup_drafter
-
     arms: Dict[str, object] = {}
     if draft_model is not None:
-        from .tree import SUPPORTED_ARCHITECTURES, _model_type
-        from .tree_drafter import TreeDrafter, prepare_tree_model
+        from ..attention.tree import (
+            SUPPORTED_ARCHITECTURES,
+            model_type,
+            prepare_tree_model,
+        )
+        from .tree import TreeDrafter
 
-        chain = _make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
+        chain = make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
         arms["draft"] = chain
         tree_ok = (
-            _model_type(target.model) in SUPPORTED_ARCHITECTURES
-            and _model_type(draft_model) in SUPPORTED_ARCHITECTURES
+            model_type(target.model) in SUPPORTED_ARCHITECTURES
+            and model_type(draft_model) in SUPPORTED_ARCHITECTURES
         )
         if tree_ok:
             prepare_tree_model(target.model)

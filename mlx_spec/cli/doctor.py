@@ -5,7 +5,7 @@ matmuls to, whether OpenBLAS was preloaded, and a measured float32 matmul
 throughput.
 """
 
-from . import ensure_fast_blas
+from .. import ensure_fast_blas
 
 ensure_fast_blas()
 
@@ -17,9 +17,9 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from . import __version__
-from ._blas import _state as _blas_state
-from ._blas import blas_in_use, preload_in_environment
+from .. import __version__
+from .._blas import _state as _blas_state
+from .._blas import blas_in_use, preload_in_environment
 
 DEFAULT_SIZE = 1024
 DEFAULT_REPS = 5

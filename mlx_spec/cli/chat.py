@@ -10,7 +10,7 @@ completion model) run in plain continuation mode: each input is appended
 to the text so far and the model continues it.
 """
 
-from . import ensure_fast_blas
+from .. import ensure_fast_blas
 
 ensure_fast_blas()
 
@@ -23,11 +23,11 @@ from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
-from .cli import add_speculative_options, method_options
-from .config import SpecConfig
-from .generation import stream_generate
-from .integration import history_kwargs, plan_method
-from .loading import default_model_pair, load_pair
+from ..config import SpecConfig
+from ..generation import stream_generate
+from ..integration import history_kwargs, plan_method
+from ..loading import default_model_pair, load_pair
+from .options import add_speculative_options, method_options
 
 DRAFT_METHODS = ("draft", "tree")
 HELP = "commands: q exit, r reset the conversation, h help"
@@ -96,7 +96,7 @@ class Chat:
                 xtc_special_tokens=special,
             )
         else:
-            from .sampling import make_sampler
+            from ..sampling import make_sampler
 
             self.sampler = make_sampler(
                 args.temp, args.top_p if 0 < args.top_p < 1 else 1.0

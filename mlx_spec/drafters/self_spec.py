@@ -55,15 +55,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .drafters import (
+from ..costs import best_gamma, weight_bytes
+from .base import (
     Proposal,
     RoundState,
     align_vocab,
-    best_gamma,
+    check_no_drafter_cache,
     confident,
-    weight_bytes,
 )
-from .lookup import check_no_drafter_cache
 
 # Prompt tokens the layer search looks at (the last ones).
 DEFAULT_SEARCH_TOKENS = 64
@@ -175,7 +174,7 @@ def _rerun_tail(model: nn.Module, cache: List, tail: mx.array) -> mx.array:
     as a draft step at that position does. The caller trims the cache back
     to ``S``. Returns the model output ``(P, V)``.
     """
-    from .tree import masked_forward
+    from ..attention.tree import masked_forward
 
     size, num = cache[0].offset, tail.shape[0]
     start = size - num
@@ -234,7 +233,7 @@ def context_influence(
     context already in the target's ``cache`` (unchanged on return), so no
     separate forward of a window without its context is needed.
     """
-    from .tree import prepare_tree_model
+    from ..attention.tree import prepare_tree_model
 
     prepare_tree_model(model)
     size = cache[0].offset
@@ -253,7 +252,7 @@ def context_influence(
 
 def _masked_forward_ready(model: nn.Module, cache: List) -> bool:
     """Whether tree attention can run ``model`` on ``cache`` (prepares it if so)."""
-    from .tree import prepare_tree_model
+    from ..attention.tree import prepare_tree_model
 
     if any(type(c) is not KVCache for c in cache):
         return False
@@ -619,7 +618,7 @@ class SelfDrafter:
 def make_self_drafter(
     config, target, draft_model, cache, kv, vocab_size
 ) -> SelfDrafter:
-    """Drafter factory for ``--speculative self`` (see ``drafters.DRAFTER_FACTORIES``).
+    """Drafter factory for ``--speculative self`` (see ``registry.FACTORIES``).
 
     ``config.skip_layers`` (if the config has it) fixes the skipped blocks;
     otherwise they are chosen on the prompt. A draft model, if given, is not used.

@@ -1,4 +1,4 @@
-"""Prompt lookup: an incremental n-gram index over the prompt and the output.
+"""An incremental n-gram index over a growing token sequence (prompt lookup's store).
 
 The proposer matches the last ``n`` tokens of the context (prompt plus
 accepted output), for ``n`` from ``ngram_max`` down to ``ngram_min``, against
@@ -38,7 +38,7 @@ MAX_CANDIDATES_LIMIT = 64
 MAX_OCCURRENCES_LIMIT = 1024
 
 
-def _check_int(name: str, value, low: int, high: int) -> int:
+def check_int(name: str, value, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int in [{low}, {high}], got {value!r}")
     if not low <= value <= high:
@@ -75,9 +75,9 @@ class NGramIndex:
         ngram_max: int = DEFAULT_NGRAM_MAX,
         max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
     ):
-        self.ngram_max = _check_int("ngram_max", ngram_max, 1, NGRAM_LIMIT)
-        self.ngram_min = _check_int("ngram_min", ngram_min, 1, ngram_max)
-        self.max_occurrences = _check_int(
+        self.ngram_max = check_int("ngram_max", ngram_max, 1, NGRAM_LIMIT)
+        self.ngram_min = check_int("ngram_min", ngram_min, 1, ngram_max)
+        self.max_occurrences = check_int(
             "max_occurrences", max_occurrences, 1, MAX_OCCURRENCES_LIMIT
         )
         self.ops = 0
@@ -146,8 +146,8 @@ class NGramIndex:
             list[list[int]]: Up to ``max_candidates`` distinct, non-empty
             continuations, best first; empty when nothing matches.
         """
-        _check_int("max_len", max_len, 1, MAX_LEN_LIMIT)
-        _check_int("max_candidates", max_candidates, 1, MAX_CANDIDATES_LIMIT)
+        check_int("max_len", max_len, 1, MAX_LEN_LIMIT)
+        check_int("max_candidates", max_candidates, 1, MAX_CANDIDATES_LIMIT)
         seq = self._tokens
         length = len(seq)
         out: List[List[int]] = []
@@ -201,7 +201,7 @@ def build_token_tree(
         root. Topological: ``parents[i] < i``.
     """
     if max_nodes is not None:
-        _check_int("max_nodes", max_nodes, 0, 1 << 30)
+        check_int("max_nodes", max_nodes, 0, 1 << 30)
     tokens: List[int] = []
     parents: List[int] = []
     children: Dict[Tuple[int, int], int] = {}
@@ -223,8 +223,6 @@ def build_token_tree(
 # --------------------------------------------------------------------------- #
 # The drafter plugged into the engine (``--speculative lookup``).
 
-DEFAULT_LOOKUP_DRAFT_TOKENS = 8
-
 
 def extend_periodic(continuation: Sequence[int], max_len: int) -> List[int]:
     """Extend a continuation cut short by the end of the context, as an overlapping copy.
@@ -239,135 +237,3 @@ def extend_periodic(continuation: Sequence[int], max_len: int) -> List[int]:
     if out and len(out) < max_len:
         out = (out * (max_len // len(out) + 1))[:max_len]
     return out
-
-
-class LookupDrafter:
-    """Prompt lookup as a drafter: no model, no cache.
-
-    Each round the index is extended with the tokens accepted since the last
-    round (read from ``state.seq``; never rescanned) and proposes the
-    continuation of the longest, most recent n-gram match (a continuation
-    that reaches the end of the context is extended periodically, see
-    :func:`extend_periodic`). Proposals are
-    point masses (``Proposal.logprobs is None``), which the engine's
-    acceptance handles exactly. With no match the proposal is empty and the
-    round is a plain target step.
-
-    Args:
-        ngram_min, ngram_max: n-gram lengths to match, longest first.
-        max_candidates: Continuations per round. ``1`` proposes a chain;
-          more are merged by :func:`build_token_tree` into one token tree.
-        max_len: Longest continuation in tree mode (a chain takes the
-          engine's draft length). Default: ``8``.
-    """
-
-    name = "lookup"
-
-    def __init__(
-        self,
-        *,
-        ngram_min: int = DEFAULT_NGRAM_MIN,
-        ngram_max: int = DEFAULT_NGRAM_MAX,
-        max_candidates: int = DEFAULT_MAX_CANDIDATES,
-        max_len: int = DEFAULT_LOOKUP_DRAFT_TOKENS,
-        max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
-    ):
-        _check_int("max_candidates", max_candidates, 1, MAX_CANDIDATES_LIMIT)
-        _check_int("max_len", max_len, 1, MAX_LEN_LIMIT)
-        self.index = NGramIndex(
-            ngram_min=ngram_min, ngram_max=ngram_max, max_occurrences=max_occurrences
-        )
-        self.max_candidates = max_candidates
-        self.max_len = max_len
-        self.is_tree = max_candidates > 1
-        self.history = 0  # tokens indexed from before this call
-        self.step_cost = 0.0  # host-side n-gram matching; no forward
-
-    def chain_only(self):
-        """Propose chains only (logits processors need one history per position)."""
-        self.max_candidates = 1
-        self.is_tree = False
-
-    def prefill(self, tokens, step_size: int):
-        """Nothing to do: the index reads the prompt from the first round's state."""
-
-    def add_history(self, tokens: Sequence[int]):
-        """Index tokens from before this call (earlier turns in the cache)."""
-        self.index.extend(tokens)
-        self.history = len(tokens)
-
-    def _catch_up(self, seq: List[int]):
-        # seq only grows within a call, so the new tokens are its tail.
-        seen = len(self.index) - self.history
-        if len(seq) > seen:
-            self.index.extend(seq[seen:])
-
-    def propose(self, state, gamma: int):
-        """Propose up to ``gamma`` tokens (chain) or ``gamma`` tree nodes.
-
-        Returns:
-            Proposal: ``tokens`` ``(N,)`` with ``N <= gamma`` (``0`` when
-            nothing matches), ``logprobs=None``, and ``parents`` for a tree
-            that branches (``None`` for a chain).
-        """
-        import mlx.core as mx
-
-        from .drafters import Proposal
-
-        self._catch_up(state.seq)
-        if gamma < 1:
-            return Proposal(mx.array([], mx.uint32), None)
-        if not self.is_tree:
-            max_len = min(gamma, MAX_LEN_LIMIT)
-            cands = self.index.propose(max_len=max_len, max_candidates=1)
-            chain = extend_periodic(cands[0], max_len) if cands else []
-            return Proposal(mx.array(chain, mx.uint32), None)
-        max_len = min(self.max_len, gamma)
-        cands = self.index.propose(max_len=max_len, max_candidates=self.max_candidates)
-        cands = [extend_periodic(c, max_len) for c in cands]
-        tokens, parents = build_token_tree(cands, max_nodes=gamma)
-        if all(p == i - 1 for i, p in enumerate(parents)):
-            return Proposal(mx.array(tokens, mx.uint32), None)
-        return Proposal(mx.array(tokens, mx.uint32), None, parents=parents)
-
-    def commit(self, state, proposal, num_accepted: int, path=None):
-        """Nothing to rewind: accepted tokens reach the index via ``state.seq``."""
-
-    def caches(self) -> List:
-        return []
-
-    def sync(self, seq: List[int], base: int):
-        """No cache to bring up to date."""
-
-
-def check_no_drafter_cache(cache, method: str):
-    """Draft-free methods keep no cache of their own in ``prompt_cache``."""
-    if cache:
-        raise ValueError(
-            f"--speculative {method} keeps no draft cache, but prompt_cache holds "
-            f"{len(cache)} entries beyond the target's layers; build it as "
-            "make_prompt_cache(model)."
-        )
-
-
-def make_lookup_drafter(
-    config, target, draft_model, cache, kv, vocab_size
-) -> LookupDrafter:
-    """Drafter factory for ``--speculative lookup`` (see ``drafters.DRAFTER_FACTORIES``).
-
-    Uses ``config.ngram_min``/``ngram_max``; ``config.lookup_candidates > 1``
-    proposes token trees of up to ``config.tree_budget`` nodes (the target is
-    prepared for tree attention). A draft model, if given, is not used.
-    """
-    check_no_drafter_cache(cache, "lookup")
-    candidates = getattr(config, "lookup_candidates", DEFAULT_MAX_CANDIDATES)
-    if candidates > 1:
-        from .tree import prepare_tree_model
-
-        prepare_tree_model(target.model)
-    return LookupDrafter(
-        ngram_min=config.ngram_min,
-        ngram_max=config.ngram_max,
-        max_candidates=candidates,
-        max_len=max(config.num_draft_tokens, 1),
-    )

@@ -1,0 +1,70 @@
+"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|bench|doctor``.
+
+Like the ``mlx_lm`` umbrella, the first argument picks a subcommand whose
+``main()`` then parses the rest. Each subcommand is also its own console
+script (``mlx_spec.generate``, ``mlx_spec.server``, ...). The flags they
+share live in :mod:`mlx_spec.cli.options`.
+"""
+
+import importlib
+import sys
+from typing import List, Optional
+
+# Subcommand -> "module:function", imported only when chosen.
+SUBCOMMANDS = {
+    "generate": "mlx_spec.cli.generate:main",
+    "server": "mlx_spec.serve.server:main",
+    "chat": "mlx_spec.cli.chat:main",
+    "bench": "mlx_spec.cli.bench:bench_main",
+    "doctor": "mlx_spec.cli.doctor:main",
+}
+
+
+def _load(entry: str):
+    module, function = entry.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def _usage() -> str:
+    lines = ["usage: mlx_spec {" + ",".join(SUBCOMMANDS) + "} ...", ""]
+    lines.append("Exact speculative decoding for MLX / mlx-lm. Subcommands:")
+    described = {
+        "generate": "generate text (a superset of mlx_lm.generate)",
+        "server": "OpenAI-compatible HTTP server (a superset of mlx_lm.server)",
+        "chat": "interactive terminal chat (like mlx_lm.chat)",
+        "bench": "benchmarks of the speculative methods",
+        "doctor": "check the platform, the mlx device and the BLAS in use",
+    }
+    for name in SUBCOMMANDS:
+        lines.append(f"  {name:10s}{described[name]}")
+    lines.append("")
+    lines.append(
+        "Pass --help to a subcommand for its options, e.g. mlx_spec generate --help"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None):
+    """Dispatch ``mlx_spec SUBCOMMAND [ARGS...]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from .. import __version__
+
+        print(__version__)
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(_usage(), file=sys.stderr)
+        sys.exit(f"mlx_spec: error: unknown subcommand '{name}'")
+    # Subcommands parse sys.argv; make it look like their own console script.
+    sys.argv = [f"mlx_spec {name}", *rest]
+    result = _load(SUBCOMMANDS[name])(rest)
+    # Console scripts exit with main()'s value: only pass on exit codes.
+    return result if isinstance(result, int) else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

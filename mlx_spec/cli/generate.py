@@ -1,0 +1,176 @@
+"""The ``mlx_spec.generate`` command: ``mlx_lm.generate``'s flags and output,
+plus ``--speculative``, the method options and the speculation statistics."""
+
+import argparse
+import json
+import sys
+from typing import List
+
+import mlx.core as mx
+from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
+
+from ..config import DEFAULT_NUM_DRAFT_TOKENS
+from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
+from ..loading import check_draft_tokenizer, default_model_pair, load_model
+from .options import add_speculative_options, method_options
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    """mlx_lm.generate's parser plus the speculative options."""
+    parser = mlx_lm_arg_parser()
+    parser.prog = "mlx_spec.generate"
+    parser.description = (
+        "Speculative text generation with MLX (a superset of mlx_lm.generate)."
+    )
+    parser.set_defaults(
+        num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS,
+        max_tokens=DEFAULT_MAX_TOKENS,
+        prefill_step_size=512,
+    )
+    for action in parser._actions:
+        if action.dest == "model":
+            action.help = (
+                "The path to the local model directory or Hugging Face repo. Default: "
+                "the embedded default pair in models/ (with its draft)."
+            )
+        if action.dest == "num_draft_tokens":
+            action.help = f"Draft tokens per round, 1 to 64 (default: {DEFAULT_NUM_DRAFT_TOKENS})."
+    group = add_speculative_options(parser)
+    group.add_argument(
+        "--stats-json",
+        default=None,
+        metavar="PATH",
+        help="Write the speculation statistics as JSON to PATH.",
+    )
+    group.add_argument(
+        "--profile",
+        action="store_true",
+        help="Split round time into drafting and verification (adds a sync per round).",
+    )
+    return parser
+
+
+def _check_args(args):
+    if args.max_tokens < 1:
+        raise ValueError(
+            f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
+        )
+    if args.temp < 0:
+        raise ValueError(
+            f"--temp={args.temp} is out of range: temp >= 0 (0 is greedy)."
+        )
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p={args.top_p} is out of range: 0 < top_p <= 1.")
+    if not 1 <= args.num_draft_tokens <= 64:
+        raise ValueError(
+            f"--num-draft-tokens={args.num_draft_tokens} is out of range: an integer from 1 to 64."
+        )
+    if args.xtc_probability > 0:
+        raise ValueError(
+            "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
+        )
+    if args.image:
+        raise ValueError("--image is not supported by mlx_spec; use mlx_lm.generate.")
+    if args.prompt_cache_file:
+        raise ValueError(
+            "--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate."
+        )
+
+
+def _build_prompt(args, tokenizer) -> List[int]:
+    prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
+    prompt = sys.stdin.read() if prompt == "-" else prompt
+    if not prompt:
+        raise ValueError(
+            "the prompt is empty; pass --prompt TEXT (or - to read stdin)."
+        )
+    use_chat_template = not args.ignore_chat_template and tokenizer.has_chat_template
+    if use_chat_template:
+        messages = []
+        if args.system_prompt is not None:
+            messages.append({"role": "system", "content": args.system_prompt})
+        messages.append({"role": "user", "content": prompt})
+        has_prefill = args.prefill_response is not None
+        if has_prefill:
+            messages.append({"role": "assistant", "content": args.prefill_response})
+        template_kwargs = {}
+        if args.chat_template_config is not None:
+            try:
+                template_kwargs = json.loads(args.chat_template_config)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"--chat-template-config is not valid JSON ({e.msg})."
+                ) from None
+        prompt = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            continue_final_message=has_prefill,
+            add_generation_prompt=not has_prefill,
+            **template_kwargs,
+        )
+    return tokenizer.encode(prompt, add_special_tokens=not use_chat_template)
+
+
+def run(args) -> str:
+    _check_args(args)
+    model_path, draft_path = args.model, args.draft_model
+    if model_path is None:
+        model_path, default_draft = default_model_pair()
+        if draft_path is None and args.speculative not in ("none",):
+            draft_path = default_draft
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    model, tokenizer = load_model(
+        model_path,
+        "model",
+        tokenizer_config={"trust_remote_code": args.trust_remote_code},
+    )
+    for eos_token in args.extra_eos_token:
+        tokenizer.add_eos_token(eos_token)
+    draft_model = None
+    if draft_path is not None:
+        draft_model, draft_tokenizer = load_model(draft_path, "draft model")
+        check_draft_tokenizer(tokenizer, draft_tokenizer)
+    prompt = _build_prompt(args, tokenizer)
+    stream = stream_generate(
+        model,
+        tokenizer,
+        prompt,
+        draft_model,
+        speculative=args.speculative,
+        temp=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        min_tokens_to_keep=args.min_tokens_to_keep,
+        max_tokens=args.max_tokens,
+        max_kv_size=args.max_kv_size,
+        prefill_step_size=args.prefill_step_size,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
+        profile=args.profile,
+        **method_options(args),
+    )
+    text = collect_text(stream, args.verbose)
+    if not args.verbose:
+        print(text)
+    if args.stats_json:
+        with open(args.stats_json, "w") as f:
+            json.dump(stream.stats.as_dict(), f, indent=2)
+    return text
+
+
+def main(argv=None):
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The speculative flags every command shares (``--speculative``, ``--tree-budget``, ...).
+
+One flag per method option of :class:`~mlx_spec.config.SpecConfig`, so new
+options of later methods become flags (and server request fields) without
+further changes. This module imports only the configuration, so every
+command can use it.
+"""
+
+import argparse
+import dataclasses
+from typing import Dict, List, Optional
+
+from ..config import METHODS, SpecConfig, resolve_method
+
+# SpecConfig fields that are not method options (sampling, length, timing).
+GENERAL_FIELDS = (
+    "method",
+    "temp",
+    "top_p",
+    "top_k",
+    "min_p",
+    "min_tokens_to_keep",
+    "max_tokens",
+    "seed",
+    "profile",
+)
+OPTION_HELP = {
+    "num_draft_tokens": "Draft tokens per round, 1 to 64",
+    "tree_budget": "tree: maximum tree nodes verified per round",
+    "tree_top_k": "tree: children per node, 1 to 16",
+    "tree_depth": "tree: maximum tree depth",
+    "tree_choices": 'tree: a static tree as JSON index paths, e.g. "[[0], [1], [0, 0]]"',
+    "ngram_min": "lookup: shortest n-gram to match",
+    "ngram_max": "lookup: longest n-gram to match",
+    "lookup_candidates": "lookup: matches verified together as one token tree (1 = a chain)",
+    "adaptive": "Choose the draft length or tree size per round from measured "
+    "acceptance and costs",
+    "draft_p_min": "Stop drafting when the draft's top probability drops below it, "
+    "like llama.cpp's --draft-p-min (one host sync per draft step; 0 = off)",
+}
+
+
+def method_option_fields() -> List[dataclasses.Field]:
+    """The :class:`SpecConfig` fields that configure a method (not sampling).
+
+    New fields of later methods show up here, as command-line flags and as
+    server request fields, without further changes.
+    """
+    return [f for f in dataclasses.fields(SpecConfig) if f.name not in GENERAL_FIELDS]
+
+
+def method_option_names() -> List[str]:
+    return [f.name for f in method_option_fields()]
+
+
+def add_speculative_options(
+    parser: argparse.ArgumentParser,
+    *,
+    speculative_default: Optional[str] = None,
+    include_method: bool = True,
+) -> argparse._ArgumentGroup:
+    """Add ``--speculative`` and every method option that ``parser`` lacks.
+
+    One flag per :func:`method_option_fields` entry (``--num-draft-tokens``,
+    ``--tree-budget``, ...), with the :class:`SpecConfig` default; booleans
+    get ``--flag/--no-flag``. Flags the parser already has are kept as is.
+
+    Args:
+        parser: The parser to extend.
+        speculative_default: Default of ``--speculative``. Default: ``None``
+          (the best method for the models given).
+        include_method: Add ``--speculative`` too. Default: ``True``.
+
+    Returns:
+        The argument group that holds the options.
+    """
+    existing = {action.dest for action in parser._actions}
+    group = parser.add_argument_group("speculative decoding")
+    if include_method and "speculative" not in existing:
+        group.add_argument(
+            "--speculative",
+            choices=METHODS,
+            default=speculative_default,
+            metavar="METHOD",
+            help=f"Speculative method, one of: {', '.join(METHODS)} "
+            f"(default: {speculative_default or resolve_method(None, None)}).",
+        )
+    for f in method_option_fields():
+        if f.name in existing:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        text = OPTION_HELP.get(f.name, f.name.replace("_", " ").capitalize())
+        if isinstance(f.default, bool):
+            state = "on" if f.default else "off"
+            group.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=f"{text} (default: {state}).",
+            )
+        elif isinstance(f.default, (int, float)):
+            group.add_argument(
+                flag,
+                type=type(f.default),
+                default=f.default,
+                help=f"{text} (default: {f.default}).",
+            )
+        else:
+            group.add_argument(
+                flag,
+                default=f.default,
+                metavar="JSON",
+                help=f"{text} (default: {f.default}).",
+            )
+    return group
+
+
+def method_options(args: argparse.Namespace) -> Dict[str, object]:
+    """The method options found in parsed ``args``, ready for ``SpecConfig``."""
+    return {
+        name: getattr(args, name)
+        for name in method_option_names()
+        if hasattr(args, name)
+    }

@@ -1,0 +1,134 @@
+"""The interface every drafter shares, and what a round tells it.
+
+A drafter has one small interface (as vLLM's proposers do):
+
+- ``prefill(tokens, step_size)`` sees the new prompt tokens;
+- ``propose(state, size)`` returns a :class:`Proposal`, lazily evaluated;
+- ``commit(state, proposal, num_accepted, path)`` keeps what the accepted
+  tokens made valid;
+- ``caches()`` lists the caches it keeps in the caller's ``prompt_cache``;
+- ``sync(seq, base)`` brings those caches up to date when generation ends.
+
+Optional hooks the engine looks for: ``add_history(tokens)`` (earlier turns),
+``chain_only()`` (logits processors need chains), ``report(stats)``,
+``drafts_nothing(size, seq_len)`` (a round it knows drafts nothing),
+``acceptance_estimate`` and ``step_cost`` (the adaptive controller's start),
+and ``select()`` / ``observe(emitted, cost)`` for a drafter that picks one
+of several arms per round (``auto``).
+"""
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Protocol, Union
+
+import mlx.core as mx
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one round.
+
+    Attributes:
+        tokens: Proposed tokens, shape ``(γ,)``.
+        logprobs: The processed law each token was drawn from, ``(γ, V)``;
+          ``None`` for deterministic proposals (point masses).
+        forwards: Draft-model forward passes spent.
+        parents: ``None`` for a chain; for a tree, ``(N,)`` parent of each
+          node in topological order, ``-1`` for children of the root (the
+          last accepted token). Tree children must be chosen without the
+          target's help (top-k, static shapes, lookup) and be distinct among
+          siblings.
+    """
+
+    tokens: mx.array
+    logprobs: Optional[mx.array]
+    forwards: int = 0
+    parents: Optional[Union[List[int], mx.array]] = None
+    # Optional ``(K,)`` int32 the drafter wants back on the host after the
+    # round's sync (e.g. which tree nodes its cache holds): ``sync_values``.
+    sync_data: Optional[mx.array] = None
+    sync_values: Optional[List[int]] = None
+    # Seconds of one-off work in this round (a layer search), which the
+    # adaptive controller leaves out of the round's cost.
+    setup_time: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def empty_proposal() -> Proposal:
+    """A round that drafts nothing (a plain target step)."""
+    return Proposal(mx.array([], mx.uint32), None)
+
+
+@dataclass
+class RoundState:
+    """What a drafter may read about the sequence at the start of a round.
+
+    Attributes:
+        seq: Every token of this call (prompt and generated); the last one
+          is the pending input of the target.
+        base: Cache offset before this call's prompt (earlier turns).
+        choose: Maps processed-by-processors logprobs ``(1, V)`` and the draft
+          history to ``(token (1,), law (1, V) or None)``.
+    """
+
+    seq: List[int]
+    base: int
+    choose: Callable
+
+
+class Drafter(Protocol):
+    """What the engine calls on every drafter (see the module docstring)."""
+
+    name: str
+    is_tree: bool
+    step_cost: float
+
+    def prefill(self, tokens: mx.array, step_size: int) -> None: ...
+
+    def propose(self, state: RoundState, size: int) -> Proposal: ...
+
+    def commit(
+        self,
+        state: RoundState,
+        proposal: Proposal,
+        num_accepted: int,
+        path: Optional[List[int]] = None,
+    ) -> None: ...
+
+    def caches(self) -> List: ...
+
+    def sync(self, seq: List[int], base: int) -> None: ...
+
+
+def confident(logits: mx.array, p_min: float) -> bool:
+    """Whether the draft's top probability in ``logits`` ``(1, V)`` is >= ``p_min``.
+
+    Like llama.cpp's ``--draft-p-min``; it costs one host sync, so ``p_min``
+    0 (off) skips it.
+    """
+    if p_min <= 0:
+        return True
+    return mx.exp(logits.max() - mx.logsumexp(logits)).item() >= p_min
+
+
+def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:
+    """Cut or pad (with ``-inf``) the last axis to ``vocab_size``."""
+    width = logits.shape[-1]
+    if width == vocab_size:
+        return logits
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    pad = mx.full((*logits.shape[:-1], vocab_size - width), -mx.inf, logits.dtype)
+    return mx.concatenate([logits, pad], axis=-1)
+
+
+def check_no_drafter_cache(cache, method: str):
+    """Draft-free methods keep no cache of their own in ``prompt_cache``."""
+    if cache:
+        raise ValueError(
+            f"--speculative {method} keeps no draft cache, but prompt_cache holds "
+            f"{len(cache)} entries beyond the target's layers; build it as "
+            "make_prompt_cache(model)."
+        )

@@ -1,0 +1,100 @@
+"""``--speculative draft``: a small draft model run autoregressively, γ steps per round."""
+
+from typing import List
+
+import mlx.core as mx
+
+from ..costs import DRAFT_LATENCY, model_step_cost
+from ..models import CachedModel, cache_offset
+from .base import Proposal, RoundState, align_vocab, confident
+
+
+class ModelDrafter:
+    """A small draft model run autoregressively, γ steps per round.
+
+    With ``p_min > 0`` drafting stops early once the draft's top probability
+    falls below ``p_min`` (like llama.cpp's ``--draft-p-min``); that check
+    costs one host sync per draft token, so it is off by default.
+    """
+
+    name = "draft"
+
+    def __init__(
+        self,
+        draft: CachedModel,
+        vocab_size: int,
+        p_min: float = 0.0,
+        step_cost: float = DRAFT_LATENCY,
+    ):
+        self.draft = draft
+        self.vocab_size = vocab_size
+        self.p_min = p_min
+        self.step_cost = step_cost
+
+    def prefill(self, tokens: mx.array, step_size: int):
+        self.draft.prefill(tokens, step_size)
+
+    def pending(self, state: RoundState) -> List[int]:
+        """Tokens of ``seq`` the draft cache has not seen yet (1 or 2)."""
+        return state.seq[self.draft.offset - state.base :]
+
+    def propose(self, state: RoundState, gamma: int) -> Proposal:
+        inputs = mx.array(self.pending(state), mx.uint32)
+        tokens, laws = [], []
+        for i in range(gamma):
+            logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
+            token, law = state.choose(logits, tokens)
+            mx.async_eval(token)
+            tokens.append(token)
+            laws.append(law)
+            inputs = token
+            if i + 1 < gamma and not confident(logits, self.p_min):
+                break
+        logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
+
+    is_tree = False
+
+    def commit(
+        self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
+    ):
+        # The draft cache holds seq + d_1..d_{γ-1}; d_1..d_n stay valid.
+        keep = len(state.seq) + min(num_accepted, max(proposal.size - 1, 0))
+        self.draft.trim_to(state.base + keep)
+
+    def caches(self) -> List:
+        """The caches this drafter keeps in the caller's ``prompt_cache``."""
+        return self.draft.cache
+
+    def sync(self, seq: List[int], base: int):
+        """Make the draft cache hold exactly ``seq`` (used when generation ends)."""
+        self.draft.trim_to(base + len(seq))
+        missing = seq[self.draft.offset - base :]
+        if missing:
+            self.draft(mx.array(missing, mx.uint32))
+            mx.eval([c.state for c in self.draft.cache])
+
+
+def make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
+    if draft_model is None:
+        raise ValueError(
+            f"speculative method '{config.method}' needs a draft model (--draft-model)."
+        )
+    if cache is not None:
+        if not cache:
+            raise ValueError(
+                "prompt_cache holds only the target's caches; build it as "
+                "make_prompt_cache(model) + make_prompt_cache(draft_model)."
+            )
+        if cache_offset(cache) != target.offset:
+            raise ValueError(
+                f"prompt_cache is inconsistent: the target caches hold {target.offset} "
+                f"tokens and the draft caches {cache_offset(cache)}."
+            )
+    draft = CachedModel(draft_model, cache, kv, "draft model")
+    return ModelDrafter(
+        draft,
+        vocab_size,
+        p_min=config.draft_p_min,
+        step_cost=model_step_cost(draft_model, target.model),
+    )

@@ -1,0 +1,150 @@
+"""Round planning: the arm a round runs and its size, fixed or adaptive.
+
+The planner owns one :class:`~mlx_spec.adaptive.AdaptiveController` per arm
+and feeds it each round's acceptance and cost (wall time under greedy
+decoding, the fixed cost model of :mod:`mlx_spec.costs` when sampling).
+"""
+
+import time
+from typing import Tuple
+
+from .adaptive import AdaptiveController
+from .config import SpecConfig
+from .costs import VERIFY_SLOPE, best_gamma, static_round_cost
+
+
+class RoundPlanner:
+    """Which drafter (arm) runs each round, and its draft length or tree budget.
+
+    Fixed by default; with ``config.adaptive`` each arm gets its own
+    :class:`AdaptiveController`, fed with the arm's acceptance and the cost
+    of each round as a function of its verified width (draft steps,
+    verification and host work together, so no time is attributed by
+    guesswork and no extra sync is needed). Under greedy decoding that cost
+    is the round's wall time (the output cannot depend on it); when sampling
+    it comes from :func:`static_round_cost`, so a seed always gives the same
+    text.
+    """
+
+    def __init__(self, config: SpecConfig, drafter, timed: bool):
+        self.config = config
+        self.drafter = drafter
+        self.timed = timed
+        self.controllers = {}
+        self.arm = drafter
+        self.pending = None  # the last round, until its cost is known
+        self.planned = None  # the next round's (is_tree, size), once chosen
+        self.tic = 0.0
+
+    def _controller(self, arm):
+        if not self.config.adaptive:
+            return None
+        key = getattr(arm, "name", "drafter")
+        if key not in self.controllers:
+            self.controllers[key] = make_controller(self.config, arm)
+        return self.controllers[key]
+
+    def plan(self) -> Tuple[bool, int]:
+        """Pick the next round's arm and size ahead of its start (see :meth:`begin_round`)."""
+        if self.planned is None:
+            select = getattr(self.drafter, "select", None)
+            self.arm = select() if select is not None else self.drafter
+            is_tree = getattr(self.arm, "is_tree", False)
+            controller = self._controller(self.arm)
+            if controller is None:
+                config = self.config
+                size = config.tree_budget if is_tree else config.num_draft_tokens
+            else:
+                size = controller.choose_budget() if is_tree else controller.choose()
+            self.planned = (is_tree, size)
+        return self.planned
+
+    def begin_round(self) -> Tuple[bool, int]:
+        """Start a round with its planned arm; return ``(is_tree, size)``.
+
+        A measured round costs the time from its start to the next round's
+        start, so per-round host work (commit, streaming) counts too.
+        """
+        now = time.perf_counter()
+        if self.pending is not None:
+            self._record(now - self.tic)
+        self.tic = now
+        planned = self.plan()
+        self.planned = None
+        return planned
+
+    def queues_plain_round(self, seq_len: int) -> bool:
+        """Plan the next round; True if it is known to draft nothing.
+
+        Its target step can then be queued before this round's sync, as in
+        plain decoding. Only for a single drafter that says so for a context
+        of ``seq_len`` tokens without reading them (``drafts_nothing``).
+        """
+        if getattr(self.drafter, "select", None) is not None:
+            return False  # auto picks an arm per round; keep commits in order
+        is_tree, size = self.plan()
+        drafts_nothing = getattr(self.arm, "drafts_nothing", None)
+        return (
+            not is_tree and drafts_nothing is not None and drafts_nothing(size, seq_len)
+        )
+
+    def end_round(self, size: int, proposal, accepted: int):
+        """Note the round's outcome; it is recorded once its cost is known."""
+        self.pending = (size, proposal, accepted)
+        if not self.timed:
+            step = getattr(self.arm, "step_cost", 0.0)
+            self._record(static_round_cost(step, proposal.forwards, proposal.size + 1))
+
+    def _record(self, cost: float):
+        size, proposal, accepted = self.pending
+        self.pending = None
+        if self.timed:
+            cost = max(cost - proposal.setup_time, 0.0)  # a one-off search
+        if hasattr(self.drafter, "observe"):
+            self.drafter.observe(accepted + 1, cost)
+        drafted, width = proposal.size, proposal.size + 1
+        controller = self._controller(self.arm)
+        if controller is None:
+            return
+        if getattr(self.arm, "is_tree", False):
+            if drafted:
+                controller.update_tree(size, accepted, 0.0, cost, width)
+        elif drafted or controller.gamma_min == 0:
+            # With γ 0 allowed, a round that drafted nothing prices plain decoding.
+            controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
+
+
+def make_controller(config: SpecConfig, arm):
+    """A controller for one arm, starting from the arm's own cost and acceptance.
+
+    A chain round's cost grows by a draft step plus a verified token per γ
+    (:func:`static_round_cost`), which prices widths until two are measured.
+    An arm with an acceptance estimate (self's layer search) also starts at
+    the γ that estimate favours, capped at the fixed default. An arm that
+    can draft nothing for a round at no later cost (``drafts_nothing``:
+    self, whose draft is the target) may choose γ 0, a plain round, when
+    drafting does not pay in measured time; a draft model would have to
+    catch up later, so its arms keep γ ≥ 1.
+    """
+    if arm.is_tree:
+        budgets = {b for b in (4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
+        return AdaptiveController(
+            tree_budgets=sorted(budgets | {config.tree_budget}),
+            init_budget=config.tree_budget,
+        )
+    gamma_max = config.max_draft_tokens
+    step = getattr(arm, "step_cost", 0.0)
+    # γ 0 (plain rounds) only for arms that can pause without a catch-up cost.
+    gamma_min = 0 if hasattr(arm, "drafts_nothing") else 1
+    options = dict(
+        gamma_min=gamma_min, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step
+    )
+    alpha = getattr(arm, "acceptance_estimate", None)
+    if alpha is None:
+        options["init_gamma"] = min(config.num_draft_tokens, gamma_max)
+    else:
+        # Searched estimates run high: start no longer than the fixed default.
+        gamma, _ = best_gamma(alpha, step, range(1, gamma_max + 1))
+        gamma = min(gamma, config.num_draft_tokens)
+        options.update(prior_acceptance=alpha, init_gamma=gamma)
+    return AdaptiveController(**options)

@@ -1,0 +1,1 @@
+"""Serving: mlx-lm's OpenAI-compatible server with speculative decoding."""

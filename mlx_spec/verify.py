@@ -1,0 +1,186 @@
+"""Verification: the target scores a round's proposal in one forward and
+accepts on device.
+
+Output vocabulary (as in vLLM): the emitted tokens of a round are the
+*accepted* draft tokens followed by one *recovered* token (the target's own,
+after a rejection) or one *bonus* token (after every draft was accepted).
+Nothing here syncs with the host: each verifier returns one packed int array
+for the round's single sync and a ``decode`` that reads it as a
+:class:`RoundResult`.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+import mlx.core as mx
+
+from .acceptance import match_accept, rejection_accept, tree_accept
+from .attention.tree import Tree, tree_forward
+from .drafters.base import Proposal
+from .sampling import SamplingParams, normalize, processed_logprobs
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+class Law:
+    """How tokens are chosen: greedy, exact rejection sampling, or sample-and-match.
+
+    Exact rejection sampling needs the sampler's law; an opaque ``sampler``
+    callable falls back to sample-and-match, which is also exact.
+    """
+
+    def __init__(self, params: Optional[SamplingParams], sampler: Optional[Callable]):
+        self.params = params
+        self.sampler = sampler
+        if params is not None and params.greedy:
+            self.mode = "greedy"
+        elif params is not None:
+            self.mode = "rejection"
+        else:
+            self.mode = "match"
+
+    def draft_choice(self, logprobs: mx.array) -> Tuple[mx.array, Optional[mx.array]]:
+        """Pick a draft token from ``logprobs`` ``(1, V)``; return it and its law."""
+        if self.mode == "greedy":
+            return mx.argmax(logprobs, axis=-1), None
+        if self.mode == "rejection":
+            law = processed_logprobs(logprobs, self.params)
+            return mx.random.categorical(law), law
+        return self.sampler(logprobs), None
+
+    def node_choices(self, target_logprobs: mx.array) -> mx.array:
+        """The target's own token at each row ``(N, V) -> (N,)``: argmax or a sample."""
+        if self.mode == "greedy":
+            return mx.argmax(target_logprobs, axis=-1)
+        if self.mode == "match":
+            return self.sampler(target_logprobs)
+        return mx.random.categorical(processed_logprobs(target_logprobs, self.params))
+
+    def accept(self, proposal: Proposal, target_logprobs: mx.array):
+        """Return ``(num_accepted, next_token)`` on device.
+
+        Args:
+            proposal: The round's draft tokens ``(γ,)`` and their law.
+            target_logprobs: The target's logprobs ``(γ + 1, V)``.
+        """
+        drafts = proposal.tokens
+        if self.mode == "greedy":
+            return match_accept(drafts, mx.argmax(target_logprobs, axis=-1))
+        if self.mode == "match":
+            return match_accept(drafts, self.sampler(target_logprobs))
+        law = processed_logprobs(target_logprobs, self.params)
+        if proposal.size == 0:
+            return mx.array(0, mx.int32), mx.random.categorical(law[0])
+        return rejection_accept(drafts, law, proposal.logprobs)
+
+
+def process_logits(
+    logits: mx.array, history: Optional[mx.array], processors: List[LogitsProcessor]
+) -> mx.array:
+    """Apply logits processors row by row (each row has its own history)."""
+    if not processors:
+        return normalize(logits)
+    rows = []
+    for i in range(logits.shape[0]):
+        row = logits[i : i + 1]
+        for processor in processors:
+            row = processor(history[: history.shape[0] - logits.shape[0] + 1 + i], row)
+        rows.append(row)
+    return normalize(mx.concatenate(rows, axis=0))
+
+
+@dataclass
+class RoundResult:
+    """What the host learns from a round's sync.
+
+    Attributes:
+        num_accepted: Accepted draft tokens.
+        path: Accepted proposal nodes, in order (chain: ``0..n-1``).
+        emitted: Accepted tokens followed by the recovered or bonus token.
+        rows: Row of the target's logprobs that predicted each emitted token.
+        rejected: Draft tokens the recovered token replaced (for display).
+        bonus: Whether the last token is a bonus (nothing left to reject).
+    """
+
+    num_accepted: int
+    path: List[int]
+    emitted: List[int]
+    rows: List[int]
+    rejected: List[int]
+    bonus: bool
+
+
+def verify_chain(target, root, proposal, law, processors, history):
+    """Score ``[root, d_1..d_γ]`` in one target forward and accept on device."""
+    logits = target(mx.concatenate([root, proposal.tokens]))
+    verify_history = None
+    if processors:
+        verify_history = mx.concatenate([history, proposal.tokens])
+    target_logprobs = process_logits(logits, verify_history, processors)
+    num_accepted, next_token = law.accept(proposal, target_logprobs)
+    packed = mx.concatenate(
+        [
+            num_accepted.reshape(1).astype(mx.uint32),
+            next_token.reshape(1).astype(mx.uint32),
+            proposal.tokens.astype(mx.uint32),
+        ]
+    )
+    gamma = proposal.size
+
+    def decode(values) -> RoundResult:
+        n, token, drafts = values[0], values[1], values[2:]
+        return RoundResult(
+            n,
+            list(range(n)),
+            drafts[:n] + [token],
+            list(range(n + 1)),
+            drafts[n:],
+            n == gamma,
+        )
+
+    return packed, target_logprobs, decode
+
+
+def verify_tree(target, root, proposal, law):
+    """Score the root and a draft tree in one tree-attention forward."""
+    draft_tree = getattr(proposal, "tree", None)  # reuse the drafter's mask
+    if draft_tree is None:
+        draft_tree = Tree.from_parents(
+            proposal.tokens.astype(mx.uint32), proposal.parents
+        )
+    tree = draft_tree.with_root(root)
+    logits = tree_forward(target.model, target.cache, tree)
+    target_logprobs = normalize(logits)
+    choices = law.node_choices(target_logprobs)
+    deepest, num_accepted, next_token = tree_accept(
+        tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, choices
+    )
+    packed = mx.concatenate(
+        [
+            mx.stack([deepest, num_accepted, next_token]).astype(mx.int32),
+            tree.tokens.astype(mx.int32),
+            tree.parents,
+        ]
+    )
+    size = tree.size
+
+    def decode(values) -> RoundResult:
+        deepest, n, token = values[:3]
+        tokens, parents = values[3 : 3 + size], values[3 + size :]
+        nodes = []
+        node = deepest
+        while node > 0:
+            nodes.append(node)
+            node = parents[node]
+        nodes.reverse()
+        children = [tokens[i] for i in range(size) if parents[i] == deepest]
+        return RoundResult(
+            n,
+            [v - 1 for v in nodes],
+            [tokens[v] for v in nodes] + [token],
+            [0] + nodes,
+            children,
+            not children,
+        )
+
+    return packed, target_logprobs, decode
