@@ -4,7 +4,8 @@
 tokens scored at once), evaluated, with the KV cache prefilled to a fixed
 context and trimmed back after each call, optionally as a pipelined chain of
 dependent forwards like mlx_lm's decoding loop. :func:`fit_linear` fits
-``T(w) = a + b * w`` to the medians. The harness uses them for the
+``T(w) = a + b * w`` to the medians, and :class:`BareCosts` prices a whole
+round (its draft forwards and its verification). The harness uses them for the
 implementation-overhead ratio (draft steps and target verification forwards)
 and, with random-weight models shaped like real targets, for the
 ``--cost-curves`` projection.
@@ -270,6 +271,35 @@ class ForwardTimer:
         """Free the caches."""
         self._caches.clear()
         mx.clear_cache()
+
+
+@dataclass(frozen=True)
+class BareCosts:
+    """Bare forward-time models of the target and the draft (seconds).
+
+    A round that drafts ``d`` tokens in ``f`` draft forwards and verifies
+    ``d + 1`` tokens costs ``f * draft(d / f) + target(d + 1)``: a chain
+    feeds one token per draft forward, a tree a level of nodes per forward.
+    """
+
+    target: PiecewiseCost
+    draft: Optional[PiecewiseCost]
+
+    def round(self, drafted: int, forwards: int) -> Optional[float]:
+        cost = self.target(drafted + 1)
+        if forwards:
+            if self.draft is None:
+                return None
+            cost += forwards * self.draft(max(drafted / forwards, 1.0))
+        return cost
+
+
+def bare_costs(timer: ForwardTimer) -> Optional[BareCosts]:
+    """The target's and the draft's cost models from ``timer``'s samples."""
+    target = timer.curve("target")
+    if target is None:
+        return None
+    return BareCosts(target, timer.curve("draft"))
 
 
 def _time_chain(model: nn.Module, cache: list, inputs: mx.array, chain: int) -> float:

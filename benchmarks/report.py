@@ -1,15 +1,18 @@
-"""Write a benchmark's results: JSON, a Markdown report and PNG charts."""
+"""Reporting: a benchmark's results as JSON and as a Markdown report.
+
+The Markdown report holds the settings, the loud warnings, the headline, the
+tables over all prompts, per prompt set and of the γ sweep, the bare forwards
+and the labelled projection. The charts are drawn by :mod:`benchmarks.plots`.
+"""
 
 import json
 import math
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-ALL_PROMPTS = "all"
-BASELINES = ("mlx_lm", "mlx_lm_speculative")
-SWEEP_METHODS = ("draft", "mlx_lm_speculative")
-# Tokens per target forward at or below this: nothing was accepted.
-NOTHING_ACCEPTED = 1.0 + 1e-9
+from .plots import write_charts
+from .rows import ALL_PROMPTS, NOTHING_ACCEPTED, main_rows, sweep_rows
+from .runner import BASELINES
 
 
 def _fmt(value, digits: int = 2, suffix: str = "") -> str:
@@ -24,16 +27,6 @@ def _fmt(value, digits: int = 2, suffix: str = "") -> str:
 
 def _gamma(row) -> str:
     return "–" if row["gamma"] is None else str(row["gamma"])
-
-
-def _main_rows(results) -> List[dict]:
-    """Rows over all prompts at the main γ (the sweep's extra γ left out)."""
-    main_gamma = results["settings"]["num_draft_tokens"]
-    return [
-        r
-        for r in results["rows"]
-        if r["prompt_set"] == ALL_PROMPTS and r["gamma"] in (None, main_gamma)
-    ]
 
 
 def _table(rows: Sequence[dict], with_set: bool = False) -> List[str]:
@@ -92,7 +85,7 @@ def _headline(results: dict) -> List[str]:
     Only methods that accepted something compete: a method at 1.00 tokens per
     target forward is plain decoding, whatever its timing says.
     """
-    rows = _main_rows(results)
+    rows = main_rows(results)
     lines = []
     for temp in sorted({r["temp"] for r in rows}):
         spec = [
@@ -191,7 +184,7 @@ def markdown(results: dict) -> str:
     lines += ["", "## Headline", ""]
     lines += _headline(results)
     lines += ["", "## All prompts", ""]
-    lines += _table(_main_rows(results))
+    lines += _table(main_rows(results))
     lines += [
         "",
         "decode tok/s: tokens after the first round / time from the first token to the "
@@ -213,7 +206,7 @@ def markdown(results: dict) -> str:
         lines += ["", "## By prompt set", ""]
         per_set.sort(key=lambda r: (r["prompt_set"], r["temp"]))
         lines += _table(per_set, with_set=True)
-    sweep = _sweep_rows(results)
+    sweep = sweep_rows(results)
     if len({r["gamma"] for r in sweep}) > 1:
         lines += ["", "## Draft length sweep (draft, mlx_lm_speculative)", ""]
         lines += _table(
@@ -259,16 +252,6 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _sweep_rows(results: dict) -> List[dict]:
-    return [
-        r
-        for r in results["rows"]
-        if r["prompt_set"] == ALL_PROMPTS
-        and r["method"] in SWEEP_METHODS
-        and r["gamma"] is not None
-    ]
-
-
 def _bare_section(results: dict) -> List[str]:
     bare = results.get("bare_forward_s") or {}
     if not bare:
@@ -309,116 +292,6 @@ def _bare_section(results: dict) -> List[str]:
 
 def _ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else seconds * 1e3
-
-
-def write_charts(results: dict, out: Path) -> List[Path]:
-    """PNG charts: tokens/s by method, speedup vs temperature, acceptance vs γ,
-    and the cost curves when measured. Needs matplotlib; returns written paths."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    written = []
-    rows = _main_rows(results)
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    temps = sorted({r["temp"] for r in rows})
-    index = {(r["method"], r["temp"]): r for r in rows}
-
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(methods) + 2), 4))
-    width = 0.8 / max(len(temps), 1)
-    for i, t in enumerate(temps):
-        xs = [j + i * width for j in range(len(methods))]
-        ys = [
-            (index[(m, t)].get("decode_tokens_per_s") or 0) if (m, t) in index else 0
-            for m in methods
-        ]
-        ax.bar(xs, ys, width, label=f"temp {t:g}")
-    ax.set_xticks([j + width * (len(temps) - 1) / 2 for j in range(len(methods))])
-    ax.set_xticklabels(methods, rotation=20, ha="right")
-    ax.set_ylabel("decode tokens/s (measured)")
-    ax.set_title("Decode throughput by method")
-    ax.legend()
-    fig.tight_layout()
-    written.append(_save(fig, out / "tokens_per_s.png", plt))
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for m in methods:
-        pts = [
-            (t, index[(m, t)]["speedup_vs_plain"])
-            for t in temps
-            if (m, t) in index and index[(m, t)]["speedup_vs_plain"] is not None
-        ]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("temperature")
-    ax.set_ylabel("speedup vs mlx_lm (measured)")
-    ax.set_title("Speedup against temperature")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(_save(fig, out / "speedup_vs_temp.png", plt))
-
-    sweep = [r for r in _sweep_rows(results) if r["acceptance_rate"] is not None]
-    if sweep:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        # A series of one γ is a lone dot: left out when some series sweeps γ.
-        swept = len({(r["method"], r["temp"], r["gamma"]) for r in sweep}) > len(
-            {(r["method"], r["temp"]) for r in sweep}
-        )
-        for m in SWEEP_METHODS:
-            for t in temps:
-                pts = sorted(
-                    (r["gamma"], r["acceptance_rate"], r["speedup_vs_plain"])
-                    for r in sweep
-                    if r["method"] == m and r["temp"] == t
-                )
-                if not pts or (swept and len(pts) < 2):
-                    continue
-                style = dict(
-                    marker="o",
-                    ls="-" if m == "draft" else ":",
-                    label=f"{m}, temp {t:g}",
-                )
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
-                speed = [(g, x) for g, _, x in pts if x is not None]
-                ax2.plot([p[0] for p in speed], [p[1] for p in speed], **style)
-        ax.set_xlabel("γ (draft tokens per round)")
-        ax.set_ylabel("acceptance rate (measured)")
-        ax.set_ylim(0, 1.05)
-        ax.set_title("Acceptance against γ")
-        ax.legend(fontsize=8)
-        ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax2.set_xlabel("γ (draft tokens per round)")
-        ax2.set_ylabel("decode speedup vs mlx_lm (measured)")
-        ax2.set_title("Speedup against γ")
-        fig.tight_layout()
-        written.append(_save(fig, out / "acceptance_vs_gamma.png", plt))
-
-    curves = results.get("cost_curves") or {}
-    if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, c in curves.items():
-            base = c["forward_s"][0]
-            ax.plot(
-                c["widths"], [t / base for t in c["forward_s"]], marker="o", label=name
-            )
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("tokens per forward (verified width)")
-        ax.set_ylabel("forward time / 1-token forward (measured)")
-        ax.set_title("Cost curves, random-weight float32 models")
-        ax.legend()
-        fig.tight_layout()
-        written.append(_save(fig, out / "cost_curves.png", plt))
-    return written
-
-
-def _save(fig, path: Path, plt) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _clean(value):

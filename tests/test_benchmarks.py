@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import report
+from benchmarks import options, report
+from benchmarks import rows as bench_rows
 from benchmarks import run as bench
-from benchmarks.measure import PiecewiseCost, fit_linear
+from benchmarks import runner
+from benchmarks.measure import BareCosts, PiecewiseCost, fit_linear
 from benchmarks.prompts import PROMPT_SETS, PROMPTS, prompt_suite
+from mlx_spec.config import METHODS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PAIR = [
@@ -67,7 +70,7 @@ def test_results_json_has_required_row_keys_and_types(quick_results):
     _, results = quick_results
     assert results["rows"]
     for row in results["rows"]:
-        missing = [k for k in bench.REQUIRED_ROW_KEYS if k not in row]
+        missing = [k for k in bench_rows.REQUIRED_ROW_KEYS if k not in row]
         assert not missing, (row["method"], missing)
         for key in (
             "tokens_per_s",
@@ -80,7 +83,7 @@ def test_results_json_has_required_row_keys_and_types(quick_results):
         assert row["tokens_per_target_forward"] >= 1.0 - 1e-9
         assert row["speedup_vs_plain"] is None or _is_number(row["speedup_vs_plain"])
         assert row["overhead"] is None or _is_number(row["overhead"])
-        if row["method"] in bench.PLAIN_METHODS:
+        if row["method"] in runner.PLAIN_METHODS:
             assert row["acceptance_rate"] is None and row["gamma"] is None
         else:
             # None when a method drafted nothing (e.g. lookup with no n-gram match).
@@ -163,7 +166,7 @@ def test_projection_is_labelled_and_follows_its_formula():
         "small": {"widths": [1, 8], "forward_s": [0.01, 0.02]},
         "big": {"widths": [1, 4, 8], "forward_s": [0.1, 0.11, 0.15]},
     }
-    out = bench.project(rows, curves, pair_draft_ratio=None)
+    out = bench_rows.project(rows, curves, pair_draft_ratio=None)
     assert [p["target_shape"] for p in out] == ["big"]
     (p,) = out
     assert p["kind"] == "projected"
@@ -251,20 +254,23 @@ def test_calibration_and_bare_fit_are_recorded(quick_results):
 
 def test_quick_mode_repeats_twice_and_sweeps_gamma():
     parse = bench.setup_arg_parser().parse_args
-    quick = bench._settings(parse(["--quick"]))
+    quick = options.resolve_settings(parse(["--quick"]))
     assert quick["repeats"] >= 2
-    assert quick["gamma_sweep"] == list(bench.QUICK_GAMMA_SWEEP)
-    assert bench._settings(parse(["--quick", "--no-gamma-sweep"]))["gamma_sweep"] == []
+    assert quick["gamma_sweep"] == list(options.QUICK_GAMMA_SWEEP)
+    assert (
+        options.resolve_settings(parse(["--quick", "--no-gamma-sweep"]))["gamma_sweep"]
+        == []
+    )
     configs = bench._configs(["mlx_lm", "mlx_lm_speculative", "draft", "none"], quick)
     gammas = {(m, g) for m, t, g in configs if t == 0.0}
-    for m in bench.SWEEP_METHODS:
+    for m in runner.SWEEP_METHODS:
         assert {g for mm, g in gammas if mm == m} == {2, 4, 6}
     # Quick mode sweeps the first temperature only; full mode sweeps them all.
     assert {g for m, t, g in configs if t == 0.7 and m == "draft"} == {4}
-    full = bench._settings(parse([]))
+    full = options.resolve_settings(parse([]))
     configs = bench._configs(["mlx_lm", "draft"], full)
     assert {g for m, t, g in configs if t == 0.7 and m == "draft"} == set(
-        bench.DEFAULT_GAMMA_SWEEP
+        options.DEFAULT_GAMMA_SWEEP
     )
 
 
@@ -288,7 +294,7 @@ def test_block_order_brackets_with_mlx_lm_and_rotates_the_rest():
 
 def _trace(times, rounds, counted=None, drafted=None, forwards=None):
     n = len(times)
-    return bench.Trace(
+    return runner.Trace(
         times=list(times),
         rounds=list(rounds),
         counted=list(counted or [True] * n),
@@ -298,7 +304,7 @@ def _trace(times, rounds, counted=None, drafted=None, forwards=None):
 
 
 def test_split_rounds_plain_decoding_has_one_token_per_round():
-    out = bench.split_rounds(_trace([1.0, 1.1, 1.3, 1.6], [0, 1, 2, 3]))
+    out = runner.split_rounds(_trace([1.0, 1.1, 1.3, 1.6], [0, 1, 2, 3]))
     assert out["decode_tokens"] == 3
     assert out["decode_s"] == pytest.approx(0.6)
     assert out["round_s"] == pytest.approx([0.1, 0.2, 0.3])
@@ -307,7 +313,7 @@ def test_split_rounds_plain_decoding_has_one_token_per_round():
 
 def test_split_rounds_speculative_rounds_count_their_drafts():
     # Round 0 emits 3 tokens, round 1 emits 2, round 2 emits 1; γ = 4 each.
-    out = bench.split_rounds(
+    out = runner.split_rounds(
         _trace(
             [1.0, 1.0, 1.0, 1.5, 1.5, 2.1],
             [0, 0, 0, 1, 1, 2],
@@ -322,7 +328,7 @@ def test_split_rounds_speculative_rounds_count_their_drafts():
 
 
 def test_split_rounds_does_not_count_the_eos_of_a_stop():
-    out = bench.split_rounds(
+    out = runner.split_rounds(
         _trace([1.0, 1.2, 1.5], [0, 1, 2], counted=[True, True, False])
     )
     assert out["decode_tokens"] == 1
@@ -335,18 +341,18 @@ def test_mlx_lm_rounds_end_at_a_token_not_from_the_draft():
         def __init__(self, from_draft):
             self.from_draft = from_draft
 
-    describe = bench._mlx_lm_rounds(max_tokens=10, gamma=4)
+    describe = runner._mlx_lm_rounds(max_tokens=10, gamma=4)
     flags = [True, True, False, False, True, True, True, True, False, False]
     seen = [describe(R(f)) for f in flags]
     assert [r for r, _, _ in seen] == [0, 0, 0, 1, 2, 2, 2, 2, 2, 3]
     # Drafted per round: 4, 4, 4, then min(10 - 9, 4) = 1.
     assert [d for _, d, _ in seen] == [4, 4, 4, 8, 12, 12, 12, 12, 12, 13]
-    plain = bench._mlx_lm_rounds(max_tokens=10, gamma=0)
+    plain = runner._mlx_lm_rounds(max_tokens=10, gamma=0)
     assert [plain(R(False))[0] for _ in range(3)] == [0, 1, 2]
 
 
 def test_round_cost_is_draft_forwards_plus_verification_of_its_width():
-    costs = bench.BareCosts(
+    costs = BareCosts(
         target=PiecewiseCost((1, 5, 17), (0.011, 0.015, 0.021)),
         draft=PiecewiseCost((1, 4), (0.0025, 0.004)),
     )
@@ -356,7 +362,7 @@ def test_round_cost_is_draft_forwards_plus_verification_of_its_width():
     assert costs.round(16, 4) == pytest.approx(4 * 0.004 + 0.021)
     # Lookup: no draft forward; width 3 lies between the sampled 1 and 5.
     assert costs.round(2, 0) == pytest.approx(0.013)
-    assert bench.BareCosts(costs.target, None).round(4, 4) is None
+    assert BareCosts(costs.target, None).round(4, 4) is None
 
 
 def test_piecewise_cost_is_a_line_between_sampled_neighbours():
@@ -371,7 +377,7 @@ def test_piecewise_cost_is_a_line_between_sampled_neighbours():
 
 
 def test_round_ratios_compare_each_round_with_its_own_cost():
-    run = bench.Run(
+    run = runner.Run(
         method="draft",
         temp=0.0,
         gamma=4,
@@ -395,12 +401,12 @@ def test_round_ratios_compare_each_round_with_its_own_cost():
         peak_memory_gb=0.1,
         memory_increase_gb=0.01,
     )
-    costs = bench.BareCosts(
+    costs = BareCosts(
         PiecewiseCost((1, 5), (0.01, 0.02)), PiecewiseCost((1,), (0.0025,))
     )
-    assert bench.round_ratios(run, costs) == pytest.approx([1.0, 1.5])
+    assert bench_rows.round_ratios(run, costs) == pytest.approx([1.0, 1.5])
     run.draft_cost_known = False
-    assert bench.round_ratios(run, costs) == []
+    assert bench_rows.round_ratios(run, costs) == []
 
 
 def test_fit_linear_recovers_a_line_and_flattens_a_negative_slope():
@@ -425,7 +431,7 @@ def _fake_row(method, speedup, per_forward, temp=0.0, same=1.0):
     return {
         "method": method,
         "temp": temp,
-        "gamma": None if method in bench.PLAIN_METHODS else 4,
+        "gamma": None if method in runner.PLAIN_METHODS else 4,
         "prompt_set": "all",
         "decode_tokens_per_s": 100.0 * speedup,
         "tokens_per_s": 90.0 * speedup,
@@ -452,9 +458,11 @@ def test_headline_excludes_methods_that_accepted_nothing():
 
 def test_greedy_mismatch_is_a_loud_warning():
     rows = [_fake_row("mlx_lm", 1.0, 1.0), _fake_row("tree", 1.2, 2.0, same=0.5)]
-    warnings = bench.check_rows(rows)
+    warnings = bench_rows.check_rows(rows)
     assert len(warnings) == 1 and "GREEDY MISMATCH: tree" in warnings[0]
-    assert bench.check_rows([_fake_row("tree", 1.2, 2.0, temp=0.7, same=None)]) == []
+    assert (
+        bench_rows.check_rows([_fake_row("tree", 1.2, 2.0, temp=0.7, same=None)]) == []
+    )
     md = report._warnings({"warnings": warnings})
     assert any("WARNING" in line and "tree" in line for line in md)
 
@@ -489,7 +497,7 @@ def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path
     unavailable = {
         m for m, why in results["methods_skipped"].items() if "not available" in why
     }
-    assert set(bench.METHODS) - unavailable <= ran, results["methods_skipped"]
+    assert set(METHODS) - unavailable <= ran, results["methods_skipped"]
     temp0 = [r for r in results["rows"] if r["temp"] == 0]
     assert temp0
     for row in temp0:

@@ -1,0 +1,230 @@
+"""The command line of ``python -m benchmarks.run`` and the settings it resolves.
+
+:func:`setup_arg_parser` builds the parser (``mlx_spec bench`` reuses it and
+adds the speculative method options); :func:`resolve_settings` turns parsed
+arguments into the run's settings, with a one-line ``ValueError`` for a bad
+value. The defaults of the full and the ``--quick`` benchmark live here.
+"""
+
+import argparse
+import json
+
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS
+
+from .measure import QWEN2_SHAPES
+from .prompts import PROMPT_SETS
+from .runner import BASELINES, SWEEP_METHODS
+
+DEFAULT_TEMPS = (0.0, 0.7)
+DEFAULT_MAX_TOKENS = 96
+DEFAULT_REPEATS = 3
+DEFAULT_WARMUP = 1
+DEFAULT_SEED = 0
+DEFAULT_OUT = "bench_out"
+DEFAULT_GAMMA_SWEEP = (1, 2, 3, 4, 6, 8)
+QUICK_GAMMA_SWEEP = (2, 4, 6)
+QUICK_MAX_TOKENS = 48
+QUICK_REPEATS = 2
+# One bare sample: the mean gap of a chain of this many pipelined forwards.
+BARE_CHAIN = 5
+
+
+def _parse_option(text: str):
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--option {text!r}: expected KEY=VALUE.")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description="Benchmark mlx-spec methods against mlx_lm and mlx_lm's "
+        "speculative decoding, side by side in one process.",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="Target model: an mlx_lm path or hub id. Default: the "
+        "embedded default pair (models/), or tiny test checkpoints.",
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="Draft model (same tokenizer). Default: the default pair's "
+        "draft when --model is not given, else none.",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help=f"Methods to run, from {', '.join(BASELINES + METHODS)}. "
+        "Default: the baselines and every mlx-spec method that is available.",
+    )
+    parser.add_argument(
+        "--temps",
+        nargs="+",
+        type=float,
+        default=list(DEFAULT_TEMPS),
+        help="Sampling temperatures (0 is greedy). Default: 0 0.7.",
+    )
+    parser.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=DEFAULT_NUM_DRAFT_TOKENS,
+        help=f"Draft tokens per round γ. Default: {DEFAULT_NUM_DRAFT_TOKENS}.",
+    )
+    parser.add_argument(
+        "--gamma-sweep",
+        nargs="*",
+        type=int,
+        default=None,
+        help=f"Also run {' and '.join(SWEEP_METHODS)} at these γ (no values: "
+        f"{' '.join(map(str, DEFAULT_GAMMA_SWEEP))}). Default: that sweep at every "
+        f"temperature in full mode; {' '.join(map(str, QUICK_GAMMA_SWEEP))} at the "
+        "first temperature with --quick.",
+    )
+    parser.add_argument(
+        "--no-gamma-sweep",
+        action="store_true",
+        help="Run every method at --num-draft-tokens only.",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"Tokens per generation. Default: {DEFAULT_MAX_TOKENS} "
+        f"({QUICK_MAX_TOKENS} with --quick).",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"Repetitions over the prompt suite. Default: {DEFAULT_REPEATS} "
+        f"({QUICK_REPEATS} with --quick).",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help=f"Warm-up generations per method and temp. Default: {DEFAULT_WARMUP}.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"One prompt per set, {QUICK_REPEATS} repeats, {QUICK_MAX_TOKENS}-token "
+        f"generations, a short γ sweep ({' '.join(map(str, QUICK_GAMMA_SWEEP))}) at "
+        "the first temperature only.",
+    )
+    parser.add_argument(
+        "--prompt-sets",
+        nargs="+",
+        default=None,
+        choices=PROMPT_SETS,
+        help="Prompt sets to run. Default: all.",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        type=_parse_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="An extra mlx-spec option (a SpecConfig field), e.g. "
+        "tree_budget=32. Repeatable.",
+    )
+    parser.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"Output directory for results.json/.md and charts. "
+        f"Default: {DEFAULT_OUT}.",
+    )
+    parser.add_argument(
+        "--cost-curves",
+        action="store_true",
+        help="Also measure forward time against verified width (1-64) "
+        "for random-weight Qwen2.5-0.5B/1.5B shapes (float32, ~8 GB) "
+        "and write PROJECTED speedups for them.",
+    )
+    parser.add_argument(
+        "--cost-curves-from",
+        default=None,
+        metavar="JSON",
+        help="Project with cost curves measured earlier (a results.json, or the "
+        "output of `python -m benchmarks.measure`) instead of measuring them.",
+    )
+    parser.add_argument(
+        "--cost-shapes",
+        nargs="+",
+        default=list(QWEN2_SHAPES),
+        choices=list(QWEN2_SHAPES),
+        help="Shapes for --cost-curves.",
+    )
+    parser.add_argument(
+        "--forward-repeats",
+        type=int,
+        default=3,
+        help="Bare samples per width taken before the first block (more are "
+        "taken after every block). Default: 3.",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help=f"Base seed (the same per prompt for all methods). "
+        f"Default: {DEFAULT_SEED}.",
+    )
+    parser.add_argument("--no-charts", action="store_true", help="Skip the PNG charts.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    return parser
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+def resolve_settings(args) -> dict:
+    """The run's settings from parsed ``args``; ``ValueError`` names a bad value."""
+    quick = args.quick
+    sweep = args.gamma_sweep
+    if args.no_gamma_sweep:
+        sweep = []
+    elif sweep is None:
+        sweep = list(QUICK_GAMMA_SWEEP if quick else DEFAULT_GAMMA_SWEEP)
+    elif not sweep:
+        sweep = list(DEFAULT_GAMMA_SWEEP)
+    settings = {
+        "quick": quick,
+        "temps": [float(t) for t in args.temps],
+        "num_draft_tokens": args.num_draft_tokens,
+        "gamma_sweep": sorted(set(sweep)),
+        # --quick sweeps γ at the first temperature only, to stay short.
+        "sweep_temps": [float(t) for t in (args.temps[:1] if quick else args.temps)],
+        "max_tokens": _default(
+            args.max_tokens, QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS
+        ),
+        "repeats": _default(args.repeats, QUICK_REPEATS if quick else DEFAULT_REPEATS),
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "forward_repeats": args.forward_repeats,
+        "bare_chain": BARE_CHAIN,
+        "method_options": dict(args.option),
+    }
+    for name, value, low in (
+        ("--max-tokens", settings["max_tokens"], 1),
+        ("--repeats", settings["repeats"], 1),
+        ("--warmup", settings["warmup"], 0),
+        ("--forward-repeats", settings["forward_repeats"], 1),
+    ):
+        if value < low:
+            raise ValueError(f"{name}={value} is out of range: an integer >= {low}.")
+    for g in [args.num_draft_tokens] + settings["gamma_sweep"]:
+        if not 1 <= g <= 64:
+            raise ValueError(f"γ={g} is out of range: an integer from 1 to 64.")
+    if any(t < 0 for t in settings["temps"]):
+        raise ValueError(
+            f"--temps {settings['temps']}: every temperature must be >= 0."
+        )
+    return settings
