@@ -36,17 +36,14 @@ from mlx_spec.loading import default_model_pair  # noqa: E402
 from mlx_spec.stats import SpecStats  # noqa: E402
 from ui import render  # noqa: E402
 from ui.app import (  # noqa: E402
-    CHAT_EXAMPLES,
-    COMPLETION_PROMPT,
-    DEFAULT_METHOD,
-    App,
     create_app,
     is_loopback,
-    launch_kwargs,
     main,
     parse_auth,
     setup_arg_parser,
 )
+from ui.handlers import DEFAULT_METHOD, App  # noqa: E402
+from ui.layout import CHAT_EXAMPLES, COMPLETION_PROMPT, launch_kwargs  # noqa: E402
 from ui.session import (  # noqa: E402
     Options,
     Pair,

@@ -1,6 +1,17 @@
 """The mlx-spec Gradio app: watch speculative decoding happen.
 
 ``python -m ui.app`` starts it on http://127.0.0.1:7860 with the embedded
-default model pair. ``render`` turns tokens and statistics into HTML,
-``session`` runs the models on one MLX thread, ``app`` wires up the page.
+default model pair. The modules, from the top down:
+
+- ``app``: the command line (flags, access checks, start-up);
+- ``layout``: the Gradio blocks and which handler each event calls;
+- ``handlers``: the handlers (``App``), from page values to page updates;
+- ``session``: models, per-browser sessions and generation on one MLX
+  thread, drivable without a browser;
+- ``render``: HTML of tokens, statistics and the round chart (pure functions).
 """
+
+import os
+
+# Before any module of the package imports gradio.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -1,0 +1,642 @@
+"""The event handlers: what each click, change and API call does.
+
+:class:`App` holds the loaded models (:class:`ui.session.ModelStore`), the
+per-browser sessions and the MLX worker. Its ``on_*`` handlers validate the
+page's values, run generations through :mod:`ui.session` and turn the
+streamed tokens into page updates with :mod:`ui.render`; ``api_generate`` is
+the ``/generate`` API. The page itself is laid out by :mod:`ui.layout`.
+"""
+
+import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
+
+# isort: split
+
+import html
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import gradio as gr
+from mlx.utils import tree_flatten
+
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_TREE_BUDGET, METHODS
+from mlx_spec.generate import DEFAULT_MAX_TOKENS
+
+from . import layout, render
+from .layout import (
+    CHAT_EXAMPLES,
+    CHAT_PROMPT,
+    COMPLETION_EXAMPLES,
+    COMPLETION_PROMPT,
+    lane_head,
+)
+from .render import Turn
+from .session import (
+    ModelStore,
+    Options,
+    Pair,
+    Session,
+    Sessions,
+    Worker,
+    encode_prompt,
+    run_turn,
+)
+
+log = logging.getLogger("mlx_spec.ui")
+
+DEFAULT_METHOD = "auto"
+MAX_UI_TOKENS = 8192
+# Seconds between streamed page updates (tokens are batched in between).
+UPDATE_INTERVAL = 0.1
+
+
+def _as_int(value, name: str, optional: bool = False) -> Optional[int]:
+    """An integer from a UI number, or a readable ``ValueError``."""
+    if value is None or value == "":
+        if optional:
+            return None
+        raise ValueError(f"{name} is empty; enter a whole number.")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} is not a number.") from None
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{name}={value} is out of range: a whole number.")
+        value = int(value)
+    return value
+
+
+def parse_options(
+    method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed, adaptive=False
+) -> Options:
+    """UI values to :class:`Options`; ``SpecConfig`` checks the ranges later."""
+    if method not in METHODS:
+        raise ValueError(
+            f"method {method!r} is unknown; choose one of {', '.join(METHODS)}."
+        )
+    max_tokens = _as_int(max_tokens, "max tokens")
+    if max_tokens is not None and max_tokens > MAX_UI_TOKENS:
+        raise ValueError(
+            f"max tokens={max_tokens} is out of range: at most {MAX_UI_TOKENS} here."
+        )
+    return Options(
+        method=method,
+        num_draft_tokens=_as_int(num_draft_tokens, "γ (draft tokens per round)"),
+        tree_budget=_as_int(tree_budget, "tree budget"),
+        temp=float(temp if temp is not None else 0.0),
+        top_p=float(top_p if top_p is not None else 1.0),
+        max_tokens=max_tokens,
+        seed=_as_int(seed, "seed", optional=True),
+        adaptive=bool(adaptive),
+    )
+
+
+def _param_count(model) -> int:
+    return sum(v.size for _, v in tree_flatten(model.parameters()))
+
+
+def _num_params(model) -> str:
+    n = _param_count(model)
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _name(path: Optional[str]) -> str:
+    return Path(path).name if path and Path(path).expanduser().exists() else str(path)
+
+
+class App:
+    """The page and its handlers; all MLX work goes through one :class:`Worker`."""
+
+    def __init__(
+        self,
+        target: str,
+        draft: Optional[str],
+        method: str = DEFAULT_METHOD,
+        num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+    ):
+        self.default_target = target
+        self.default_draft = draft
+        self.default_method = method if draft or method != "draft" else "none"
+        self.default_gamma = num_draft_tokens
+        self.default_max_tokens = max_tokens
+        self.worker = Worker()
+        self.store = ModelStore()
+        self.sessions = Sessions()
+
+    # --- models -----------------------------------------------------------------
+
+    def load_pair(self, target: str, draft: Optional[str]) -> Pair:
+        """The pair, loaded on the worker unless both models are already loaded."""
+        if not self._needs_loading(target, draft):
+            return self.store.get(target, draft)
+        return self.worker.call(self.store.get, target, draft)
+
+    def preload(self):
+        """Load the default pair before the first visitor arrives."""
+        self.load_pair(self.default_target, self.default_draft)
+
+    def _needs_loading(self, target, draft) -> bool:
+        return not (self.store.loaded(target) and self.store.loaded(draft))
+
+    def describe(self, pair: Pair, raw: bool) -> Tuple[str, str]:
+        """The model status line and the chat/completion mode note."""
+        status = f"<b>Target</b> {html.escape(_name(pair.target_path))} ({_num_params(pair.model)})"
+        if pair.draft_model is not None:
+            status += (
+                f" &middot; <b>Draft</b> {html.escape(_name(pair.draft_path))} "
+                f"({_num_params(pair.draft_model)}) &middot; same tokenizer &#10003;"
+            )
+        else:
+            status += " &middot; no draft model (speculative methods that need one will say so)"
+        if pair.has_chat_template and not raw:
+            note = (
+                "<b>Chat mode</b>: the model has a chat template; each turn reuses the "
+                "prompt cache."
+            )
+        elif pair.has_chat_template:
+            note = "<b>Completion mode</b> (chat template ignored): the model continues your text."
+        else:
+            note = (
+                "<b>Completion mode</b>: the model has no chat template, so it "
+                "continues your text."
+            )
+        return render.banner(status, "info"), render.banner(note, "info")
+
+    def on_models(self, target, draft, raw, prompt, request: gr.Request):
+        """Load the chosen models; update the mode, its controls and the transcript.
+
+        Returns updates for: model status, mode note, send button, transcript,
+        status, the raw checkbox, the completion and chat examples, stats,
+        chart and prompt. A failed load clears the mode note and the stats.
+        """
+        session = self.sessions.get(_session_key(request))
+        keep = gr.update()
+        try:
+            pair = self.load_pair(target, draft)
+        except Exception as e:  # shown in the page, the app keeps running
+            error = render.error_banner(e)
+            session.reset()
+            session.pair_key = None
+            return (
+                error,
+                "",
+                gr.update(value="Generate"),
+                render.transcript_html([], False),
+                error,
+                keep,
+                keep,
+                keep,
+                render.stats_html(None),
+                render.chart_svg([]),
+                keep,
+            )
+        status, note = self.describe(pair, raw)
+        chat = pair.has_chat_template and not raw
+        cleared, stats, chart = keep, keep, keep
+        if session.pair_key != (pair.target_path, chat):
+            session.reset()
+            session.pair_key = (pair.target_path, chat)
+            cleared, stats, chart = "", render.stats_html(None), render.chart_svg([])
+        button = gr.update(value="Send" if chat else "Generate")
+        transcript = render.transcript_html(session.turns, chat, mono=not chat)
+        return (
+            status,
+            note,
+            button,
+            transcript,
+            cleared,
+            gr.update(visible=pair.has_chat_template),
+            gr.update(visible=not chat),
+            gr.update(visible=chat),
+            stats,
+            chart,
+            _prompt_for_mode(prompt, chat),
+        )
+
+    def on_unload(self, request: gr.Request):
+        """The page was closed: stop its generation and forget its session."""
+        key = _session_key(request)
+        self.sessions.get(key).stop.set()
+        self.sessions.drop(key)
+
+    # --- generation -------------------------------------------------------------
+
+    def on_generate(
+        self,
+        text,
+        target,
+        draft,
+        method,
+        gamma,
+        tree_budget,
+        adaptive,
+        temp,
+        top_p,
+        max_tokens,
+        seed,
+        raw,
+        request: gr.Request,
+    ):
+        """Stream one chat turn (or completion) into the page."""
+        session = self.sessions.get(_session_key(request))
+        session.stop.clear()
+        keep = gr.update()
+        try:
+            options = parse_options(
+                method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
+            )
+            if not (text or "").strip():
+                raise ValueError("the prompt is empty; type some text first.")
+            if self._needs_loading(target, draft):
+                yield keep, keep, keep, render.banner("Loading models&hellip;"), keep
+            pair = self.load_pair(target, draft)
+            _check_pair(options, pair)
+        except Exception as e:
+            yield keep, *_no_stats(), render.error_banner(e), keep
+            return
+        chat = pair.has_chat_template and not raw
+        key = (pair.target_path, chat)
+        if session.pair_key != key or not chat:
+            session.turns = []
+            session.pair_key = key
+        history = list(session.turns)
+        turn = Turn(user=text)
+        session.turns.append(turn)
+        cleared = gr.update(value="") if chat else keep
+        stats_view, chart_view = keep, keep
+        for update in self._stream_turn(session, pair, turn, history, options, chat):
+            if isinstance(update[1], str):
+                stats_view, chart_view = update[1], update[2]
+            yield update[0], update[1], update[2], update[3], keep
+        yield (
+            render.transcript_html(session.turns, chat, mono=not chat),
+            stats_view,
+            chart_view,
+            self._final_status(turn, options),
+            cleared,
+        )
+
+    def _stream_turn(
+        self,
+        session: Session,
+        pair: Pair,
+        turn: Turn,
+        history: List[Turn],
+        options: Options,
+        chat: bool,
+        use_cache: bool = True,
+    ):
+        """Yield (transcript, stats, chart, status) while the worker generates."""
+        start = time.perf_counter()
+        last, stats = None, None
+        try:
+            tokens = encode_prompt(pair.tokenizer, turn.user, history, chat)
+            batches = self.worker.stream(
+                lambda: run_turn(session, pair, tokens, options, use_cache),
+                session.stop,
+            )
+            status = render.banner("Generating&hellip; press <b>Stop</b> to cancel.")
+            next_update = 0.0
+            for batch in batches:
+                for piece, response in batch:
+                    turn.pieces.append(piece)
+                    last, stats = response, response.stats
+                now = time.perf_counter()
+                if now < next_update:
+                    continue
+                next_update = now + UPDATE_INTERVAL
+                yield self._view(session, turn, stats, chat, start, status)
+            turn.finish = (
+                last.finish_reason if last and last.finish_reason else "stopped"
+            )
+        except Exception as e:
+            log.warning(
+                "generation failed: %s", e, exc_info=not isinstance(e, ValueError)
+            )
+            turn.finish = "error"
+            turn.error = e
+            if not turn.pieces and turn in session.turns:
+                session.turns.remove(turn)
+            yield (
+                render.transcript_html(session.turns, chat, mono=not chat),
+                *_no_stats(),
+                render.error_banner(e),
+            )
+            return
+        turn.stats = stats
+        yield self._view(session, turn, stats, chat, start, gr.update(), False)
+
+    def _view(self, session, turn, stats, chat, start, status, streaming=True):
+        elapsed = time.perf_counter() - start
+        return (
+            render.transcript_html(
+                session.turns, chat, mono=not chat, streaming=streaming
+            ),
+            render.stats_html(stats, reused=session.last_reused, elapsed=elapsed),
+            _chart(turn, stats),
+            status,
+        )
+
+    def _final_status(self, turn: Turn, options: Options) -> str:
+        if turn.error is not None:
+            return render.error_banner(turn.error)
+        n = len(turn.pieces)
+        if turn.finish == "stopped":
+            return render.banner(
+                f"Stopped after {n} tokens. The next request starts cleanly.", "warn"
+            )
+        why = (
+            "end of text"
+            if turn.finish == "stop"
+            else f"max tokens ({options.max_tokens})"
+        )
+        return render.banner(f"Done: {n} tokens ({why}).", "ok")
+
+    def on_stop(self, request: gr.Request):
+        self.sessions.get(_session_key(request)).stop.set()
+
+    def on_clear(self, target, draft, raw, request: gr.Request):
+        session = self.sessions.get(_session_key(request))
+        session.reset()
+        chat = self._chat_mode(target, draft, raw)
+        return (
+            render.transcript_html([], chat),
+            render.stats_html(None),
+            render.chart_svg([]),
+            render.banner("Cleared; the prompt cache is empty.", "ok"),
+        )
+
+    def _chat_mode(self, target, draft, raw) -> bool:
+        """Whether the (already loaded) target chats; ``True`` when unknown."""
+        if self._needs_loading(target, draft):
+            return True
+        try:
+            return self.load_pair(target, draft).has_chat_template and not raw
+        except ValueError:
+            return True
+
+    # --- race ---------------------------------------------------------------------
+
+    def on_race(
+        self,
+        text,
+        target,
+        draft,
+        method,
+        gamma,
+        tree_budget,
+        adaptive,
+        temp,
+        top_p,
+        max_tokens,
+        seed,
+        raw,
+        request: gr.Request,
+    ):
+        """Plain decoding, then the chosen method, on the same prompt; then the verdict.
+
+        Yields updates for: plain text, plain stats, speculative lane header,
+        speculative text, speculative stats, verdict, and the page's stats
+        cards and chart (which follow the speculative lane).
+        """
+        session_key = _session_key(request)
+        session = self.sessions.get(session_key)
+        session.stop.clear()
+        keep = gr.update()
+        empty = render.transcript_html([Turn("")], chat=False)
+        no_stats, no_chart = render.stats_html(None), render.chart_svg([])
+        head = lane_head(method)
+
+        def failed(error):
+            return (
+                empty,
+                no_stats,
+                head,
+                empty,
+                no_stats,
+                render.error_banner(error),
+                no_stats,
+                no_chart,
+            )
+
+        try:
+            options = parse_options(
+                method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
+            )
+            if options.method == "none":
+                raise ValueError(
+                    "choose a speculative method to race against plain decoding."
+                )
+            if not (text or "").strip():
+                raise ValueError("the prompt is empty; type some text first.")
+            if self._needs_loading(target, draft):
+                loading = render.banner("Loading models&hellip;")
+                yield keep, keep, head, keep, keep, loading, keep, keep
+            pair = self.load_pair(target, draft)
+            _check_pair(options, pair)
+        except Exception as e:
+            yield failed(e)
+            return
+        chat = pair.has_chat_template and not raw
+        plain_opts = Options(**{**options.__dict__, "method": "none"})
+        # plain text, plain stats, spec text, spec stats
+        views = [empty, no_stats, empty, no_stats]
+        page_stats, chart_view = no_stats, no_chart
+
+        def update(status):
+            return (*views[:2], head, *views[2:], status, page_stats, chart_view)
+
+        yield update(render.banner("Racing: warming up both methods&hellip;"))
+        try:
+            tokens = encode_prompt(pair.tokenizer, text, [], chat)
+            self.worker.call(_warm_up, pair, tokens, (plain_opts, options))
+        except Exception as e:
+            yield failed(e)
+            return
+        lanes = []
+        for lane, opts in enumerate((plain_opts, options)):
+            lane_session = Session(stop=session.stop)
+            turn = Turn(user=text)
+            lane_session.turns = [turn]
+            label = "plain decoding" if lane == 0 else options.method
+            status = render.banner(
+                f"Racing: running <b>{html.escape(label)}</b>&hellip;"
+            )
+            stream = self._stream_turn(lane_session, pair, turn, [], opts, chat, False)
+            for view in stream:
+                if turn.error is not None:
+                    yield failed(turn.error)
+                    return
+                views[2 * lane] = render.transcript_html(
+                    [turn], False, not chat, prompt=False, streaming=turn.finish is None
+                )
+                if isinstance(view[1], str):
+                    views[2 * lane + 1] = view[1]
+                    if lane == 1:
+                        page_stats, chart_view = view[1], view[2]
+                yield update(status)
+            if turn.finish == "stopped":
+                yield update(render.banner("Race stopped.", "warn"))
+                return
+            lanes.append((turn, lane_session.timing))
+            session.stop.clear()
+        (plain_turn, plain_time), (spec_turn, spec_time) = lanes
+        stats = spec_turn.stats
+        plain = render.Lane(
+            options.method,
+            plain_turn.reply,
+            plain_time.decode_tps,
+            plain_time.total,
+            plain_time.tokens,
+        )
+        spec = render.Lane(
+            options.method,
+            spec_turn.reply,
+            spec_time.decode_tps,
+            spec_time.total,
+            spec_time.tokens,
+            acceptance=stats.acceptance_rate if stats else None,
+            per_forward=stats.tokens_per_target_forward if stats else None,
+        )
+        verdict = render.race_verdict(plain, spec, greedy=options.temp == 0)
+        yield update(verdict + _draft_size_note(pair))
+
+    # --- API ----------------------------------------------------------------------
+
+    def api_generate(
+        self,
+        prompt: str,
+        model: str = "",
+        draft_model: str = "",
+        method: str = DEFAULT_METHOD,
+        num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+        temp: float = 0.0,
+        top_p: float = 1.0,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        seed: Optional[int] = None,
+        raw: bool = False,
+        tree_budget: int = DEFAULT_TREE_BUDGET,
+        adaptive: bool = False,
+    ) -> Dict[str, Any]:
+        """Generate a complete reply; returns {"text", "finish_reason", "stats"}.
+
+        Empty ``model`` means the default pair; ``raw`` ignores a chat template.
+        """
+        try:
+            options = parse_options(
+                method,
+                num_draft_tokens,
+                tree_budget,
+                temp,
+                top_p,
+                max_tokens,
+                seed,
+                adaptive,
+            )
+            if not model:
+                model, draft_model = (
+                    self.default_target,
+                    draft_model or self.default_draft,
+                )
+            pair = self.load_pair(model, draft_model or None)
+            _check_pair(options, pair)
+            chat = pair.has_chat_template and not raw
+            tokens = encode_prompt(pair.tokenizer, prompt or "", [], chat)
+            session = Session()
+            pieces, last = [], None
+            for batch in self.worker.stream(
+                lambda: run_turn(session, pair, tokens, options, use_cache=False),
+                session.stop,
+            ):
+                for piece, response in batch:
+                    pieces.append(piece.text)
+                    last = response
+        except Exception as e:
+            raise gr.Error(str(e) or type(e).__name__) from None
+        stats = last.stats.as_dict() if last is not None else {}
+        return {
+            "text": "".join(pieces),
+            "finish_reason": last.finish_reason if last is not None else None,
+            "stats": stats,
+        }
+
+    # --- page -------------------------------------------------------------------------
+
+    def _starting_mode(self) -> Tuple[bool, bool]:
+        """``(has_chat_template, chat)`` of the starting pair (completion if unknown)."""
+        if self._needs_loading(self.default_target, self.default_draft):
+            return False, False
+        try:
+            pair = self.load_pair(self.default_target, self.default_draft)
+        except ValueError:
+            return False, False
+        return pair.has_chat_template, pair.has_chat_template
+
+    def build(self) -> gr.Blocks:
+        """The page (see :func:`ui.layout.build`)."""
+        return layout.build(self)
+
+
+def _no_stats() -> Tuple[str, str]:
+    """Empty stats cards and chart (after an error, or for new models)."""
+    return render.stats_html(None), render.chart_svg([])
+
+
+def _chart(turn: Turn, stats) -> str:
+    """The round chart of a reply, counting the same rounds as its stats."""
+    accepted, drafted, bonus = render.round_series(turn.pieces, stats)
+    # A tree's size is not comparable to its accepted depth: no outlines.
+    return render.chart_svg(
+        accepted, drafted, bonus, outlines=not (stats and stats.tree_sizes)
+    )
+
+
+def _prompt_for_mode(prompt: Optional[str], chat: bool):
+    """Swap an untouched example prompt for one that suits the mode."""
+    prompt = prompt or ""
+    if chat and (not prompt.strip() or prompt in COMPLETION_EXAMPLES):
+        return CHAT_PROMPT
+    if not chat and (not prompt.strip() or prompt in CHAT_EXAMPLES):
+        return COMPLETION_PROMPT
+    return gr.update()
+
+
+def _check_pair(options: Options, pair: Pair):
+    if options.method == "draft" and pair.draft_model is None:
+        raise ValueError(
+            "the draft method needs a draft model: choose one under "
+            "'Models and method', or pick another method."
+        )
+
+
+def _draft_size_note(pair: Pair) -> str:
+    """A hint when the draft is too big for speculation to pay off."""
+    if pair.draft_model is None:
+        return ""
+    ratio = _param_count(pair.draft_model) / max(_param_count(pair.model), 1)
+    if ratio < 0.5:
+        return ""
+    return render.banner(
+        f"The draft model has {ratio:.0%} of the target's parameters: a draft pays off "
+        "when it is much smaller (and faster) than the target.",
+        "info",
+    )
+
+
+def _warm_up(pair: Pair, tokens: List[int], methods: Tuple[Options, ...]):
+    """Run each method for two tokens so neither lane pays first-use costs."""
+    for options in methods:
+        short = Options(**{**options.__dict__, "max_tokens": 2})
+        for _ in run_turn(Session(), pair, tokens[:16], short, use_cache=False):
+            pass
+
+
+def _session_key(request: Optional[gr.Request]) -> Optional[str]:
+    return getattr(request, "session_hash", None) if request is not None else None

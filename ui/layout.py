@@ -1,0 +1,372 @@
+"""The page: the Gradio blocks of the app and which handler each event calls.
+
+:func:`build` lays out the Generate and Race tabs, the statistics and the
+settings, and wires every event to a handler of an
+:class:`ui.handlers.App`. The page's fixed texts (method labels and help,
+example prompts) and its theme live here too. No MLX work happens here.
+"""
+
+import html
+from typing import Any, Dict
+
+import gradio as gr
+
+from mlx_spec.config import DEFAULT_TREE_BUDGET, METHODS
+
+from . import render
+from .session import NO_DRAFT, known_models
+
+METHOD_LABELS = {
+    "none": "none (plain decoding)",
+    "draft": "draft (draft model)",
+    "tree": "tree (token tree)",
+    "lookup": "lookup (prompt lookup)",
+    "self": "self (self-speculation)",
+    "auto": "auto (keeps the fastest)",
+}
+
+METHOD_HELP = {
+    "none": "plain mlx_lm decoding (the baseline)",
+    "draft": "a small draft model proposes γ tokens; the target checks them in one forward",
+    "tree": "a tree of draft continuations, verified in one forward",
+    "lookup": "drafts copied from n-grams already in the text (no draft model)",
+    "self": "the target drafts with a subset of its own layers",
+    "auto": "tries the methods your models allow (draft, tree, lookup; lookup and self "
+    "without a draft) and keeps the fastest, measured round by round",
+}
+
+# No trailing newline: the model's own newline and indent tokens come first.
+COMPLETION_PROMPT = "class Stack:\n    def __init__(self):"
+CHAT_PROMPT = "Explain speculative decoding in one paragraph."
+COMPLETION_EXAMPLES = [
+    COMPLETION_PROMPT,
+    "def fibonacci(n):",
+    "import os\n\n\ndef list_python_files(path):",
+]
+CHAT_EXAMPLES = [
+    CHAT_PROMPT,
+    "Write a Python function that reverses a string.",
+]
+
+HEADER = """
+<div class="spec-header">
+  <h1>mlx-spec</h1>
+  <p>Exact speculative decoding for MLX: a small draft guesses, the big model checks
+  several tokens in one step. Same text as plain decoding, fewer slow steps.</p>
+</div>
+"""
+
+RACE_HELP = (
+    '<div class="spec-note">Runs plain mlx_lm decoding, then the chosen method, on the '
+    "same prompt and shows the measured speed ratio. At temperature 0 the two texts "
+    "must be identical.</div>"
+)
+PLAIN_HEAD = '<div class="spec-lane-head">Plain mlx_lm decoding</div>'
+
+
+def lane_head(method) -> str:
+    """The speculative lane's header, naming its method."""
+    label = METHOD_LABELS.get(method, str(method))
+    return f'<div class="spec-lane-head">Speculative: {html.escape(label)}</div>'
+
+
+def method_info(method: str) -> str:
+    """The method's help line, capitalised, for the method picker."""
+    return METHOD_HELP.get(method, "")[:1].upper() + METHOD_HELP.get(method, "")[1:]
+
+
+def launch_kwargs() -> Dict[str, Any]:
+    """Theme and CSS for ``Blocks.launch`` (Gradio 6 takes them there)."""
+    system = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"]
+    mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
+    theme = gr.themes.Soft(primary_hue="indigo", font=system, font_mono=mono)
+    return dict(theme=theme, css=render.CSS, ssr_mode=False)
+
+
+def build(app) -> gr.Blocks:
+    """The page of ``app``: prompt and Generate at the top left, stats and settings right.
+
+    The prompt box and its buttons come before the output so that they are
+    in view on a 1440x900 screen without scrolling.
+    """
+    models = known_models(app.default_target, app.default_draft)
+    model_choices = [(label, path) for label, path in models]
+    draft_choices = [(NO_DRAFT, NO_DRAFT)] + model_choices
+    method_choices = [(METHOD_LABELS.get(m, m), m) for m in METHODS]
+    has_template, chat = app._starting_mode()
+    first_prompt = CHAT_PROMPT if chat else COMPLETION_PROMPT
+    with gr.Blocks(title="mlx-spec", analytics_enabled=False) as demo:
+        gr.HTML(HEADER, padding=False)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=420):
+                mode_note = gr.HTML(elem_id="mode-note", padding=False)
+                with gr.Tabs():
+                    with gr.Tab("Generate", id="generate"):
+                        with gr.Row(equal_height=True):
+                            prompt = gr.Textbox(
+                                value=first_prompt,
+                                lines=3,
+                                max_lines=10,
+                                show_label=False,
+                                placeholder="Type a message or the start of some "
+                                "code (Shift+Enter sends)",
+                                elem_id="prompt",
+                                scale=4,
+                            )
+                            with gr.Column(scale=1, min_width=170):
+                                send = gr.Button(
+                                    "Send" if chat else "Generate",
+                                    variant="primary",
+                                    elem_id="send",
+                                )
+                                with gr.Row():
+                                    stop = gr.Button(
+                                        "Stop",
+                                        variant="stop",
+                                        elem_id="stop",
+                                        min_width=60,
+                                    )
+                                    clear = gr.Button(
+                                        "Clear", elem_id="clear", min_width=60
+                                    )
+                        status = gr.HTML(elem_id="status", padding=False)
+                        gr.HTML(render.legend_html(), elem_id="legend", padding=False)
+                        transcript = gr.HTML(
+                            render.transcript_html([], chat),
+                            elem_id="transcript",
+                            autoscroll=True,
+                            max_height=520,
+                            min_height=240,
+                            container=True,
+                            padding=True,
+                        )
+                        with gr.Column(
+                            visible=not chat, elem_id="completion-examples"
+                        ) as completion_examples:
+                            gr.Examples(
+                                COMPLETION_EXAMPLES, inputs=[prompt], label="Try"
+                            )
+                        with gr.Column(
+                            visible=chat, elem_id="chat-examples"
+                        ) as chat_examples:
+                            gr.Examples(CHAT_EXAMPLES, inputs=[prompt], label="Try")
+                    with gr.Tab("Race", id="race"):
+                        with gr.Row(equal_height=True):
+                            race_prompt = gr.Textbox(
+                                value=COMPLETION_PROMPT,
+                                lines=3,
+                                max_lines=10,
+                                show_label=False,
+                                elem_id="race-prompt",
+                                scale=4,
+                            )
+                            with gr.Column(scale=1, min_width=170):
+                                race = gr.Button(
+                                    "Race vs plain",
+                                    variant="primary",
+                                    elem_id="race",
+                                )
+                                race_stop = gr.Button(
+                                    "Stop", variant="stop", elem_id="race-stop"
+                                )
+                        gr.HTML(RACE_HELP, padding=False)
+                        verdict = gr.HTML(elem_id="verdict", padding=False)
+                        with gr.Row(equal_height=False):
+                            with gr.Column():
+                                gr.HTML(PLAIN_HEAD, padding=False)
+                                plain_text = gr.HTML(
+                                    container=True,
+                                    padding=True,
+                                    max_height=420,
+                                    autoscroll=True,
+                                    elem_id="plain-text",
+                                )
+                                plain_stats = gr.HTML(
+                                    render.stats_html(None), elem_id="plain-stats"
+                                )
+                            with gr.Column():
+                                spec_head = gr.HTML(
+                                    lane_head(app.default_method),
+                                    padding=False,
+                                    elem_id="spec-head",
+                                )
+                                spec_text = gr.HTML(
+                                    container=True,
+                                    padding=True,
+                                    max_height=420,
+                                    autoscroll=True,
+                                    elem_id="spec-text",
+                                )
+                                spec_stats = gr.HTML(
+                                    render.stats_html(None), elem_id="spec-stats"
+                                )
+            with gr.Column(scale=2, min_width=320):
+                stats = gr.HTML(render.stats_html(None), elem_id="stats")
+                chart = gr.HTML(render.chart_svg([]), elem_id="chart")
+                with gr.Accordion("Models and method", open=True):
+                    target = gr.Dropdown(
+                        model_choices,
+                        value=app.default_target,
+                        label="Target model",
+                        info="A local mlx_lm model folder or a Hugging Face repo",
+                        allow_custom_value=True,
+                        elem_id="target",
+                    )
+                    draft = gr.Dropdown(
+                        draft_choices,
+                        value=app.default_draft or NO_DRAFT,
+                        label="Draft model",
+                        info="Must share the target's tokenizer",
+                        allow_custom_value=True,
+                        elem_id="draft",
+                    )
+                    method = gr.Dropdown(
+                        method_choices,
+                        value=app.default_method,
+                        label="Method",
+                        elem_id="method",
+                        info=method_info(app.default_method),
+                    )
+                    raw = gr.Checkbox(
+                        False,
+                        label="Ignore the chat template (raw completion)",
+                        visible=has_template,
+                        elem_id="raw",
+                    )
+                    model_status = gr.HTML(elem_id="model-status")
+                with gr.Accordion("Options", open=True):
+                    gamma = gr.Slider(
+                        1,
+                        16,
+                        value=app.default_gamma,
+                        step=1,
+                        label="γ: draft tokens per round",
+                    )
+                    tree_budget = gr.Slider(
+                        1,
+                        64,
+                        value=DEFAULT_TREE_BUDGET,
+                        step=1,
+                        label="Tree budget (nodes per round)",
+                        visible=app.default_method == "tree",
+                    )
+                    adaptive = gr.Checkbox(
+                        False,
+                        label="Adaptive: choose the draft length or tree size per round",
+                    )
+                    temp = gr.Slider(
+                        0.0,
+                        2.0,
+                        value=0.0,
+                        step=0.05,
+                        label="Temperature",
+                        info="0 is greedy",
+                    )
+                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                    with gr.Row():
+                        max_tokens = gr.Number(
+                            app.default_max_tokens,
+                            precision=0,
+                            label="Max tokens",
+                            elem_id="max-tokens",
+                        )
+                        seed = gr.Textbox(
+                            "", label="Seed", placeholder="random", elem_id="seed"
+                        )
+
+        settings = [
+            target,
+            draft,
+            method,
+            gamma,
+            tree_budget,
+            adaptive,
+            temp,
+            top_p,
+            max_tokens,
+            seed,
+            raw,
+        ]
+        gen_outputs = [transcript, stats, chart, status, prompt]
+        gen = dict(
+            fn=app.on_generate,
+            inputs=[prompt, *settings],
+            outputs=gen_outputs,
+            concurrency_id="mlx",
+            concurrency_limit=1,
+            show_progress="hidden",
+        )
+        send.click(api_name="chat", **gen)
+        prompt.submit(api_visibility="private", **gen)
+        for button in (stop, race_stop):
+            button.click(
+                app.on_stop,
+                None,
+                None,
+                concurrency_limit=None,
+                api_visibility="private",
+                show_progress="hidden",
+            )
+        clear.click(
+            app.on_clear,
+            [target, draft, raw],
+            [transcript, stats, chart, status],
+            api_visibility="private",
+        )
+        race.click(
+            app.on_race,
+            [race_prompt, *settings],
+            [
+                plain_text,
+                plain_stats,
+                spec_head,
+                spec_text,
+                spec_stats,
+                verdict,
+                stats,
+                chart,
+            ],
+            api_name="race",
+            concurrency_id="mlx",
+            concurrency_limit=1,
+            show_progress="hidden",
+        )
+        model_outputs = [
+            model_status,
+            mode_note,
+            send,
+            transcript,
+            status,
+            raw,
+            completion_examples,
+            chat_examples,
+            stats,
+            chart,
+            prompt,
+        ]
+        for trigger in (target.change, draft.change, raw.change, demo.load):
+            trigger(
+                app.on_models,
+                [target, draft, raw, prompt],
+                model_outputs,
+                api_visibility="private",
+            )
+        method.change(
+            lambda m: (
+                gr.update(visible=m == "tree"),
+                gr.update(info=method_info(m)),
+                lane_head(m),
+            ),
+            method,
+            [tree_budget, method, spec_head],
+            api_visibility="private",
+            queue=False,
+        )
+        demo.unload(app.on_unload)
+        gr.api(
+            app.api_generate,
+            api_name="generate",
+            concurrency_id="mlx",
+            concurrency_limit=1,
+        )
+    return demo
