@@ -21,7 +21,7 @@ from .attention.tree import commit_path
 from .config import SpecConfig
 from .drafters.base import RoundState, empty_proposal
 from .drafters.registry import make_drafter
-from .models import CachedModel, KVSettings, output_size
+from .models import CachedModel, KVSettings, cache_offset, num_caches, output_size
 from .planner import RoundPlanner
 from .sampling import SamplingParams, sampling_params_of
 from .stats import SpecStats
@@ -167,14 +167,18 @@ def speculative_events(
         )
 
     kv = KVSettings(kv_bits, kv_group_size, quantized_kv_start)
-    num_target_layers = len(model.layers)
+    num_target_caches = num_caches(model)
     target_cache = (
-        prompt_cache[:num_target_layers] if prompt_cache is not None else None
+        prompt_cache[:num_target_caches] if prompt_cache is not None else None
     )
     drafter_cache = (
-        prompt_cache[num_target_layers:] if prompt_cache is not None else None
+        prompt_cache[num_target_caches:] if prompt_cache is not None else None
     )
     target = CachedModel(model, target_cache, kv, "target model")
+    if not target.length_known:
+        # Recurrent layers only keep a state: take the length from what knows it.
+        known = cache_offset(drafter_cache) if drafter_cache else None
+        target.assume_length(len(history_tokens) if history_tokens else known or 0)
     vocab_size = _validate_vocab(model, draft_model, tokenizer_size)
     drafter = make_drafter(config, target, draft_model, drafter_cache, kv, vocab_size)
     if history_tokens:
@@ -205,6 +209,7 @@ def speculative_events(
     stats = stats if stats is not None else SpecStats()
     stats.method = config.method
     stats.num_draft_tokens = config.num_draft_tokens
+    stats.note = getattr(drafter, "note", None)
     return _generate(
         prompt.astype(mx.uint32),
         target,
@@ -269,6 +274,7 @@ def _generate(
                     (proposal, verified), queued = queued, None
                     verify_tic = round_tic
                 else:
+                    target.mark()  # the round may rewind back to here
                     proposal = empty_proposal()
                     if remaining > 1:
                         proposal = drafter.propose(
@@ -388,3 +394,6 @@ def _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache):
             mx.eval([c.state for c in target.cache])
         drafter.sync(seq, base)
         prompt_cache[:] = target.cache + drafter.caches()
+    target.release()
+    if hasattr(drafter, "release"):
+        drafter.release()

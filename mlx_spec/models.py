@@ -5,7 +5,9 @@ from typing import Any, List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
+
+from .caches import CacheRollback, leaf_caches
 
 
 class KVSettings:
@@ -22,29 +24,26 @@ class KVSettings:
         self.quantized_kv_start = quantized_kv_start
 
 
-def check_trimmable(cache: List[Any], who: str):
-    """Refuse caches that cannot be rewound exactly after a round."""
-    bad = sorted(
-        {
-            type(c).__name__
-            for c in cache
-            if isinstance(c, RotatingKVCache) or not c.is_trimmable()
-        }
-    )
-    if bad:
-        raise ValueError(
-            f"speculative decoding needs a KV cache that can be rewound, but the "
-            f"{who} uses {', '.join(bad)} (sliding-window, max_kv_size or state-space "
-            "layers); use plain decoding (--speculative none) for this model."
-        )
+def cache_offset(cache: List[Any]) -> Optional[int]:
+    """Number of tokens a prompt cache holds; ``None`` if no layer counts them.
 
-
-def cache_offset(cache: List[Any]) -> int:
-    """Number of tokens a prompt cache holds."""
-    for c in cache:
+    Recurrent layers (``ArraysCache``) keep a state, not a length: a cache
+    of such layers only is ``0`` when empty and of unknown length otherwise.
+    """
+    leaves = leaf_caches(cache)
+    for c in leaves:
         if hasattr(c, "offset"):
             return int(c.offset)
-    return 0
+    if all(c.empty() for c in leaves):
+        return 0
+    return None
+
+
+def num_caches(model: nn.Module) -> int:
+    """Entries of ``make_prompt_cache(model)`` (some layers, e.g. MLP-only ones, have none)."""
+    if hasattr(model, "make_cache"):
+        return len(model.make_cache())
+    return len(model.layers)
 
 
 def output_size(model: nn.Module) -> int:
@@ -60,10 +59,13 @@ def output_size(model: nn.Module) -> int:
 
 
 class CachedModel:
-    """An mlx_lm model with its own list of caches.
+    """An mlx_lm model with its own list of caches, rewound exactly.
 
     ``self.cache`` is the list the model is called with; mlx_lm's KV
-    quantisation may replace its entries in place.
+    quantisation may replace its entries in place. :meth:`mark` and
+    :meth:`trim_to` rewind every cache type (see :mod:`mlx_spec.caches`):
+    recurrent and sliding-window caches back to the last mark, the others
+    anywhere.
     """
 
     def __init__(
@@ -72,15 +74,42 @@ class CachedModel:
         self.model = model
         self.cache = list(cache) if cache is not None else make_prompt_cache(model)
         self.kv = kv
-        check_trimmable(self.cache, who)
+        self.rollback = CacheRollback(model, self.cache, who)
+        if kv.kv_bits is not None:
+            self.rollback.check_quantizable(who)
+        # Caches of recurrent layers only do not count tokens: count them here.
+        self.counted = not any(hasattr(c, "offset") for c in leaf_caches(self.cache))
+        self._length = cache_offset(self.cache)
 
     @property
     def offset(self) -> int:
-        return cache_offset(self.cache)
+        """Tokens the caches hold (relative to :meth:`assume_length` if unknown)."""
+        if not self.counted:
+            return cache_offset(self.cache)
+        return self._length or 0
+
+    @property
+    def length_known(self) -> bool:
+        return not self.counted or self._length is not None
+
+    def assume_length(self, length: int):
+        """Set the length of a non-empty recurrent-only cache, which it cannot tell."""
+        if not self.length_known:
+            self._length = length
+
+    def mark(self):
+        """Allow :meth:`trim_to` back to the current length (each round's start)."""
+        self.rollback.mark(self.offset)
+
+    def release(self):
+        """Stop journaling (the caches keep their state)."""
+        self.rollback.release()
 
     def __call__(self, tokens: mx.array) -> mx.array:
         """Feed ``tokens`` (shape ``(L,)``); returns logits ``(L, V)``."""
         logits = self.model(tokens[None], cache=self.cache)[0]
+        if self.counted:
+            self._length = self.offset + int(tokens.shape[0])
         if self.kv.kv_bits is not None:
             maybe_quantize_kv_cache(
                 self.cache,
@@ -108,6 +137,7 @@ class CachedModel:
 
     def trim_to(self, num_tokens: int):
         """Rewind the cache so it holds exactly ``num_tokens`` tokens."""
-        extra = self.offset - num_tokens
-        if extra > 0:
-            trim_prompt_cache(self.cache, extra)
+        if self.offset > num_tokens:
+            self.rollback.trim_to(num_tokens)
+            if self.counted:
+                self._length = num_tokens

@@ -36,6 +36,8 @@ class SpecStats:
     auto_rounds: Optional[dict] = (
         None  # rounds each method ran under --speculative auto
     )
+    # How the method adapted to the model (e.g. a tree verified as chains).
+    note: Optional[str] = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -99,6 +101,8 @@ class SpecStats:
                 f"mean tree size {sum(self.tree_sizes) / len(self.tree_sizes):.1f}, "
                 f"mean accepted depth {self.mean_accepted_depth:.2f}"
             )
+        if self.note:
+            parts.append(self.note)
         if self.draft_time is not None:
             parts.append(
                 f"draft {self.draft_time:.2f}s, verify {self.verify_time:.2f}s, "

@@ -382,6 +382,39 @@ def model_type(model: nn.Module) -> str:
     return str(name)
 
 
+def tree_unsupported(
+    model: nn.Module, cache: Optional[List[Any]] = None
+) -> Optional[str]:
+    """Why tree attention cannot run ``model`` (on ``cache``), or ``None`` if it can.
+
+    Tree attention covers attention layers only: a recurrent layer (linear
+    attention, SSM, short convolution) reads one sequence, not a tree, and a
+    sliding-window layer would need the window applied per tree path.
+    """
+    kind = model_type(model)
+    if kind not in SUPPORTED_ARCHITECTURES:
+        return (
+            f"Tree attention does not support the '{kind}' architecture "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
+        )
+    for layer in model.layers:
+        if getattr(layer, "use_sliding", False):
+            return f"Tree attention does not support sliding-window layers ({kind})."
+        rope = layer.self_attn.rope
+        if not isinstance(rope, TreeRoPE) and type(rope) not in _SUPPORTED_ROPES:
+            return (
+                f"Tree attention does not support {type(rope).__name__} "
+                f"(supported ropes: {', '.join(r.__name__ for r in _SUPPORTED_ROPES)})."
+            )
+    if cache is not None:
+        bad = {type(c).__name__ for c in cache if type(c) not in _SUPPORTED_CACHES}
+        if bad:
+            return (
+                f"Tree attention needs KVCache or QuantizedKVCache, got {sorted(bad)}."
+            )
+    return None
+
+
 def prepare_tree_model(model: nn.Module) -> nn.Module:
     """Enable tree forwards on an mlx-lm model (idempotent, in place).
 
@@ -399,26 +432,13 @@ def prepare_tree_model(model: nn.Module) -> nn.Module:
         ValueError: for another architecture, a sliding-window layer or a
             rope variant that cannot take per-token positions.
     """
-    kind = model_type(model)
-    if kind not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"Tree attention does not support the '{kind}' architecture "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})."
-        )
+    reason = tree_unsupported(model)
+    if reason is not None:
+        raise ValueError(reason)
     for layer in model.layers:
-        if getattr(layer, "use_sliding", False):
-            raise ValueError(
-                f"Tree attention does not support sliding-window layers ({kind})."
-            )
         attn = layer.self_attn
-        if isinstance(attn.rope, TreeRoPE):
-            continue
-        if type(attn.rope) not in _SUPPORTED_ROPES:
-            raise ValueError(
-                f"Tree attention does not support {type(attn.rope).__name__} "
-                f"(supported ropes: {', '.join(r.__name__ for r in _SUPPORTED_ROPES)})."
-            )
-        attn.rope = TreeRoPE(attn.rope)
+        if not isinstance(attn.rope, TreeRoPE):
+            attn.rope = TreeRoPE(attn.rope)
     return model
 
 

@@ -108,6 +108,11 @@ class AutoDrafter:
         for arm in self.arms.values():
             arm.sync(seq, base)  # idempotent, so a shared cache is fine
 
+    def release(self):
+        for arm in self.arms.values():
+            if hasattr(arm, "release"):
+                arm.release()
+
     def report(self, stats):
         counts = {name: self.chosen.count(name) for name in self.arms}
         stats.auto_rounds = counts
@@ -169,23 +174,20 @@ class LookupThenDraft:
     def sync(self, seq, base: int):
         self.chain.sync(seq, base)
 
+    def release(self):
+        self.chain.release()
+
 
 def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab_size):
     arms: Dict[str, object] = {}
     if draft_model is not None:
-        from ..attention.tree import (
-            SUPPORTED_ARCHITECTURES,
-            model_type,
-            prepare_tree_model,
-        )
+        from ..attention.tree import prepare_tree_model, tree_unsupported
         from .tree import TreeDrafter
 
         chain = make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
         arms["draft"] = chain
-        tree_ok = (
-            model_type(target.model) in SUPPORTED_ARCHITECTURES
-            and model_type(draft_model) in SUPPORTED_ARCHITECTURES
-        )
+        tree_ok = tree_unsupported(target.model, target.cache) is None
+        tree_ok = tree_ok and tree_unsupported(draft_model, chain.draft.cache) is None
         if tree_ok:
             prepare_tree_model(target.model)
             arms["tree"] = TreeDrafter(

@@ -10,6 +10,8 @@ A drafter has one small interface (as vLLM's proposers do):
 - ``sync(seq, base)`` brings those caches up to date when generation ends.
 
 Optional hooks the engine looks for: ``add_history(tokens)`` (earlier turns),
+``release()`` (generation ended: stop journaling the drafter's caches),
+``note`` (a line on how the method adapted to the model, for the stats),
 ``chain_only()`` (logits processors need chains), ``report(stats)``,
 ``drafts_nothing(size, seq_len)`` (a round it knows drafts nothing),
 ``acceptance_estimate`` and ``step_cost`` (the adaptive controller's start),

@@ -10,7 +10,7 @@ from typing import List, Sequence
 
 import mlx.core as mx
 
-from ..attention.tree import prepare_tree_model
+from ..attention.tree import prepare_tree_model, tree_unsupported
 from .base import Proposal, check_no_drafter_cache
 from .ngram import (
     DEFAULT_MAX_CANDIDATES,
@@ -49,6 +49,7 @@ class LookupDrafter:
     """
 
     name = "lookup"
+    note = None  # set when trees fall back to chains
 
     def __init__(
         self,
@@ -134,11 +135,18 @@ def make_lookup_drafter(
     """
     check_no_drafter_cache(cache, "lookup")
     candidates = getattr(config, "lookup_candidates", DEFAULT_MAX_CANDIDATES)
+    reason = None
     if candidates > 1:
-        prepare_tree_model(target.model)
-    return LookupDrafter(
+        reason = tree_unsupported(target.model, target.cache)
+        if reason is None:
+            prepare_tree_model(target.model)
+    drafter = LookupDrafter(
         ngram_min=config.ngram_min,
         ngram_max=config.ngram_max,
         max_candidates=candidates,
         max_len=max(config.num_draft_tokens, 1),
     )
+    if reason is not None:  # one match per round, verified as a chain
+        drafter.chain_only()
+        drafter.note = f"lookup trees verified as chains ({reason.rstrip('.')})"
+    return drafter

@@ -18,6 +18,7 @@ class ModelDrafter:
     """
 
     name = "draft"
+    note = None  # set when a tree request falls back to this chain drafter
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class ModelDrafter:
         return state.seq[self.draft.offset - state.base :]
 
     def propose(self, state: RoundState, gamma: int) -> Proposal:
+        self.draft.mark()  # commit may rewind back to here
         inputs = mx.array(self.pending(state), mx.uint32)
         tokens, laws = [], []
         for i in range(gamma):
@@ -74,6 +76,10 @@ class ModelDrafter:
             self.draft(mx.array(missing, mx.uint32))
             mx.eval([c.state for c in self.draft.cache])
 
+    def release(self):
+        """Stop journaling the draft cache (generation ended)."""
+        self.draft.release()
+
 
 def make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
     if draft_model is None:
@@ -86,12 +92,14 @@ def make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
                 "prompt_cache holds only the target's caches; build it as "
                 "make_prompt_cache(model) + make_prompt_cache(draft_model)."
             )
-        if cache_offset(cache) != target.offset:
+        held = cache_offset(cache)  # None: recurrent layers only, non-empty
+        if held is not None and held != target.offset:
             raise ValueError(
                 f"prompt_cache is inconsistent: the target caches hold {target.offset} "
-                f"tokens and the draft caches {cache_offset(cache)}."
+                f"tokens and the draft caches {held}."
             )
     draft = CachedModel(draft_model, cache, kv, "draft model")
+    draft.assume_length(target.offset)
     return ModelDrafter(
         draft,
         vocab_size,

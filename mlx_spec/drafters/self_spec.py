@@ -55,6 +55,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from ..caches import copy_states, model_type, needs_journal, set_states
 from ..costs import best_gamma, weight_bytes
 from .base import (
     Proposal,
@@ -85,18 +86,28 @@ CHECK_ROUNDS = 8
 def layer_owner(model: nn.Module) -> nn.Module:
     """The module whose ``layers`` list the model's forward iterates.
 
+    ``model.model`` for most families, ``model.backbone`` for Mamba-style ones,
+    ``model.language_model.model`` for multimodal wrappers: the first module
+    whose ``layers`` list holds exactly ``model.layers``.
+
     Raises:
         ValueError: If the model keeps its blocks elsewhere (unsupported).
     """
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if not isinstance(layers, list) or len(layers) != len(model.layers):
-        raise ValueError(
-            f"--speculative self does not support model type "
-            f"{getattr(model, 'model_type', type(model).__name__)!r} (its blocks are not "
-            "model.model.layers); use --speculative lookup or a draft model."
-        )
-    return inner
+    blocks = list(model.layers)
+    for _, module in model.named_modules():
+        layers = module.get("layers") if isinstance(module, dict) else None
+        if (
+            module is not model
+            and isinstance(layers, list)
+            and len(layers) == len(blocks)
+            and all(a is b for a, b in zip(layers, blocks))
+        ):
+            return module
+    raise ValueError(
+        f"--speculative self does not support model type {model_type(model)!r} "
+        "(no module holds its blocks as a list); use --speculative lookup or a "
+        "draft model."
+    )
 
 
 @contextmanager
@@ -114,10 +125,51 @@ def running_layers(model: nn.Module, layers: Sequence):
 def layer_costs(model: nn.Module) -> Tuple[List[int], int]:
     """Bytes of weights read per decode step: ``(per block (L,), output head)``."""
     blocks = [weight_bytes(layer) for layer in model.layers]
-    head = getattr(model, "lm_head", None)
+    head = None
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "lm_head":
+            head = module
     if head is None:  # tied embeddings
-        head = layer_owner(model).embed_tokens
+        owner = layer_owner(model)
+        head = owner.get("embed_tokens", owner.get("embeddings"))
     return blocks, weight_bytes(head)
+
+
+class _Skipped:
+    """Stands in for a skipped block: returns its input hidden state unchanged.
+
+    Used where the model indexes its caches by block position (hybrid and
+    sliding-window families build masks from fixed layer indices), so the
+    block list keeps its length; attributes still read the real block.
+    """
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __call__(self, h, *args, **kwargs):
+        return h
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
+
+
+def kept_blocks(
+    model: nn.Module, kept: Sequence[int], cache: List
+) -> Tuple[List, List]:
+    """``(blocks, caches)`` that run only the ``kept`` blocks of ``model``.
+
+    Plain KV-cache models get the kept blocks and their caches alone; models
+    with recurrent or sliding-window caches keep every position, skipped
+    blocks replaced by :class:`_Skipped` (their caches are left untouched).
+    """
+    keep = set(kept)
+    if needs_journal(cache):
+        blocks = [
+            layer if i in keep else _Skipped(layer)
+            for i, layer in enumerate(model.layers)
+        ]
+        return blocks, list(cache)
+    return [model.layers[i] for i in kept], [cache[i] for i in kept]
 
 
 def draft_cost(blocks: Sequence[int], head: int, kept: Sequence[int]) -> float:
@@ -153,6 +205,12 @@ def block_influence(
     record: List = []
     with running_layers(model, [_Tap(layer, record) for layer in model.layers]):
         logits = model(tokens[None], cache=cache)[0]
+    if not all(isinstance(out, mx.array) for _, out in record):
+        raise ValueError(
+            f"--speculative self does not support model type {model_type(model)!r} "
+            "(its blocks return several values); use --speculative lookup or a "
+            "draft model."
+        )
     return _influence(record), mx.argmax(logits, axis=-1)
 
 
@@ -300,6 +358,53 @@ def agreement_stepwise(
     return rate
 
 
+def position_states(
+    model: nn.Module, tokens: mx.array, cache: List, positions: int
+) -> List:
+    """The full model's cache states before each of the last ``positions`` tokens.
+
+    Fills the fresh ``cache`` with ``tokens`` ``(W,)``: the head in one
+    forward, then one forward per position, copying the states (new array
+    objects, no data copy) before each. Works for every cache type.
+    """
+    num = tokens.shape[0]
+    count = min(positions, num - 1)  # the first position has nothing before it
+    if num - count > 0:
+        model(tokens[None, : num - count], cache=cache)
+    states = []
+    for t in range(num - count, num):
+        states.append(copy_states(cache))
+        model(tokens[None, t : t + 1], cache=cache)
+    mx.eval(states)
+    return states
+
+
+def agreement_from_states(
+    model: nn.Module,
+    kept: Sequence[int],
+    tokens: mx.array,
+    greedy: mx.array,
+    cache: List,
+    states: List,
+) -> mx.array:
+    """:func:`agreement` for any cache type, from :func:`position_states`.
+
+    At each scored position the caches are set to the full model's states
+    before it and the kept blocks run on that token, as when drafting.
+    """
+    num, count = tokens.shape[0], len(states)
+    blocks, caches = kept_blocks(model, kept, cache)
+    hits = []
+    with running_layers(model, blocks):
+        for t, state in zip(range(num - count, num), states):
+            set_states(cache, state)
+            logits = model(tokens[None, t : t + 1], cache=caches)[0, -1]
+            hits.append(mx.argmax(logits) == greedy[t])
+    rate = mx.stack(hits).astype(mx.float32).mean()
+    mx.eval(rate)
+    return rate
+
+
 def skippable(num_layers: int) -> List[int]:
     """Blocks that may be skipped: all but the first and last (with 4+ blocks)."""
     if num_layers >= 4:
@@ -371,20 +476,30 @@ def choose_skipped_layers(
 
     in_context = (
         cache is not None
-        and cache[0].offset >= 2
         and _masked_forward_ready(model, cache)
+        and cache[0].offset >= 2
     )
+    states = None
     if in_context:
         tokens = tokens[-min(EVAL_POSITIONS, cache[0].offset - 1) :]
         influence, greedy = context_influence(model, cache, tokens)
     else:
         cache = make_prompt_cache(model)
-        influence, greedy = block_influence(model, tokens, cache)
+        if needs_journal(cache):  # recurrent or sliding-window layers
+            influence, greedy = block_influence(model, tokens, make_prompt_cache(model))
+            states = position_states(model, tokens, cache, EVAL_POSITIONS)
+        else:
+            influence, greedy = block_influence(model, tokens, cache)
         mx.eval(influence, greedy, [c.state for c in cache])
     sets = candidate_sets(candidates, influence.tolist(), max_skip)
     alphas = []
     for skip in sets:
         kept = [i for i in range(num_layers) if i not in skip]
+        if states is not None:
+            alphas.append(
+                agreement_from_states(model, kept, tokens, greedy, cache, states)
+            )
+            continue
         alphas.append(agreement(model, kept, tokens, greedy, cache, EVAL_POSITIONS))
     alphas = mx.stack(alphas).tolist()
     best, scored = None, []
@@ -548,11 +663,12 @@ class SelfDrafter:
         if gamma < 1 or not self.drafting:
             return Proposal(mx.array([], mx.uint32), None, setup_time=setup_time)
         model = self.target.model
-        caches = [self.target.cache[i] for i in self.kept]
-        starts = [c.offset for c in caches]
+        start = self.target.offset
+        self.target.mark()  # drafting is rewound to here below
+        blocks, caches = kept_blocks(model, self.kept, self.target.cache)
         inputs = mx.array(state.seq[-1:], mx.uint32)
         tokens, laws = [], []
-        with running_layers(model, [model.layers[i] for i in self.kept]):
+        with running_layers(model, blocks):
             for i in range(gamma):
                 logits = align_vocab(
                     model(inputs[None], cache=caches)[0, -1:], self.vocab_size
@@ -564,8 +680,7 @@ class SelfDrafter:
                 inputs = token
                 if i + 1 < gamma and not confident(logits, self.p_min):
                     break
-        for c, start in zip(caches, starts):
-            c.trim(c.offset - start)
+        self.target.rollback.trim_to(start)  # every layer back in sync
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
         return Proposal(
             mx.concatenate(tokens),

@@ -22,7 +22,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from ..attention.tree import Tree, commit_path, prepare_tree_model, tree_forward
+from ..attention.tree import (
+    Tree,
+    commit_path,
+    prepare_tree_model,
+    tree_forward,
+    tree_unsupported,
+)
 from ..models import CachedModel
 from ..sampling import normalize
 from .base import Proposal, RoundState, align_vocab
@@ -284,8 +290,21 @@ class TreeDrafter(ModelDrafter):
 
 
 def make_tree_drafter(config, target, draft_model, cache, kv, vocab_size):
-    prepare_tree_model(target.model)
+    """Drafter factory for ``--speculative tree``.
+
+    Where tree attention cannot run (recurrent or sliding-window layers in the
+    target or the draft, or another architecture), the draft proposes chains
+    instead, verified exactly as ``--speculative draft`` does, and
+    ``note`` says so.
+    """
     base = make_model_drafter(config, target, draft_model, cache, kv, vocab_size)
+    reason = tree_unsupported(target.model, target.cache) or tree_unsupported(
+        draft_model, base.draft.cache
+    )
+    if reason is not None:
+        base.note = f"tree verified as chains ({reason.rstrip('.')})"
+        return base
+    prepare_tree_model(target.model)
     drafter = TreeDrafter(
         base.draft,
         vocab_size,
