@@ -38,6 +38,24 @@ import numpy as np
 FACTORY_VERSION = 1
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
+# Families whose caches need exact rollback (mlx_spec.caches): linear attention,
+# SSM and short-convolution layers (ArraysCache), sliding windows shorter than a
+# test's generation (RotatingKVCache, window SLIDING_WINDOW).
+ROLLBACK_ARCHITECTURES = (
+    "qwen3_next",
+    "qwen3_5",
+    "nemotron_h",
+    "mamba2",
+    "lfm2",
+    "falcon_h1",
+    "gemma3",
+    "gpt_oss",
+)
+ALL_ARCHITECTURES = ARCHITECTURES + ROLLBACK_ARCHITECTURES
+SLIDING_WINDOW = 8
+# Blocks of the rollback families' test targets: recurrent (or sliding), attention
+# (or global), recurrent (or sliding); nemotron_h adds an MLP block.
+ROLLBACK_LAYERS = 3
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
 TOKENIZER_VARIANTS = {"default": 512, "other": 384}
@@ -74,6 +92,14 @@ _ARCHITECTURE_CLASS = {
     "mistral": "MistralForCausalLM",
     "gemma": "GemmaForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "nemotron_h": "NemotronHForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
@@ -185,8 +211,8 @@ def _model_config(
     vocab_size: int,
 ) -> dict:
     """An HF-style ``config.json`` dict for ``arch``."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
+    if arch not in ALL_ARCHITECTURES:
+        raise ValueError(f"arch must be one of {ALL_ARCHITECTURES}, got {arch!r}")
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError(
             f"hidden_size ({hidden_size}) must be divisible by num_heads "
@@ -217,7 +243,124 @@ def _model_config(
         config["sliding_window"] = None
     if arch == "phi3":
         del config["head_dim"]  # phi3 derives it from hidden_size
+    if arch in ROLLBACK_ARCHITECTURES:
+        config.update(_rollback_config(arch, config, num_layers))
     return config
+
+
+def _rollback_config(arch: str, base: dict, num_layers: int) -> dict:
+    """Fields of the recurrent and sliding-window families (tiny, float32).
+
+    Layer patterns put a recurrent (or sliding) layer first and an attention
+    (or global) layer among the first few, so ``num_layers`` >= 2 has both.
+    """
+    hidden, heads = base["hidden_size"], base["num_attention_heads"]
+    head_dim = hidden // heads
+    kinds = [("linear" if i % 2 == 0 else "full") for i in range(num_layers)]
+    if arch == "qwen3_next":
+        return dict(
+            linear_num_value_heads=heads,
+            linear_num_key_heads=heads // 2,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            shared_expert_intermediate_size=hidden,
+            moe_intermediate_size=hidden // 2,
+            mlp_only_layers=[],
+            partial_rotary_factor=0.5,
+            full_attention_interval=2,
+        )
+    if arch == "qwen3_5":
+        text = {k: v for k, v in base.items() if k not in ("architectures",)}
+        text.update(
+            model_type="qwen3_5_text",
+            linear_num_value_heads=heads,
+            linear_num_key_heads=heads // 2,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+            rope_parameters={
+                "type": "default",
+                "mrope_section": [2, 1, 1],
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+            },
+        )
+        return dict(text_config=text)
+    if arch in ("nemotron_h", "mamba2", "falcon_h1"):
+        ssm = dict(
+            conv_kernel=4,
+            n_groups=1,
+            use_bias=False,
+            use_conv_bias=True,
+            layer_norm_epsilon=1e-5,
+        )
+        if arch == "mamba2":
+            return dict(
+                ssm,
+                num_heads=heads,
+                head_dim=2 * head_dim,  # transformers checks expand (2) * hidden
+                expand=2,
+                state_size=16,
+                time_step_limit=(0.0, float("inf")),
+                time_step_rank="auto",
+            )
+        if arch == "nemotron_h":
+            pattern = ["M" if k == "linear" else "*" for k in kinds] + ["-"]
+            return dict(
+                ssm,
+                attention_bias=False,
+                mamba_num_heads=heads,
+                mamba_head_dim=head_dim,
+                mamba_proj_bias=False,
+                ssm_state_size=16,
+                mlp_bias=False,
+                hybrid_override_pattern=pattern,
+                num_hidden_layers=len(pattern),
+            )
+        return dict(  # falcon_h1: every layer has a Mamba2 mixer and attention
+            mamba_d_conv=4,
+            mamba_d_head=head_dim,
+            mamba_d_ssm=hidden,
+            mamba_d_state=16,
+            mamba_n_heads=heads,
+            mamba_n_groups=1,
+            mamba_chunk_size=16,
+        )
+    if arch == "lfm2":
+        return dict(
+            norm_eps=1e-5,
+            conv_bias=False,
+            conv_L_cache=3,
+            block_dim=hidden,
+            block_multiple_of=16,
+            block_ffn_dim_multiplier=1.0,
+            block_auto_adjust_ff_dim=False,
+            block_ff_dim=2 * hidden,
+            layer_types=["conv" if k == "linear" else "full_attention" for k in kinds],
+        )
+    if arch == "gemma3":
+        text = {k: v for k, v in base.items() if k not in ("architectures",)}
+        text.update(
+            model_type="gemma3_text",
+            sliding_window=SLIDING_WINDOW,
+            sliding_window_pattern=2,
+            query_pre_attn_scalar=head_dim,
+        )
+        return dict(text_config=text)
+    # gpt_oss: alternating sliding-window and full attention, a tiny MoE.
+    return dict(
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=SLIDING_WINDOW,
+        layer_types=[
+            "sliding_attention" if k == "linear" else "full_attention" for k in kinds
+        ],
+    )
 
 
 def _init_param(name: str, shape: tuple, *, arch: str, head_scale: float, seed: int):
@@ -230,15 +373,21 @@ def _init_param(name: str, shape: tuple, *, arch: str, head_scale: float, seed: 
             # Gemma stores (scale - 1) and ties its head to its input embedding:
             # a random-sign final scale stops "argmax = the input token".
             return rng.standard_normal(shape, dtype=np.float32) - 1.0
+        if arch == "lfm2" and name == "model.embedding_norm.weight":
+            # LFM2 ties its head too (and stores the scale itself).
+            return rng.standard_normal(shape, dtype=np.float32)
         return np.full(shape, 0.0 if arch == "gemma" else 1.0, np.float32)
     noise = rng.standard_normal(shape, dtype=np.float32)
     hidden = shape[-1]
-    if name == "lm_head.weight" or (arch == "gemma" and "embed_tokens" in name):
+    is_head = name.endswith("lm_head.weight") or name == "lm_head.weight"
+    if is_head or (arch == "gemma" and "embed_tokens" in name):
         # Logits = W @ rms_norm(h) with |rms_norm(h)| ~ sqrt(hidden).
         return noise * np.float32(head_scale / np.sqrt(hidden))
-    if "embed_tokens" in name:
+    if "embed_tokens" in name or name.endswith("embeddings.weight"):
         return noise
-    scale = 1.0 / np.sqrt(shape[1])
+    # Fan-in: the last axis, except for convolutions (taps x channels per group).
+    fan_in = shape[1] * shape[2] if len(shape) == 3 and "conv" in name else shape[-1]
+    scale = 1.0 / np.sqrt(fan_in)
     if arch == "gemma" and name.endswith(("o_proj.weight", "down_proj.weight")):
         # Gemma's input is its (large) tied head row; let the blocks dominate
         # the residual so the argmax is not simply the input token again.
@@ -256,11 +405,16 @@ def _parameter_shapes(config: dict) -> dict[str, tuple]:
     return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
 
 
+def _is_vocab_param(name: str) -> bool:
+    """Whether a parameter has one row per vocabulary entry (embedding or head)."""
+    return name.endswith(("embed_tokens.weight", "embeddings.weight", "lm_head.weight"))
+
+
 def _resize_vocab(weights: dict, rows: int, tokenizer_size: int) -> dict:
     """Keep the first ``tokenizer_size`` vocab rows, zero-pad up to ``rows``."""
     out = {}
     for name, w in weights.items():
-        if "embed_tokens" in name or name == "lm_head.weight":
+        if _is_vocab_param(name):
             w = w[:tokenizer_size]
             pad = np.zeros((rows - w.shape[0],) + w.shape[1:], np.float32)
             w = np.concatenate([w, pad])
@@ -288,7 +442,7 @@ def make_checkpoint(
 
     Args:
         out_dir: Checkpoint directory (created if missing).
-        arch: One of :data:`ARCHITECTURES`; must match ``base`` if given.
+        arch: One of :data:`ALL_ARCHITECTURES`; must match ``base`` if given.
         seed: Seed for the weights (and for the noise when ``base`` is given).
             Default: ``0``.
         hidden_size: Model width. Ignored with ``base``. Default: ``64``.
@@ -490,12 +644,14 @@ def _prompt_ids(tokenizer_dir: Path) -> list[list[int]]:
     return [tokenizer.encode(p, add_special_tokens=False).ids for p in PROMPTS]
 
 
-def _make_target(out_dir: Path, arch: str, *, seed: int, tries: int = 20) -> Path:
+def _make_target(
+    out_dir: Path, arch: str, *, seed: int, tries: int = 20, **kwargs
+) -> Path:
     """:func:`make_checkpoint`, re-seeded until its greedy gaps clear GAP_FLOOR."""
     from mlx_lm.utils import load_model
 
     for attempt in range(tries):
-        make_checkpoint(out_dir, arch, seed=seed + 1000 * attempt)
+        make_checkpoint(out_dir, arch, seed=seed + 1000 * attempt, **kwargs)
         model, _ = load_model(out_dir)
         if min_top2_gap(model, None, _prompt_ids(out_dir)) >= GAP_FLOOR:
             return out_dir
@@ -515,6 +671,17 @@ def _build_set(root: Path) -> dict[str, Path]:
             base=paths[arch],
             noise=DEFAULT_NEAR_NOISE,
             seed=100 + i,
+        )
+    for i, arch in enumerate(ROLLBACK_ARCHITECTURES):
+        paths[arch] = _make_target(
+            root / arch, arch, seed=20 + i, num_layers=ROLLBACK_LAYERS
+        )
+        paths[f"{arch}-near"] = make_checkpoint(
+            root / f"{arch}-near",
+            arch,
+            base=paths[arch],
+            noise=DEFAULT_NEAR_NOISE,
+            seed=120 + i,
         )
     paths["llama-unrelated"] = make_checkpoint(
         root / "llama-unrelated",
@@ -552,8 +719,8 @@ def _build_set(root: Path) -> dict[str, Path]:
 
 # Names and their intended roles, for documentation and tests.
 CHECKPOINT_NAMES = (
-    *ARCHITECTURES,
-    *(f"{a}-near" for a in ARCHITECTURES),
+    *ALL_ARCHITECTURES,
+    *(f"{a}-near" for a in ALL_ARCHITECTURES),
     "llama-unrelated",
     "qwen2-padded",
     "qwen2-padded-near",
@@ -593,7 +760,7 @@ def _is_current(root: Path, version: str) -> bool:
 def test_checkpoints(root: str | Path | None = None) -> dict[str, Path]:
     """Build (once) and return the named test checkpoint set.
 
-    Names: every arch in :data:`ARCHITECTURES` (targets), ``"<arch>-near"``
+    Names: every arch in :data:`ALL_ARCHITECTURES` (targets), ``"<arch>-near"``
     (target + small noise, ~0.5-0.9 greedy acceptance), ``"llama-unrelated"``
     (a small qwen3, low acceptance), ``"qwen2-padded"`` (``"qwen2"`` with 128
     zero vocab rows), ``"qwen2-padded-near"`` (near ``"qwen2"``, 64 zero rows)
