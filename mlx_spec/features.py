@@ -1,0 +1,168 @@
+"""Hidden states of an unmodified mlx-lm model, taken from its own forward.
+
+Draft heads (EAGLE, Medusa) read the target's *features*: the hidden states
+its forward computes anyway. No model file is forked. While a forward's
+graph is built under :meth:`FeatureCapture.capturing`, the model's final
+norm (and any chosen blocks) are seen through thin taps that record their
+outputs and return them unchanged, so the logits are bit-identical; on exit
+the model is restored. mlx is lazy, so recording costs no compute and no
+host sync: the recorded arrays are part of the graph the round evaluates.
+
+Feature layers, as ``int``:
+
+- :data:`FINAL` (``-1``): the final hidden state *after* the model's last
+  norm, i.e. the input of the output layer (``logits = W h``). A head that
+  predicts it can reuse the target's frozen output layer as is, so this is
+  the feature EAGLE-1/2 and Medusa use.
+- ``i >= 0``: the output of block ``i`` (the residual stream before any
+  norm), e.g. a low, a middle and a high block as EAGLE-3 does.
+
+Any mlx-lm model that keeps its blocks in ``model.model.layers`` and its
+final norm in ``model.model.norm`` works (llama, mistral, qwen2, qwen3,
+gemma, phi3 and most others).
+"""
+
+from contextlib import contextmanager
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+FINAL = -1
+
+
+def feature_owner(model: nn.Module) -> nn.Module:
+    """The inner module holding ``layers``, ``norm`` and ``embed_tokens``.
+
+    Raises:
+        ValueError: If the model keeps them elsewhere (unsupported layout).
+    """
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if (
+        not isinstance(layers, list)
+        or getattr(inner, "norm", None) is None
+        or getattr(inner, "embed_tokens", None) is None
+    ):
+        kind = getattr(model, "model_type", type(model).__name__)
+        raise ValueError(
+            f"draft heads need an mlx-lm model with model.model.layers, .norm and "
+            f".embed_tokens; model type {kind!r} has another layout."
+        )
+    return inner
+
+
+def check_feature_layers(model: nn.Module, layers: Sequence[int]) -> Tuple[int, ...]:
+    """Validate feature layers for ``model``; return them as a tuple."""
+    count = len(feature_owner(model).layers)
+    layers = tuple(int(i) for i in layers)
+    bad = [i for i in layers if not (i == FINAL or 0 <= i < count)]
+    if not layers or bad or len(set(layers)) != len(layers):
+        raise ValueError(
+            f"feature layers {list(layers)} are invalid for a model with {count} "
+            f"blocks: use distinct block indices 0..{count - 1}, or {FINAL} for the "
+            "final normed hidden state."
+        )
+    return layers
+
+
+def output_layer(model: nn.Module) -> nn.Module:
+    """The module mapping final features to logits (``lm_head`` or tied embedding)."""
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        return head
+    return feature_owner(model).embed_tokens
+
+
+def feature_logits(model: nn.Module, h: mx.array) -> mx.array:
+    """The target's output layer applied to features ``h`` ``(..., H) -> (..., V)``.
+
+    Exactly what the model's forward does after its final norm for the
+    supported architectures (no soft-capping or logit scaling).
+    """
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        return head(h)
+    return feature_owner(model).embed_tokens.as_linear(h)
+
+
+def embed(model: nn.Module, tokens: mx.array) -> mx.array:
+    """The target's own (frozen) token embedding: ``(...,) -> (..., H)``."""
+    return feature_owner(model).embed_tokens(tokens)
+
+
+class _Tap:
+    """Records the output of the wrapped module; everything else delegates."""
+
+    def __init__(self, module, record: List[mx.array]):
+        self.module = module
+        self.record = record
+
+    def __call__(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        self.record.append(out)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+class FeatureCapture:
+    """Records chosen hidden states of ``model`` during the forwards it wraps.
+
+    Args:
+        model: An mlx-lm model (see :func:`feature_owner`).
+        layers: Feature layers, in the order their states are concatenated
+          (see the module docstring). Default: ``(FINAL,)``.
+    """
+
+    def __init__(self, model: nn.Module, layers: Sequence[int] = (FINAL,)):
+        self.model = model
+        self.layers = check_feature_layers(model, layers)
+        self._records: List[List[mx.array]] = [[] for _ in self.layers]
+
+    @contextmanager
+    def capturing(self) -> Iterator["FeatureCapture"]:
+        """Tap the model while the forwards inside the block build their graphs."""
+        owner = feature_owner(self.model)
+        norm, blocks = owner.norm, owner.layers
+        taps = dict(zip(self.layers, self._records))
+        try:
+            if FINAL in taps:
+                owner.norm = _Tap(norm, taps[FINAL])
+            if any(i != FINAL for i in taps):
+                owner.layers = [
+                    _Tap(block, taps[i]) if i in taps else block
+                    for i, block in enumerate(blocks)
+                ]
+            yield self
+        finally:
+            owner.norm = norm
+            owner.layers = blocks
+
+    def take(self, batched: bool = False) -> Optional[mx.array]:
+        """The features recorded since the last call, or ``None`` if none were.
+
+        Returns:
+            ``(T, F)``: every position of the captured forwards, in order (a
+            batch of one); with ``batched``, ``(B, T, F)``. ``F`` is the sum
+            of the layers' widths.
+        """
+        if not self._records[0]:
+            return None
+        parts = []
+        for record in self._records:
+            rows = record if batched else [r.reshape(-1, r.shape[-1]) for r in record]
+            parts.append(rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=-2))
+            record.clear()
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
+
+
+@contextmanager
+def maybe_capturing(capture: Optional[FeatureCapture]):
+    """``capture.capturing()``, or nothing when no drafter wants features."""
+    if capture is None:
+        yield None
+    else:
+        with capture.capturing() as c:
+            yield c
