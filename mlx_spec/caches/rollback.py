@@ -34,12 +34,12 @@ def unsupported(cache: List[Any]) -> List[str]:
     """Names of the cache classes in ``cache`` that cannot be rewound exactly."""
     bad = set()
     for c in leaf_caches(cache):
-        if isinstance(c, (*TRIMMED, *JOURNALED, ConcatenateKVCache)):
-            if type(c).__name__.startswith("Batch"):
-                bad.add(type(c).__name__)
-            continue
-        if not (hasattr(c, "is_trimmable") and c.is_trimmable()):
-            bad.add(type(c).__name__)
+        name = type(c).__name__
+        if name.startswith("Batch"):  # batched generation: one sequence per call here
+            bad.add(name)
+        elif not isinstance(c, (*TRIMMED, *JOURNALED, ConcatenateKVCache)):
+            if not (hasattr(c, "is_trimmable") and c.is_trimmable()):
+                bad.add(name)
     return sorted(bad)
 
 
