@@ -21,6 +21,7 @@ from .attention.tree import commit_path
 from .config import SpecConfig
 from .drafters.base import RoundState, empty_proposal
 from .drafters.registry import make_drafter
+from .features import FeatureCapture, maybe_capturing
 from .models import CachedModel, KVSettings, cache_offset, num_caches, output_size
 from .planner import RoundPlanner
 from .sampling import SamplingParams, sampling_params_of
@@ -51,8 +52,8 @@ class TokenEvent:
 def _validate_vocab(model, draft_model, tokenizer_size: Optional[int]):
     """Check the draft can be compared with the target; return the target width."""
     target_width = output_size(model)
-    if draft_model is None:
-        return target_width
+    if draft_model is None or getattr(draft_model, "is_head", False):
+        return target_width  # a head proposes through the target's own output layer
     draft_width = output_size(draft_model)
     needed = tokenizer_size if tokenizer_size is not None else target_width
     if draft_width < needed:
@@ -238,6 +239,9 @@ def _generate(
 ):
     base = target.offset
     seq: List[int] = prompt.tolist()
+    # Drafters that read the target's hidden states get them from its own forwards.
+    layers = getattr(drafter, "feature_layers", None)
+    capture = FeatureCapture(target.model, layers) if layers else None
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
     planner = RoundPlanner(config, drafter, timed=law.mode == "greedy")
@@ -256,7 +260,11 @@ def _generate(
             drafter.prefill(prompt[:-1], prefill_step_size)
             total = int(prompt.size)
             report = progress and (lambda done, _: progress(done, total))
-            target.prefill(prompt[:-1], prefill_step_size, report)
+            with maybe_capturing(capture):
+                target.prefill(prompt[:-1], prefill_step_size, report)
+            features = capture.take() if capture is not None else None
+            if features is not None:
+                drafter.add_features(features, None)
             if progress is not None:
                 progress(total, total)
             stats.prompt_tokens = int(prompt.size)
@@ -286,12 +294,13 @@ def _generate(
                         stats.draft_time = (stats.draft_time or 0.0) + draft_time
                     verify_tic = time.perf_counter()
                     root = mx.array(seq[-1:], mx.uint32)
-                    if proposal.parents is None:
-                        verified = verify_chain(
-                            target, root, proposal, law, processors, history
-                        )
-                    else:
-                        verified = verify_tree(target, root, proposal, law)
+                    with maybe_capturing(capture):
+                        if proposal.parents is None:
+                            verified = verify_chain(
+                                target, root, proposal, law, processors, history
+                            )
+                        else:
+                            verified = verify_tree(target, root, proposal, law)
                 packed, target_logprobs, decode = verified
                 extra = proposal.sync_data
                 if extra is not None:
@@ -301,7 +310,7 @@ def _generate(
                 elif (
                     proposal.size == 0
                     and remaining > 1
-                    and not (processors or config.profile)
+                    and not (processors or config.profile or capture is not None)
                     and planner.queues_plain_round(len(seq) + 1)
                 ):
                     # Two plain rounds in a row: queue the next target step on
@@ -328,6 +337,8 @@ def _generate(
 
                 result = decode(values)
                 n, drafted = result.num_accepted, proposal.size
+                if capture is not None:  # the accepted rows' features, for the next round
+                    drafter.add_features(capture.take(), result.rows)
                 if proposal.parents is None:
                     # With a step queued, nothing was drafted and it holds the next slot.
                     if queued is None:

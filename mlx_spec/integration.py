@@ -54,6 +54,8 @@ _patched: Dict[str, Any] = {}
 
 # Methods whose prompt cache holds the draft model's layers after the target's.
 DRAFT_CACHE_METHODS = ("draft", "tree", "auto")
+# Methods of trained heads: given the head as draft model (its cache part is empty).
+HEAD_METHODS = ("eagle", "eagle-chain", "medusa")
 
 
 def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
@@ -72,7 +74,8 @@ def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
     from .config import resolve_method
 
     method = resolve_method(speculative, draft_model)
-    return method, draft_model is not None and method in DRAFT_CACHE_METHODS
+    uses = DRAFT_CACHE_METHODS + HEAD_METHODS
+    return method, draft_model is not None and method in uses
 
 
 def wants_speculation(draft_model, kwargs) -> bool:

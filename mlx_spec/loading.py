@@ -68,11 +68,26 @@ def check_draft_tokenizer(tokenizer, draft_tokenizer):
         )
 
 
+def load_draft(path: str, model, tokenizer):
+    """Load ``--draft-model``: a draft model or a trained head, checked against the target.
+
+    A directory written by ``mlx_spec train-draft --kind eagle|medusa`` holds
+    a head: it is bound to ``model`` after checking that it was trained for
+    it. Anything else is loaded with mlx_lm and must share the tokenizer.
+    """
+    from .drafters.heads import load_head, read_head_config
+
+    if read_head_config(path) is not None:
+        return load_head(Path(path).expanduser(), model)
+    draft_model, draft_tokenizer = load_model(path, "draft model")
+    check_draft_tokenizer(tokenizer, draft_tokenizer)
+    return draft_model
+
+
 def load_pair(model_path: Optional[str], draft_path: Optional[str], **kwargs):
-    """Load a target and an optional draft, checking they share a tokenizer."""
+    """Load a target and an optional draft (a model or a head), checked against it."""
     model, tokenizer = load_model(model_path, "model", **kwargs)
     draft_model = None
     if draft_path is not None:
-        draft_model, draft_tokenizer = load_model(draft_path, "draft model")
-        check_draft_tokenizer(tokenizer, draft_tokenizer)
+        draft_model = load_draft(draft_path, model, tokenizer)
     return model, tokenizer, draft_model

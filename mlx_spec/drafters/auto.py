@@ -2,7 +2,9 @@
 
 With a draft model the arms are the draft chain, the draft tree and prompt
 lookup falling back to the draft chain when the context has no strong match
-(:class:`LookupThenDraft`); without one, prompt lookup and self-speculation. Each round uses
+(:class:`LookupThenDraft`); with a trained head, its arms (EAGLE tree and
+chain, or Medusa) and prompt lookup; without either, prompt lookup and
+self-speculation. Each round uses
 one arm; an arm's worth is its tokens per unit of cost (an exponential
 moving average of emitted tokens over the round's cost), and an occasional
 round explores the others. The cost is wall time under greedy decoding and
@@ -94,6 +96,23 @@ class AutoDrafter:
             if hasattr(arm, "add_history"):
                 arm.add_history(tokens)
 
+    @property
+    def feature_layers(self):
+        """The target features the head arms read (one head: one set), if any."""
+        for arm in self.arms.values():
+            if getattr(arm, "feature_layers", None):
+                return arm.feature_layers
+        return None
+
+    def add_features(self, features, rows):
+        # Head arms read every round's features, whichever arm drafted it.
+        seen = set()
+        for arm in self.arms.values():
+            shared = id(getattr(arm, "context", arm))
+            if hasattr(arm, "add_features") and shared not in seen:
+                seen.add(shared)
+                arm.add_features(features, rows)
+
     def caches(self) -> List:
         # Model-based arms share one draft cache: report it once.
         seen, out = set(), []
@@ -180,7 +199,12 @@ class LookupThenDraft:
 
 def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab_size):
     arms: Dict[str, object] = {}
-    if draft_model is not None:
+    if getattr(draft_model, "is_head", False):
+        arms.update(_head_arms(config, target, draft_model, cache, kv, vocab_size))
+        lookup = make_lookup_drafter(config, target, None, None, kv, vocab_size)
+        lookup.chain_only()
+        arms["lookup"] = lookup
+    elif draft_model is not None:
         from ..attention.tree import prepare_tree_model, tree_unsupported
         from .tree import TreeDrafter
 
@@ -212,3 +236,14 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
                 config, target, None, cache, kv, vocab_size
             )
     return AutoDrafter(arms, config)
+
+
+def _head_arms(config, target, head, cache, kv, vocab_size) -> Dict[str, object]:
+    """A head's arms: EAGLE tree and chain, or Medusa."""
+    if head.kind == "eagle":
+        from .eagle import make_eagle_arms
+
+        return make_eagle_arms(config, target, head, cache, kv, vocab_size)
+    from .medusa import make_medusa_drafter
+
+    return {"medusa": make_medusa_drafter(config, target, head, cache, kv, vocab_size)}

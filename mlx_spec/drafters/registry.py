@@ -18,6 +18,9 @@ FACTORIES: Dict[str, Union[str, Callable]] = {
     "lookup": "mlx_spec.drafters.lookup:make_lookup_drafter",
     "self": "mlx_spec.drafters.self_spec:make_self_drafter",
     "auto": "mlx_spec.drafters.auto:make_auto_drafter",
+    "eagle": "mlx_spec.drafters.eagle:make_eagle_drafter",
+    "eagle-chain": "mlx_spec.drafters.eagle:make_eagle_chain_drafter",
+    "medusa": "mlx_spec.drafters.medusa:make_medusa_drafter",
 }
 
 # "none" is plain mlx_lm decoding, which needs no drafter.
