@@ -1,0 +1,243 @@
+"""Training an EAGLE head: losses unrolled over its own draft steps.
+
+A batch holds windows of teacher data (:mod:`mlx_spec.train.head_data`).
+Step 1 is teacher forcing: the pair at ``q`` is ``(f_q, x_{q+1})`` and the
+head output ``g¹_q`` should predict ``f_{q+1}`` and the target's law at
+``q + 1``. Step ``s > 1`` reproduces what drafting sees (as in EAGLE-3's
+training-time test): the pair at ``q`` is ``(g^{s-1}_{q-1}, x_{q+1})``, and
+it attends to the step-1 entries of positions ``<= q - s + 1`` (the pairs
+built from true features) and to the step-``k`` entries at ``q - s + k``
+for ``k = 2..s`` (its own earlier drafts), exactly as the head's cache
+holds them when it drafts ``s`` tokens ahead. So the loss of step ``s`` is
+the loss of the ``s``-th draft token.
+
+Loss per step: cross-entropy of the head's law over the draft vocabulary
+against the target's (top-K) law, plus a smooth-L1 regression of ``g`` on
+the next feature when the feature is the final hidden state; steps are
+weighted ``STEP_DECAY**(s - 1)``.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..features import FINAL
+from .head_data import HeadData
+
+STEP_DECAY = 0.8
+DEFAULT_TRAIN_STEPS = 3  # unrolled draft steps in training
+DEFAULT_FEATURE_WEIGHT = 0.2
+
+
+@dataclass
+class Batch:
+    """A padded batch of windows (device arrays).
+
+    Attributes:
+        features: ``(B, W, F)`` target features.
+        tokens: ``(B, W)`` token ids.
+        teacher_ids: ``(B, W, K)`` draft-vocabulary index of the teacher's
+          top-K tokens at each position (``-1`` outside the draft vocabulary).
+        teacher_p: ``(B, W, K)`` their probabilities.
+        teacher_top: ``(B, W)`` the teacher's top token (target id).
+        valid: ``(B, W)`` True where position ``t``'s law is over a completion token.
+    """
+
+    features: mx.array
+    tokens: mx.array
+    teacher_ids: mx.array
+    teacher_p: mx.array
+    teacher_top: mx.array
+    valid: mx.array
+
+
+def make_batch(
+    data: HeadData,
+    index: Sequence[int],
+    to_draft: np.ndarray,
+    window: int,
+    rng: np.random.Generator,
+) -> Batch:
+    """Crop one window per sequence in ``index`` and pad them to a batch.
+
+    Windows start at random inside long sequences but never after the first
+    completion position they could cover.
+    """
+    width = min(window, max(len(data.tokens[i]) for i in index))
+    B = len(index)
+    F = data.features[index[0]].shape[1]
+    K = data.teacher_ids[index[0]].shape[1]
+    feats = np.zeros((B, width, F), np.float32)
+    tokens = np.zeros((B, width), np.int32)
+    ids = np.full((B, width, K), -1, np.int32)
+    p = np.zeros((B, width, K), np.float32)
+    top = np.full((B, width), -1, np.int32)
+    valid = np.zeros((B, width), bool)
+    for row, i in enumerate(index):
+        n = len(data.tokens[i])
+        start = data.starts[i]
+        lo = 0
+        if n > width:
+            lo = int(rng.integers(0, n - width + 1))
+        hi = min(n, lo + width)
+        L = hi - lo
+        feats[row, :L] = data.features[i][lo:hi]
+        tokens[row, :L] = data.tokens[i][lo:hi]
+        t_ids = data.teacher_ids[i][lo:hi]
+        ids[row, :L] = to_draft[t_ids]
+        p[row, :L] = np.exp(data.teacher_logp[i][lo:hi].astype(np.float32))
+        top[row, :L] = t_ids[:, 0]
+        positions = np.arange(lo, hi)
+        valid[row, :L] = positions >= start - 1
+        valid[row, L - 1] = False  # its next token is outside the window
+    return Batch(
+        mx.array(feats),
+        mx.array(tokens),
+        mx.array(ids),
+        mx.array(p),
+        mx.array(top),
+        mx.array(valid),
+    )
+
+
+def unrolled_masks(length: int, steps: int) -> List[mx.array]:
+    """Attention masks of the unrolled steps: ``steps`` arrays ``(Q, s * Q)``.
+
+    Keys are ordered step 1 (all positions), step 2, ..., step ``s``.
+    """
+    q = np.arange(length)[:, None]
+    p = np.arange(length)[None, :]
+    masks = []
+    for s in range(1, steps + 1):
+        blocks = [p <= q - s + 1]
+        blocks += [p == q - s + k for k in range(2, s + 1)]
+        masks.append(mx.array(np.concatenate(blocks, axis=1)))
+    return masks
+
+
+def _cross_entropy(logits: mx.array, ids: mx.array, p: mx.array) -> mx.array:
+    """``-sum_j p_j log q(ids_j)`` per position: logits ``(B, Q, k)``, ids/p ``(B, Q, K)``."""
+    logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    picked = mx.take_along_axis(logq, mx.maximum(ids, 0), axis=-1)
+    return -(mx.where(ids >= 0, p, 0.0) * picked).sum(-1)
+
+
+def unrolled_outputs(
+    head, embed_fn, vocab_weight: mx.array, batch: Batch, steps: int
+) -> List[Tuple[mx.array, mx.array]]:
+    """Head outputs and draft logits of every unrolled step.
+
+    Returns:
+        ``steps`` pairs ``(g (B, Q, H), logits (B, Q, k))`` for queries
+        ``q = 0..W-2``.
+    """
+    B, W = batch.tokens.shape
+    Q = W - 1
+    emb = embed_fn(batch.tokens[:, 1:])
+    positions = mx.broadcast_to(mx.arange(Q)[None], (B, Q))
+    inputs = head.project(batch.features[:, :-1])
+    past = None
+    outs = []
+    for s, mask in enumerate(unrolled_masks(Q, steps), start=1):
+        g, (k, v) = head(inputs, emb, positions, mask, past=past)
+        past = (
+            (k, v)
+            if past is None
+            else (
+                mx.concatenate([past[0], k], axis=2),
+                mx.concatenate([past[1], v], axis=2),
+            )
+        )
+        outs.append((g, g @ vocab_weight.T))
+        # The next step's input at q is this step's output at q - 1.
+        inputs = mx.concatenate([mx.zeros_like(g[:, :1]), g[:, :-1]], axis=1)
+    return outs
+
+
+def eagle_loss(
+    head,
+    embed_fn,
+    vocab_weight: mx.array,
+    batch: Batch,
+    *,
+    steps: int = DEFAULT_TRAIN_STEPS,
+    feature_weight: float = DEFAULT_FEATURE_WEIGHT,
+    final_feature: bool = True,
+) -> Tuple[mx.array, mx.array]:
+    """The weighted loss and per-step draft accuracies ``(steps,)``."""
+    outs = unrolled_outputs(head, embed_fn, vocab_weight, batch, steps)
+    Q = batch.tokens.shape[1] - 1
+    target_valid = batch.valid[:, 1:]
+    total, weights, accs = 0.0, 0.0, []
+    q = mx.arange(Q)[None]
+    for s, (g, logits) in enumerate(outs, start=1):
+        valid = (target_valid & (q >= s - 1)).astype(mx.float32)
+        count = mx.maximum(valid.sum(), 1.0)
+        ce = _cross_entropy(logits, batch.teacher_ids[:, 1:], batch.teacher_p[:, 1:])
+        loss = (ce * valid).sum() / count
+        if final_feature and feature_weight > 0:
+            reg = nn.losses.smooth_l1_loss(
+                g, batch.features[:, 1:].astype(g.dtype), reduction="none"
+            ).mean(-1)
+            loss = loss + feature_weight * (reg * valid).sum() / count
+        w = STEP_DECAY ** (s - 1)
+        total = total + w * loss
+        weights += w
+        hit = logits.argmax(-1) == batch.teacher_ids[:, 1:, 0]
+        accs.append((hit * valid).sum() / count)
+    return total / weights, mx.stack(accs)
+
+
+def chain_acceptance(
+    head, embed_fn, vocab_weight, draft_ids: mx.array, batch: Batch, depth: int
+) -> np.ndarray:
+    """Greedy chain acceptance from every round start ``j`` of a batch.
+
+    Draft ``s`` of a round whose last true pair is ``j`` is the unrolled
+    step-``s`` output at ``q = j + s - 1``; it is accepted while every draft
+    so far equals the target's top token.
+
+    Returns:
+        ``(N, depth)`` bool: for each valid round start, whether drafts
+        ``1..s`` were all accepted.
+    """
+    outs = unrolled_outputs(head, embed_fn, vocab_weight, batch, depth)
+    hits = []
+    for g, logits in outs:
+        draft = draft_ids[logits.argmax(-1)]
+        hits.append(draft == batch.teacher_top[:, 1:])
+    hits = np.array(mx.stack(hits, axis=-1))  # (B, Q, depth)
+    valid = np.array(batch.valid[:, 1:])
+    B, Q, _ = hits.shape
+    rows = []
+    for b in range(B):
+        for j in range(Q):
+            if not valid[b, j]:
+                continue
+            run = np.zeros(depth, bool)
+            ok = True
+            for s in range(depth):
+                q = j + s
+                ok = ok and q < Q and valid[b, q] and bool(hits[b, q, s])
+                run[s] = ok
+            rows.append(run)
+    return np.array(rows, bool).reshape(-1, depth)
+
+
+def final_only(layers: Sequence[int]) -> bool:
+    return list(layers) == [FINAL]
+
+
+def summarize_acceptance(runs: np.ndarray) -> Dict[str, object]:
+    """Acceptance by depth and tokens per round of a greedy chain, from ``runs``."""
+    if runs.size == 0:
+        return {"rounds": 0, "accept_by_depth": [], "tokens_per_round": 1.0}
+    by_depth = runs.mean(axis=0)
+    return {
+        "rounds": int(runs.shape[0]),
+        "accept_by_depth": [round(float(a), 4) for a in by_depth],
+        "tokens_per_round": round(1.0 + float(runs.sum(axis=1).mean()), 4),
+    }

@@ -1,0 +1,379 @@
+"""The training loop of draft heads (``mlx_spec train-draft --kind eagle|medusa``).
+
+Given teacher data (:mod:`mlx_spec.train.head_data`), it trains the head
+with AdamW (warm-up, cosine decay, gradient clipping), shows a progress bar
+with the loss, the draft accuracy and the greedy acceptance measured on
+held-out sequences, writes a checkpoint every ``checkpoint_every`` steps
+(and resumes from it), and finally writes the head directory that
+``--draft-model DIR`` loads.
+
+Held-out acceptance is the acceptance of greedy drafting, computed exactly
+from the teacher data: for EAGLE the unrolled steps reproduce what the head
+sees when drafting (see :mod:`mlx_spec.train.eagle`), so a chain from
+round start ``j`` accepts ``s`` tokens iff its first ``s`` drafts equal the
+target's greedy tokens; for Medusa, iff heads ``1..s`` put the target's
+token first.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..drafters.heads import build_head, head_args, save_head
+from ..features import embed, feature_owner, output_layer
+from ..fingerprint import model_fingerprint
+from . import eagle as eagle_train
+from . import medusa as medusa_train
+from .head_data import HeadData, coverage, draft_vocabulary, token_counts
+
+CHECKPOINT_DIR = "checkpoint"
+DEFAULT_STEPS = 2000
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_WINDOW = 256
+DEFAULT_LR = 1e-3
+DEFAULT_DRAFT_VOCAB = 8192
+DEFAULT_EVAL_EVERY = 250
+DEFAULT_HELDOUT = 24
+EVAL_DEPTH = 6
+MEDUSA_TREE_SIZE = 24
+
+
+@dataclass
+class HeadTrainConfig:
+    """Options of one head training (all recorded in the head's config).
+
+    Args:
+        kind: ``"eagle"`` or ``"medusa"``.
+        steps: Optimizer steps.
+        batch_size: Windows per step.
+        window: Tokens per window.
+        lr: Peak learning rate (AdamW, linear warm-up, cosine decay).
+        draft_vocab: Size of the draft vocabulary (most frequent target
+          tokens on the training completions); ``0`` keeps the full vocabulary.
+        heldout: Sequences kept out of training to measure acceptance.
+        eval_every: Steps between held-out evaluations.
+        checkpoint_every: Steps between checkpoints.
+        seed: Seed of the data order and the head's initialisation.
+        feature_layers: EAGLE: the target features read (see mlx_spec.features).
+        train_steps: EAGLE: draft steps unrolled in training.
+        feature_weight: EAGLE: weight of the feature regression.
+        num_heads: Medusa: heads (tokens predicted ahead).
+        tree_size: Medusa: nodes of the calibrated static tree.
+    """
+
+    kind: str = "eagle"
+    steps: int = DEFAULT_STEPS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    window: int = DEFAULT_WINDOW
+    lr: float = DEFAULT_LR
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    heldout: int = DEFAULT_HELDOUT
+    eval_every: int = DEFAULT_EVAL_EVERY
+    checkpoint_every: int = 250
+    seed: int = 0
+    feature_layers: List[int] = field(default_factory=lambda: [-1])
+    train_steps: int = eagle_train.DEFAULT_TRAIN_STEPS
+    feature_weight: float = eagle_train.DEFAULT_FEATURE_WEIGHT
+    num_heads: int = 4
+    tree_size: int = MEDUSA_TREE_SIZE
+
+
+def output_weight(model: nn.Module, ids: Optional[np.ndarray]) -> mx.array:
+    """The target's output layer rows ``ids`` as a float32 ``(k, H)`` matrix (frozen)."""
+    layer = output_layer(model)
+    idx = None if ids is None else mx.array(ids)
+    if getattr(layer, "scales", None) is not None:
+        w, s = layer.weight, layer.scales
+        b = layer.get("biases")
+        if idx is not None:
+            w, s, b = w[idx], s[idx], None if b is None else b[idx]
+        weight = mx.dequantize(w, s, b, group_size=layer.group_size, bits=layer.bits)
+    else:
+        weight = layer.weight if idx is None else layer.weight[idx]
+    weight = weight.astype(mx.float32)
+    mx.eval(weight)
+    return weight
+
+
+def split_heldout(n: int, heldout: int, seed: int):
+    """Deterministic train / held-out split of ``n`` sequences."""
+    order = np.random.default_rng(seed).permutation(n)
+    heldout = min(heldout, max(n // 5, 1)) if n > 1 else 0
+    return sorted(order[heldout:].tolist()), sorted(order[:heldout].tolist())
+
+
+class HeadTrainer:
+    """One head's training state: module, optimizer, data, evaluation."""
+
+    def __init__(self, model: nn.Module, data: HeadData, config: HeadTrainConfig):
+        self.model = model
+        self.config = config
+        self.train_index, self.eval_index = split_heldout(
+            len(data), config.heldout, config.seed
+        )
+        self.data = data
+        vocab_size = int(feature_owner(model).embed_tokens.weight.shape[0])
+        counts = token_counts(data.subset(self.train_index), vocab_size)
+        if config.draft_vocab and config.draft_vocab < vocab_size:
+            self.draft_ids = draft_vocabulary(counts, config.draft_vocab)
+        else:
+            self.draft_ids = None
+        ids = self.draft_ids if self.draft_ids is not None else np.arange(vocab_size)
+        self.coverage = coverage(counts, ids)
+        to_draft = np.full(vocab_size, -1, np.int32)
+        to_draft[ids] = np.arange(len(ids), dtype=np.int32)
+        self.to_draft = to_draft
+        self.draft_ids_mx = mx.array(ids.astype(np.int32))
+        self.vocab_weight = output_weight(model, self.draft_ids)
+        mx.random.seed(config.seed)
+        options = {}
+        if config.kind == "eagle":
+            options["feature_layers"] = config.feature_layers
+        else:
+            options["num_heads"] = config.num_heads
+        self.head = build_head(config.kind, head_args(config.kind, model, **options))
+        mx.eval(self.head.parameters())
+        self.embed_fn = lambda tokens: mx.stop_gradient(embed(model, tokens))
+        self.schedule = optim.join_schedules(
+            [
+                optim.linear_schedule(config.lr * 0.01, config.lr, 100),
+                optim.cosine_decay(
+                    config.lr, max(config.steps - 100, 1), config.lr * 0.05
+                ),
+            ],
+            [100],
+        )
+        self.optimizer = optim.AdamW(learning_rate=self.schedule, weight_decay=0.0)
+        self.step = 0
+        self.rng = np.random.default_rng(config.seed)
+        self.history: List[Dict] = []
+        self.evals: List[Dict] = []
+        self.tokens_seen = 0
+        self.train_time = 0.0
+        self._grad = nn.value_and_grad(self.head, self._loss)
+
+    def _loss(self, batch):
+        if self.config.kind == "eagle":
+            return eagle_train.eagle_loss(
+                self.head,
+                self.embed_fn,
+                self.vocab_weight,
+                batch,
+                steps=self.config.train_steps,
+                feature_weight=self.config.feature_weight,
+                final_feature=eagle_train.final_only(self.config.feature_layers),
+            )
+        return medusa_train.medusa_loss(self.head, self.vocab_weight, batch)
+
+    def batch(self, index: Sequence[int]):
+        return eagle_train.make_batch(
+            self.data, index, self.to_draft, self.config.window, self.rng
+        )
+
+    def train_step(self) -> Dict:
+        """One optimizer step on a random batch; returns its loss and accuracies."""
+        index = self.rng.choice(self.train_index, size=self.config.batch_size)
+        batch = self.batch(index.tolist())
+        tic = time.perf_counter()
+        (loss, accs), grads = self._grad(batch)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        self.optimizer.update(self.head, grads)
+        mx.eval(self.head.parameters(), self.optimizer.state, loss, accs)
+        self.train_time += time.perf_counter() - tic
+        self.step += 1
+        self.tokens_seen += int(np.array(batch.valid).sum())
+        record = {
+            "step": self.step,
+            "loss": round(float(loss.item()), 4),
+            "acc": [round(float(a), 4) for a in np.array(accs)],
+        }
+        self.history.append(record)
+        return record
+
+    def evaluate(self) -> Dict:
+        """Greedy acceptance on the held-out sequences (see the module docstring)."""
+        if not self.eval_index:
+            return {}
+        rng_state = self.rng.bit_generator.state
+        runs, ranks = [], []
+        for i in range(0, len(self.eval_index), self.config.batch_size):
+            index = self.eval_index[i : i + self.config.batch_size]
+            batch = eagle_train.make_batch(
+                self.data, index, self.to_draft, 1 << 30, np.random.default_rng(0)
+            )
+            if self.config.kind == "eagle":
+                runs.append(
+                    eagle_train.chain_acceptance(
+                        self.head,
+                        self.embed_fn,
+                        self.vocab_weight,
+                        self.draft_ids_mx,
+                        batch,
+                        EVAL_DEPTH,
+                    )
+                )
+            else:
+                ranks.append(
+                    medusa_train.rank_hits(
+                        self.head, self.vocab_weight, self.draft_ids_mx, batch
+                    )
+                )
+        self.rng.bit_generator.state = rng_state
+        if self.config.kind == "eagle":
+            summary = eagle_train.summarize_acceptance(np.concatenate(runs))
+        else:
+            all_ranks = np.concatenate(ranks)
+            summary = medusa_train.summarize_ranks(all_ranks)
+            acc = medusa_train.rank_accuracy(all_ranks)
+            choices = medusa_train.calibrated_choices(acc, self.config.tree_size)
+            summary["rank_accuracy"] = np.round(acc, 4).tolist()
+            summary["tree_choices"] = [list(c) for c in choices]
+            summary["tree_tokens_per_round"] = round(
+                1.0 + medusa_train.expected_tree_tokens(acc, choices), 4
+            )
+        summary["step"] = self.step
+        self.evals.append(summary)
+        return summary
+
+    # Checkpoints: the head, the optimizer state and the loop's counters.
+    def save_checkpoint(self, out_dir: Path):
+        path = Path(out_dir) / CHECKPOINT_DIR
+        path.mkdir(parents=True, exist_ok=True)
+        mx.save_safetensors(
+            str(path / "head.safetensors"), dict(tree_flatten(self.head.parameters()))
+        )
+        state = dict(tree_flatten(self.optimizer.state))
+        mx.save_safetensors(str(path / "optimizer.safetensors"), state)
+        meta = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_time": self.train_time,
+            "history": self.history,
+            "evals": self.evals,
+            "rng": self.rng.bit_generator.state,
+            "config": asdict(self.config),
+        }
+        tmp = path / "state.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(path / "state.json")
+
+    def load_checkpoint(self, out_dir: Path) -> bool:
+        """Resume from ``out_dir``'s checkpoint if there is one; True if resumed."""
+        path = Path(out_dir) / CHECKPOINT_DIR
+        if not (path / "state.json").exists():
+            return False
+        meta = json.loads((path / "state.json").read_text())
+        saved = meta["config"]
+        mine = asdict(self.config)
+        differ = [
+            k
+            for k in ("kind", "draft_vocab", "feature_layers", "num_heads", "seed")
+            if saved.get(k) != mine.get(k)
+        ]
+        if differ:
+            raise ValueError(
+                f"the checkpoint in '{out_dir}' was trained with other {', '.join(differ)}; "
+                "use another --out directory or the same options."
+            )
+        self.head.load_weights(list(mx.load(str(path / "head.safetensors")).items()))
+        state = mx.load(str(path / "optimizer.safetensors"))
+        self.optimizer.state = tree_unflatten(list(state.items()))
+        self.step = meta["step"]
+        self.tokens_seen = meta["tokens_seen"]
+        self.train_time = meta["train_time"]
+        self.history = meta["history"]
+        self.evals = meta["evals"]
+        self.rng.bit_generator.state = meta["rng"]
+        mx.eval(self.head.parameters(), self.optimizer.state)
+        return True
+
+    def save_head(self, out_dir, extra: Optional[Dict] = None):
+        """Write the final head directory (float16 weights + config)."""
+        record = {
+            "training": {
+                "config": asdict(self.config),
+                "steps": self.step,
+                "tokens_seen": self.tokens_seen,
+                "train_seconds": round(self.train_time, 1),
+                "train_sequences": len(self.train_index),
+                "heldout_sequences": len(self.eval_index),
+                "train_tokens": int(
+                    sum(len(self.data.tokens[i]) for i in self.train_index)
+                ),
+                "draft_vocab_coverage": round(self.coverage, 4),
+                "final_loss": self.history[-1]["loss"] if self.history else None,
+                "evals": self.evals,
+            }
+        }
+        if self.config.kind == "medusa" and self.evals:
+            record["tree_choices"] = self.evals[-1].get("tree_choices")
+        record.update(extra or {})
+        ids = None if self.draft_ids is None else mx.array(self.draft_ids)
+        save_head(
+            out_dir,
+            self.config.kind,
+            self.head,
+            target_fingerprint=model_fingerprint(self.model),
+            draft_ids=ids,
+            extra=record,
+        )
+
+
+def train_head(
+    model: nn.Module,
+    data: HeadData,
+    config: HeadTrainConfig,
+    out_dir,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+    extra: Optional[Dict] = None,
+) -> HeadTrainer:
+    """Train a head on ``data`` and write it to ``out_dir`` (see the module docstring)."""
+    trainer = HeadTrainer(model, data, config)
+    out_dir = Path(out_dir)
+    if resume and trainer.load_checkpoint(out_dir) and log:
+        log(f"resumed from step {trainer.step}")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=config.steps, initial=trainer.step, desc=f"train {config.kind}"
+        )
+    last_eval = trainer.evals[-1] if trainer.evals else {}
+    while trainer.step < config.steps:
+        record = trainer.train_step()
+        at_end = trainer.step == config.steps
+        if trainer.step % config.eval_every == 0 or at_end:
+            last_eval = trainer.evaluate()
+            if log:
+                log(
+                    json.dumps(
+                        {k: v for k, v in last_eval.items() if k != "rank_accuracy"}
+                    )
+                )
+        if trainer.step % config.checkpoint_every == 0 or at_end:
+            trainer.save_checkpoint(out_dir)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                loss=record["loss"],
+                acc1=record["acc"][0],
+                heldout_tpr=last_eval.get("tokens_per_round", float("nan")),
+            )
+    if bar is not None:
+        bar.close()
+    if not trainer.evals or trainer.evals[-1].get("step") != trainer.step:
+        trainer.evaluate()
+    trainer.save_head(out_dir, extra)
+    return trainer

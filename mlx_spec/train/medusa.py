@@ -1,0 +1,127 @@
+"""Training Medusa heads, and the static tree their accuracies suggest.
+
+Head ``k`` reads the target's final feature ``f_q`` (which chose token
+``x_{q+1}``) and should predict ``x_{q+1+k}``: its loss is the
+cross-entropy against the target's own law at position ``q + k``
+(self-distillation, as Medusa-2 does), over the draft vocabulary.
+"""
+
+import heapq
+from typing import Dict, List, Tuple
+
+import mlx.core as mx
+import numpy as np
+
+from .eagle import Batch, _cross_entropy
+
+TOP_RANKS = 10  # ranks per head whose accuracy is measured (tree calibration)
+
+
+def head_logits(heads, vocab_weight: mx.array, features: mx.array) -> mx.array:
+    """``(B, W, H)`` features -> ``(B, W, K, k)`` draft logits of every head."""
+    return heads(features) @ vocab_weight.T
+
+
+def medusa_loss(
+    heads, vocab_weight: mx.array, batch: Batch
+) -> Tuple[mx.array, mx.array]:
+    """Mean cross-entropy over heads and per-head top-1 accuracy ``(K,)``."""
+    logits = head_logits(heads, vocab_weight, batch.features)
+    K = logits.shape[2]
+    W = batch.tokens.shape[1]
+    total, accs = 0.0, []
+    for k in range(1, K + 1):
+        lg = logits[:, : W - k, k - 1]
+        valid = batch.valid[:, k:].astype(mx.float32)
+        count = mx.maximum(valid.sum(), 1.0)
+        ce = _cross_entropy(lg, batch.teacher_ids[:, k:], batch.teacher_p[:, k:])
+        total = total + (ce * valid).sum() / count
+        hit = lg.argmax(-1) == batch.teacher_ids[:, k:, 0]
+        accs.append((hit * valid).sum() / count)
+    return total / K, mx.stack(accs)
+
+
+def rank_hits(heads, vocab_weight, draft_ids: mx.array, batch: Batch) -> np.ndarray:
+    """Per valid round start ``j``: the rank of the target's token in each head's list.
+
+    Returns:
+        ``(N, K)`` int: rank (0 = best) of the target's top token at ``j + k``
+        among head ``k``'s candidates, ``TOP_RANKS`` if not in its top
+        ``TOP_RANKS``, ``-1`` where ``j + k`` is outside the window.
+    """
+    logits = head_logits(heads, vocab_weight, batch.features)
+    order = mx.argsort(-logits, axis=-1)[..., :TOP_RANKS]
+    cands = np.array(draft_ids[order])  # (B, W, K, R) target ids
+    top = np.array(batch.teacher_top)
+    valid = np.array(batch.valid)
+    B, W, K, R = cands.shape
+    rows = []
+    for b in range(B):
+        for j in range(W):
+            if not valid[b, j]:
+                continue
+            ranks = []
+            for k in range(1, K + 1):
+                if j + k >= W or not valid[b, j + k]:
+                    ranks.append(-1)
+                    continue
+                where = np.nonzero(cands[b, j, k - 1] == top[b, j + k])[0]
+                ranks.append(int(where[0]) if where.size else R)
+            rows.append(ranks)
+    return np.array(rows, np.int64).reshape(-1, K)
+
+
+def chain_runs(ranks: np.ndarray) -> np.ndarray:
+    """``(N, K)`` bool: heads ``1..k`` all had the target's token first."""
+    hit = ranks == 0
+    return np.cumprod(hit, axis=1).astype(bool)
+
+
+def rank_accuracy(ranks: np.ndarray) -> np.ndarray:
+    """``(K, TOP_RANKS)``: how often head ``k``'s rank-``r`` token is the target's."""
+    K = ranks.shape[1]
+    acc = np.zeros((K, TOP_RANKS))
+    for k in range(K):
+        col = ranks[:, k]
+        col = col[col >= 0]
+        if col.size:
+            for r in range(TOP_RANKS):
+                acc[k, r] = float((col == r).mean())
+    return acc
+
+
+def calibrated_choices(acc: np.ndarray, size: int) -> List[Tuple[int, ...]]:
+    """The ``size`` index paths of highest ``prod_l acc[l, c_l]`` (Medusa's trees).
+
+    A path's value never exceeds its parent's, so taking the best paths
+    one by one (a best-first search) keeps every prefix in the tree.
+    """
+    K, R = acc.shape
+    heap = [(-acc[0, r], (r,)) for r in range(R)]
+    heapq.heapify(heap)
+    chosen = []
+    while heap and len(chosen) < size:
+        value, path = heapq.heappop(heap)
+        chosen.append(path)
+        if len(path) < K:
+            for r in range(R):
+                heapq.heappush(heap, (value * acc[len(path), r], path + (r,)))
+    return sorted(chosen, key=lambda p: (len(p), p))
+
+
+def expected_tree_tokens(acc: np.ndarray, choices: List[Tuple[int, ...]]) -> float:
+    """Expected accepted tokens per round of a static tree, heads assumed independent."""
+    return float(sum(np.prod([acc[l, c] for l, c in enumerate(p)]) for p in choices))
+
+
+def summarize_ranks(ranks: np.ndarray) -> Dict[str, object]:
+    runs = chain_runs(ranks) if ranks.size else np.zeros((0, 1), bool)
+    return {
+        "rounds": int(ranks.shape[0]),
+        "accept_by_depth": (
+            [round(float(a), 4) for a in runs.mean(axis=0)] if ranks.size else []
+        ),
+        "tokens_per_round": (
+            round(1.0 + float(runs.sum(axis=1).mean()), 4) if ranks.size else 1.0
+        ),
+    }
