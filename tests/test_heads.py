@@ -1,0 +1,372 @@
+"""Draft heads (EAGLE, Medusa): features of unmodified models, exactness, loading.
+
+Heads only propose, so their weights do not matter for exactness: random
+heads are used throughout. On a tiny 8-token vocabulary random drafts are
+accepted often enough that multi-token rounds, deep tree paths and the
+head's cache rewinds all run.
+"""
+
+import itertools
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
+from mlx_lm.models import llama
+
+from mlx_spec import SpecConfig, SpecStats, stream_generate
+from mlx_spec.drafters.eagle import EagleContext
+from mlx_spec.drafters.heads import (
+    HEAD_KEY,
+    DraftVocab,
+    LoadedHead,
+    load_head,
+    random_head,
+    save_head,
+)
+from mlx_spec.drafters.medusa import MedusaDrafter
+from mlx_spec.engine import speculative_events
+from mlx_spec.features import FINAL, FeatureCapture, feature_logits
+from mlx_spec.fingerprint import model_fingerprint
+from mlx_spec.loading import load_pair
+from mlx_spec.train.head_data import teacher_data
+from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma", "phi3")
+METHODS = {"eagle": ("eagle", "eagle-chain"), "medusa": ("medusa",)}
+VOCAB = 8
+PROMPT = [3, 1, 4, 1, 5]
+
+
+def _tiny_llama(seed: int = 0, scale: float = 0.2) -> llama.Model:
+    """A 1-layer llama over 8 tokens whose logits spread over the vocabulary."""
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB,
+        tie_word_embeddings=False,
+    )
+    mx.random.seed(seed)
+    model = llama.Model(args)
+    model.lm_head.weight = scale * mx.random.normal(model.lm_head.weight.shape)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def trained(tiny):
+    """EAGLE and Medusa heads trained for a few seconds on the tiny target's greedy text."""
+    rng = np.random.default_rng(0)
+    sequences = []
+    for _ in range(24):
+        prompt = rng.integers(0, VOCAB, size=5).tolist()
+        sequences.append(prompt + list(_plain_greedy(tiny, prompt, 40)))
+    data = teacher_data(tiny, sequences, [5] * len(sequences))
+    heads = {}
+    for kind in ("eagle", "medusa"):
+        config = HeadTrainConfig(
+            kind=kind, steps=80, batch_size=8, window=48, lr=1e-2, draft_vocab=0
+        )
+        trainer = HeadTrainer(tiny, data, config)
+        for _ in range(config.steps):
+            trainer.train_step()
+        config = {HEAD_KEY: {"kind": kind}}
+        vocab = DraftVocab(tiny, None, VOCAB)
+        heads[kind] = LoadedHead(kind, trainer.head, config, vocab, tiny)
+    return heads
+
+
+# --------------------------------------------------------------------------- #
+# Features of an unmodified model
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_capture_leaves_logits_bit_identical_and_restores_the_model(load_model, arch):
+    model, tokenizer = load_model(arch)
+    tokens = mx.array([tokenizer.encode("def fibonacci(n):")])
+    before = model(tokens)
+    names = [k for k, _ in nn.utils.tree_flatten(model.parameters())]
+    capture = FeatureCapture(model, (0, FINAL))
+    with capture.capturing():
+        during = model(tokens)
+    assert mx.array_equal(before, during).item()
+    assert sorted(names) == sorted(
+        k for k, _ in nn.utils.tree_flatten(model.parameters())
+    )
+    assert isinstance(model.model.norm, nn.Module)
+    assert all(isinstance(layer, nn.Module) for layer in model.model.layers)
+    feats = capture.take()
+    hidden = model.model.embed_tokens.weight.shape[1]
+    assert feats.shape == (tokens.shape[1], 2 * hidden)
+    # The final feature is the output layer's input: it reproduces the logits.
+    assert mx.allclose(feature_logits(model, feats[:, hidden:]), before[0], atol=1e-4)
+    assert capture.take() is None  # taken once
+
+
+def test_capture_of_a_block_is_its_output(load_model):
+    model, _ = load_model("llama")
+    tokens = mx.array([[5, 6, 7, 8]])
+    capture = FeatureCapture(model, (1,))
+    with capture.capturing():
+        model(tokens)
+    h = model.model.embed_tokens(tokens)
+    mask = "causal"
+    for layer in model.model.layers[:2]:
+        h = layer(h, mask, None)
+    assert mx.allclose(capture.take(), h[0], atol=1e-5)
+
+
+def test_bad_feature_layers_one_line_error(load_model):
+    model, _ = load_model("llama")
+    with pytest.raises(ValueError, match="feature layers"):
+        FeatureCapture(model, (99,))
+
+
+# --------------------------------------------------------------------------- #
+# Exactness: greedy identity on every architecture, the target's law when sampling
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_heads_greedy_identity_every_architecture(load_model, arch):
+    model, tokenizer = load_model(arch)
+    prompt = "def fibonacci(n):"
+    plain = [
+        r.token
+        for r in stream_generate(
+            model, tokenizer, prompt, speculative="none", max_tokens=24
+        )
+    ]
+    for kind, methods in METHODS.items():
+        head = random_head(kind, model, seed=1)
+        for method in methods:
+            stream = stream_generate(
+                model, tokenizer, prompt, head, speculative=method, max_tokens=24
+            )
+            assert [r.token for r in stream] == plain, (kind, method)
+            assert stream.stats.note is None
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-chain", "medusa", "auto"])
+def test_trained_heads_greedy_identity_with_deep_accepted_drafts(tiny, trained, method):
+    """Trained heads get several drafts accepted per round, and stay exact."""
+    head = trained["medusa" if method == "medusa" else "eagle"]
+    plain = list(_plain_greedy(tiny, PROMPT, 60))
+    stats = SpecStats()
+    config = SpecConfig(
+        method=method, max_tokens=60, tree_budget=6, tree_depth=4, adaptive=False
+    )
+    out = [
+        e.token
+        for e in speculative_events(
+            mx.array(PROMPT), tiny, head, config=config, stats=stats
+        )
+    ]
+    assert out == plain
+    assert stats.accepted_tokens > 10
+    assert max(stats.accepted_per_round) >= 2
+
+
+def test_eagle_with_a_draft_vocabulary_greedy_identity(tiny):
+    head = random_head("eagle", tiny, seed=3, draft_ids=mx.array([1, 3, 4, 6]))
+    config = SpecConfig(method="eagle", max_tokens=40, tree_budget=5)
+    stats = SpecStats()
+    out = [
+        e.token
+        for e in speculative_events(
+            mx.array(PROMPT), tiny, head, config=config, stats=stats
+        )
+    ]
+    assert out == list(_plain_greedy(tiny, PROMPT, 40))
+    assert stats.accepted_tokens > 0
+
+
+def _plain_greedy(model, prompt, n):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    for _ in range(n):
+        token = int(mx.argmax(logits).item())
+        yield token
+        logits = model(mx.array([[token]]), cache=cache)[0, -1]
+
+
+def _exact_law_of_three(model, temp) -> np.ndarray:
+    """``(V, V, V)``: the target's probability of each first three tokens."""
+    pairs = list(itertools.product(range(VOCAB), repeat=2))
+    batch = mx.array([PROMPT + list(p) for p in pairs])
+    probs = mx.softmax(model(batch)[:, -3:] / temp, axis=-1)
+    probs = np.array(probs, dtype=np.float64)
+    law = np.empty((VOCAB,) * 3)
+    for row, (a, b) in enumerate(pairs):
+        law[a, b, :] = probs[row, 0, a] * probs[row, 1, b] * probs[row, 2]
+    return law
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-chain", "medusa"])
+def test_heads_sampled_first_three_tokens_follow_exact_law(tiny, trained, method):
+    """Chi-square of 200 sampled 3-token openings against the exact joint law.
+
+    ``eagle-chain`` draws drafts from the head's law (rejection sampling);
+    ``eagle`` and ``medusa`` propose top-k trees (point masses).
+    """
+    temp = 1.0
+    law = _exact_law_of_three(tiny, temp)
+    head = trained["medusa" if method == "medusa" else "eagle"]
+    mx.random.seed(7)
+    runs, counts, accepted = 200, np.zeros(VOCAB**3), 0
+    config = SpecConfig(
+        method=method,
+        max_tokens=3,
+        temp=temp,
+        adaptive=False,
+        tree_budget=6,
+        tree_depth=3,
+    )
+    for _ in range(runs):
+        stats = SpecStats()
+        events = speculative_events(
+            mx.array(PROMPT), tiny, head, config=config, stats=stats
+        )
+        a, b, c = (e.token for e in events)
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+        accepted += stats.accepted_tokens
+    assert accepted > runs // 4  # drafts were accepted: non-root choices ran
+    assert_counts_follow_law(counts, law.reshape(-1))
+
+
+def test_eagle_chain_sampled_stream_follows_target_law(load_model):
+    """A long sampled stream: randomized PIT chi-square and standardised log-likelihood."""
+    model, tokenizer = load_model("llama")
+    head = random_head("eagle", model, seed=5)
+    ids = tokenizer.encode("def fibonacci(n):")
+    temp, n = 1.0, 200
+    mx.random.seed(3)
+    config = SpecConfig(method="eagle-chain", max_tokens=n, temp=temp, adaptive=False)
+    out = [
+        e.token for e in speculative_events(mx.array(ids), model, head, config=config)
+    ]
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
+    chi2, z = stream_statistics(laws, np.array(out))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+# --------------------------------------------------------------------------- #
+# The features the heads read are the target's, at the right positions
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-chain"])
+def test_eagle_reads_every_pair_of_target_feature_and_next_token(
+    tiny, monkeypatch, method
+):
+    """The pairs fed to the head are ``(f_j, x_{j+1})`` for every position, in order,
+    with ``f_j`` the target's final feature of a full forward of the text."""
+    fed = []
+    original = EagleContext.catch_up
+
+    def recording(self, state):
+        if self.pending:
+            feats = mx.concatenate(self.pending)
+            fed.append(
+                (
+                    self.fed,
+                    feats,
+                    state.seq[self.fed + 1 : self.fed + 1 + feats.shape[0]],
+                )
+            )
+        return original(self, state)
+
+    monkeypatch.setattr(EagleContext, "catch_up", recording)
+    head = random_head("eagle", tiny, seed=6)
+    config = SpecConfig(method=method, max_tokens=40, tree_budget=6)
+    out = [
+        e.token for e in speculative_events(mx.array(PROMPT), tiny, head, config=config)
+    ]
+    text = PROMPT + out
+    starts = [start for start, _, _ in fed]
+    feats = mx.concatenate([f for _, f, _ in fed])
+    tokens = [t for _, _, toks in fed for t in toks]
+    assert starts[0] == 0 and len(fed) > 5
+    assert tokens == text[1 : 1 + len(tokens)]
+    capture = FeatureCapture(tiny)
+    with capture.capturing():
+        tiny(mx.array([text]))
+    reference = capture.take()[: feats.shape[0]]
+    assert mx.allclose(feats, reference, atol=1e-4).item()
+
+
+def test_medusa_reads_the_feature_that_chose_the_pending_token(tiny, monkeypatch):
+    seen = []
+    original = MedusaDrafter.propose
+
+    def recording(self, state, size):
+        seen.append((len(state.seq), self.last))
+        return original(self, state, size)
+
+    monkeypatch.setattr(MedusaDrafter, "propose", recording)
+    head = random_head("medusa", tiny, seed=7)
+    config = SpecConfig(method="medusa", max_tokens=30)
+    out = [
+        e.token for e in speculative_events(mx.array(PROMPT), tiny, head, config=config)
+    ]
+    capture = FeatureCapture(tiny)
+    with capture.capturing():
+        tiny(mx.array([PROMPT + out]))
+    reference = capture.take()
+    for length, last in seen:
+        assert mx.allclose(last[0], reference[length - 2], atol=1e-4).item()
+
+
+# --------------------------------------------------------------------------- #
+# Head directories: --draft-model DIR, checked against the target
+# --------------------------------------------------------------------------- #
+
+
+def test_head_directory_loads_as_its_kind_and_checks_the_target(checkpoints, tmp_path):
+    model, tokenizer, _ = load_pair(str(checkpoints["llama"]), None)
+    for kind in ("eagle", "medusa"):
+        head = random_head(kind, model, seed=8, draft_ids=mx.array([1, 2, 3, 50]))
+        save_head(
+            tmp_path / kind,
+            kind,
+            head.module,
+            target_fingerprint=model_fingerprint(model),
+            draft_ids=head.vocab.ids,
+        )
+        _, _, loaded = load_pair(str(checkpoints["llama"]), str(tmp_path / kind))
+        assert loaded.kind == kind and loaded.vocab.ids.tolist() == [1, 2, 3, 50]
+        with pytest.raises(ValueError) as error:
+            load_pair(str(checkpoints["qwen2"]), str(tmp_path / kind))
+        assert "trained for another target" in str(error.value)
+        assert "\n" not in str(error.value)
+    # A float16 copy of the target is still the same target.
+    half, _, _ = load_pair(str(checkpoints["llama"]), None)
+    half.apply(lambda w: w.astype(mx.float16))
+    assert load_head(tmp_path / "eagle", half).kind == "eagle"
+
+
+def test_head_of_another_kind_one_line_error(tiny):
+    head = random_head("medusa", tiny)
+    config = SpecConfig(method="eagle", max_tokens=4)
+    with pytest.raises(
+        ValueError, match="needs a trained eagle head .*got a medusa head"
+    ):
+        list(speculative_events(mx.array(PROMPT), tiny, head, config=config))
+    config = SpecConfig(method="medusa", max_tokens=4)
+    with pytest.raises(ValueError, match="needs a trained medusa head .*got no draft"):
+        list(speculative_events(mx.array(PROMPT), tiny, None, config=config))
