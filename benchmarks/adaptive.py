@@ -48,11 +48,12 @@ from mlx_spec.costs import model_step_cost
 from mlx_spec.loading import default_model_pair
 from mlx_spec.planner import make_controller
 
-from .prompts import prompt_suite
+from .prompts import encode, has_chat_template, prompt_suite
 
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_METHODS = ("draft", "lookup", "self")
 DEFAULT_SETS = ("code_completion", "editing", "free_text")
+DEFAULT_CHAT_SETS = ("chat", "code", "editing")
 
 
 def run_once(model, draft, ids: List[int], fields: Optional[Dict], max_tokens: int):
@@ -196,7 +197,13 @@ def main(argv=None):
     parser.add_argument("--draft-model", default=None, help="Default: models/ draft.")
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
     parser.add_argument("--gammas", type=int, nargs="+", default=list(DEFAULT_GAMMAS))
-    parser.add_argument("--prompt-sets", nargs="+", default=list(DEFAULT_SETS))
+    parser.add_argument(
+        "--prompt-sets",
+        nargs="+",
+        default=None,
+        help=f"Default: {' '.join(DEFAULT_CHAT_SETS)} for a model with a chat "
+        f"template, else {' '.join(DEFAULT_SETS)}.",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="One prompt per set.")
@@ -220,8 +227,13 @@ def main(argv=None):
         args.draft_model = args.draft_model or default_draft
     model, tokenizer = mlx_lm.load(str(args.model))
     draft = mlx_lm.load(str(args.draft_model))[0] if args.draft_model else None
-    prompts = prompt_suite(quick=args.quick, sets=args.prompt_sets)
-    encoded = [tokenizer.encode(p.text) for p in prompts]
+    chat = has_chat_template(tokenizer)
+    sets = args.prompt_sets or (DEFAULT_CHAT_SETS if chat else DEFAULT_SETS)
+    try:
+        prompts = prompt_suite(quick=args.quick, sets=sets, chat=chat)
+    except ValueError as e:
+        parser.error(str(e))
+    encoded = [encode(p, tokenizer, chat=chat) for p in prompts]
 
     grid = {("plain", "plain"): None}
     for method in args.methods:

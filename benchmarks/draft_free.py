@@ -2,11 +2,12 @@
 
 Usage::
 
-    python -m benchmarks.draft_free --model models/stdlib-llama-target
+    python -m benchmarks.draft_free --model models/smollm2-135m-instruct
     python -m benchmarks.draft_free --model PATH --gammas 2 4 8 --max-tokens 128 --json out.json
 
-For each prompt set (``editing``: repeat a function with one change;
-``free_text``: continue prose) it runs plain ``mlx_lm`` decoding, prompt
+For each prompt set (``editing``: repeat a text or function with one change;
+``summarize`` for a model with a chat template, ``free_text`` to continue
+otherwise) it runs plain ``mlx_lm`` decoding, prompt
 lookup as a chain at several γ and as a tree, and self-speculation at
 several γ, with the same prompts and token budget. Warm-up runs come first
 and repetitions are interleaved so machine noise hits every method alike.
@@ -36,13 +37,14 @@ from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
 from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
 from mlx_spec.drafters.self_spec import SelfDrafter
 
-from .prompts import prompt_suite
+from .prompts import encode, has_chat_template, prompt_suite
 
 DEFAULT_GAMMAS = (2, 4, 8)
 DEFAULT_SELF_GAMMAS = (2, 4)
 DEFAULT_MAX_TOKENS = 96
 DEFAULT_REPEATS = 2
 PROMPT_SETS = ("editing", "free_text")
+CHAT_PROMPT_SETS = ("editing", "summarize")
 
 
 def method_grid(gammas, self_gammas, self_skip=None) -> List[Tuple[str, Dict]]:
@@ -164,8 +166,10 @@ def main(argv=None):
 
     model, tokenizer = mlx_lm.load(args.model)
     grid = method_grid(args.gammas, args.self_gammas, args.self_skip)
-    prompts = prompt_suite(quick=args.quick, sets=PROMPT_SETS)
-    encoded = [(p.prompt_set, tokenizer.encode(p.text)) for p in prompts]
+    chat = has_chat_template(tokenizer)
+    sets = CHAT_PROMPT_SETS if chat else PROMPT_SETS
+    prompts = prompt_suite(quick=args.quick, sets=sets, chat=chat)
+    encoded = [(p.prompt_set, encode(p, tokenizer, chat=chat)) for p in prompts]
     for _, fields in grid:  # warm-up
         run_once(model, encoded[0][1], fields, 8, args.temp)
 
@@ -187,7 +191,7 @@ def main(argv=None):
                     skipped.setdefault(label, []).append(stats.skipped_layers)
 
     rows = []
-    for prompt_set in PROMPT_SETS:
+    for prompt_set in sets:
         plain_tps = None
         for label, _ in grid:
             tokens, forwards, seconds = totals[(prompt_set, label)]

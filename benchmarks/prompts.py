@@ -1,12 +1,26 @@
-"""The fixed benchmark prompt suite.
+"""The fixed benchmark prompt suites, and prompts from a file.
 
-Four prompt sets, each a few short excerpts of Python standard-library modules
-that the default pair's trainer holds out (``HELDOUT_MODULES`` in
-``models/data.py``: bisect, calendar, csv, difflib, fractions, graphlib,
-heapq, json, pprint, shlex, statistics, string, textwrap, tomllib, uuid).
-Every prompt below comes from one of those modules, so neither model has
-seen the text in training. If the trainer's held-out list changes, keep every
-``module`` here inside it (``tests/test_benchmarks.py`` checks this).
+**Chat suite** (models with a chat template, such as the default
+SmolLM2-135M-Instruct): short handwritten requests, sent as one user message
+through the model's chat template. Four sets, each a different kind of work:
+
+* ``chat``: general questions and instructions, answered in free prose.
+* ``code``: write a Python function from a description.
+* ``editing``: a given text or piece of code, to be written out again with
+  one change. Most of the answer is copied from the prompt, which is where
+  prompt lookup shines.
+* ``summarize``: a given passage, to be summarised or to have facts extracted
+  from it. The answer reuses the passage's words without copying it whole: a
+  middle ground between ``chat`` and ``editing``, and the shape of
+  retrieval-augmented answering, a common use of small local models.
+
+None of these prompts may appear among the drafter training prompts
+(``mlx_spec.train.prompts``; ``tests/test_benchmarks.py`` checks it), so the
+distilled draft is measured on requests it never saw.
+
+**Base suite** (models without a chat template): raw text to continue, four
+sets of excerpts of Python standard-library modules that the old stdlib
+pair's trainer holds out (``HELDOUT_MODULES`` in ``models/data.py``):
 
 * ``code_completion``: a function cut off partway through its body.
 * ``docstring_to_code``: a signature and docstring; the model writes the body.
@@ -14,34 +28,208 @@ seen the text in training. If the trainer's held-out list changes, keep every
   change and the first changed line; the model repeats the rest.
 * ``free_text``: English prose (docstrings and module notes) to continue.
 
-The first prompt of each set is the ``--quick`` subset.
+The first prompt of each set is the ``--quick`` subset. ``--prompts FILE``
+replaces both suites with JSON lines (:func:`load_prompt_file`).
 """
 
+import json
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
-PROMPT_SETS = ("code_completion", "docstring_to_code", "editing", "free_text")
+CHAT_SETS = ("chat", "code", "editing", "summarize")
+BASE_SETS = ("code_completion", "docstring_to_code", "editing", "free_text")
+# Every set name of both suites, chat suite first.
+PROMPT_SETS = tuple(dict.fromkeys(CHAT_SETS + BASE_SETS))
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark prompt.
+    """One benchmark prompt: raw ``text``, or chat ``messages``.
 
     Attributes:
         name: Short unique identifier.
-        prompt_set: One of :data:`PROMPT_SETS`.
-        module: The held-out stdlib module the text comes from.
-        text: The prompt text (no chat template: the default pair is a base model).
+        prompt_set: The set it belongs to (a workload kind).
+        text: Raw text, tokenized as it is (no chat template).
+        messages: ``((role, content), ...)``, applied through the chat template
+            with the generation prompt added.
+        module: Base suite only: the held-out stdlib module the text comes from.
     """
 
     name: str
     prompt_set: str
-    module: str
-    text: str
+    text: Optional[str] = None
+    messages: Optional[Tuple[Tuple[str, str], ...]] = None
+    module: Optional[str] = None
 
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    def user_text(self) -> str:
+        """The prompt's own words: the text, or the messages' contents joined."""
+        if self.messages is None:
+            return self.text or ""
+        return "\n".join(content for _, content in self.messages)
+
+
+def _base(name: str, prompt_set: str, module: str, text: str) -> Prompt:
+    return Prompt(name, prompt_set, text=text, module=module)
+
+
+def _chat(name: str, prompt_set: str, request: str) -> Prompt:
+    return Prompt(name, prompt_set, messages=(("user", request),))
+
+
+# --------------------------------------------------------------------------- #
+# Chat suite
+# --------------------------------------------------------------------------- #
+
+_CHAT = [
+    _chat(
+        "sleep_tips",
+        "chat",
+        "What are three practical tips for sleeping better? Keep each one short.",
+    ),
+    _chat(
+        "weather_climate",
+        "chat",
+        "In two or three sentences, what is the difference between weather and "
+        "climate?",
+    ),
+    _chat(
+        "stale_bread",
+        "chat",
+        "Why does bread go stale, and how can I keep it fresh for longer?",
+    ),
+    _chat(
+        "interview_prep",
+        "chat",
+        "I have an interview tomorrow for a job as a library assistant. What "
+        "questions should I be ready to answer?",
+    ),
+]
+
+_CODE = [
+    _chat(
+        "is_palindrome",
+        "code",
+        "Write a Python function is_palindrome(s) that returns True when the "
+        "string reads the same forwards and backwards, ignoring case and spaces.",
+    ),
+    _chat(
+        "dedupe_in_order",
+        "code",
+        "Write a Python function that takes a list and returns a new list with "
+        "the duplicates removed, keeping the first occurrence of each item in "
+        "its original order.",
+    ),
+    _chat(
+        "word_count",
+        "code",
+        "Write a Python function word_count(text) that returns a dictionary "
+        "mapping each lowercase word to the number of times it appears.",
+    ),
+    _chat(
+        "celsius_fahrenheit",
+        "code",
+        "Write two Python functions: one converts a temperature from Celsius to "
+        "Fahrenheit, the other converts it back.",
+    ),
+]
+
+_EDITING = [
+    _chat(
+        "rename_total",
+        "editing",
+        "Rename the variable total to running_sum in this function and write "
+        "out the whole function:\n\n"
+        "```python\n"
+        "def average(values):\n"
+        "    total = 0\n"
+        "    for value in values:\n"
+        "        total += value\n"
+        "    return total / len(values)\n"
+        "```",
+    ),
+    _chat(
+        "meeting_thursday",
+        "editing",
+        "Rewrite this note so that the meeting is on Thursday instead of "
+        "Tuesday. Change nothing else.\n\n"
+        "Hi Sam,\n"
+        "Just a reminder that our project meeting is on Tuesday at 10 am in "
+        "room 4B. Please bring the latest budget figures and the draft "
+        "timeline. If you cannot make it, let me know by Monday.\n"
+        "Thanks,\n"
+        "Alex",
+    ),
+    _chat(
+        "clamp_docstring",
+        "editing",
+        "Add a one-line docstring to this function and change nothing else:\n\n"
+        "```python\n"
+        "def clamp(x, low, high):\n"
+        "    if x < low:\n"
+        "        return low\n"
+        "    if x > high:\n"
+        "        return high\n"
+        "    return x\n"
+        "```",
+    ),
+    _chat(
+        "shopping_list_oats",
+        "editing",
+        "Here is my shopping list. Replace the rice with oats and give me the "
+        "full list again.\n\n"
+        "- two loaves of bread\n"
+        "- a dozen eggs\n"
+        "- one bag of rice\n"
+        "- three tomatoes\n"
+        "- a bottle of olive oil",
+    ),
+]
+
+_SUMMARIZE = [
+    _chat(
+        "honeybees",
+        "summarize",
+        "Summarize this passage in two sentences.\n\n"
+        "Honeybees live in colonies of tens of thousands. A single queen lays "
+        "the eggs, while female workers gather nectar and pollen, build wax "
+        "comb, and care for the young. Male drones exist mainly to mate with "
+        "queens from other colonies. In winter the workers cluster around the "
+        "queen and shiver their wing muscles to keep the hive warm, living on "
+        "the honey they stored during the summer.",
+    ),
+    _chat(
+        "club_dates",
+        "summarize",
+        "List every person and date mentioned in this text, one per line.\n\n"
+        "The hiking club was founded by Maria Lopez on 3 March 1998. Its first "
+        "trip, led by Tom Becker, went to the lakes on 12 April of the same "
+        "year. In 2010 Priya Shah took over as chair, and the club celebrated "
+        "its twentieth anniversary on 3 March 2018.",
+    ),
+    _chat(
+        "library_hours",
+        "summarize",
+        "What are the opening hours on Saturday, according to this notice?\n\n"
+        "From 1 June the town library opens from 9 am to 6 pm on weekdays and "
+        "from 10 am to 4 pm on Saturdays. It stays closed on Sundays and public "
+        "holidays. The reading room closes thirty minutes before the library.",
+    ),
+]
+
+CHAT_PROMPTS: List[Prompt] = _CHAT + _CODE + _EDITING + _SUMMARIZE
+
+
+# --------------------------------------------------------------------------- #
+# Base suite
+# --------------------------------------------------------------------------- #
 
 _CODE_COMPLETION = [
-    Prompt(
+    _base(
         "bisect_right",
         "code_completion",
         "bisect",
@@ -60,7 +248,7 @@ _CODE_COMPLETION = [
         while lo < hi:
 ''',
     ),
-    Prompt(
+    _base(
         "heapq_nsmallest",
         "code_completion",
         "heapq",
@@ -76,7 +264,7 @@ _CODE_COMPLETION = [
         sentinel = object()
 ''',
     ),
-    Prompt(
+    _base(
         "calendar_monthrange",
         "code_completion",
         "calendar",
@@ -94,7 +282,7 @@ def monthrange(year, month):
 ]
 
 _DOCSTRING_TO_CODE = [
-    Prompt(
+    _base(
         "statistics_median",
         "docstring_to_code",
         "statistics",
@@ -107,7 +295,7 @@ _DOCSTRING_TO_CODE = [
     """
 ''',
     ),
-    Prompt(
+    _base(
         "shlex_quote",
         "docstring_to_code",
         "shlex",
@@ -119,7 +307,7 @@ _DOCSTRING_TO_CODE = [
     """
 ''',
     ),
-    Prompt(
+    _base(
         "textwrap_indent",
         "docstring_to_code",
         "textwrap",
@@ -135,8 +323,8 @@ _DOCSTRING_TO_CODE = [
     ),
 ]
 
-_EDITING = [
-    Prompt(
+_BASE_EDITING = [
+    _base(
         "heapq_heappushpop_rename",
         "editing",
         "heapq",
@@ -152,7 +340,7 @@ _EDITING = [
 def heappushpop(queue, item):
 ''',
     ),
-    Prompt(
+    _base(
         "statistics_median_low_rename",
         "editing",
         "statistics",
@@ -172,7 +360,7 @@ def heappushpop(queue, item):
 def median_low(values):
 ''',
     ),
-    Prompt(
+    _base(
         "calendar_leapdays_docstring",
         "editing",
         "calendar",
@@ -192,7 +380,7 @@ def leapdays(y1, y2):
 ]
 
 _FREE_TEXT = [
-    Prompt(
+    _base(
         "difflib_module_notes",
         "free_text",
         "difflib",
@@ -207,7 +395,7 @@ Function context_diff(a, b):
 
 ''',
     ),
-    Prompt(
+    _base(
         "textwrap_dedent_doc",
         "free_text",
         "textwrap",
@@ -219,7 +407,7 @@ in indented form.
 
 ''',
     ),
-    Prompt(
+    _base(
         "fractions_doc",
         "free_text",
         "fractions",
@@ -234,32 +422,138 @@ defaults to 1 so that Fraction(3) == 3 and Fraction() == 0.
     ),
 ]
 
-PROMPTS: List[Prompt] = _CODE_COMPLETION + _DOCSTRING_TO_CODE + _EDITING + _FREE_TEXT
+BASE_PROMPTS: List[Prompt] = (
+    _CODE_COMPLETION + _DOCSTRING_TO_CODE + _BASE_EDITING + _FREE_TEXT
+)
+PROMPTS: List[Prompt] = CHAT_PROMPTS + BASE_PROMPTS
+
+
+def suite_sets(chat: bool) -> Tuple[str, ...]:
+    """The prompt sets of the chat suite, or of the base suite."""
+    return CHAT_SETS if chat else BASE_SETS
 
 
 def prompt_suite(
-    *, quick: bool = False, sets: Optional[Sequence[str]] = None
+    *, quick: bool = False, sets: Optional[Sequence[str]] = None, chat: bool = False
 ) -> List[Prompt]:
     """The prompts to run.
 
     Args:
         quick: Keep only the first prompt of each set. Default: ``False``.
-        sets: Prompt sets to keep. Default: all of :data:`PROMPT_SETS`.
+        sets: Prompt sets to keep. Default: every set of the suite.
+        chat: The chat suite (for a model with a chat template) instead of the
+            base suite. Default: ``False``.
 
     Returns:
         Prompts in suite order.
     """
-    sets = list(sets) if sets else list(PROMPT_SETS)
-    unknown = [s for s in sets if s not in PROMPT_SETS]
+    names = suite_sets(chat)
+    sets = list(sets) if sets else list(names)
+    unknown = [s for s in sets if s not in names]
     if unknown:
+        kind = "chat" if chat else "base (no chat template)"
         raise ValueError(
-            f"unknown prompt set(s) {unknown}; choose from {', '.join(PROMPT_SETS)}."
+            f"unknown prompt set(s) {unknown} for the {kind} suite; choose from "
+            f"{', '.join(names)}."
         )
+    pool = CHAT_PROMPTS if chat else BASE_PROMPTS
     chosen: List[Prompt] = []
     for name in sets:
-        members = [p for p in PROMPTS if p.prompt_set == name]
+        members = [p for p in pool if p.prompt_set == name]
         chosen += members[:1] if quick else members
     return chosen
+
+
+def load_prompt_file(path: str) -> List[Prompt]:
+    """Prompts from a JSON-lines file, one object per line.
+
+    Each line holds ``prompt_set`` (any name) and either ``prompt`` (a user
+    request, sent through the chat template when the model has one, else as
+    raw text) or ``messages`` (``[{"role": ..., "content": ...}, ...]``,
+    chat template required); ``name`` is optional. Blank lines are skipped.
+
+    Raises:
+        ValueError: One line naming the file, the line and what is wrong.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--prompts {path}: no such file.")
+    prompts: List[Prompt] = []
+    for number, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"--prompts {path} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg}).") from None
+        prompts.append(_prompt_from_json(item, where, len(prompts)))
+    if not prompts:
+        raise ValueError(f"--prompts {path}: the file holds no prompt.")
+    names = [p.name for p in prompts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--prompts {path}: prompt names must be unique.")
+    return prompts
+
+
+def _prompt_from_json(item, where: str, index: int) -> Prompt:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected a JSON object.")
+    prompt_set = item.get("prompt_set")
+    if not isinstance(prompt_set, str) or not prompt_set:
+        raise ValueError(f"{where}: 'prompt_set' must be a non-empty string.")
+    name = str(item.get("name") or f"{prompt_set}_{index}")
+    has_prompt, has_messages = "prompt" in item, "messages" in item
+    if has_prompt == has_messages:
+        raise ValueError(f"{where}: give exactly one of 'prompt' and 'messages'.")
+    if has_prompt:
+        if not isinstance(item["prompt"], str) or not item["prompt"]:
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string.")
+        return Prompt(name, prompt_set, text=item["prompt"], messages=None)
+    messages = item["messages"]
+    ok = isinstance(messages, list) and messages
+    ok = ok and all(
+        isinstance(m, dict)
+        and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str)
+        for m in messages
+    )
+    if not ok:
+        raise ValueError(
+            f"{where}: 'messages' must be a non-empty list of "
+            '{"role": ..., "content": ...} objects.'
+        )
+    pairs = tuple((m["role"], m["content"]) for m in messages)
+    return Prompt(name, prompt_set, messages=pairs)
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether ``tokenizer`` (an mlx-lm ``TokenizerWrapper``) has a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode(prompt: Prompt, tokenizer, *, chat: bool) -> List[int]:
+    """Token ids of ``prompt``.
+
+    Chat ``messages`` always go through the chat template, with the generation
+    prompt added; raw ``text`` does too, as one user message, when ``chat``
+    (the chat suite, or a ``--prompts`` file on a model with a template).
+
+    Raises:
+        ValueError: A chat prompt for a model without a chat template.
+    """
+    messages = prompt.messages
+    if messages is None and chat:
+        messages = (("user", prompt.text),)
+    if messages is None:
+        return list(tokenizer.encode(prompt.text))
+    if not has_chat_template(tokenizer):
+        raise ValueError(
+            f"prompt '{prompt.name}' is a chat conversation but the model has no "
+            "chat template; give raw 'prompt' text instead."
+        )
+    conversation = [{"role": r, "content": c} for r, c in messages]
+    return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True))
 
 
 def by_set(prompts: Sequence[Prompt]) -> Dict[str, List[Prompt]]:
