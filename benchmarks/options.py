@@ -9,10 +9,11 @@ value. The defaults of the full and the ``--quick`` benchmark live here.
 import argparse
 import json
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
+from mlx_spec.drafters.registry import METHODS
 
 from .measure import QWEN2_SHAPES
-from .prompts import PROMPT_SETS
+from .prompts import BASE_SETS, CHAT_SETS
 from .runner import BASELINES, SWEEP_METHODS
 
 DEFAULT_TEMPS = (0.0, 0.7)
@@ -117,14 +118,54 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"One prompt per set, {QUICK_REPEATS} repeats, {QUICK_MAX_TOKENS}-token "
         f"generations, a short γ sweep ({' '.join(map(str, QUICK_GAMMA_SWEEP))}) at "
-        "the first temperature only.",
+        "the first temperature only, and method 'none' left out unless named.",
     )
     parser.add_argument(
         "--prompt-sets",
         nargs="+",
         default=None,
-        choices=PROMPT_SETS,
-        help="Prompt sets to run. Default: all.",
+        metavar="SET",
+        help=f"Prompt sets to run. Default: all of the suite (chat suite: "
+        f"{' '.join(CHAT_SETS)}; base suite: {' '.join(BASE_SETS)}).",
+    )
+    parser.add_argument(
+        "--suite",
+        choices=("auto", "chat", "base"),
+        default="auto",
+        help="Built-in prompt suite: 'chat' (requests sent through the chat "
+        "template) or 'base' (raw text to continue). Default: 'auto', the chat "
+        "suite when the target has a chat template.",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="Your own prompts instead of the suite: JSON lines with 'prompt_set' "
+        "and 'prompt' (text; sent through the chat template when the model has "
+        "one) or 'messages' ([{role, content}, ...]); 'name' is optional.",
+    )
+    parser.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="A trained draft head (EAGLE or Medusa, from `mlx_spec train-draft`) "
+        "for the methods that need one. Repeatable. Default: the heads in models/ "
+        "trained for the default target, when --model is not given.",
+    )
+    parser.add_argument(
+        "--method-draft",
+        action="append",
+        default=[],
+        metavar="METHOD=PATH",
+        help="A drafter for one method only (an mlx-lm checkpoint with the "
+        "target's tokenizer, or a head), e.g. mlx_lm_speculative=PATH. Repeatable.",
+    )
+    parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="Skip the profiled pass that splits each round's time into "
+        "drafting, verification and host work.",
     )
     parser.add_argument(
         "--option",
@@ -211,6 +252,7 @@ def resolve_settings(args) -> dict:
         "forward_repeats": args.forward_repeats,
         "bare_chain": BARE_CHAIN,
         "method_options": dict(args.option),
+        "profile": not args.no_profile,
     }
     for name, value, low in (
         ("--max-tokens", settings["max_tokens"], 1),

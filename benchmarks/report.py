@@ -29,44 +29,194 @@ def _gamma(row) -> str:
     return "–" if row["gamma"] is None else str(row["gamma"])
 
 
-def _table(rows: Sequence[dict], with_set: bool = False) -> List[str]:
-    head = (
-        ["method", "temp", "γ"]
-        + (["prompts"] if with_set else [])
-        + [
+def _pct(value: Optional[float]) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def _same(row: dict) -> str:
+    same = row.get("greedy_identical")
+    return _fmt(same) + (" **≠**" if same is not None and same < 1 else "")
+
+
+def _label(row: dict) -> str:
+    """Method, with ``(fixed)`` for a γ-sweep row with adaptive control off."""
+    return row["method"] + (" (fixed)" if row.get("fixed") else "")
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(names: Sequence[str]) -> List[str]:
+    return [_row(names), "|" + "---|" * len(names)]
+
+
+def _geo(row: dict, name: str):
+    """The geometric mean over prompt sets, else the value over all prompts."""
+    value = row.get(f"{name}_geomean")
+    return row.get(name) if value is None and not row.get("prompt_sets") else value
+
+
+def _main_table(rows: Sequence[dict]) -> List[str]:
+    """Rows over all prompts: ratios as geometric means over the prompt sets."""
+    lines = _head(
+        [
+            "method",
+            "temp",
+            "γ",
             "decode tok/s",
             "e2e tok/s",
             "× mlx_lm",
-            "× mlx_lm e2e",
             "× mlx_lm spec",
-            "acceptance",
+            "× mlx_lm e2e",
             "tokens/target fwd",
+            "per-token acc.",
+            "acceptance",
+            "draft",
+            "verify",
+            "host",
             "overhead",
             "peak GB",
             "+MB",
             "greedy = mlx_lm",
         ]
     )
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["method"], _fmt(r["temp"], 1), _gamma(r)]
-        if with_set:
-            cells.append(r["prompt_set"])
-        same = r["greedy_identical"]
-        cells += [
-            _fmt(r.get("decode_tokens_per_s"), 1),
-            _fmt(r["tokens_per_s"], 1),
-            _fmt(r["speedup_vs_plain"]),
-            _fmt(r.get("speedup_vs_plain_e2e")),
-            _fmt(r["speedup_vs_mlx_lm_speculative"]),
-            _fmt(r["acceptance_rate"]),
-            _fmt(r["tokens_per_target_forward"]),
-            _fmt(r["overhead"]),
-            _fmt(r["peak_memory_gb"], 3),
-            _fmt(_mb(r.get("memory_increase_gb")), 1),
-            _fmt(same) + (" **≠**" if same is not None and same < 1 else ""),
+        lines.append(
+            _row(
+                [
+                    _label(r),
+                    _fmt(r["temp"], 1),
+                    _gamma(r),
+                    _fmt(r.get("decode_tokens_per_s"), 1),
+                    _fmt(r["tokens_per_s"], 1),
+                    _fmt(_geo(r, "speedup_vs_plain")),
+                    _fmt(_geo(r, "speedup_vs_mlx_lm_speculative")),
+                    _fmt(_geo(r, "speedup_vs_plain_e2e")),
+                    _fmt(_geo(r, "tokens_per_target_forward")),
+                    _fmt(_geo(r, "per_token_acceptance")),
+                    _fmt(r["acceptance_rate"]),
+                    _pct(r.get("draft_time_share")),
+                    _pct(r.get("verify_time_share")),
+                    _pct(r.get("host_time_share")),
+                    _fmt(r["overhead"]),
+                    _fmt(r["peak_memory_gb"], 3),
+                    _fmt(_mb(r.get("memory_increase_gb")), 1),
+                    _same(r),
+                ]
+            )
+        )
+    return lines
+
+
+def _set_table(rows: Sequence[dict]) -> List[str]:
+    """Rows of one prompt set each: paired medians over the set's blocks."""
+    lines = _head(
+        [
+            "prompts",
+            "method",
+            "temp",
+            "γ",
+            "decode tok/s",
+            "× mlx_lm",
+            "× mlx_lm spec",
+            "tokens/target fwd",
+            "per-token acc.",
+            "acceptance",
+            "draft",
+            "verify",
+            "host",
+            "greedy = mlx_lm",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+    )
+    for r in rows:
+        lines.append(
+            _row(
+                [
+                    r["prompt_set"],
+                    _label(r),
+                    _fmt(r["temp"], 1),
+                    _gamma(r),
+                    _fmt(r.get("decode_tokens_per_s"), 1),
+                    _fmt(r["speedup_vs_plain"]),
+                    _fmt(r["speedup_vs_mlx_lm_speculative"]),
+                    _fmt(r["tokens_per_target_forward"]),
+                    _fmt(r.get("per_token_acceptance")),
+                    _fmt(r["acceptance_rate"]),
+                    _pct(r.get("draft_time_share")),
+                    _pct(r.get("verify_time_share")),
+                    _pct(r.get("host_time_share")),
+                    _same(r),
+                ]
+            )
+        )
+    return lines
+
+
+def _position_table(rows: Sequence[dict]) -> List[str]:
+    """Acceptance by draft position, for the rows that drafted."""
+    drafted = [
+        r
+        for r in rows
+        if any(v is not None for v in r.get("acceptance_by_position") or [])
+    ]
+    if not drafted:
+        return []
+    width = max(
+        max((i + 1 for i, v in enumerate(r["acceptance_by_position"]) if v is not None))
+        for r in drafted
+    )
+    lines = _head(
+        ["prompts", "method", "temp", "γ"] + [str(k) for k in range(1, width + 1)]
+    )
+    for r in drafted:
+        values = r["acceptance_by_position"][:width]
+        lines.append(
+            _row(
+                [r["prompt_set"], _label(r), _fmt(r["temp"], 1), _gamma(r)]
+                + [_fmt(v) for v in values]
+            )
+        )
+    return lines
+
+
+def _sweep_table(rows: Sequence[dict]) -> List[str]:
+    lines = _head(
+        [
+            "method",
+            "temp",
+            "γ",
+            "control",
+            "decode tok/s",
+            "× mlx_lm",
+            "× mlx_lm spec",
+            "tokens/target fwd",
+            "per-token acc.",
+            "acceptance",
+            "greedy = mlx_lm",
+        ]
+    )
+    for r in rows:
+        control = "–"
+        if r["method"] != "mlx_lm_speculative":
+            control = "fixed" if r.get("fixed") else "adaptive"
+        lines.append(
+            _row(
+                [
+                    r["method"],
+                    _fmt(r["temp"], 1),
+                    _gamma(r),
+                    control,
+                    _fmt(r.get("decode_tokens_per_s"), 1),
+                    _fmt(_geo(r, "speedup_vs_plain")),
+                    _fmt(_geo(r, "speedup_vs_mlx_lm_speculative")),
+                    _fmt(_geo(r, "tokens_per_target_forward")),
+                    _fmt(_geo(r, "per_token_acceptance")),
+                    _fmt(r["acceptance_rate"]),
+                    _same(r),
+                ]
+            )
+        )
     return lines
 
 
@@ -83,7 +233,8 @@ def _headline(results: dict) -> List[str]:
     """Per temperature: the fastest mlx-spec method against both baselines.
 
     Only methods that accepted something compete: a method at 1.00 tokens per
-    target forward is plain decoding, whatever its timing says.
+    target forward is plain decoding, whatever its timing says. Methods are
+    ranked by their geometric-mean speedup over the prompt sets.
     """
     rows = main_rows(results)
     lines = []
@@ -95,20 +246,21 @@ def _headline(results: dict) -> List[str]:
             and r["method"] not in BASELINES
             and r["method"] != "none"
             and accepted_anything(r)
-            and r["speedup_vs_plain"] is not None
+            and _geo(r, "speedup_vs_plain") is not None
         ]
         if not spec:
             lines.append(f"- temp {temp:g}: no mlx-spec method accepted a draft token")
             continue
-        best = max(spec, key=lambda r: r["speedup_vs_plain"])
+        best = max(spec, key=lambda r: _geo(r, "speedup_vs_plain"))
         lines.append(
             f"- temp {temp:g}: best mlx-spec method **{best['method']}** "
             f"({_fmt(best.get('decode_tokens_per_s'), 1)} decode tokens/s, "
-            f"{_fmt(best['tokens_per_target_forward'])} tokens per target forward): "
-            f"**{_fmt(best['speedup_vs_plain'])}× mlx_lm**, "
-            f"{_fmt(best['speedup_vs_mlx_lm_speculative'])}× mlx_lm speculative "
-            f"(decode, paired medians; end to end {_fmt(best.get('speedup_vs_plain_e2e'))}× "
-            f"mlx_lm), overhead {_fmt(best['overhead'])}"
+            f"{_fmt(_geo(best, 'tokens_per_target_forward'))} tokens per target "
+            f"forward): **{_fmt(_geo(best, 'speedup_vs_plain'))}× mlx_lm**, "
+            f"{_fmt(_geo(best, 'speedup_vs_mlx_lm_speculative'))}× mlx_lm speculative "
+            f"(decode, paired, geometric mean over prompt sets; end to end "
+            f"{_fmt(_geo(best, 'speedup_vs_plain_e2e'))}× mlx_lm), overhead "
+            f"{_fmt(best['overhead'])}"
         )
     excluded = sorted(
         {
@@ -138,6 +290,38 @@ def _headline(results: dict) -> List[str]:
     return lines or ["- no mlx-spec speculative method ran"]
 
 
+def _goals(results: dict) -> List[str]:
+    goals = results.get("goals") or []
+    if not goals:
+        return []
+    lines = ["", "## Goals (issues 16 and 17)", ""]
+    lines += _head(["issue", "goal", "measured", "status", "detail"])
+    for g in goals:
+        status = {"met": "**met**", "missed": "**missed**"}.get(
+            g["status"], g["status"]
+        )
+        if g.get("shortfall") is not None:
+            status += f" ({100 * g['shortfall']:.0f}% of the goal)"
+        lines.append(
+            _row(
+                [
+                    str(g["issue"]),
+                    g["goal"],
+                    _fmt(g["measured"]),
+                    status,
+                    g["detail"],
+                ]
+            )
+        )
+    lines += [
+        "",
+        "Measured in this run only; a goal whose method, temperature or prompt set "
+        'did not run is "not run". Speedups are decode-only, paired, geometric '
+        "means over the prompt sets (benchmarks/README.md).",
+    ]
+    return lines
+
+
 def _warnings(results: dict) -> List[str]:
     warnings = results.get("warnings") or []
     if not warnings:
@@ -147,8 +331,20 @@ def _warnings(results: dict) -> List[str]:
     return lines
 
 
+def _samples(results: dict, limit: int = 240) -> List[str]:
+    samples = results.get("samples_mlx_lm_greedy") or {}
+    if not samples:
+        return []
+    lines = ["", "## Greedy outputs of plain mlx_lm (first repeat)", ""]
+    for name, text in samples.items():
+        short = " ".join(text.split())
+        short = short[:limit] + ("…" if len(short) > limit else "")
+        lines.append(f"- `{name}`: {short}")
+    return lines
+
+
 def markdown(results: dict) -> str:
-    """The Markdown report: settings, main table, per-set and γ tables, projection."""
+    """The Markdown report: settings, goals, the tables, bare forwards, projection."""
     m, s, models = results["machine"], results["settings"], results["models"]
     lines = [
         "# mlx-spec benchmark",
@@ -159,12 +355,16 @@ def markdown(results: dict) -> str:
         lines.append(
             f"- draft: `{models['draft']}` ({models['draft_params'] / 1e6:.2f}M params)"
         )
+    for method, path in (models.get("method_drafts") or {}).items():
+        lines.append(f"- drafter of {method}: `{path}`")
+    suite = "chat template" if s.get("chat_template") else "raw text, no chat template"
+    sets = ", ".join(s.get("prompt_sets") or [])
     lines += [
         f"- machine: {m['platform']}, {m['cpu_count']} CPUs, {m['device']}, BLAS: {m['blas']}",
         f"- versions: mlx {m['mlx']}, mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']}"
         + (f" (commit {m['git_commit']})" if m.get("git_commit") else ""),
-        f"- {len(s['prompts'])} prompts × {s['repeats']} repeat(s), {s['max_tokens']} tokens "
-        f"each, warm-up {s['warmup']}, seed {s['seed']}"
+        f"- {len(s['prompts'])} prompts ({sets}; {suite}) × {s['repeats']} repeat(s), "
+        f"{s['max_tokens']} tokens each, warm-up {s['warmup']}, seed {s['seed']}"
         + (f", γ sweep {s['gamma_sweep']}" if s.get("gamma_sweep") else "")
         + (", quick mode" if s["quick"] else ""),
         f"- date: {m['date_utc']}"
@@ -181,36 +381,59 @@ def markdown(results: dict) -> str:
             + "; ".join(f"{k} ({v})" for k, v in results["methods_skipped"].items())
         )
     lines += _warnings(results)
+    lines += _goals(results)
     lines += ["", "## Headline", ""]
     lines += _headline(results)
-    lines += ["", "## All prompts", ""]
-    lines += _table(main_rows(results))
+    lines += ["", "## All prompt sets (geometric mean over sets)", ""]
+    lines += _main_table(main_rows(results))
     lines += [
         "",
-        "decode tok/s: tokens after the first round / time from the first token to the "
-        "last. e2e tok/s: all tokens / time from the call (prompt processing included). "
-        "× mlx_lm: paired speedup over plain mlx_lm, decode only: per block (prompt, "
-        "repeat, temperature) over the mean of the block's two mlx_lm runs, median over "
-        "blocks (× mlx_lm e2e: the same end to end). overhead: median over rounds of the "
-        "round time / the bare forward cost of its draft steps and verification, measured "
-        "in this run (plain mlx_lm ≈ 1.00 is the calibration). +MB: the run's peak memory "
-        "over the active memory just before it. See benchmarks/README.md.",
+        "× mlx_lm: paired decode-only speedup over plain mlx_lm (per block of one "
+        "prompt, repeat and temperature, over the mean of the block's two mlx_lm "
+        "runs; median over a set's blocks), then the geometric mean over the prompt "
+        "sets; × mlx_lm spec pairs with mlx-lm's speculative mode at the same γ. "
+        "decode tok/s, e2e tok/s and acceptance are pooled over all prompts. "
+        "draft / verify / host: shares of the decode time, from a separate profiled "
+        "pass. overhead: median over rounds of the round time / the bare forward "
+        "cost of its draft steps and verification (plain mlx_lm ≈ 1.00 is the "
+        "calibration). See benchmarks/README.md.",
     ]
     main_gamma = s["num_draft_tokens"]
     per_set = [
         r
         for r in results["rows"]
-        if r["prompt_set"] != ALL_PROMPTS and r["gamma"] in (None, main_gamma)
+        if r["prompt_set"] != ALL_PROMPTS
+        and r["gamma"] in (None, main_gamma)
+        and not r.get("fixed")
     ]
     if per_set:
         lines += ["", "## By prompt set", ""]
         per_set.sort(key=lambda r: (r["prompt_set"], r["temp"]))
-        lines += _table(per_set, with_set=True)
+        lines += _set_table(per_set)
+    positions = [
+        r
+        for r in results["rows"]
+        if r["gamma"] in (None, main_gamma) and not r.get("fixed")
+    ]
+    table = _position_table(positions)
+    if table:
+        lines += [
+            "",
+            "## Acceptance by draft position",
+            "",
+            "Column k: the share of rounds that accepted draft token k among those "
+            "that drafted it and accepted the k - 1 before it (trees: depth k).",
+            "",
+        ]
+        lines += table
     sweep = sweep_rows(results)
     if len({r["gamma"] for r in sweep}) > 1:
         lines += ["", "## Draft length sweep (draft, mlx_lm_speculative)", ""]
-        lines += _table(
-            sorted(sweep, key=lambda r: (r["temp"], r["method"], r["gamma"]))
+        lines += _sweep_table(
+            sorted(
+                sweep,
+                key=lambda r: (r["temp"], r["method"], r["gamma"], r.get("fixed")),
+            )
         )
     lines += _bare_section(results)
     if results.get("cost_curves"):
@@ -249,6 +472,7 @@ def markdown(results: dict) -> str:
                 f"{_fmt(p['measured_tokens_per_target_forward'])} | "
                 f"{_fmt(p['projected_speedup'])} (projected) |"
             )
+    lines += _samples(results)
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ Also here: the noise floor, the loud warnings and the labelled projection to
 real target shapes. Every quantity is defined in :data:`DEFINITIONS`.
 """
 
+import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
@@ -23,6 +24,16 @@ CALIBRATION_TOLERANCE = 0.15
 # Tokens per target forward at or below this: nothing was accepted.
 NOTHING_ACCEPTED = 1.0 + 1e-9
 ALL_PROMPTS = "all"
+# Draft positions reported in acceptance by position.
+MAX_POSITIONS = 8
+# Fields of an "all" row also given as the geometric mean of its prompt sets' rows.
+GEOMEAN_FIELDS = (
+    "speedup_vs_plain",
+    "speedup_vs_plain_e2e",
+    "speedup_vs_mlx_lm_speculative",
+    "tokens_per_target_forward",
+    "per_token_acceptance",
+)
 REQUIRED_ROW_KEYS = (
     "method",
     "temp",
@@ -52,6 +63,23 @@ DEFINITIONS = {
     "acceptance_rate": "accepted draft tokens / drafted tokens (mlx_lm_speculative: "
     "from_draft tokens / drafted tokens, drafted = min(gamma, tokens left) per round)",
     "tokens_per_target_forward": "generated tokens / target forwards (verification rounds)",
+    "per_token_acceptance": "accepted draft tokens / (accepted draft tokens + "
+    "rounds that rejected a drafted token): the chance that the next draft token "
+    "is accepted, given that the ones before it were (the alpha of a geometric "
+    "acceptance model; a tree counts its accepted depth)",
+    "acceptance_by_position": "for draft position k = 1, 2, ...: rounds that "
+    "accepted token k / rounds that drafted at least k tokens and accepted the "
+    "k - 1 before it. Trees: k is the depth, and a round counts as having "
+    "drafted k when its tree has at least k nodes (a lower bound past its depth)",
+    "fixed": "adaptive control off: gamma stays fixed (the gamma sweep's rows of "
+    "mlx-spec methods); false for the methods' defaults",
+    "*_geomean": "on the 'all' rows: the geometric mean of the field over the "
+    "prompt sets' rows (null when a set has no value)",
+    "draft_time_share": "profiled pass (a separate run of every prompt with an "
+    "extra sync per round): seconds spent drafting / decode seconds, summed over "
+    "the prompts. verify_time_share: verification forward and its sync. "
+    "host_time_share: the rest (acceptance on the host, cache commits, yielding, "
+    "detokenizing, Python). Null for mlx_lm's own modes",
     "overhead": "median over rounds 2.. of all runs of the row of: round time / "
     "(forwards * D(drafted / forwards) + T(drafted + 1)), where T and D are the "
     "target's and the draft's bare forward times against width w: medians of "
@@ -87,6 +115,45 @@ def round_ratios(run: Run, costs: Optional[BareCosts]) -> List[float]:
     return out
 
 
+def acceptance_by_position(
+    accepted: Sequence[int], drafted: Sequence[int], positions: int = MAX_POSITIONS
+) -> List[Optional[float]]:
+    """Acceptance of draft token ``k``, given the ``k - 1`` before it, for ``k = 1..``.
+
+    Args:
+        accepted: Accepted draft tokens of each round that drafted.
+        drafted: Drafted tokens of the same rounds.
+        positions: Positions to report. Default: ``MAX_POSITIONS``.
+
+    Returns:
+        ``positions`` rates, ``None`` where no round reached the position.
+    """
+    out = []
+    for k in range(1, positions + 1):
+        reached = sum(1 for n, d in zip(accepted, drafted) if d >= k and n >= k - 1)
+        passed = sum(1 for n, d in zip(accepted, drafted) if d >= k and n >= k)
+        out.append(passed / reached if reached else None)
+    return out
+
+
+def per_token_acceptance(
+    accepted: Sequence[int], drafted: Sequence[int]
+) -> Optional[float]:
+    """Accepted tokens / (accepted tokens + rounds that rejected one)."""
+    total = sum(accepted)
+    rejections = sum(1 for n, d in zip(accepted, drafted) if n < d)
+    return _ratio(total, total + rejections)
+
+
+def geomean(values: Sequence[Optional[float]]) -> Optional[float]:
+    """Geometric mean; ``None`` when any value is missing or none is given."""
+    if not values or any(v is None for v in values):
+        return None
+    if any(v <= 0 for v in values):
+        return 0.0
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None or not b:
         return None
@@ -105,7 +172,7 @@ def _sum_ratio(runs, num, den) -> Optional[float]:
 def aggregate(
     runs: Sequence[Run], group: str, repeats: int, costs: Optional[BareCosts]
 ) -> dict:
-    """One result row from the runs of one (method, temp, γ) on prompt set ``group``."""
+    """One result row from the runs of one configuration on prompt set ``group``."""
     first = runs[0]
     tokens = sum(len(r.tokens) for r in runs)
     wall = sum(r.wall_s for r in runs)
@@ -120,10 +187,13 @@ def aggregate(
     rounds = sum(r.rounds for r in runs)
     accepted = sum(r.accepted for r in runs)
     ratios = [x for r in runs for x in round_ratios(r, costs)]
+    round_accepted = [n for r in runs for n in r.accepted_per_round]
+    round_drafted = [d for r in runs for d in r.drafted_per_round]
     return {
         "method": first.method,
         "temp": first.temp,
         "gamma": first.gamma,
+        "fixed": first.fixed,
         "prompt_set": group,
         "repeats": repeats,
         "runs": len(runs),
@@ -144,6 +214,12 @@ def aggregate(
             else _sum_ratio(runs, lambda r: r.accepted, lambda r: r.drafted)
         ),
         "tokens_per_target_forward": _ratio(tokens, rounds) or 0.0,
+        "per_token_acceptance": (
+            None if plain else per_token_acceptance(round_accepted, round_drafted)
+        ),
+        "acceptance_by_position": (
+            None if plain else acceptance_by_position(round_accepted, round_drafted)
+        ),
         "accepted_per_round": None if plain else _ratio(accepted, rounds),
         "draft_forwards_per_round": _ratio(sum(r.draft_forwards for r in runs), rounds),
         "verify_width": (
@@ -158,6 +234,11 @@ def aggregate(
         "ttft_s": statistics.median(r.ttft_s for r in runs),
         "greedy_identical": None,
         "draft_cost_known": first.draft_cost_known,
+        "draft_time_share": None,
+        "verify_time_share": None,
+        "host_time_share": None,
+        "profiled_round_ms": None,
+        "profiled_prompts": 0,
     }
 
 
@@ -167,17 +248,22 @@ class Blocks:
     def __init__(self, runs: Sequence[Run]):
         self._index: Dict[tuple, List[Run]] = {}
         for r in runs:
-            self._index.setdefault((r.block, r.method, r.gamma), []).append(r)
+            key = (r.block, r.method, r.gamma, r.fixed)
+            self._index.setdefault(key, []).append(r)
 
     def ratio(self, run: Run, method: str, gamma, metric) -> Optional[float]:
-        """``metric(run)`` over the mean ``metric`` of ``method``'s runs in its block."""
-        base = [metric(b) for b in self._index.get((run.block, method, gamma), [])]
+        """``metric(run)`` over the mean ``metric`` of ``method``'s runs in its block.
+
+        ``method`` runs with its default control (not a fixed-γ sweep row).
+        """
+        base = self._index.get((run.block, method, gamma, False), [])
+        base = [metric(b) for b in base]
         base = [v for v in base if v]
         return _ratio(metric(run), statistics.fmean(base) if base else None)
 
     def reference(self, run: Run) -> Optional[List[int]]:
         """The tokens of the block's first mlx_lm run."""
-        plain = self._index.get((run.block, PLAIN, None))
+        plain = self._index.get((run.block, PLAIN, None, False))
         return min(plain, key=lambda r: r.position).tokens if plain else None
 
 
@@ -217,10 +303,14 @@ def build_rows(
     costs: Optional[BareCosts],
     main_gamma: int = DEFAULT_NUM_DRAFT_TOKENS,
 ) -> List[dict]:
-    """Rows per (method, temp, γ) over all prompts and per prompt set."""
+    """Rows per configuration over all prompts and per prompt set.
+
+    The "all" rows also get the geometric mean of their prompt sets' rows
+    (:data:`GEOMEAN_FIELDS`, suffix ``_geomean``).
+    """
     configs: Dict[tuple, List[Run]] = {}
     for r in runs:
-        configs.setdefault((r.method, r.temp, r.gamma), []).append(r)
+        configs.setdefault((r.method, r.temp, r.gamma, r.fixed), []).append(r)
     blocks = Blocks(runs)
     rows = []
     for config_runs in configs.values():
@@ -231,11 +321,64 @@ def build_rows(
             row = aggregate(group_runs, group, repeats, costs)
             _fill_paired(row, group_runs, blocks, main_gamma)
             rows.append(row)
+    add_geomeans(rows)
     order = {name: i for i, name in enumerate((ALL_PROMPTS,) + PROMPT_SETS)}
     rows.sort(
-        key=lambda r: (order.get(r["prompt_set"], 99), r["temp"], r["gamma"] or 0)
+        key=lambda r: (
+            order.get(r["prompt_set"], len(order)),
+            r["prompt_set"],
+            r["temp"],
+            r["gamma"] or 0,
+            r["fixed"],
+        )
     )
     return rows
+
+
+def row_key(row: dict) -> tuple:
+    """``(method, temp, γ, fixed)``: the configuration a row belongs to."""
+    return row["method"], row["temp"], row["gamma"], row["fixed"]
+
+
+def add_geomeans(rows: Sequence[dict]) -> None:
+    """Give each "all" row the geometric mean of its prompt sets' rows."""
+    by_config: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        if r["prompt_set"] != ALL_PROMPTS:
+            by_config.setdefault(row_key(r), []).append(r)
+    for r in rows:
+        if r["prompt_set"] != ALL_PROMPTS:
+            continue
+        sets = by_config.get(row_key(r), [])
+        r["prompt_sets"] = len(sets)
+        for name in GEOMEAN_FIELDS:
+            r[f"{name}_geomean"] = geomean([s[name] for s in sets])
+
+
+def add_time_split(rows: Sequence[dict], profiles: Sequence[dict]) -> None:
+    """Fill each row's time shares from the profiled pass.
+
+    Args:
+        rows: Result rows (changed in place).
+        profiles: One dict per profiled generation: ``method``, ``temp``,
+            ``gamma``, ``fixed``, ``prompt_set`` and seconds of ``generation``,
+            ``draft``, ``verify`` and ``host`` work, and ``rounds``.
+    """
+    for row in rows:
+        mine = [
+            p
+            for p in profiles
+            if (p["method"], p["temp"], p["gamma"], p["fixed"]) == row_key(row)
+            and row["prompt_set"] in (ALL_PROMPTS, p["prompt_set"])
+        ]
+        total = sum(p["generation"] for p in mine)
+        if not mine or total <= 0:
+            continue
+        for part in ("draft", "verify", "host"):
+            row[f"{part}_time_share"] = sum(p[part] for p in mine) / total
+        rounds = sum(p["rounds"] for p in mine)
+        row["profiled_round_ms"] = 1e3 * total / rounds if rounds else None
+        row["profiled_prompts"] = len(mine)
 
 
 def plain_drift(runs: Sequence[Run]) -> Optional[float]:
@@ -266,7 +409,9 @@ def check_rows(rows: Sequence[dict]) -> List[str]:
             continue
         same = r.get("greedy_identical")
         if r["temp"] == 0 and same is not None and same < 1:
-            who = r["method"] + (f" (γ={r['gamma']})" if r["gamma"] is not None else "")
+            who = r["method"]
+            if r["gamma"] is not None:
+                who += f" (γ={r['gamma']}{', fixed' if r.get('fixed') else ''})"
             warnings.append(
                 f"GREEDY MISMATCH: {who} at temp 0 produced mlx_lm's tokens in only "
                 f"{same:.0%} of its runs; exact decoding must give 100%."
@@ -356,12 +501,14 @@ def overhead_calibration(rows: Sequence[dict]) -> Dict[str, Optional[float]]:
 
 
 def main_rows(results: dict) -> List[dict]:
-    """Rows over all prompts at the main γ (the sweep's extra γ left out)."""
+    """Rows over all prompts at the main γ, default control (the sweep left out)."""
     main_gamma = results["settings"]["num_draft_tokens"]
     return [
         r
         for r in results["rows"]
-        if r["prompt_set"] == ALL_PROMPTS and r["gamma"] in (None, main_gamma)
+        if r["prompt_set"] == ALL_PROMPTS
+        and r["gamma"] in (None, main_gamma)
+        and not r.get("fixed")
     ]
 
 

@@ -9,7 +9,7 @@ Usage::
 Every method sees the same models, prompts, seeds and token budget:
 ``mlx_lm`` (plain ``mlx_lm.generate.stream_generate``), ``mlx_lm_speculative``
 (mlx-lm's own speculative mode, same draft and γ) and every mlx-spec method
-that exists (``mlx_spec.config.METHODS``, discovered at run time).
+that exists (``mlx_spec.drafters.registry.METHODS``, discovered at run time).
 
 The runs come in *blocks*: one prompt, one repeat, one temperature. A block
 runs plain ``mlx_lm`` first, every other configuration in an order that
@@ -19,12 +19,17 @@ runs, then the median over blocks. After each run one of the bare forwards
 the rounds are made of is timed again (round robin), so they see the same
 machine noise.
 
+After the timed blocks, a separate *profiled pass* runs each mlx-spec method
+once per prompt with ``profile=True`` (a sync per round that splits its time
+into drafting, verification and host work), so the timed runs stay clean.
+
 This module owns the schedule (which configurations run, in which order, with
-the bare forwards sampled in between) and the command's entry point. One run
-is driven and timed in :mod:`benchmarks.runner`, the bare forwards in
-:mod:`benchmarks.measure`, the rows in :mod:`benchmarks.rows`, the command
-line in :mod:`benchmarks.options`, the report in :mod:`benchmarks.report` and
-the charts in :mod:`benchmarks.plots`.
+the bare forwards sampled in between, then the profiled pass) and the
+command's entry point. One run is driven and timed in
+:mod:`benchmarks.runner`, the bare forwards in :mod:`benchmarks.measure`, the
+rows in :mod:`benchmarks.rows`, the issues' goals in :mod:`benchmarks.goals`,
+the command line in :mod:`benchmarks.options`, the report in
+:mod:`benchmarks.report` and the charts in :mod:`benchmarks.plots`.
 
 Definitions (also written to ``results.json`` and ``benchmarks/README.md``):
 
@@ -55,10 +60,17 @@ from mlx_spec.config import (
     DEFAULT_NUM_DRAFT_TOKENS,
     DEFAULT_TREE_BUDGET,
     DEFAULT_TREE_TOP_K,
-    METHODS,
 )
-from mlx_spec.loading import default_model_pair, load_pair
+from mlx_spec.drafters import registry
+from mlx_spec.loading import (
+    REPO_ROOT,
+    check_draft_tokenizer,
+    default_model_pair,
+    load_model,
+    load_pair,
+)
 
+from .goals import check_goals
 from .machine import machine_info, param_count
 from .measure import (
     QWEN2_SHAPES,
@@ -69,9 +81,16 @@ from .measure import (
 )
 from .options import BARE_CHAIN, resolve_settings, setup_arg_parser
 from .progress import Progress
-from .prompts import prompt_suite
+from .prompts import (
+    by_set,
+    encode,
+    has_chat_template,
+    load_prompt_file,
+    prompt_suite,
+)
 from .rows import (
     DEFINITIONS,
+    add_time_split,
     build_rows,
     check_rows,
     overhead_calibration,
@@ -84,6 +103,7 @@ from .runner import (
     PLAIN,
     PLAIN_METHODS,
     SWEEP_METHODS,
+    Config,
     Run,
     Setup,
     discover_methods,
@@ -93,11 +113,24 @@ from .runner import (
 __all__ = ["benchmark", "main", "setup_arg_parser"]
 
 WARMUP_MAX_TOKENS = 16
+# Methods left out of the default list under --quick, to keep it short.
+QUICK_LEFT_OUT = ("none",)
 
 
-def _choose_methods(requested, uses_draft, skipped, has_draft) -> tuple:
-    known = BASELINES + METHODS
-    wanted = list(requested) if requested else list(BASELINES) + list(METHODS)
+def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
+    """The methods to run, and why each wanted one that cannot run is skipped.
+
+    By default: both baselines and every method of the registry
+    (``mlx_spec.drafters.registry.METHODS``) that runs here, but
+    :data:`QUICK_LEFT_OUT` under ``--quick``.
+    """
+    known = BASELINES + registry.METHODS
+    if requested:
+        wanted = list(requested)
+    else:
+        wanted = list(BASELINES) + [
+            m for m in registry.METHODS if not (quick and m in QUICK_LEFT_OUT)
+        ]
     unknown = [m for m in wanted if m not in known]
     if unknown:
         raise ValueError(
@@ -107,34 +140,42 @@ def _choose_methods(requested, uses_draft, skipped, has_draft) -> tuple:
     for m in wanted:
         if m == MLX_LM_SPECULATIVE and not has_draft:
             notes[m] = "no draft model"
-        elif m in METHODS and m not in uses_draft:
+        elif m in registry.METHODS and m not in drafters:
             notes.setdefault(m, "not available")
         elif m not in chosen:
             chosen.append(m)
     return chosen, {m: notes[m] for m in notes if m in wanted}
 
 
-def _configs(methods: Sequence[str], settings: dict) -> List[tuple]:
-    """``(method, temp, γ)`` of every benchmarked configuration, γ sweep included.
+def _configs(methods: Sequence[str], settings: dict) -> List[Config]:
+    """Every benchmarked configuration, γ sweep included.
 
     Plain mlx_lm is always among them: every block runs it first and last.
+    The sweep runs ``draft`` with adaptive control off at every γ of the
+    sweep (the main γ too: its default row is adaptive), and mlx-lm's
+    speculative mode at the sweep's other γ.
     """
     gamma = settings["num_draft_tokens"]
     configs = []
     for temp in settings["temps"]:
-        configs.append((PLAIN, temp, None))
+        configs.append(Config(PLAIN, temp, None))
         for m in methods:
             if m != PLAIN:
-                configs.append((m, temp, None if m in PLAIN_METHODS else gamma))
+                configs.append(Config(m, temp, None if m in PLAIN_METHODS else gamma))
         if temp not in settings["sweep_temps"]:
             continue
         for m in SWEEP_METHODS:
-            if m in methods:
-                configs += [(m, temp, g) for g in settings["gamma_sweep"] if g != gamma]
+            if m not in methods:
+                continue
+            for g in settings["gamma_sweep"]:
+                if m == MLX_LM_SPECULATIVE and g != gamma:
+                    configs.append(Config(m, temp, g))
+                elif m != MLX_LM_SPECULATIVE:
+                    configs.append(Config(m, temp, g, fixed=True))
     return configs
 
 
-def block_order(configs: Sequence[tuple], shift: int) -> List[tuple]:
+def block_order(configs: Sequence[Config], shift: int) -> List[Config]:
     """mlx_lm first and last; the other configurations rotated by ``shift``."""
     plain = [c for c in configs if c[0] == PLAIN]
     others = [c for c in configs if c[0] != PLAIN]
@@ -144,29 +185,21 @@ def block_order(configs: Sequence[tuple], shift: int) -> List[tuple]:
     return plain + others + plain
 
 
-def _warm_up(setup, configs, ids, settings, uses_draft, progress) -> None:
-    """Run every (method, temp) ``warmup`` times on a short generation."""
+def _warm_up(setup, configs, ids, settings, drafters, progress) -> None:
+    """Run every configuration ``warmup`` times on a short generation."""
     saved, setup.max_tokens = setup.max_tokens, min(WARMUP_MAX_TOKENS, setup.max_tokens)
-    warm = sorted({(m, t) for m, t, _ in configs}, key=lambda c: (c[1], c[0]))
+    warm = sorted(set(configs), key=lambda c: (c.temp, c.method, c.gamma or 0, c.fixed))
     progress.start(settings["warmup"] * len(warm), "warm-up")
     for _ in range(settings["warmup"]):
-        for m, t in warm:
-            generate_once(
-                setup,
-                m,
-                ids,
-                t,
-                settings["num_draft_tokens"],
-                settings["seed"],
-                uses_draft.get(m, True),
-            )
-            progress.update(f"warm-up {m} temp={t}")
+        for c in warm:
+            generate_once(setup, c, ids, settings["seed"], drafters.get(c.method))
+            progress.update(f"warm-up {c.label()} temp={c.temp}")
     progress.close()
     setup.max_tokens = saved
 
 
 def _interleaved_runs(
-    setup, configs, prompts, ids, settings, uses_draft, timer, widths, progress
+    setup, configs, prompts, ids, settings, drafters, timer, widths, progress
 ) -> List[Run]:
     """Every block: one prompt, repeat and temperature, all its configurations.
 
@@ -177,7 +210,7 @@ def _interleaved_runs(
     cycle = [(name, w) for name, ws in widths.items() for w in ws]
     sampled = 0
     temps = settings["temps"]
-    per_block = {t: [c for c in configs if c[1] == t] for t in temps}
+    per_block = {t: [c for c in configs if c.temp == t] for t in temps}
     n_runs = sum(len(block_order(c, 0)) for c in per_block.values())
     progress.start(settings["repeats"] * len(prompts) * n_runs, "benchmark")
     block = 0
@@ -186,22 +219,16 @@ def _interleaved_runs(
             seed = settings["seed"] + 1000 * rep + pi
             for t in temps:
                 order = block_order(per_block[t], block)
-                for position, (m, _, g) in enumerate(order):
+                for position, c in enumerate(order):
                     result = generate_once(
-                        setup,
-                        m,
-                        ids[p.name],
-                        t,
-                        g or settings["num_draft_tokens"],
-                        seed,
-                        uses_draft.get(m, True),
-                        fixed=g is not None and g != settings["num_draft_tokens"],
+                        setup, c, ids[p.name], seed, drafters.get(c.method)
                     )
                     runs.append(
                         Run(
-                            method=m,
+                            method=c.method,
                             temp=t,
-                            gamma=g,
+                            gamma=c.gamma,
+                            fixed=c.fixed,
                             prompt=p.name,
                             prompt_set=p.prompt_set,
                             repeat=rep,
@@ -210,15 +237,48 @@ def _interleaved_runs(
                             **result,
                         )
                     )
-                    _sample_one(timer, setup, cycle[sampled % len(cycle)])
+                    if cycle:
+                        _sample_one(timer, setup, cycle[sampled % len(cycle)])
                     sampled += 1
-                    progress.update(
-                        f"rep {rep + 1} {p.name} {m} temp={t}"
-                        + (f" γ={g}" if g else "")
-                    )
+                    progress.update(f"rep {rep + 1} {p.name} {c.label()} temp={t}")
                 block += 1
     progress.close()
     return runs
+
+
+def _profiled_runs(setup, configs, prompts, ids, settings, drafters, progress):
+    """Each mlx-spec method's default configuration once per prompt, profiled.
+
+    A separate pass: profiling adds a sync per round, so its timings stay out
+    of the timed blocks. Returns one dict per generation (see
+    :func:`benchmarks.rows.add_time_split`).
+    """
+    chosen = [
+        c for c in configs if c.method not in BASELINES + PLAIN_METHODS and not c.fixed
+    ]
+    progress.start(len(chosen) * len(prompts), "profiled pass")
+    out = []
+    for pi, p in enumerate(prompts):
+        for c in chosen:
+            result = generate_once(
+                setup,
+                c,
+                ids[p.name],
+                settings["seed"] + pi,
+                drafters.get(c.method),
+                profile=True,
+            )
+            out.append(
+                {
+                    **c._asdict(),
+                    "prompt": p.name,
+                    "prompt_set": p.prompt_set,
+                    **result["profile"],
+                }
+            )
+            progress.update(f"profile {p.name} {c.label()} temp={c.temp}")
+    progress.close()
+    return out
 
 
 def _context_note(model, ids, max_tokens) -> Optional[str]:
@@ -232,15 +292,15 @@ def _context_note(model, ids, max_tokens) -> Optional[str]:
     return None
 
 
-def bare_widths(configs: Sequence[tuple], setup: Setup) -> Dict[str, List[int]]:
+def bare_widths(configs: Sequence[Config], setup: Setup) -> Dict[str, List[int]]:
     """Widths to time per model: those the configurations verify and draft."""
     target = {1, 2}
     draft = {1}
-    for method, _, gamma in configs:
-        if method in PLAIN_METHODS:
+    for c in configs:
+        if c.method in PLAIN_METHODS:
             continue
-        target.add((gamma or DEFAULT_NUM_DRAFT_TOKENS) + 1)
-        if method in ("tree", "auto"):
+        target.add((c.gamma or DEFAULT_NUM_DRAFT_TOKENS) + 1)
+        if c.method in ("tree", "auto"):
             budget = setup.method_options.get("tree_budget", DEFAULT_TREE_BUDGET)
             target.add(int(budget) + 1)
             draft.add(int(setup.method_options.get("tree_top_k", DEFAULT_TREE_TOP_K)))
@@ -263,10 +323,87 @@ def _sample_one(timer: ForwardTimer, setup: Setup, which, warmup: int = 0) -> No
     timer.sample(name, model, width, repeats=1, warmup=warmup)
 
 
+def _parse_method_drafts(items: Sequence[str]) -> Dict[str, str]:
+    """``METHOD=PATH`` items of ``--method-draft`` as a dict."""
+    out = {}
+    for item in items:
+        method, sep, path = item.partition("=")
+        if not sep or not method or not path:
+            raise ValueError(f"--method-draft {item!r}: expected METHOD=PATH.")
+        if method not in registry.METHODS + (MLX_LM_SPECULATIVE,):
+            known = ", ".join(registry.METHODS + (MLX_LM_SPECULATIVE,))
+            raise ValueError(
+                f"--method-draft {item!r}: unknown method '{method}'; choose from "
+                f"{known}."
+            )
+        out[method] = path
+    return out
+
+
+def _load_drafter(path: str, role: str, model, tokenizer):
+    """A draft head directory for ``model``, else an mlx-lm draft checkpoint."""
+    heads = _heads_module()
+    if heads is not None and heads.read_head_config(path) is not None:
+        return heads.load_head(path, model)
+    draft, draft_tokenizer = load_model(path, role)
+    check_draft_tokenizer(tokenizer, draft_tokenizer)
+    return draft
+
+
+def _heads_module():
+    """``mlx_spec.drafters.heads`` when this version of mlx-spec has heads."""
+    try:
+        from mlx_spec.drafters import heads
+    except ImportError:
+        return None
+    return heads
+
+
+def _default_heads(model, progress) -> List[object]:
+    """The heads in ``models/`` trained for ``model`` (others are skipped)."""
+    heads = _heads_module()
+    root = REPO_ROOT / "models"
+    if heads is None or not root.is_dir():
+        return []
+    out = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir()):
+        if heads.read_head_config(path) is None:
+            continue
+        try:
+            out.append(heads.load_head(path, model))
+        except ValueError as e:
+            progress.note(f"not using the head in {path.name}: {e}")
+    return out
+
+
+def _prompts(args, settings, tokenizer) -> tuple:
+    """The prompts to run and whether they go through the chat template."""
+    template = has_chat_template(tokenizer)
+    if args.prompts:
+        prompts = load_prompt_file(args.prompts)
+        if args.prompt_sets:
+            prompts = [p for p in prompts if p.prompt_set in args.prompt_sets]
+            if not prompts:
+                raise ValueError(
+                    f"--prompts {args.prompts}: no prompt in sets {args.prompt_sets}."
+                )
+        if settings["quick"]:
+            prompts = [ps[0] for ps in by_set(prompts).values()]
+        return prompts, template
+    chat = {"chat": True, "base": False}.get(args.suite, template)
+    if chat and not template:
+        raise ValueError(
+            "--suite chat needs a model with a chat template; use --suite base."
+        )
+    prompts = prompt_suite(quick=settings["quick"], sets=args.prompt_sets, chat=chat)
+    return prompts, chat
+
+
 def benchmark(args) -> dict:
     """Run the benchmark described by parsed ``args``; return the results dict."""
     started = time.perf_counter()
     settings = resolve_settings(args)
+    method_draft_paths = _parse_method_drafts(args.method_draft)
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, default_draft = default_model_pair()
@@ -277,18 +414,38 @@ def benchmark(args) -> dict:
     )
     model, tokenizer, draft = load_pair(model_path, draft_path)
     setup = Setup(
-        model, tokenizer, draft, settings["max_tokens"], settings["method_options"]
+        model,
+        tokenizer,
+        draft,
+        settings["max_tokens"],
+        settings["method_options"],
+        drafts={
+            m: _load_drafter(path, f"--method-draft {m}", model, tokenizer)
+            for m, path in method_draft_paths.items()
+        },
     )
+    setup.heads = [
+        _load_drafter(path, "--head", model, tokenizer) for path in args.head
+    ]
+    if args.model is None and not args.head:
+        setup.heads = _default_heads(model, progress)
+    for head in setup.heads:
+        progress.note(f"draft head: {setup.describe(head)}")
 
-    prompts = prompt_suite(quick=settings["quick"], sets=args.prompt_sets)
-    ids = {p.name: tokenizer.encode(p.text) for p in prompts}
+    prompts, chat = _prompts(args, settings, tokenizer)
+    ids = {p.name: encode(p, tokenizer, chat=chat) for p in prompts}
+    settings["chat_template"] = chat
     note = _context_note(model, ids, settings["max_tokens"])
     if note:
         settings["context_note"] = note
         progress.note("note: " + note)
-    uses_draft, skipped = discover_methods(setup, ids[prompts[0].name])
+    drafters, skipped = discover_methods(setup, ids[prompts[0].name])
     methods, skipped = _choose_methods(
-        args.methods, uses_draft, skipped, draft is not None
+        args.methods,
+        drafters,
+        skipped,
+        setup.draft_for(MLX_LM_SPECULATIVE) is not None,
+        settings["quick"],
     )
     if not methods:
         reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
@@ -297,7 +454,7 @@ def benchmark(args) -> dict:
         progress.note(f"skipping method {m}: {why}")
 
     configs = _configs(methods, settings)
-    _warm_up(setup, configs, ids[prompts[0].name], settings, uses_draft, progress)
+    _warm_up(setup, configs, ids[prompts[0].name], settings, drafters, progress)
     # Bare forwards on a cache as long as a typical mid-generation context.
     lengths = sorted(len(v) for v in ids.values())
     context = lengths[len(lengths) // 2] + settings["max_tokens"] // 2
@@ -306,11 +463,17 @@ def benchmark(args) -> dict:
     for i in range(settings["forward_repeats"]):
         _sample_bare(timer, setup, widths, first=i == 0)
     runs = _interleaved_runs(
-        setup, configs, prompts, ids, settings, uses_draft, timer, widths, progress
+        setup, configs, prompts, ids, settings, drafters, timer, widths, progress
     )
     timer.close()
+    profiles = []
+    if settings["profile"]:
+        profiles = _profiled_runs(
+            setup, configs, prompts, ids, settings, drafters, progress
+        )
     costs = bare_costs(timer)
     rows = build_rows(runs, settings["repeats"], costs, settings["num_draft_tokens"])
+    add_time_split(rows, profiles)
     warnings = check_rows(rows)
     bare = timer.table()
     pair_ratio = None
@@ -334,6 +497,7 @@ def benchmark(args) -> dict:
     }
     return {
         "rows": rows,
+        "goals": check_goals(rows, settings["num_draft_tokens"]),
         "warnings": warnings,
         "overhead_calibration": overhead_calibration(rows),
         "plain_drift": plain_drift(runs),
@@ -353,23 +517,31 @@ def benchmark(args) -> dict:
             "draft": str(draft_path) if draft_path else None,
             "target_params": param_count(model),
             "draft_params": param_count(draft) if draft is not None else None,
+            "method_drafts": method_draft_paths,
+            "heads": [getattr(h, "path", None) for h in setup.heads],
+            "drafter_of": {
+                m: setup.describe(d) for m, d in drafters.items() if m in methods
+            },
         },
         "settings": {
             **settings,
             "methods": methods,
             "bare_forward_context": context,
             "prompts": [p.name for p in prompts],
+            "prompt_sets": list(by_set(prompts)),
+            "prompt_file": args.prompts,
             "elapsed_s": time.perf_counter() - started,
         },
         "methods_skipped": skipped,
         "definitions": DEFINITIONS,
         "runs": [r.raw() for r in runs],
+        "profiles": profiles,
         "samples_mlx_lm_greedy": samples,
     }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Command-line entry point (also ``mlx_spec.bench``)."""
+    """Command-line entry point (also ``mlx_spec bench``)."""
     from .report import write_outputs
 
     args = setup_arg_parser().parse_args(argv)

@@ -18,14 +18,15 @@ import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate as mlx_lm_stream_generate
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
 from mlx_spec import stream_generate as spec_stream_generate
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
+from mlx_spec.drafters import registry
 
 PLAIN = "mlx_lm"
 MLX_LM_SPECULATIVE = "mlx_lm_speculative"
@@ -34,6 +35,30 @@ BASELINES = (PLAIN, MLX_LM_SPECULATIVE)
 PLAIN_METHODS = (PLAIN, "none")
 # Methods run again at every γ of the sweep.
 SWEEP_METHODS = ("draft", MLX_LM_SPECULATIVE)
+
+
+class Config(NamedTuple):
+    """One benchmarked configuration.
+
+    Attributes:
+        method: ``mlx_lm``, ``mlx_lm_speculative`` or an mlx-spec method.
+        temp: Sampling temperature (0 is greedy).
+        gamma: Draft tokens per round; ``None`` for methods that draft nothing.
+        fixed: Adaptive control off, so γ stays fixed (the γ sweep's rows of
+            mlx-spec methods). mlx-lm's speculative mode is always fixed.
+    """
+
+    method: str
+    temp: float
+    gamma: Optional[int]
+    fixed: bool = False
+
+    def label(self) -> str:
+        """``method``, with ``γ=g`` and ``fixed`` when they apply."""
+        text = self.method
+        if self.gamma is not None:
+            text += f" γ={self.gamma}" + (" fixed" if self.fixed else "")
+        return text
 
 
 # --------------------------------------------------------------------------- #
@@ -103,6 +128,8 @@ class Run:
     ``round_s[k]``, ``round_drafted[k]`` and ``round_forwards[k]`` describe
     round ``k + 1`` (see :func:`split_rounds`); the overhead compares each
     round's time with the bare cost of its draft forwards and verification.
+    ``accepted_per_round`` and ``drafted_per_round`` hold every round that
+    drafted something, round 0 included (acceptance by draft position).
     """
 
     method: str
@@ -128,6 +155,9 @@ class Run:
     peak_memory_gb: float
     memory_increase_gb: float
     draft_cost_known: bool = True
+    fixed: bool = False
+    accepted_per_round: List[int] = field(default_factory=list)
+    drafted_per_round: List[int] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> Optional[float]:
@@ -164,6 +194,9 @@ class Run:
             "round_s": [round(t, 7) for t in self.round_s],
             "round_drafted": self.round_drafted,
             "round_forwards": self.round_forwards,
+            "fixed": self.fixed,
+            "accepted_per_round": self.accepted_per_round,
+            "drafted_per_round": self.drafted_per_round,
         }
 
 
@@ -176,6 +209,35 @@ class Setup:
     draft: Any
     max_tokens: int
     method_options: Dict[str, Any] = field(default_factory=dict)
+    # Per-method drafters given on the command line (method -> loaded drafter).
+    drafts: Dict[str, Any] = field(default_factory=dict)
+    # Trained draft heads for the target (``mlx_spec.drafters.heads.LoadedHead``).
+    heads: List[Any] = field(default_factory=list)
+
+    def draft_for(self, method: str) -> Any:
+        """The draft model ``method`` is given first: its own, else the shared one."""
+        return self.drafts.get(method, self.draft)
+
+    def candidates(self, method: str) -> List[Any]:
+        """Drafters to try for ``method``, in order: its own, the shared draft
+        model, each head, then none."""
+        out = []
+        for d in (self.drafts.get(method), self.draft, *self.heads):
+            if d is not None and not any(d is o for o in out):
+                out.append(d)
+        return out + [None]
+
+    def describe(self, drafter: Any) -> Optional[str]:
+        """What ``drafter`` is, for the report."""
+        if drafter is None:
+            return None
+        if drafter is self.draft:
+            return "draft model"
+        path = getattr(drafter, "path", None)
+        kind = getattr(drafter, "kind", None)
+        if kind is not None:
+            return f"{kind} head" + (f" {path}" if path else "")
+        return "own drafter" + (f" {path}" if path else "")
 
 
 def _consume(make_stream: Callable, describe: Callable) -> dict:
@@ -239,12 +301,39 @@ def _mlx_lm_rounds(max_tokens: int, gamma: Optional[int]) -> Callable:
     return describe
 
 
+def mlx_lm_round_counts(
+    from_draft: List[bool], max_tokens: int, gamma: int
+) -> Tuple[List[int], List[int]]:
+    """Accepted and drafted tokens of each round of mlx-lm's speculative mode.
+
+    A round yields its accepted draft tokens (``from_draft``) and ends with a
+    token of the target; it drafted ``min(γ, max_tokens - tokens so far)``.
+    """
+    accepted, drafted = [], []
+    seen, run = 0, None
+    for flag in from_draft:
+        if run is None:
+            run = 0
+            drafted.append(min(gamma, max_tokens - seen))
+        seen += 1
+        if flag:
+            run += 1
+        else:
+            accepted.append(run)
+            run = None
+    if run is not None:  # an EOS or the budget cut the last round
+        accepted.append(run)
+    return accepted, drafted
+
+
 def run_mlx_lm(setup: Setup, ids, temp, gamma, seed, *, speculative: bool) -> dict:
     """One generation with mlx-lm's own ``stream_generate``."""
     mx.random.seed(seed)
     kwargs = dict(max_tokens=setup.max_tokens, sampler=mlx_lm_make_sampler(temp))
     if speculative:
-        kwargs.update(draft_model=setup.draft, num_draft_tokens=gamma)
+        kwargs.update(
+            draft_model=setup.draft_for(MLX_LM_SPECULATIVE), num_draft_tokens=gamma
+        )
     from_draft = []
 
     def tagged():
@@ -258,11 +347,13 @@ def run_mlx_lm(setup: Setup, ids, temp, gamma, seed, *, speculative: bool) -> di
     )
     out.pop("stream")
     n = len(out["tokens"])
+    per_round = ([], [])
     if speculative:
         flags = from_draft[:n]
         rounds = max(sum(not f for f in flags), 1)
         accepted = sum(flags)
         drafted = out["drafted_total"]
+        per_round = mlx_lm_round_counts(flags, setup.max_tokens, gamma)
     else:
         rounds, accepted, drafted = n, 0, 0
     out.pop("drafted_total")
@@ -272,6 +363,8 @@ def run_mlx_lm(setup: Setup, ids, temp, gamma, seed, *, speculative: bool) -> di
         accepted=accepted,
         drafted=drafted,
         draft_forwards=drafted,
+        accepted_per_round=per_round[0],
+        drafted_per_round=per_round[1],
     )
 
 
@@ -281,9 +374,24 @@ def _spec_rounds(response) -> Tuple[int, int, int]:
 
 
 def run_mlx_spec(
-    setup: Setup, method, ids, temp, gamma, seed, *, use_draft=True, fixed=False
+    setup: Setup,
+    method,
+    ids,
+    temp,
+    gamma,
+    seed,
+    *,
+    drafter=None,
+    fixed=False,
+    profile=False,
 ) -> dict:
-    """One generation with ``mlx_spec.stream_generate`` and method ``method``."""
+    """One generation with ``mlx_spec.stream_generate`` and method ``method``.
+
+    ``drafter`` is passed as its ``draft_model`` (a draft model, a head or
+    ``None``). ``fixed`` turns adaptive control off. ``profile`` adds a sync per round
+    that splits its time into drafting and verification (key ``profile``:
+    seconds of ``generation``, ``draft``, ``verify`` and ``host`` work).
+    """
     options = dict(setup.method_options)
     if fixed:
         options["adaptive"] = False
@@ -292,39 +400,65 @@ def run_mlx_spec(
         setup.model,
         setup.tokenizer,
         ids,
-        setup.draft if use_draft else None,
+        drafter,
         speculative=method,
         num_draft_tokens=gamma or DEFAULT_NUM_DRAFT_TOKENS,
         temp=temp,
         max_tokens=setup.max_tokens,
         seed=seed,
+        profile=profile,
         **options,
     )
     out = _consume(make_stream, _spec_rounds)
     out.pop("drafted_total")
     stats = out.pop("stream").stats
-    # Self-speculation drafts with part of the target: no bare draft cost.
+    # Bare draft costs are timed for the shared draft model only; self-speculation
+    # drafts with part of the target and heads are priced by nobody.
     self_rounds = (stats.auto_rounds or {}).get("self", 0)
+    known = drafter is None or drafter is setup.draft or not stats.draft_forwards
+    if profile:
+        out["profile"] = {
+            "generation": stats.generation_time,
+            "draft": stats.draft_time or 0.0,
+            "verify": stats.verify_time or 0.0,
+            "host": stats.host_time,
+            "rounds": stats.rounds,
+            "tokens": stats.generated_tokens,
+        }
     return dict(
         out,
         rounds=stats.rounds,
         accepted=stats.accepted_tokens,
         drafted=stats.draft_tokens,
         draft_forwards=stats.draft_forwards,
-        draft_cost_known="self" not in (method, stats.method) and not self_rounds,
+        draft_cost_known=known
+        and "self" not in (method, stats.method)
+        and not self_rounds,
+        accepted_per_round=list(stats.accepted_per_round),
+        drafted_per_round=list(stats.drafted_per_round),
     )
 
 
 def generate_once(
-    setup: Setup, method, ids, temp, gamma, seed, uses_draft, fixed=False
+    setup: Setup, config: Config, ids, seed, drafter=None, profile=False
 ) -> dict:
-    """One run; ``fixed`` turns adaptive control off (γ-sweep rows)."""
+    """One run of ``config``; ``drafter`` and ``profile`` for mlx-spec methods."""
+    method, temp, gamma = config.method, config.temp, config.gamma
+    gamma = gamma or DEFAULT_NUM_DRAFT_TOKENS
     if method == PLAIN:
         return run_mlx_lm(setup, ids, temp, gamma, seed, speculative=False)
     if method == MLX_LM_SPECULATIVE:
         return run_mlx_lm(setup, ids, temp, gamma, seed, speculative=True)
     return run_mlx_spec(
-        setup, method, ids, temp, gamma, seed, use_draft=uses_draft, fixed=fixed
+        setup,
+        method,
+        ids,
+        temp,
+        gamma,
+        seed,
+        drafter=drafter,
+        fixed=config.fixed,
+        profile=profile,
     )
 
 
@@ -338,30 +472,36 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def discover_methods(setup: Setup, ids) -> tuple:
-    """Try each mlx-spec method on a 2-token generation.
+def discover_methods(
+    setup: Setup, ids, methods: Optional[Sequence[str]] = None
+) -> tuple:
+    """Try each mlx-spec method on a 2-token generation with each drafter.
+
+    The drafters are tried in the order of :meth:`Setup.candidates`; the
+    first one the method runs with is its drafter. ``methods`` defaults to the
+    registry's (``mlx_spec.drafters.registry.METHODS``, read at call time), so
+    a new drafter joins with no change to the harness.
 
     Returns:
-        ``(uses_draft, skipped)``: method -> whether it runs with the draft
-        model passed, and method -> why it was skipped.
+        ``(drafters, skipped)``: method -> the drafter it runs with (``None``
+        for none), and method -> why it was skipped.
     """
-    uses_draft, skipped = {}, {}
+    drafters, skipped = {}, {}
     saved = setup.max_tokens
     setup.max_tokens = 2
     try:
-        for method in METHODS:
-            attempts = [True, False] if setup.draft is not None else [False]
-            for with_draft in attempts:
+        for method in registry.METHODS if methods is None else methods:
+            for drafter in setup.candidates(method):
                 try:
-                    run_mlx_spec(setup, method, ids, 0.0, None, 0, use_draft=with_draft)
+                    run_mlx_spec(setup, method, ids, 0.0, None, 0, drafter=drafter)
                 except Exception as e:  # a method still being written
-                    skipped[method] = _first_line(e)
+                    skipped.setdefault(method, _first_line(e))
                     if "not available" in str(e):
                         break
                     continue
-                uses_draft[method] = with_draft
+                drafters[method] = drafter
                 skipped.pop(method, None)
                 break
     finally:
         setup.max_tokens = saved
-    return uses_draft, skipped
+    return drafters, skipped

@@ -17,14 +17,28 @@ from benchmarks import options, report
 from benchmarks import rows as bench_rows
 from benchmarks import run as bench
 from benchmarks import runner
+from benchmarks.goals import GOALS, check_goals
 from benchmarks.measure import BareCosts, PiecewiseCost, fit_linear
-from benchmarks.prompts import PROMPT_SETS, PROMPTS, prompt_suite
+from benchmarks.prompts import (
+    BASE_PROMPTS,
+    BASE_SETS,
+    CHAT_PROMPTS,
+    CHAT_SETS,
+    encode,
+    load_prompt_file,
+    prompt_suite,
+)
 from mlx_spec.config import METHODS
+from mlx_spec.loading import default_model_pair
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_PAIR = [
-    REPO / "models" / n for n in ("stdlib-llama-target", "stdlib-llama-draft")
-]
+
+
+def _shipped_default_pair() -> bool:
+    """Whether the default pair is the one in models/ (not the test fallback)."""
+    return all(
+        Path(p).resolve().parent == REPO / "models" for p in default_model_pair()
+    )
 
 
 def _is_number(x) -> bool:
@@ -96,9 +110,14 @@ def test_every_method_temp_and_prompt_set_is_covered(quick_results):
     _, results = quick_results
     rows = results["rows"]
     methods = {r["method"] for r in rows}
-    assert {"mlx_lm", "mlx_lm_speculative", "none", "draft"} <= methods
+    assert {"mlx_lm", "mlx_lm_speculative", "draft"} <= methods
+    # Every method of the registry runs or says why not; --quick leaves out none.
+    ran_or_skipped = methods | set(results["methods_skipped"])
+    assert set(METHODS) - set(bench.QUICK_LEFT_OUT) <= ran_or_skipped
+    assert "none" not in methods
     assert {r["temp"] for r in rows} == {0.0, 0.7}
-    assert {r["prompt_set"] for r in rows} == {"all", *PROMPT_SETS}
+    # The test checkpoints have a chat template: the chat suite runs.
+    assert {r["prompt_set"] for r in rows} == {"all", *CHAT_SETS}
     for method in ("draft", "mlx_lm_speculative"):
         assert {r["gamma"] for r in rows if r["method"] == method} == {2, 4}
 
@@ -188,9 +207,8 @@ def test_prompt_suite_comes_from_held_out_modules():
     spec = importlib.util.spec_from_file_location("_models_data", path)
     data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(data)
-    assert {p.module for p in PROMPTS} <= set(data.HELDOUT_MODULES)
-    assert len({p.name for p in PROMPTS}) == len(PROMPTS)
-    assert [p.prompt_set for p in prompt_suite(quick=True)] == list(PROMPT_SETS)
+    assert {p.module for p in BASE_PROMPTS} <= set(data.HELDOUT_MODULES)
+    assert [p.prompt_set for p in prompt_suite(quick=True)] == list(BASE_SETS)
 
 
 def test_raw_runs_are_stored_with_mlx_lm_first_and_last_in_every_block(quick_results):
@@ -220,12 +238,12 @@ def test_speedup_is_the_median_of_paired_decode_ratios(quick_results):
     row = next(
         r
         for r in results["rows"]
-        if (r["method"], r["temp"], r["gamma"], r["prompt_set"])
-        == ("draft", 0.0, 4, "all")
+        if (r["method"], r["temp"], r["gamma"], r["fixed"], r["prompt_set"])
+        == ("draft", 0.0, 4, False, "all")
     )
     ratios = []
     for r in runs:
-        if (r["method"], r["temp"], r["gamma"]) != ("draft", 0.0, 4):
+        if (r["method"], r["temp"], r["gamma"], r["fixed"]) != ("draft", 0.0, 4, False):
             continue
         base = [
             decode_tps(b)
@@ -262,14 +280,21 @@ def test_quick_mode_repeats_twice_and_sweeps_gamma():
         == []
     )
     configs = bench._configs(["mlx_lm", "mlx_lm_speculative", "draft", "none"], quick)
-    gammas = {(m, g) for m, t, g in configs if t == 0.0}
+    assert len(set(configs)) == len(configs)
+    greedy = [c for c in configs if c.temp == 0.0]
     for m in runner.SWEEP_METHODS:
-        assert {g for mm, g in gammas if mm == m} == {2, 4, 6}
+        assert {c.gamma for c in greedy if c.method == m} == {2, 4, 6}
+    # draft's sweep runs every γ with adaptive control off, next to its default.
+    assert {c.gamma for c in greedy if c.method == "draft" and c.fixed} == {2, 4, 6}
+    assert [c for c in greedy if c.method == "draft" and not c.fixed] == [
+        runner.Config("draft", 0.0, 4)
+    ]
+    assert not any(c.fixed for c in configs if c.method == "mlx_lm_speculative")
     # Quick mode sweeps the first temperature only; full mode sweeps them all.
-    assert {g for m, t, g in configs if t == 0.7 and m == "draft"} == {4}
+    assert {c.gamma for c in configs if c.temp == 0.7 and c.method == "draft"} == {4}
     full = options.resolve_settings(parse([]))
     configs = bench._configs(["mlx_lm", "draft"], full)
-    assert {g for m, t, g in configs if t == 0.7 and m == "draft"} == set(
+    assert {c.gamma for c in configs if c.temp == 0.7 and c.method == "draft"} == set(
         options.DEFAULT_GAMMA_SWEEP
     )
 
@@ -431,6 +456,7 @@ def _fake_row(method, speedup, per_forward, temp=0.0, same=1.0):
     return {
         "method": method,
         "temp": temp,
+        "fixed": False,
         "gamma": None if method in runner.PLAIN_METHODS else 4,
         "prompt_set": "all",
         "decode_tokens_per_s": 100.0 * speedup,
@@ -468,15 +494,19 @@ def test_greedy_mismatch_is_a_loud_warning():
 
 
 @pytest.mark.skipif(
-    not all((p / "model.safetensors").exists() for p in DEFAULT_PAIR),
-    reason="default model pair not present in models/",
+    not _shipped_default_pair(), reason="default model pair not present in models/"
 )
 def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path):
     bench.main(
         [
             "--quick",
+            "--methods",
+            "mlx_lm",
+            "mlx_lm_speculative",
+            *METHODS,
             "--temps",
             "0",
+            "--no-profile",
             "--max-tokens",
             "12",
             "--repeats",
@@ -494,8 +524,11 @@ def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path
     )
     results = json.loads((tmp_path / "results.json").read_text())
     ran = {r["method"] for r in results["rows"]}
+    # Head methods run only when a head for the target ships in models/.
     unavailable = {
-        m for m, why in results["methods_skipped"].items() if "not available" in why
+        m
+        for m, why in results["methods_skipped"].items()
+        if "not available" in why or (" head" in why and not results["models"]["heads"])
     }
     assert set(METHODS) - unavailable <= ran, results["methods_skipped"]
     temp0 = [r for r in results["rows"] if r["temp"] == 0]
@@ -504,3 +537,392 @@ def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path
         if row["method"] == "mlx_lm_speculative":
             continue  # mlx-lm's own mode: reported, not ours to enforce
         assert row["greedy_identical"] == 1.0, (row["method"], row["prompt_set"])
+
+
+# --------------------------------------------------------------------------- #
+# Acceptance, time split, geometric means and goals
+# --------------------------------------------------------------------------- #
+
+
+def test_acceptance_by_position_conditions_on_the_tokens_before():
+    # Rounds (accepted, drafted): all 4 accepted; 1 of 4; 0 of 4; 2 of 2.
+    accepted, drafted = [4, 1, 0, 2], [4, 4, 4, 2]
+    by_position = bench_rows.acceptance_by_position(accepted, drafted, positions=5)
+    # Position 1: 3 of 4 rounds; 2: 2 of the 3 that got there; 3: the one round
+    # that drafted 3 and accepted 2; 4: the same; 5: never drafted.
+    assert by_position == [0.75, pytest.approx(2 / 3), 1.0, 1.0, None]
+
+
+def test_per_token_acceptance_counts_one_rejection_per_failed_round():
+    # 7 accepted tokens; rounds 2 and 3 ended on a rejected draft token.
+    value = bench_rows.per_token_acceptance([4, 1, 0, 2], [4, 4, 4, 2])
+    assert value == pytest.approx(7 / 9)
+    assert bench_rows.per_token_acceptance([], []) is None
+
+
+def test_mlx_lm_round_counts_split_at_target_tokens():
+    flags = [True, True, False, False, True, True, True, True, False, True]
+    accepted, drafted = runner.mlx_lm_round_counts(flags, max_tokens=10, gamma=4)
+    # Rounds: 2 accepted + target; 0 + target; 4 + bonus; 1 cut by the budget.
+    assert accepted == [2, 0, 4, 1]
+    assert drafted == [4, 4, 4, 1]
+
+
+def test_geometric_mean_needs_every_value():
+    assert bench_rows.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert bench_rows.geomean([2.0, None]) is None
+    assert bench_rows.geomean([]) is None
+
+
+def test_all_rows_carry_the_geometric_mean_of_their_prompt_sets(quick_results):
+    _, results = quick_results
+    rows = results["rows"]
+    key = bench_rows.row_key
+    checked = 0
+    for row in rows:
+        if row["prompt_set"] != "all":
+            continue
+        sets = [r for r in rows if r["prompt_set"] != "all" and key(r) == key(row)]
+        assert row["prompt_sets"] == len(sets) == len(CHAT_SETS)
+        for name in bench_rows.GEOMEAN_FIELDS:
+            values = [s[name] for s in sets]
+            expected = bench_rows.geomean(values)
+            got = row[f"{name}_geomean"]
+            assert got == pytest.approx(expected) if expected else got == expected
+            checked += expected is not None
+    assert checked
+
+
+def test_per_token_acceptance_is_recomputed_from_the_raw_rounds(quick_results):
+    _, results = quick_results
+    row = next(
+        r
+        for r in results["rows"]
+        if bench_rows.row_key(r) == ("draft", 0.0, 4, False)
+        and r["prompt_set"] == "all"
+    )
+    runs = [
+        r
+        for r in results["runs"]
+        if (r["method"], r["temp"], r["gamma"], r["fixed"]) == ("draft", 0.0, 4, False)
+    ]
+    accepted = [n for r in runs for n in r["accepted_per_round"]]
+    drafted = [d for r in runs for d in r["drafted_per_round"]]
+    assert sum(accepted) == sum(r["accepted"] for r in runs)
+    assert row["per_token_acceptance"] == bench_rows.per_token_acceptance(
+        accepted, drafted
+    )
+    positions = row["acceptance_by_position"]
+    assert len(positions) == bench_rows.MAX_POSITIONS
+    assert all(v is None or 0.0 <= v <= 1.0 for v in positions)
+
+
+def test_profiled_pass_splits_round_time_into_shares_that_sum_to_one(quick_results):
+    _, results = quick_results
+    profiles = results["profiles"]
+    assert profiles
+    assert not any(p["method"] in runner.BASELINES for p in profiles)
+    assert not any(p["fixed"] for p in profiles)
+    for row in results["rows"]:
+        shares = [row[f"{p}_time_share"] for p in ("draft", "verify", "host")]
+        if row["method"] in runner.BASELINES or row["fixed"]:
+            assert shares == [None, None, None], row["method"]
+            continue
+        assert all(s is not None and 0.0 <= s <= 1.0 for s in shares), row
+        assert sum(shares) == pytest.approx(1.0, abs=1e-6)
+    # The timed runs stay unprofiled: none of them carries a profile.
+    assert not any("profile" in r for r in results["runs"])
+
+
+def _goal_rows():
+    """Greedy and temp-0.7 rows: 'all' rows with geometric means and set rows."""
+    sets = ("chat", "code", "editing", "summarize")
+    speed = {"mlx_lm": 1.0, "mlx_lm_speculative": 1.4, "draft": 1.7, "auto": 1.1}
+    rows = []
+    for temp in (0.0, 0.7):
+        for method, s in speed.items():
+            base = {
+                "method": method,
+                "temp": temp,
+                "gamma": None if method == "mlx_lm" else 4,
+                "fixed": False,
+                "tokens_per_target_forward": 1.0 if method == "mlx_lm" else 2.6,
+                "per_token_acceptance": None if method == "mlx_lm" else 0.72,
+            }
+            for group in sets:
+                low = method == "auto" and group == "code" and temp == 0.7
+                rows.append(
+                    dict(base, prompt_set=group, speedup_vs_plain=0.9 if low else s)
+                )
+            rows.append(
+                dict(
+                    base,
+                    prompt_set="all",
+                    speedup_vs_plain=s,
+                    speedup_vs_plain_geomean=s,
+                    speedup_vs_mlx_lm_speculative_geomean=s / 1.4,
+                    tokens_per_target_forward_geomean=base["tokens_per_target_forward"],
+                )
+            )
+    return rows
+
+
+def test_goals_report_met_missed_and_not_run():
+    goals = {g["goal"]: g for g in check_goals(_goal_rows(), main_gamma=4)}
+    assert len(goals) == len(GOALS)
+    best = goals["greedy: best mlx-spec method ≥ 1.6× mlx_lm (geomean)"]
+    assert (best["status"], best["measured"]) == ("met", 1.7)
+    assert "draft" in best["detail"]
+    vs_spec = goals["greedy: best mlx-spec method ≥ 1.3× mlx_lm speculative (geomean)"]
+    assert vs_spec["status"] == "missed"
+    assert vs_spec["shortfall"] == pytest.approx(1.7 / 1.4 / 1.3)
+    auto = goals["auto ≥ 0.95× mlx_lm on every prompt set (every temperature)"]
+    assert (auto["status"], auto["measured"]) == ("missed", 0.9)
+    assert "code" in auto["detail"] and "0.7" in auto["detail"]
+    alpha = goals["draft: per-token acceptance ≥ 0.7, greedy, chat set"]
+    assert (alpha["status"], alpha["measured"]) == ("met", 0.72)
+    # No eagle or medusa row: their goals are not run, never met.
+    for g in goals.values():
+        if "eagle" in g["goal"] or "medusa" in g["goal"]:
+            assert g["status"] == "not run" and g["measured"] is None, g
+
+
+def test_goals_are_in_the_results_and_the_report(quick_results):
+    out, results = quick_results
+    goals = results["goals"]
+    assert {g["issue"] for g in goals} == {16, 17}
+    assert all(g["status"] in ("met", "missed", "not run") for g in goals)
+    for g in goals:
+        assert (g["measured"] is None) == (g["status"] == "not run"), g
+    md = (out / "results.md").read_text()
+    assert "## Goals (issues 16 and 17)" in md
+    assert "## Acceptance by draft position" in md
+
+
+# --------------------------------------------------------------------------- #
+# Prompts
+# --------------------------------------------------------------------------- #
+
+
+def test_chat_suite_has_three_to_six_prompts_per_set_and_quick_takes_the_first():
+    for name in CHAT_SETS:
+        members = [p for p in CHAT_PROMPTS if p.prompt_set == name]
+        assert 3 <= len(members) <= 6, name
+        assert all(p.is_chat and p.text is None for p in members)
+    names = [p.name for p in CHAT_PROMPTS + BASE_PROMPTS]
+    assert len(set(names)) == len(names)
+    quick = prompt_suite(quick=True, chat=True)
+    assert [p.prompt_set for p in quick] == list(CHAT_SETS)
+    assert quick == [
+        next(p for p in CHAT_PROMPTS if p.prompt_set == s) for s in CHAT_SETS
+    ]
+    with pytest.raises(ValueError, match="free_text"):
+        prompt_suite(chat=True, sets=["free_text"])
+
+
+def test_chat_prompts_go_through_the_chat_template(load_model):
+    _, tokenizer = load_model("llama")
+    prompt = CHAT_PROMPTS[0]
+    conversation = [{"role": r, "content": c} for r, c in prompt.messages]
+    expected = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+    assert encode(prompt, tokenizer, chat=True) == list(expected)
+    base = BASE_PROMPTS[0]
+    assert encode(base, tokenizer, chat=False) == list(tokenizer.encode(base.text))
+
+
+def test_prompt_file_lines_become_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        '{"prompt_set": "mine", "prompt": "Say hi."}\n'
+        "\n"
+        '{"prompt_set": "mine", "name": "two", "messages": '
+        '[{"role": "user", "content": "Say bye."}]}\n'
+    )
+    first, second = load_prompt_file(str(path))
+    assert (first.prompt_set, first.text, first.messages) == ("mine", "Say hi.", None)
+    assert second.name == "two" and second.messages == (("user", "Say bye."),)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "line 1: not JSON"),
+        ('{"prompt": "x"}', "'prompt_set' must be"),
+        ('{"prompt_set": "a"}', "exactly one of 'prompt' and 'messages'"),
+        ('{"prompt_set": "a", "messages": [{"role": "user"}]}', "'messages' must be"),
+    ],
+)
+def test_a_bad_prompt_file_line_fails_in_one_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message) as e:
+        load_prompt_file(str(path))
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_prompt_file_runs_end_to_end(checkpoints, tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        '{"prompt_set": "greetings", "prompt": "Say hi."}\n'
+        '{"prompt_set": "farewells", "prompt": "Say bye."}\n'
+    )
+    out = tmp_path / "out"
+    bench.main(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--prompts",
+            str(path),
+            "--methods",
+            "mlx_lm",
+            "lookup",
+            "--temps",
+            "0",
+            "--max-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-gamma-sweep",
+            "--forward-repeats",
+            "1",
+            "--no-charts",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert {r["prompt_set"] for r in results["rows"]} == {
+        "all",
+        "greetings",
+        "farewells",
+    }
+    assert results["settings"]["chat_template"] is True
+    assert {r["method"] for r in results["rows"]} == {"mlx_lm", "lookup"}
+
+
+def _strings(value, depth=0):
+    """Every string inside nested lists, tuples, dicts and simple objects."""
+    if depth > 6:
+        return
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v, depth + 1)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            yield from _strings(v, depth + 1)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _strings(getattr(value, name), depth + 1)
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _training_texts(training) -> set:
+    """Every user text of the drafter training prompts, normalised."""
+    builtin = getattr(training, "builtin_prompts", None)
+    if builtin is not None:
+        splits = getattr(training, "SPLITS", ("train",))
+        prompts = [p for split in splits for p in builtin(split)]
+        return {_normal(m["content"]) for p in prompts for m in p.messages}
+    texts = set()  # no builder: every string the module holds
+    for name, value in vars(training).items():
+        if not name.startswith("__") and not callable(value):
+            texts |= {_normal(s) for s in _strings(value) if len(s) > 20}
+    return texts
+
+
+def test_benchmark_prompts_are_not_drafter_training_prompts():
+    training = pytest.importorskip(
+        "mlx_spec.train.prompts", reason="the drafter training prompts do not exist yet"
+    )
+    texts = _training_texts(training)
+    assert texts, "found no training prompt text in mlx_spec.train.prompts"
+    for prompt in CHAT_PROMPTS:
+        mine = _normal(prompt.user_text())
+        clashes = [t for t in texts if t and (mine in t or t in mine)]
+        assert not clashes, (prompt.name, clashes[:1])
+
+
+# --------------------------------------------------------------------------- #
+# Methods from the registry, heads
+# --------------------------------------------------------------------------- #
+
+
+def test_a_new_registry_method_joins_the_benchmark_without_edits(
+    load_model, monkeypatch
+):
+    import mlx_spec.config
+    from mlx_spec.drafters import registry
+
+    factories = dict(registry.FACTORIES, lookup2=registry.FACTORIES["lookup"])
+    methods = (*registry.METHODS, "lookup2")
+    monkeypatch.setattr(registry, "FACTORIES", factories)
+    monkeypatch.setattr(registry, "METHODS", methods)
+    monkeypatch.setattr(mlx_spec.config, "METHODS", methods)
+    model, tokenizer = load_model("llama")
+    setup = runner.Setup(model, tokenizer, None, 8)
+    drafters, skipped = runner.discover_methods(setup, tokenizer.encode("def f(x):"))
+    assert "lookup2" in drafters, skipped
+    chosen, _ = bench._choose_methods(None, drafters, skipped, False, quick=True)
+    assert "lookup2" in chosen and "none" not in chosen
+
+
+def test_a_head_given_with_head_runs_its_methods(checkpoints, load_model, tmp_path):
+    heads = pytest.importorskip("mlx_spec.drafters.heads")
+    fingerprint = pytest.importorskip("mlx_spec.fingerprint")
+    model, _ = load_model("llama")
+    head = heads.random_head("eagle", model)
+    heads.save_head(
+        tmp_path / "eagle",
+        "eagle",
+        head.module,
+        target_fingerprint=fingerprint.model_fingerprint(model),
+    )
+    out = tmp_path / "out"
+    bench.main(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--head",
+            str(tmp_path / "eagle"),
+            "--methods",
+            "mlx_lm",
+            "draft",
+            "eagle",
+            "--quick",
+            "--prompt-sets",
+            "chat",
+            "--temps",
+            "0",
+            "--max-tokens",
+            "6",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-gamma-sweep",
+            "--forward-repeats",
+            "1",
+            "--no-charts",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads((out / "results.json").read_text())
+    drafter_of = results["models"]["drafter_of"]
+    assert drafter_of["draft"] == "draft model"
+    assert drafter_of["eagle"].startswith("eagle head")
+    eagle = [r for r in results["rows"] if r["method"] == "eagle"]
+    assert eagle and all(r["greedy_identical"] == 1.0 for r in eagle)
+    # Nobody times a head's forward: no overhead for it.
+    assert all(r["overhead"] is None for r in eagle)
