@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "chat": "mlx_spec.cli.chat:main",
     "bench": "mlx_spec.cli.bench:bench_main",
     "doctor": "mlx_spec.cli.doctor:main",
+    "convert": "mlx_spec.convert.__main__:main",
 }
 
 
@@ -34,6 +35,7 @@ def _usage() -> str:
         "chat": "interactive terminal chat (like mlx_lm.chat)",
         "bench": "benchmarks of the speculative methods",
         "doctor": "check the platform, the mlx device and the BLAS in use",
+        "convert": "GGUF -> mlx-lm checkpoints; the default SmolLM2 model",
     }
     for name in SUBCOMMANDS:
         lines.append(f"  {name:10s}{described[name]}")
