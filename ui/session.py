@@ -1,9 +1,15 @@
-"""The app's engine side: one MLX thread, loaded models and per-browser sessions.
+"""The app's engine side: one MLX thread, loaded models and per-browser conversations.
 
 mlx_lm's generation stream is thread-local, so every model load and every
 generation runs on a single :class:`Worker` thread; Gradio's handler threads
 only read the tokens it streams back. Stopping sets an event the worker checks
 after every token, then closes the ``SpecStream``, which rewinds the caches.
+
+A chat turn (:func:`respond`) runs the tokenizer's chat template over the
+whole conversation (system prompt first) and reuses the session's prompt
+cache for the longest common prefix, so only the new tokens are prefilled
+and the reply is exactly what plain decoding of the full conversation gives.
+Everything here runs without a browser.
 """
 
 import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
@@ -26,7 +32,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_spec.generate import stream_generate
-from mlx_spec.integration import plan_method
+from mlx_spec.integration import history_kwargs, plan_method
 from mlx_spec.loading import (
     REPO_ROOT,
     check_draft_tokenizer,
@@ -320,18 +326,40 @@ def common_prefix(a: List[int], b: List[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def encode_prompt(tokenizer, text: str, history: List[Turn], chat: bool) -> List[int]:
-    """Token ids of the full prompt: the chat template over the history, or raw text."""
+def chat_messages(
+    history: List[Turn], text: str, system: Optional[str] = None
+) -> List[Dict[str, str]]:
+    """The conversation as chat-template messages: system, earlier turns, ``text``.
+
+    An empty ``system`` leaves the system message out (the template's own
+    default applies, if it has one).
+    """
+    messages = []
+    if system and system.strip():
+        messages.append({"role": "system", "content": system})
+    for turn in history:
+        messages.append({"role": "user", "content": turn.user})
+        messages.append({"role": "assistant", "content": turn.reply})
+    messages.append({"role": "user", "content": text})
+    return messages
+
+
+def encode_prompt(
+    tokenizer,
+    text: str,
+    history: List[Turn],
+    chat: bool,
+    system: Optional[str] = None,
+) -> List[int]:
+    """Token ids of the full prompt: the chat template over the conversation, or raw text.
+
+    In chat mode the template runs with ``add_generation_prompt=True`` over
+    :func:`chat_messages`; otherwise ``text`` is encoded as it is (with the
+    BOS token unless it already starts with it) and ``history`` is ignored.
+    """
     if chat:
-        messages = []
-        for turn in history:
-            messages.append({"role": "user", "content": turn.user})
-            messages.append({"role": "assistant", "content": turn.reply})
-        messages.append({"role": "user", "content": text})
-        rendered = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return list(tokenizer.encode(rendered, add_special_tokens=False))
+        messages = chat_messages(history, text, system)
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     bos = getattr(tokenizer, "bos_token", None)
     add_special = bos is None or not text.startswith(bos)
     return list(tokenizer.encode(text, add_special_tokens=add_special))
@@ -382,8 +410,16 @@ def run_turn(
         feed = tokens[reused:]
     session.last_reused = reused
     clock = session.timing = Timing(start=time.perf_counter())
+    # Prompt lookup also matches the earlier turns the cache holds.
+    history = history_kwargs(stream_generate, tokens[:reused])
     stream = stream_generate(
-        pair.model, pair.tokenizer, feed, draft, prompt_cache=cache, **options.kwargs()
+        pair.model,
+        pair.tokenizer,
+        feed,
+        draft,
+        prompt_cache=cache,
+        **history,
+        **options.kwargs(),
     )
     generated: List[int] = []
     try:
@@ -397,6 +433,74 @@ def run_turn(
         stream.close()
         if cache is not None:
             _record_cache(session, cache, tokens + generated)
+
+
+def respond(
+    worker: Worker,
+    session: Session,
+    pair: Pair,
+    text: str,
+    options: Options,
+    *,
+    chat: bool,
+    system: Optional[str] = None,
+    use_cache: bool = True,
+) -> Iterator[Turn]:
+    """Run one turn on the worker, yielding its :class:`Turn` as tokens arrive.
+
+    In chat mode the message joins ``session.turns`` and the prompt is the
+    chat template over the whole conversation; in completion mode it replaces
+    them. The turn ends with ``finish`` set to ``"stop"`` (end of text),
+    ``"length"`` (max tokens) or ``"stopped"`` (``session.stop`` was set, or
+    this generator was closed early). The prompt cache then holds exactly the
+    prompt and the generated tokens, so the next turn continues exactly. A
+    stop requested before the turn starts is dropped.
+
+    Args:
+        worker: The MLX thread.
+        session: The conversation; its ``stop`` event ends the turn early.
+        pair: The loaded models.
+        text: The user's message (or the completion prompt).
+        options: Generation settings.
+        chat: Use the chat template (the tokenizer must have one).
+        system: System prompt of the conversation (chat mode only).
+        use_cache: Reuse (and update) the session's prompt cache.
+
+    Raises:
+        ValueError: For an empty message or settings ``SpecConfig`` refuses.
+          A turn that fails before its first token (for any error) leaves the
+          conversation as it was; one that fails later keeps its partial
+          reply, which the prompt cache matches.
+    """
+    if not (text or "").strip():
+        raise ValueError("the message is empty; type some text first.")
+    history = list(session.turns) if chat else []
+    tokens = encode_prompt(pair.tokenizer, text, history, chat, system)
+    turn = Turn(user=text)
+    session.stop.clear()
+    previous = session.turns
+    session.turns = previous + [turn] if chat else [turn]
+    batches = worker.stream(
+        lambda: run_turn(session, pair, tokens, options, use_cache), session.stop
+    )
+    last = None
+    try:
+        for batch in batches:
+            for piece, response in batch:
+                turn.pieces.append(piece)
+                last = response
+            turn.stats = last.stats
+            yield turn
+        turn.finish = last.finish_reason if last and last.finish_reason else "stopped"
+    except Exception as e:
+        turn.finish, turn.error = "error", e
+        if not turn.pieces and session.turns and session.turns[-1] is turn:
+            session.turns = previous
+        raise
+    finally:
+        batches.close()
+        if turn.finish is None:
+            turn.finish = "stopped"
 
 
 def _record_cache(session: Session, cache: List[Any], sequence: List[int]):
