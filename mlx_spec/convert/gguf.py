@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 from .reader import GGUFFormatError, GGUFHeader, read_header
-from .tokenizer import TokenizerConversionError, write_tokenizer
+from .tokenizer import TokenizerConversionError, copy_tokenizer, write_tokenizer
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
@@ -52,6 +52,9 @@ DTYPES = ("float32", "float16", "bfloat16", "keep-quantized")
 # Bump when the converter's output changes for the same input.
 CONVERTER_VERSION = 1
 STAMP_FILE = "mlx_spec_convert.json"
+TOKENIZER_HINT = (
+    "; pass --tokenizer DIR with the model's Hugging Face tokenizer files instead"
+)
 
 # GGUF tensor name (without "blk.N." and ".weight"/".bias") -> mlx-lm name.
 _LAYER_NAMES = {
@@ -404,6 +407,7 @@ def convert_gguf(
     *,
     dtype: str | None = None,
     source: dict | None = None,
+    tokenizer_dir: str | Path | None = None,
 ) -> Path:
     """Convert a llama-family GGUF into an mlx-lm checkpoint directory.
 
@@ -419,6 +423,10 @@ def convert_gguf(
         dtype: One of :data:`DTYPES`. Default: :func:`default_dtype`.
         source: Extra facts to keep in the conversion record (e.g. the file's
             sha256). Default: ``None``.
+        tokenizer_dir: A directory with the model's Hugging Face tokenizer
+            files to copy instead of rebuilding the tokenizer from the GGUF
+            (for SentencePiece vocabularies, which are not rebuilt).
+            Default: ``None``.
 
     Returns:
         ``out_dir`` as a ``Path``.
@@ -444,9 +452,13 @@ def convert_gguf(
         os.umask(umask)
         work.chmod(0o777 & ~umask)  # mkdtemp makes it private
         try:
-            write_tokenizer(header.metadata, work)
+            if tokenizer_dir is None:
+                write_tokenizer(header.metadata, work)
+            else:
+                copy_tokenizer(tokenizer_dir, work, header.metadata)
         except TokenizerConversionError as e:
-            raise ConversionError(str(e)) from None
+            hint = "" if tokenizer_dir else TOKENIZER_HINT
+            raise ConversionError(f"{e}{hint}") from None
         try:
             tensors = mx.load(str(path))
         except Exception as e:  # mlx's GGUF reader: keep its first line

@@ -16,6 +16,7 @@ plain added tokens, so both are matched whole in text, as llama.cpp does.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 # llama.cpp's token types (llama_token_type).
@@ -207,6 +208,61 @@ def tokenizer_config(metadata: dict) -> dict:
     if "tokenizer.chat_template" in metadata:
         config["chat_template"] = metadata["tokenizer.chat_template"]
     return config
+
+
+# Hugging Face tokenizer files copied by copy_tokenizer, when present.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def copy_tokenizer(source: str | Path, out_dir: str | Path, metadata: dict) -> None:
+    """Copy a Hugging Face tokenizer into ``out_dir`` (instead of rebuilding it).
+
+    The GGUF's chat template is added to ``tokenizer_config.json`` when the
+    copied files bring none.
+
+    Args:
+        source: Directory holding ``tokenizer.json`` or ``tokenizer.model``
+            (and usually ``tokenizer_config.json``).
+        out_dir: An existing directory.
+        metadata: GGUF metadata.
+
+    Raises:
+        TokenizerConversionError: ``source`` holds no tokenizer.
+    """
+    source, out_dir = Path(source), Path(out_dir)
+    if not any((source / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        raise TokenizerConversionError(
+            f"tokenizer directory '{source}' holds no tokenizer.json or "
+            "tokenizer.model"
+        )
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out_dir / name)
+    template = metadata.get("tokenizer.chat_template")
+    has_template = any(
+        (out_dir / n).is_file() for n in ("chat_template.jinja", "chat_template.json")
+    )
+    config_path = out_dir / "tokenizer_config.json"
+    config = (
+        json.loads(config_path.read_text(encoding="utf-8"))
+        if config_path.is_file()
+        else {}
+    )
+    if template and not has_template and "chat_template" not in config:
+        config["chat_template"] = template
+        config_path.write_text(
+            json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
 
 
 def write_tokenizer(metadata: dict, out_dir: str | Path) -> None:
