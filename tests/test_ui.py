@@ -30,7 +30,6 @@ import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
 
 gr = pytest.importorskip("gradio")
 
-from mlx_spec.config import METHODS  # noqa: E402
 from mlx_spec.loading import REPO_ROOT as MODELS_ROOT  # noqa: E402
 from mlx_spec.loading import default_model_pair  # noqa: E402
 from mlx_spec.stats import SpecStats  # noqa: E402
@@ -239,11 +238,11 @@ def server(app):
 def _on_models(app, target, draft, raw=False, prompt=COMPLETION_PROMPT):
     names = (
         "status mode button transcript page_status raw completion_examples "
-        "chat_examples stats chart prompt"
+        "chat_examples stats chart prompt system race_prompt"
     ).split()
-    return SimpleNamespace(
-        **dict(zip(names, app.on_models(target, draft, raw, prompt, None)))
-    )
+    updates = app.on_models(target, draft, raw, prompt, prompt, None)
+    assert len(updates) == len(names)
+    return SimpleNamespace(**dict(zip(names, updates)))
 
 
 def test_chat_only_controls_show_only_in_chat_mode(app, checkpoints, monkeypatch):
@@ -276,7 +275,7 @@ def test_errors_clear_stale_stats_and_mode_notes(app, checkpoints):
     assert "does not exist" in bad.status and "does not exist" in bad.page_status
     assert bad.mode == "" and bad.stats == empty_stats and bad.chart == empty_chart
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
-    settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 0, "", True]
+    settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 0, "", True, ""]
     updates = list(app.on_generate(CODE_PROMPT, *settings, None))
     _, stats, chart, status, _ = updates[-1]
     assert "max_tokens=0" in status and "error" in status
@@ -325,7 +324,11 @@ def test_multi_turn_reuses_the_cache_and_matches_a_fresh_run(app, checkpoints):
     )
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "none"])
+# The methods that run on an ordinary draft model or none (heads need their own).
+PAIR_METHODS = ("draft", "tree", "lookup", "self", "auto")
+
+
+@pytest.mark.parametrize("method", PAIR_METHODS)
 def test_every_method_gives_the_plain_greedy_text(app, checkpoints, method):
     plain = app.api_generate(LONG_PROMPT, method="none", max_tokens=32, raw=True)
     out = app.api_generate(
@@ -360,7 +363,7 @@ def test_race_endpoint_shows_identical_greedy_texts(server, checkpoints):
 
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
-    settings = [target, draft, "draft", 4, 16, False, 0.0, 1.0, 40, "", True]
+    settings = [target, draft, "draft", 4, 16, False, 0.0, 1.0, 40, "", True, ""]
     plain, _, head, spec, spec_stats, verdict, stats, chart = client.predict(
         CODE_PROMPT, *settings, api_name="/race"
     )
@@ -389,7 +392,7 @@ def test_chat_stats_and_chart_count_the_same_rounds(server, checkpoints):
 
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
-    settings = [target, draft, "lookup", 4, 16, False, 0.0, 1.0, 48, "", True]
+    settings = [target, draft, "lookup", 4, 16, False, 0.0, 1.0, 48, "", True, ""]
     _, stats, chart, status, _ = client.predict(
         LONG_PROMPT, *settings, api_name="/chat"
     )
@@ -402,7 +405,7 @@ def test_chat_endpoint_reuses_the_prompt_cache_on_the_next_turn(server, checkpoi
 
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
-    settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 24, "", False]
+    settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 24, "", False, ""]
     first = client.predict("hello", *settings, api_name="/chat")
     second = client.predict("and again", *settings, api_name="/chat")
     transcript, stats, _, status, _ = second
@@ -579,6 +582,38 @@ def test_browser_streams_colours_stops_and_recovers(server, browser, tmp_path):
     assert tip and tip.startswith("draft proposed")
 
 
+@pytest.mark.browser
+def test_browser_two_turn_chat_then_new_chat(server, browser):
+    from selenium.webdriver.common.by import By
+
+    def text_of(selector):
+        return browser.find_element(By.CSS_SELECTOR, selector).text
+
+    def count(selector):
+        return len(browser.find_elements(By.CSS_SELECTOR, selector))
+
+    browser.get(server)
+    _wait("chat mode", lambda: "Chat mode" in text_of("#mode-note"))
+    assert browser.find_element(By.CSS_SELECTOR, "#system textarea").is_displayed()
+    _set(browser, "#max-tokens input", "24")
+    _set(browser, "#system textarea", "You are terse.")
+    for n, message in enumerate(("hello there", "and again"), start=1):
+        _set(browser, "#prompt textarea", message)
+        browser.find_element(By.CSS_SELECTOR, "#send").click()
+        _wait(f"reply {n}", lambda: count("#transcript .spec-turn-stats") == n)
+        _wait("the status", lambda: "Done:" in text_of("#status"))
+        box = browser.find_element(By.CSS_SELECTOR, "#prompt textarea")
+        assert box.get_attribute("value") == ""  # ready for the next message
+    bubbles = browser.find_elements(By.CSS_SELECTOR, "#transcript .spec-user")
+    assert [b.text for b in bubbles] == ["hello there", "and again"]
+    assert "reused from the cache" in text_of("#stats")
+    assert "tokens / target forward" in text_of("#transcript")
+
+    browser.find_element(By.CSS_SELECTOR, "#clear").click()
+    _wait("the new chat", lambda: "New chat" in text_of("#status"))
+    assert count("#transcript .spec-user") == 0
+
+
 @pytest.fixture(scope="module")
 def default_server():
     """The app on the embedded default pair, as ``python -m ui.app`` starts it."""
@@ -600,8 +635,9 @@ def _in_view(driver, selector) -> bool:
 
 @pytest.mark.browser
 def test_browser_default_pair_at_1440x900_with_screenshots(default_server, browser):
-    """The first screen of ``python -m ui.app``: prompt and Generate in view, then a
-    generation and a race on the embedded default pair (screenshots in artifacts)."""
+    """The first screen of ``python -m ui.app``: the message box and Send in view,
+    then a chat (two turns when the model has a chat template) and a race on the
+    default models (screenshots in artifacts)."""
     from selenium.webdriver.common.by import By
 
     def text_of(selector):
@@ -613,14 +649,29 @@ def test_browser_default_pair_at_1440x900_with_screenshots(default_server, brows
     assert _in_view(browser, "#prompt") and _in_view(browser, "#send")
     assert browser.execute_script("return window.scrollY") == 0
     assert text_of("#method")  # the method picker shows a value
-    _set(browser, "#max-tokens input", "80")
-    browser.find_element(By.CSS_SELECTOR, "#send").click()
-    _wait("the generation", lambda: "Done:" in text_of("#status"), timeout=120)
+    _set(browser, "#max-tokens input", "64")
+    chat = "Chat mode" in text_of("#mode-note")
+    for n, message in enumerate(CHAT_EXAMPLES[::2] if chat else [None], start=1):
+        if message:
+            _set(browser, "#prompt textarea", message)
+        browser.find_element(By.CSS_SELECTOR, "#send").click()
+        if chat:  # each finished reply gets its statistics line
+            _wait(
+                f"reply {n}",
+                lambda: len(browser.find_elements(By.CSS_SELECTOR, ".spec-turn-stats"))
+                == n,
+                timeout=120,
+            )
+        _wait(f"reply {n}", lambda: "Done:" in text_of("#status"), timeout=120)
     assert browser.find_elements(By.CSS_SELECTOR, "#transcript span.tok")
     stats = browser.find_element(By.ID, "stats").get_attribute("innerHTML")
     chart = browser.find_element(By.ID, "chart").get_attribute("innerHTML")
     assert "method <b>auto</b>" in stats
     assert _rounds(stats) == _chart_rounds(chart)
+    browser.execute_script("window.scrollTo(0, 0)")
+    # A full transcript still leaves the message box and its buttons in view.
+    for selector in ("#prompt", "#send", "#stop", "#clear"):
+        assert _in_view(browser, selector), selector
     ARTIFACTS.mkdir(exist_ok=True)
     browser.execute_script("window.scrollTo(0, 0)")
     browser.save_screenshot(str(ARTIFACTS / "ui.png"))

@@ -1,13 +1,14 @@
-"""The mlx-spec Gradio app: watch speculative decoding happen.
+"""The mlx-spec Gradio app: chat with a model and watch speculative decoding happen.
 
-``python -m ui.app`` starts it on http://127.0.0.1:7860 with the embedded
-default model pair. The modules, from the top down:
+``python -m ui.app`` starts it on http://127.0.0.1:7860 with the default
+model (``mlx_spec.loading.default_model_pair``). The modules, from the top down:
 
 - ``app``: the command line (flags, access checks, start-up);
 - ``layout``: the Gradio blocks and which handler each event calls;
 - ``handlers``: the handlers (``App``), from page values to page updates;
-- ``session``: models, per-browser sessions and generation on one MLX
-  thread, drivable without a browser;
+- ``session``: models, per-browser conversations (chat template, prompt
+  cache across turns) and generation on one MLX thread, drivable without a
+  browser;
 - ``render``: HTML of tokens, statistics and the round chart (pure functions).
 """
 

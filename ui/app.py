@@ -1,9 +1,11 @@
 """The command line of the mlx-spec Gradio app: ``python -m ui.app``.
 
-Serves http://127.0.0.1:7860 with the embedded default model pair. Every
-token is coloured by where it came from (accepted from the draft, recovered
-by the target, bonus), with live statistics, a chart of accepted tokens per
-round and a race against plain mlx_lm decoding. This module owns the flags,
+Serves http://127.0.0.1:7860: a multi-turn chat (or plain completion, for a
+model without a chat template) on the default model of
+:func:`mlx_spec.loading.default_model_pair`, with its draft if it has one.
+Every token is coloured by where it came from (accepted from the draft,
+recovered by the target, bonus), with live statistics, a chart of accepted
+tokens per round and a race against plain mlx_lm decoding. This module owns the flags,
 access checks (loopback unless ``--allow-remote``, optional logins) and
 start-up; the page is :mod:`ui.layout`, the handlers :mod:`ui.handlers`.
 """
@@ -83,12 +85,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         default=None,
-        help="Target model to start with (default: the embedded default pair).",
+        help="Target model to start with (default: mlx-spec's default model).",
     )
     parser.add_argument(
         "--draft-model",
         default=None,
-        help="Draft model to start with (default: the default pair's draft).",
+        help="Draft model to start with (default: the default model's draft, if "
+        "there is one; without a draft, lookup, self and auto still speculate).",
     )
     parser.add_argument(
         "--speculative",
@@ -120,7 +123,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 def create_app(
     model: Optional[str] = None, draft_model: Optional[str] = None, **kwargs
 ) -> App:
-    """An :class:`App` on the given models (default: the embedded default pair)."""
+    """An :class:`App` on the given models (default: ``default_model_pair()``)."""
     if model is None:
         model, default_draft = default_model_pair()
         draft_model = draft_model or default_draft

@@ -40,12 +40,14 @@ from .session import (
     Sessions,
     Worker,
     encode_prompt,
+    respond,
     run_turn,
 )
 
 log = logging.getLogger("mlx_spec.ui")
 
 DEFAULT_METHOD = "auto"
+DRAFT_METHODS = ("draft", "tree")  # the methods that need a draft model
 MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1
@@ -154,11 +156,14 @@ class App:
                 f"({_num_params(pair.draft_model)}) &middot; same tokenizer &#10003;"
             )
         else:
-            status += " &middot; no draft model (speculative methods that need one will say so)"
+            status += (
+                " &middot; no draft model: <b>lookup</b>, <b>self</b> and <b>auto</b> "
+                "speculate without one"
+            )
         if pair.has_chat_template and not raw:
             note = (
-                "<b>Chat mode</b>: the model has a chat template; each turn reuses the "
-                "prompt cache."
+                "<b>Chat mode</b>: the chat template formats the conversation; earlier "
+                "turns stay in the prompt cache."
             )
         elif pair.has_chat_template:
             note = "<b>Completion mode</b> (chat template ignored): the model continues your text."
@@ -169,12 +174,15 @@ class App:
             )
         return render.banner(status, "info"), render.banner(note, "info")
 
-    def on_models(self, target, draft, raw, prompt, request: gr.Request):
+    def on_models(
+        self, target, draft, raw, prompt, race_prompt=None, request: gr.Request = None
+    ):
         """Load the chosen models; update the mode, its controls and the transcript.
 
         Returns updates for: model status, mode note, send button, transcript,
         status, the raw checkbox, the completion and chat examples, stats,
-        chart and prompt. A failed load clears the mode note and the stats.
+        chart, message box, system prompt box and race prompt. A failed load
+        clears the mode note and the stats.
         """
         session = self.sessions.get(_session_key(request))
         keep = gr.update()
@@ -195,6 +203,8 @@ class App:
                 keep,
                 render.stats_html(None),
                 render.chart_svg([]),
+                keep,
+                keep,
                 keep,
             )
         status, note = self.describe(pair, raw)
@@ -218,6 +228,8 @@ class App:
             stats,
             chart,
             _prompt_for_mode(prompt, chat),
+            gr.update(visible=chat),
+            _prompt_for_mode(race_prompt, chat),
         )
 
     def on_unload(self, request: gr.Request):
@@ -242,9 +254,14 @@ class App:
         max_tokens,
         seed,
         raw,
+        system,
         request: gr.Request,
     ):
-        """Stream one chat turn (or completion) into the page."""
+        """Stream one chat turn (or completion) into the page.
+
+        Yields updates for: transcript, stats, chart, status and the message
+        box (emptied once a chat message is on its way).
+        """
         session = self.sessions.get(_session_key(request))
         session.stop.clear()
         keep = gr.update()
@@ -253,7 +270,7 @@ class App:
                 method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
             )
             if not (text or "").strip():
-                raise ValueError("the prompt is empty; type some text first.")
+                raise ValueError("the message is empty; type some text first.")
             if self._needs_loading(target, draft):
                 yield keep, keep, keep, render.banner("Loading models&hellip;"), keep
             pair = self.load_pair(target, draft)
@@ -263,84 +280,75 @@ class App:
             return
         chat = pair.has_chat_template and not raw
         key = (pair.target_path, chat)
-        if session.pair_key != key or not chat:
+        if session.pair_key != key:  # another model or mode: a new conversation
             session.turns = []
             session.pair_key = key
-        history = list(session.turns)
-        turn = Turn(user=text)
-        session.turns.append(turn)
-        cleared = gr.update(value="") if chat else keep
-        stats_view, chart_view = keep, keep
-        for update in self._stream_turn(session, pair, turn, history, options, chat):
-            if isinstance(update[1], str):
-                stats_view, chart_view = update[1], update[2]
-            yield update[0], update[1], update[2], update[3], keep
-        yield (
-            render.transcript_html(session.turns, chat, mono=not chat),
-            stats_view,
-            chart_view,
-            self._final_status(turn, options),
-            cleared,
-        )
+        box = gr.update(value="") if chat else keep
+        turn, view = None, None
+        for turn, view in self._stream_turn(session, pair, text, options, chat, system):
+            yield (*view, box)
+            box = keep
+        status = view[3] if turn is None else self._final_status(turn, options)
+        yield (*view[:3], status, box)
 
     def _stream_turn(
         self,
         session: Session,
         pair: Pair,
-        turn: Turn,
-        history: List[Turn],
+        text: str,
         options: Options,
         chat: bool,
+        system: Optional[str] = None,
         use_cache: bool = True,
     ):
-        """Yield (transcript, stats, chart, status) while the worker generates."""
+        """Yield ``(turn, view)`` while the worker generates one turn.
+
+        ``view`` is (transcript, stats, chart, status), sent at most every
+        ``UPDATE_INTERVAL`` seconds and once at the end. A failure ends with
+        ``(None, view)``, its status the one-line error.
+        """
         start = time.perf_counter()
-        last, stats = None, None
+        status = render.banner("Generating&hellip; press <b>Stop</b> to cancel.")
+        next_update, turn = 0.0, None
+        turns = respond(
+            self.worker,
+            session,
+            pair,
+            text,
+            options,
+            chat=chat,
+            system=system,
+            use_cache=use_cache,
+        )
         try:
-            tokens = encode_prompt(pair.tokenizer, turn.user, history, chat)
-            batches = self.worker.stream(
-                lambda: run_turn(session, pair, tokens, options, use_cache),
-                session.stop,
-            )
-            status = render.banner("Generating&hellip; press <b>Stop</b> to cancel.")
-            next_update = 0.0
-            for batch in batches:
-                for piece, response in batch:
-                    turn.pieces.append(piece)
-                    last, stats = response, response.stats
+            for turn in turns:
                 now = time.perf_counter()
-                if now < next_update:
-                    continue
-                next_update = now + UPDATE_INTERVAL
-                yield self._view(session, turn, stats, chat, start, status)
-            turn.finish = (
-                last.finish_reason if last and last.finish_reason else "stopped"
-            )
+                if now >= next_update:
+                    next_update = now + UPDATE_INTERVAL
+                    yield turn, self._view(session, turn, chat, start, status)
         except Exception as e:
             log.warning(
                 "generation failed: %s", e, exc_info=not isinstance(e, ValueError)
             )
-            turn.finish = "error"
-            turn.error = e
-            if not turn.pieces and turn in session.turns:
-                session.turns.remove(turn)
-            yield (
-                render.transcript_html(session.turns, chat, mono=not chat),
-                *_no_stats(),
-                render.error_banner(e),
-            )
+            transcript = render.transcript_html(session.turns, chat, mono=not chat)
+            yield None, (transcript, *_no_stats(), render.error_banner(e))
             return
-        turn.stats = stats
-        yield self._view(session, turn, stats, chat, start, gr.update(), False)
+        finally:
+            turns.close()
+        if turn is None:  # stopped before the first token
+            transcript = render.transcript_html(session.turns, chat, mono=not chat)
+            yield None, (transcript, *_no_stats(), render.banner("Stopped.", "warn"))
+            return
+        yield turn, self._view(session, turn, chat, start, gr.update(), False)
 
-    def _view(self, session, turn, stats, chat, start, status, streaming=True):
+    def _view(self, session, turn, chat, start, status, streaming=True):
         elapsed = time.perf_counter() - start
         return (
             render.transcript_html(
                 session.turns, chat, mono=not chat, streaming=streaming
             ),
-            render.stats_html(stats, reused=session.last_reused, elapsed=elapsed),
-            _chart(turn, stats),
+            render.stats_html(turn.stats, reused=session.last_reused, elapsed=elapsed),
+            _chart(turn, turn.stats),
             status,
         )
 
@@ -350,7 +358,9 @@ class App:
         n = len(turn.pieces)
         if turn.finish == "stopped":
             return render.banner(
-                f"Stopped after {n} tokens. The next request starts cleanly.", "warn"
+                f"Stopped after {n} tokens; the reply so far stays in the "
+                "conversation and the next message continues from it.",
+                "warn",
             )
         why = (
             "end of text"
@@ -363,14 +373,18 @@ class App:
         self.sessions.get(_session_key(request)).stop.set()
 
     def on_clear(self, target, draft, raw, request: gr.Request):
+        """New chat: stop any reply and forget the conversation and its prompt cache."""
         session = self.sessions.get(_session_key(request))
+        session.stop.set()
         session.reset()
         chat = self._chat_mode(target, draft, raw)
         return (
             render.transcript_html([], chat),
             render.stats_html(None),
             render.chart_svg([]),
-            render.banner("Cleared; the prompt cache is empty.", "ok"),
+            render.banner(
+                "New chat: the conversation and its prompt cache are cleared.", "ok"
+            ),
         )
 
     def _chat_mode(self, target, draft, raw) -> bool:
@@ -398,13 +412,16 @@ class App:
         max_tokens,
         seed,
         raw,
+        system,
         request: gr.Request,
     ):
         """Plain decoding, then the chosen method, on the same prompt; then the verdict.
 
-        Yields updates for: plain text, plain stats, speculative lane header,
-        speculative text, speculative stats, verdict, and the page's stats
-        cards and chart (which follow the speculative lane).
+        In chat mode the prompt is one user message (after the system prompt)
+        through the chat template. Yields updates for: plain text, plain
+        stats, speculative lane header, speculative text, speculative stats,
+        verdict, and the page's stats cards and chart (which follow the
+        speculative lane).
         """
         session_key = _session_key(request)
         session = self.sessions.get(session_key)
@@ -414,17 +431,8 @@ class App:
         no_stats, no_chart = render.stats_html(None), render.chart_svg([])
         head = lane_head(method)
 
-        def failed(error):
-            return (
-                empty,
-                no_stats,
-                head,
-                empty,
-                no_stats,
-                render.error_banner(error),
-                no_stats,
-                no_chart,
-            )
+        def failed(banner):
+            return (empty, no_stats, head, empty, no_stats, banner, no_stats, no_chart)
 
         try:
             options = parse_options(
@@ -442,7 +450,7 @@ class App:
             pair = self.load_pair(target, draft)
             _check_pair(options, pair)
         except Exception as e:
-            yield failed(e)
+            yield failed(render.error_banner(e))
             return
         chat = pair.has_chat_template and not raw
         plain_opts = Options(**{**options.__dict__, "method": "none"})
@@ -455,32 +463,32 @@ class App:
 
         yield update(render.banner("Racing: warming up both methods&hellip;"))
         try:
-            tokens = encode_prompt(pair.tokenizer, text, [], chat)
+            tokens = encode_prompt(pair.tokenizer, text, [], chat, system)
             self.worker.call(_warm_up, pair, tokens, (plain_opts, options))
         except Exception as e:
-            yield failed(e)
+            yield failed(render.error_banner(e))
             return
         lanes = []
         for lane, opts in enumerate((plain_opts, options)):
             lane_session = Session(stop=session.stop)
-            turn = Turn(user=text)
-            lane_session.turns = [turn]
             label = "plain decoding" if lane == 0 else options.method
             status = render.banner(
                 f"Racing: running <b>{html.escape(label)}</b>&hellip;"
             )
-            stream = self._stream_turn(lane_session, pair, turn, [], opts, chat, False)
-            for view in stream:
-                if turn.error is not None:
-                    yield failed(turn.error)
+            turn = None
+            stream = self._stream_turn(
+                lane_session, pair, text, opts, chat, system, use_cache=False
+            )
+            for turn, view in stream:
+                if turn is None:
+                    yield failed(view[3])
                     return
                 views[2 * lane] = render.transcript_html(
                     [turn], False, not chat, prompt=False, streaming=turn.finish is None
                 )
-                if isinstance(view[1], str):
-                    views[2 * lane + 1] = view[1]
-                    if lane == 1:
-                        page_stats, chart_view = view[1], view[2]
+                views[2 * lane + 1] = view[1]
+                if lane == 1:
+                    page_stats, chart_view = view[1], view[2]
                 yield update(status)
             if turn.finish == "stopped":
                 yield update(render.banner("Race stopped.", "warn"))
@@ -524,10 +532,12 @@ class App:
         raw: bool = False,
         tree_budget: int = DEFAULT_TREE_BUDGET,
         adaptive: bool = False,
+        system_prompt: str = "",
     ) -> Dict[str, Any]:
         """Generate a complete reply; returns {"text", "finish_reason", "stats"}.
 
-        Empty ``model`` means the default pair; ``raw`` ignores a chat template.
+        Empty ``model`` means the default pair; ``raw`` ignores a chat
+        template; ``system_prompt`` goes first through the chat template.
         """
         try:
             options = parse_options(
@@ -548,23 +558,29 @@ class App:
             pair = self.load_pair(model, draft_model or None)
             _check_pair(options, pair)
             chat = pair.has_chat_template and not raw
-            tokens = encode_prompt(pair.tokenizer, prompt or "", [], chat)
-            session = Session()
-            pieces, last = [], None
-            for batch in self.worker.stream(
-                lambda: run_turn(session, pair, tokens, options, use_cache=False),
-                session.stop,
+            turn = None
+            for turn in respond(
+                self.worker,
+                Session(),
+                pair,
+                prompt or "",
+                options,
+                chat=chat,
+                system=system_prompt,
+                use_cache=False,
             ):
-                for piece, response in batch:
-                    pieces.append(piece.text)
-                    last = response
+                pass
         except Exception as e:
-            raise gr.Error(str(e) or type(e).__name__) from None
-        stats = last.stats.as_dict() if last is not None else {}
+            log.warning(
+                "generate failed: %s", e, exc_info=not isinstance(e, ValueError)
+            )
+            message = (str(e).strip() or type(e).__name__).splitlines()[0]
+            raise gr.Error(message, print_exception=False) from None
+        last_stats = turn.stats.as_dict() if turn is not None and turn.stats else {}
         return {
-            "text": "".join(pieces),
-            "finish_reason": last.finish_reason if last is not None else None,
-            "stats": stats,
+            "text": turn.reply if turn is not None else "",
+            "finish_reason": turn.finish if turn is not None else None,
+            "stats": last_stats,
         }
 
     # --- page -------------------------------------------------------------------------
@@ -609,10 +625,11 @@ def _prompt_for_mode(prompt: Optional[str], chat: bool):
 
 
 def _check_pair(options: Options, pair: Pair):
-    if options.method == "draft" and pair.draft_model is None:
+    """Refuse a method that needs a draft model when there is none."""
+    if options.method in DRAFT_METHODS and pair.draft_model is None:
         raise ValueError(
-            "the draft method needs a draft model: choose one under "
-            "'Models and method', or pick another method."
+            f"the {options.method} method needs a draft model: choose one under "
+            "'Models and method', or pick lookup, self or auto."
         )
 
 

@@ -1,6 +1,6 @@
 """The page: the Gradio blocks of the app and which handler each event calls.
 
-:func:`build` lays out the Generate and Race tabs, the statistics and the
+:func:`build` lays out the Chat and Race tabs, the statistics and the
 settings, and wires every event to a handler of an
 :class:`ui.handlers.App`. The page's fixed texts (method labels and help,
 example prompts) and its theme live here too. No MLX work happens here.
@@ -46,13 +46,15 @@ COMPLETION_EXAMPLES = [
 CHAT_EXAMPLES = [
     CHAT_PROMPT,
     "Write a Python function that reverses a string.",
+    "Add type hints to this function and keep the rest as it is:\n\n"
+    "def scale(values, factor):\n    return [v * factor for v in values]",
 ]
 
 HEADER = """
 <div class="spec-header">
   <h1>mlx-spec</h1>
-  <p>Exact speculative decoding for MLX: a small draft guesses, the big model checks
-  several tokens in one step. Same text as plain decoding, fewer slow steps.</p>
+  <p>Exact speculative decoding for MLX: a cheap drafter guesses, the model checks
+  several tokens in one forward. Same text as plain decoding, fewer slow steps.</p>
 </div>
 """
 
@@ -61,6 +63,9 @@ RACE_HELP = (
     "same prompt and shows the measured speed ratio. At temperature 0 the two texts "
     "must be identical.</div>"
 )
+# The transcript fills the window's height but leaves the message box below
+# it (and its Stop / New chat buttons) in view.
+TRANSCRIPT_MAX_HEIGHT = "max(200px, calc(100vh - 400px))"
 PLAIN_HEAD = '<div class="spec-lane-head">Plain mlx_lm decoding</div>'
 
 
@@ -84,10 +89,10 @@ def launch_kwargs() -> Dict[str, Any]:
 
 
 def build(app) -> gr.Blocks:
-    """The page of ``app``: prompt and Generate at the top left, stats and settings right.
+    """The page of ``app``: the chat on the left, stats and settings on the right.
 
-    The prompt box and its buttons come before the output so that they are
-    in view on a 1440x900 screen without scrolling.
+    The transcript's height is capped so that the message box and its buttons
+    below it stay in view on a 1440x900 screen without scrolling.
     """
     models = known_models(app.default_target, app.default_draft)
     model_choices = [(label, path) for label, path in models]
@@ -99,21 +104,30 @@ def build(app) -> gr.Blocks:
         gr.HTML(HEADER, padding=False)
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
-                mode_note = gr.HTML(elem_id="mode-note", padding=False)
                 with gr.Tabs():
-                    with gr.Tab("Generate", id="generate"):
+                    with gr.Tab("Chat", id="generate"):
+                        gr.HTML(render.legend_html(), elem_id="legend", padding=False)
+                        transcript = gr.HTML(
+                            render.transcript_html([], chat),
+                            elem_id="transcript",
+                            autoscroll=True,
+                            max_height=TRANSCRIPT_MAX_HEIGHT,
+                            min_height=200,
+                            container=True,
+                            padding=True,
+                        )
                         with gr.Row(equal_height=True):
                             prompt = gr.Textbox(
                                 value=first_prompt,
-                                lines=3,
-                                max_lines=10,
+                                lines=2,
+                                max_lines=8,
                                 show_label=False,
                                 placeholder="Type a message or the start of some "
                                 "code (Shift+Enter sends)",
                                 elem_id="prompt",
                                 scale=4,
                             )
-                            with gr.Column(scale=1, min_width=170):
+                            with gr.Column(scale=1, min_width=230):
                                 send = gr.Button(
                                     "Send" if chat else "Generate",
                                     variant="primary",
@@ -127,19 +141,8 @@ def build(app) -> gr.Blocks:
                                         min_width=60,
                                     )
                                     clear = gr.Button(
-                                        "Clear", elem_id="clear", min_width=60
+                                        "New chat", elem_id="clear", min_width=100
                                     )
-                        status = gr.HTML(elem_id="status", padding=False)
-                        gr.HTML(render.legend_html(), elem_id="legend", padding=False)
-                        transcript = gr.HTML(
-                            render.transcript_html([], chat),
-                            elem_id="transcript",
-                            autoscroll=True,
-                            max_height=520,
-                            min_height=240,
-                            container=True,
-                            padding=True,
-                        )
                         with gr.Column(
                             visible=not chat, elem_id="completion-examples"
                         ) as completion_examples:
@@ -153,7 +156,7 @@ def build(app) -> gr.Blocks:
                     with gr.Tab("Race", id="race"):
                         with gr.Row(equal_height=True):
                             race_prompt = gr.Textbox(
-                                value=COMPLETION_PROMPT,
+                                value=first_prompt,
                                 lines=3,
                                 max_lines=10,
                                 show_label=False,
@@ -201,6 +204,8 @@ def build(app) -> gr.Blocks:
                                     render.stats_html(None), elem_id="spec-stats"
                                 )
             with gr.Column(scale=2, min_width=320):
+                mode_note = gr.HTML(elem_id="mode-note", padding=False)
+                status = gr.HTML(elem_id="status", padding=False)
                 stats = gr.HTML(render.stats_html(None), elem_id="stats")
                 chart = gr.HTML(render.chart_svg([]), elem_id="chart")
                 with gr.Accordion("Models and method", open=True):
@@ -232,6 +237,15 @@ def build(app) -> gr.Blocks:
                         label="Ignore the chat template (raw completion)",
                         visible=has_template,
                         elem_id="raw",
+                    )
+                    system = gr.Textbox(
+                        "",
+                        label="System prompt",
+                        placeholder="(the chat template's default)",
+                        lines=2,
+                        max_lines=6,
+                        visible=chat,
+                        elem_id="system",
                     )
                     model_status = gr.HTML(elem_id="model-status")
                 with gr.Accordion("Options", open=True):
@@ -286,6 +300,7 @@ def build(app) -> gr.Blocks:
             max_tokens,
             seed,
             raw,
+            system,
         ]
         gen_outputs = [transcript, stats, chart, status, prompt]
         gen = dict(
@@ -343,11 +358,13 @@ def build(app) -> gr.Blocks:
             stats,
             chart,
             prompt,
+            system,
+            race_prompt,
         ]
         for trigger in (target.change, draft.change, raw.change, demo.load):
             trigger(
                 app.on_models,
-                [target, draft, raw, prompt],
+                [target, draft, raw, prompt, race_prompt],
                 model_outputs,
                 api_visibility="private",
             )

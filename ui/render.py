@@ -23,8 +23,8 @@ MIN_CHART_SLOTS = 48  # so that a few rounds do not make giant bars
 
 CSS = """
 .spec-header { display: flex; align-items: baseline; gap: 0.3rem 0.9rem; flex-wrap: wrap; }
-.spec-header h1 { margin: 0; font-size: 1.5rem; letter-spacing: -0.02em; }
-.spec-header p { margin: 0; opacity: 0.75; font-size: 0.88rem; }
+.spec-header h1 { margin: 0; font-size: 1.35rem; letter-spacing: -0.02em; }
+.spec-header p { margin: 0; opacity: 0.75; font-size: 0.85rem; }
 #status:has(.prose:empty), #verdict:has(.prose:empty) { display: none; }
 #mode-note .spec-banner { padding: 0.3rem 0.65rem; font-size: 0.84rem; }
 .spec-transcript { min-height: 200px; }
@@ -32,8 +32,11 @@ CSS = """
 .spec-turn { margin: 0 0 0.9rem; }
 .spec-role { font-size: 0.72rem; text-transform: uppercase; letter-spacing: 0.06em;
   opacity: 0.6; margin-bottom: 0.15rem; }
-.spec-user { white-space: pre-wrap; padding: 0.45rem 0.7rem; border-radius: 8px;
-  background: rgba(127, 127, 127, 0.12); }
+.spec-you { display: flex; flex-direction: column; align-items: flex-end; }
+.spec-user { white-space: pre-wrap; padding: 0.45rem 0.7rem; border-radius: 12px 12px 3px 12px;
+  background: rgba(99, 102, 241, 0.13); max-width: 85%; }
+.spec-turn-stats { font-size: 0.74rem; opacity: 0.65; margin-top: 0.25rem;
+  font-variant-numeric: tabular-nums; }
 .spec-text { white-space: pre-wrap; word-break: break-word; line-height: 1.65;
   font-size: 0.92rem; }
 .spec-mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
@@ -56,8 +59,9 @@ CSS = """
   white-space: pre; }
 .ws-nl::before { font-size: 0.8em; padding: 0 0.1em; }
 .spec-end { font-size: 0.75rem; opacity: 0.6; margin-left: 0.4rem; font-style: italic; }
-.spec-legend { display: flex; flex-wrap: wrap; gap: 0.2rem 0.9rem; font-size: 0.8rem;
+.spec-legend { display: flex; flex-wrap: wrap; gap: 0.2rem 0.7rem; font-size: 0.78rem;
   align-items: center; }
+#stop, #clear { white-space: nowrap; }
 .spec-legend .swatch { display: inline-block; width: 0.95em; height: 0.95em;
   border-radius: 3px; vertical-align: -0.12em; margin-right: 0.3em;
   border: 1px solid rgba(127, 127, 127, 0.35); }
@@ -221,9 +225,9 @@ def transcript_html(
     font = " spec-mono" if mono else ""
     if not turns:
         if chat:
-            hint = "Type a message above and press <b>Send</b>."
+            hint = "Type a message below and press <b>Send</b>."
         else:
-            hint = "Type the start of a text (or code) above and press <b>Generate</b>."
+            hint = "Type the start of a text (or code) below and press <b>Generate</b>."
         return (
             '<div class="spec-transcript"><div class="spec-empty">'
             f"{hint}<br>Each token is coloured by where it came from.</div></div>"
@@ -232,7 +236,7 @@ def transcript_html(
     for turn in turns:
         if chat:
             parts.append(
-                '<div class="spec-turn"><div class="spec-role">you</div>'
+                '<div class="spec-turn spec-you"><div class="spec-role">you</div>'
                 f'<div class="spec-user">{html.escape(turn.user)}</div></div>'
                 '<div class="spec-turn"><div class="spec-role">model</div>'
                 f'<div class="spec-text{font} spec-reply">'
@@ -248,16 +252,37 @@ def transcript_html(
             )
         parts.append(turn.spans())
         if not (streaming and turn is turns[-1]):
-            parts.append(_end_marker(turn.finish) + "</div></div>")
+            footer = turn_stats_html(turn.stats) if chat else ""
+            parts.append(_end_marker(turn.finish) + f"</div>{footer}</div>")
     if not streaming:
         parts.append("</div>")
     return "".join(parts)
 
 
+def turn_stats_html(stats) -> str:
+    """One line of a reply's speculation statistics (empty without stats).
+
+    Tokens, tokens per target forward, the share of draft tokens kept and
+    tokens per second, so that every turn of a chat keeps its own numbers.
+    """
+    if stats is None or not stats.generated_tokens:
+        return ""
+    parts = [
+        f"<b>{html.escape(stats.method)}</b>",
+        f"{stats.generated_tokens} tokens",
+    ]
+    if stats.method != "none":
+        parts.append(f"{stats.tokens_per_target_forward:.2f} tokens / target forward")
+        if stats.draft_tokens:
+            parts.append(f"{stats.acceptance_rate:.0%} of draft tokens kept")
+    parts.append(f"{stats.generation_tps:.1f} tokens/s")
+    return f'<div class="spec-turn-stats">{" &middot; ".join(parts)}</div>'
+
+
 LEGEND_SHORT = {
-    "accepted": "draft token kept",
-    "recovered": "target's fix after a rejected draft (hover it)",
-    "bonus": "free extra token",
+    "accepted": "draft kept",
+    "recovered": "target's fix (hover)",
+    "bonus": "free extra",
     "target": "plain step",
 }
 COLOURS = {
@@ -278,7 +303,7 @@ def legend_html() -> str:
     ]
     marks = (
         '<span title="newlines and indentation the model generated">'
-        '<span class="tip">\u23ce / \u00b7 newline / space</span></span>'
+        '<span class="tip">\u23ce \u00b7</span></span>'
     )
     return f'<div class="spec-legend">{"".join(items)}{marks}</div>'
 

@@ -1,0 +1,268 @@
+"""The app's chat, driven without a browser: multi-turn chat-template turns.
+
+Every reply is checked against plain ``mlx_lm.generate`` on the same full
+conversation through the same chat template (greedy), on the tiny test
+checkpoints, whose tokenizer has a ChatML-style template.
+"""
+
+import functools
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
+    sys.path.insert(0, str(REPO_ROOT))
+
+import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
+
+# isort: split
+
+pytest.importorskip("gradio")
+
+import ui.session  # noqa: E402
+from ui.handlers import App  # noqa: E402
+from ui.session import (  # noqa: E402
+    ModelStore,
+    Options,
+    Session,
+    Worker,
+    chat_messages,
+    encode_prompt,
+    respond,
+)
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return Worker()
+
+
+@pytest.fixture(scope="module")
+def pair(worker, checkpoints):
+    store = ModelStore()
+    return worker.call(
+        store.get, str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(load_model):
+    """``reference(messages, max_tokens)``: plain mlx_lm greedy on the conversation."""
+    from mlx_lm import generate
+
+    model, tokenizer = load_model("llama")
+
+    def reply(messages, max_tokens=MAX_TOKENS):
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return generate(model, tokenizer, prompt, max_tokens=max_tokens)
+
+    return reply
+
+
+def _say(worker, session, pair, text, options, system=None, stop_after=None):
+    """One chat turn through :func:`respond`; ``stop_after`` presses Stop."""
+    turn = None
+    for turn in respond(worker, session, pair, text, options, chat=True, system=system):
+        if stop_after is not None and len(turn.pieces) >= stop_after:
+            session.stop.set()
+    session.stop.clear()
+    return turn
+
+
+def _conversation(session, system=None):
+    """The session's turns as chat messages (the last reply included)."""
+    *history, last = session.turns
+    messages = chat_messages(history, last.user, system)
+    return messages + [{"role": "assistant", "content": last.reply}]
+
+
+@pytest.mark.parametrize("method", ["draft", "lookup", "auto"])
+def test_second_turn_equals_mlx_lm_on_the_full_conversation(
+    worker, pair, reference, method
+):
+    session, options = Session(), Options(method=method, max_tokens=MAX_TOKENS)
+    first = _say(worker, session, pair, "hello", options)
+    assert first.reply == reference([{"role": "user", "content": "hello"}])
+    assert first.finish in ("stop", "length") and first.stats.method == method
+    first_prompt = encode_prompt(pair.tokenizer, "hello", [], chat=True)
+
+    second = _say(worker, session, pair, "and again, please", options)
+    messages = _conversation(session)[:-1]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert second.reply == reference(messages)
+    # The cache carried turn 1: only the tokens after it were prefilled.
+    full = encode_prompt(pair.tokenizer, "and again, please", session.turns[:1], True)
+    assert session.last_reused > len(first_prompt)
+    assert second.stats.prompt_tokens == len(full) - session.last_reused
+
+
+def test_lookup_sees_the_earlier_turns_through_history_tokens(
+    worker, pair, monkeypatch
+):
+    seen = []
+    real = ui.session.stream_generate
+
+    @functools.wraps(real)
+    def spy(*args, **kwargs):
+        seen.append((list(args[2]), kwargs.get("history_tokens")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ui.session, "stream_generate", spy)
+    session, options = Session(), Options(method="lookup", max_tokens=8)
+    _say(worker, session, pair, "hello", options)
+    _say(worker, session, pair, "once more", options)
+    (_, first_history), (fed, history) = seen
+    assert first_history is None  # nothing cached before the first turn
+    full = encode_prompt(pair.tokenizer, "once more", session.turns[:1], chat=True)
+    assert history == full[: session.last_reused] and history + fed == full
+
+
+def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
+    worker, pair, reference
+):
+    session = Session()
+    long = Options(method="draft", max_tokens=400)
+    prompt = encode_prompt(pair.tokenizer, "tell me a story", [], chat=True)
+    first = _say(worker, session, pair, "tell me a story", long, stop_after=5)
+    assert first.finish == "stopped" and 5 <= len(first.pieces) < 400
+    assert session.turns == [first]
+    # The cache holds the prompt and every generated token, nothing more.
+    assert len(session.cache_tokens) <= len(prompt) + len(first.pieces)
+    assert session.cache_tokens[: len(prompt)] == prompt
+    assert {int(c.offset) for c in session.cache} == {len(session.cache_tokens)}
+
+    options = Options(method="draft", max_tokens=MAX_TOKENS)
+    second = _say(worker, session, pair, "go on", options)
+    assert second.reply == reference(_conversation(session)[:-1])
+    assert session.last_reused > len(prompt)
+
+
+def test_closing_a_turn_early_counts_as_stopped_and_the_chat_goes_on(
+    worker, pair, reference
+):
+    session = Session()
+    turns = respond(
+        worker,
+        session,
+        pair,
+        "count to fifty",
+        Options(method="lookup", max_tokens=400),
+        chat=True,
+    )
+    next(turns)
+    turns.close()  # as when the browser goes away mid-reply
+    assert session.turns[0].finish == "stopped"
+    second = _say(worker, session, pair, "go on", Options(max_tokens=MAX_TOKENS))
+    assert second.reply == reference(_conversation(session)[:-1])
+
+
+def test_the_system_prompt_goes_first_through_the_chat_template(
+    worker, pair, reference
+):
+    system = "You answer in one line."
+    messages = chat_messages([], "hi", system)
+    assert messages[0] == {"role": "system", "content": system}
+    assert chat_messages([], "hi", "  ") == [{"role": "user", "content": "hi"}]
+    session, options = Session(), Options(method="auto", max_tokens=MAX_TOKENS)
+    first = _say(worker, session, pair, "hi", options, system=system)
+    assert first.reply == reference(messages)
+    assert pair.tokenizer.decode(session.cache_tokens).startswith(
+        f"<|im_start|>system\n{system}<|im_end|>"
+    )
+    # A new system prompt changes the start of the conversation: the cache
+    # keeps only what still matches, and the reply stays exact.
+    other = "Be brief."
+    second = _say(worker, session, pair, "and now?", options, system=other)
+    assert second.reply == reference(_conversation(session, other)[:-1])
+    assert session.last_reused < len(encode_prompt(pair.tokenizer, "x", [], True))
+
+
+def test_bad_input_leaves_the_conversation_and_cache_as_they_were(
+    worker, pair, reference
+):
+    session, options = Session(), Options(method="draft", max_tokens=MAX_TOKENS)
+    _say(worker, session, pair, "hello", options)
+    turns, cached = list(session.turns), list(session.cache_tokens)
+    for text, bad, message in (
+        ("   ", options, "the message is empty"),
+        ("again", Options(method="draft", max_tokens=0), "max_tokens=0"),
+        ("again", Options(method="draft", num_draft_tokens=0), "num_draft_tokens"),
+        ("again", Options(method="draft", temp=-1.0), "temp"),
+    ):
+        with pytest.raises(ValueError, match=message) as error:
+            _say(worker, session, pair, text, bad)
+        assert "\n" not in str(error.value)
+        assert session.turns == turns and session.turns[0].finish != "error"
+        assert session.cache_tokens == cached[: len(session.cache_tokens)]
+    second = _say(worker, session, pair, "again", options)
+    assert second.reply == reference(_conversation(session)[:-1])
+
+
+def test_completion_mode_replaces_the_turn_and_continues_the_raw_text(
+    worker, pair, load_model
+):
+    from mlx_lm import generate
+
+    model, tokenizer = load_model("llama")
+    session, options = Session(), Options(method="lookup", max_tokens=MAX_TOKENS)
+    prompt = "def add(a, b):"
+    for _ in range(2):
+        turn = None
+        for turn in respond(worker, session, pair, prompt, options, chat=False):
+            pass
+        assert session.turns == [turn]
+        assert turn.reply == generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)
+    refused = Options(method="lookup", max_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        next(respond(worker, session, pair, "x", refused, chat=False))
+    assert session.turns == [turn]  # the last completion stays on the page
+
+
+# --- the handlers, without a browser -----------------------------------------------------
+
+
+def _settings(target, draft, method="auto", max_tokens=MAX_TOKENS, system=""):
+    return [
+        target,
+        draft,
+        method,
+        4,
+        16,
+        False,
+        0.0,
+        1.0,
+        max_tokens,
+        "",
+        False,
+        system,
+    ]
+
+
+def test_the_chat_handler_keeps_turns_and_per_turn_stats_until_new_chat(checkpoints):
+    target = str(checkpoints["llama"])
+    app = App(target, None)  # a target alone: draft-free methods only
+    for message in ("hello", "and again"):
+        updates = list(app.on_generate(message, *_settings(target, "(none)"), None))
+        transcript, stats, _, status, _ = updates[-1]
+        assert "Done:" in status
+        # The message box empties with the first streamed tokens.
+        boxes = [u[4].get("value") for u in updates]
+        assert "" in boxes and boxes[-1] is None
+    assert transcript.count('class="spec-role">you<') == 2
+    assert transcript.count('class="spec-turn-stats"') == 2
+    assert re.search(r"\d+ tokens / target forward", transcript)
+    assert "reused from the cache" in stats
+
+    *_, last = app.on_generate("hi", *_settings(target, "(none)", "tree"), None)
+    assert "the tree method needs a draft model" in last[3] and "\n" not in last[3]
+    assert len(app.sessions.get(None).turns) == 2  # the refused turn left no trace
+
+    transcript, *_, status = app.on_clear(target, "(none)", False, None)
+    assert "New chat" in status and 'class="spec-role"' not in transcript
+    session = app.sessions.get(None)
+    assert session.turns == [] and session.cache is None
