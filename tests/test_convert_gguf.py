@@ -371,6 +371,20 @@ def test_unsupported_architecture_is_refused_by_name_in_one_line(
     assert "only 'llama'" in message
 
 
+def test_missing_or_misshapen_tensors_are_refused_by_name(source, tmp_path):
+    weights = {
+        k: np.array(v) for k, v in mx.load(str(source / "model.safetensors")).items()
+    }
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    write_gguf(source, tmp_path / "a.gguf", "F32", weights=weights)
+    with pytest.raises(ConversionError, match="lacks tensor 'blk.1.ffn_up.weight'"):
+        convert_gguf(tmp_path / "a.gguf", tmp_path / "out")
+    weights["model.layers.1.mlp.up_proj.weight"] = np.zeros((96, 64), np.float32)
+    write_gguf(source, tmp_path / "b.gguf", "F32", weights=weights)
+    with pytest.raises(ConversionError, match=r"'blk.1.ffn_up.weight' has shape"):
+        convert_gguf(tmp_path / "b.gguf", tmp_path / "out")
+
+
 def test_missing_and_non_gguf_files_are_refused_in_one_line(tmp_path, capsys):
     message = run_cli(
         ["gguf", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "o")], capsys

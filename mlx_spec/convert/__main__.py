@@ -71,8 +71,6 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run ``python -m mlx_spec.convert``; errors exit with one line."""
-    import mlx_spec  # noqa: F401  (OpenBLAS before mlx, on Linux)
-
     args = setup_arg_parser().parse_args(argv)
     try:
         if args.command == "gguf":

@@ -248,6 +248,60 @@ def model_config(header: GGUFHeader) -> dict:
     return config
 
 
+def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> shape (rows first) of a llama model with ``config``."""
+    hidden, ffn = config["hidden_size"], config["intermediate_size"]
+    q_rows = config["num_attention_heads"] * config["head_dim"]
+    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+    vocab = config["vocab_size"]
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    if not config["tie_word_embeddings"]:
+        shapes["output.weight"] = (vocab, hidden)
+    layer = {
+        "attn_q": (q_rows, hidden),
+        "attn_k": (kv_rows, hidden),
+        "attn_v": (kv_rows, hidden),
+        "attn_output": (hidden, q_rows),
+        "ffn_gate": (ffn, hidden),
+        "ffn_up": (ffn, hidden),
+        "ffn_down": (hidden, ffn),
+        "attn_norm": (hidden,),
+        "ffn_norm": (hidden,),
+    }
+    biased = set()
+    if config["attention_bias"]:
+        biased |= {"attn_q", "attn_k", "attn_v", "attn_output"}
+    if config["mlp_bias"]:
+        biased |= {"ffn_gate", "ffn_up", "ffn_down"}
+    for i in range(config["num_hidden_layers"]):
+        for base, shape in layer.items():
+            shapes[f"blk.{i}.{base}.weight"] = shape
+            if base in biased:
+                shapes[f"blk.{i}.{base}.bias"] = shape[:1]
+    return shapes
+
+
+def check_shapes(header: GGUFHeader, config: dict) -> None:
+    """Refuse a file whose tensors do not make the model ``config`` describes.
+
+    Raises:
+        ConversionError: A missing, extra or misshapen tensor (named).
+    """
+    expected = expected_shapes(config)
+    found = {info.name: info.shape for info in header.tensors}
+    for name, shape in found.items():
+        if name not in expected:
+            raise ConversionError(f"unexpected GGUF tensor {name!r} for this model")
+        if tuple(shape) != expected[name]:
+            raise ConversionError(
+                f"GGUF tensor {name!r} has shape {tuple(shape)}, expected "
+                f"{expected[name]} from the metadata"
+            )
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise ConversionError(f"the GGUF lacks tensor {missing[0]!r}")
+
+
 # --------------------------------------------------------------------------- #
 # Weights
 # --------------------------------------------------------------------------- #
@@ -444,6 +498,7 @@ def convert_gguf(
         )
     header = inspect_gguf(path)
     config = model_config(header)
+    check_shapes(header, config)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
