@@ -17,14 +17,14 @@ from .prompts import BASE_SETS, CHAT_SETS
 from .runner import BASELINES, SWEEP_METHODS
 
 DEFAULT_TEMPS = (0.0, 0.7)
-DEFAULT_MAX_TOKENS = 96
+DEFAULT_MAX_TOKENS = 128
 DEFAULT_REPEATS = 3
 DEFAULT_WARMUP = 1
 DEFAULT_SEED = 0
 DEFAULT_OUT = "bench_out"
 DEFAULT_GAMMA_SWEEP = (1, 2, 3, 4, 6, 8)
 QUICK_GAMMA_SWEEP = (2, 4, 6)
-QUICK_MAX_TOKENS = 48
+QUICK_MAX_TOKENS = 64
 QUICK_REPEATS = 2
 # One bare sample: the mean gap of a chain of this many pipelined forwards.
 BARE_CHAIN = 5

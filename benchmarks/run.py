@@ -62,13 +62,7 @@ from mlx_spec.config import (
     DEFAULT_TREE_TOP_K,
 )
 from mlx_spec.drafters import registry
-from mlx_spec.loading import (
-    REPO_ROOT,
-    check_draft_tokenizer,
-    default_model_pair,
-    load_model,
-    load_pair,
-)
+from mlx_spec.loading import REPO_ROOT, default_model_pair, load_draft, load_pair
 
 from .goals import check_goals
 from .machine import machine_info, param_count
@@ -340,16 +334,6 @@ def _parse_method_drafts(items: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def _load_drafter(path: str, role: str, model, tokenizer):
-    """A draft head directory for ``model``, else an mlx-lm draft checkpoint."""
-    heads = _heads_module()
-    if heads is not None and heads.read_head_config(path) is not None:
-        return heads.load_head(path, model)
-    draft, draft_tokenizer = load_model(path, role)
-    check_draft_tokenizer(tokenizer, draft_tokenizer)
-    return draft
-
-
 def _heads_module():
     """``mlx_spec.drafters.heads`` when this version of mlx-spec has heads."""
     try:
@@ -357,6 +341,10 @@ def _heads_module():
     except ImportError:
         return None
     return heads
+
+
+def _is_head(drafter) -> bool:
+    return bool(getattr(drafter, "is_head", False))
 
 
 def _default_heads(model, progress) -> List[object]:
@@ -420,14 +408,17 @@ def benchmark(args) -> dict:
         settings["max_tokens"],
         settings["method_options"],
         drafts={
-            m: _load_drafter(path, f"--method-draft {m}", model, tokenizer)
+            m: load_draft(path, model, tokenizer)
             for m, path in method_draft_paths.items()
         },
     )
-    setup.heads = [
-        _load_drafter(path, "--head", model, tokenizer) for path in args.head
-    ]
-    if args.model is None and not args.head:
+    setup.heads = [load_draft(path, model, tokenizer) for path in args.head]
+    if not all(_is_head(h) for h in setup.heads):
+        raise ValueError("--head takes a head directory (from mlx_spec train-draft).")
+    if _is_head(draft):  # --draft-model DIR may hold a head
+        setup.heads.insert(0, draft)
+        setup.draft = draft = None
+    elif args.model is None and not setup.heads:
         setup.heads = _default_heads(model, progress)
     for head in setup.heads:
         progress.note(f"draft head: {setup.describe(head)}")
@@ -514,7 +505,7 @@ def benchmark(args) -> dict:
         "machine": machine_info(),
         "models": {
             "target": str(model_path),
-            "draft": str(draft_path) if draft_path else None,
+            "draft": str(draft_path) if draft is not None else None,
             "target_params": param_count(model),
             "draft_params": param_count(draft) if draft is not None else None,
             "method_drafts": method_draft_paths,

@@ -874,7 +874,8 @@ def test_a_new_registry_method_joins_the_benchmark_without_edits(
     assert "lookup2" in chosen and "none" not in chosen
 
 
-def test_a_head_given_with_head_runs_its_methods(checkpoints, load_model, tmp_path):
+@pytest.mark.parametrize("flag", ["--head", "--draft-model"])
+def test_a_head_runs_its_methods(checkpoints, load_model, tmp_path, flag):
     heads = pytest.importorskip("mlx_spec.drafters.heads")
     fingerprint = pytest.importorskip("mlx_spec.fingerprint")
     model, _ = load_model("llama")
@@ -885,17 +886,22 @@ def test_a_head_given_with_head_runs_its_methods(checkpoints, load_model, tmp_pa
         head.module,
         target_fingerprint=fingerprint.model_fingerprint(model),
     )
+    # With --head the draft model stays for draft; a head as --draft-model
+    # leaves no draft model, so mlx-lm's speculative mode cannot run.
+    drafts = (
+        ["--draft-model", str(checkpoints["llama-near"])] if flag == "--head" else []
+    )
     out = tmp_path / "out"
     bench.main(
         [
             "--model",
             str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
-            "--head",
+            *drafts,
+            flag,
             str(tmp_path / "eagle"),
             "--methods",
             "mlx_lm",
+            "mlx_lm_speculative",
             "draft",
             "eagle",
             "--quick",
@@ -920,9 +926,14 @@ def test_a_head_given_with_head_runs_its_methods(checkpoints, load_model, tmp_pa
     )
     results = json.loads((out / "results.json").read_text())
     drafter_of = results["models"]["drafter_of"]
-    assert drafter_of["draft"] == "draft model"
     assert drafter_of["eagle"].startswith("eagle head")
     eagle = [r for r in results["rows"] if r["method"] == "eagle"]
     assert eagle and all(r["greedy_identical"] == 1.0 for r in eagle)
     # Nobody times a head's forward: no overhead for it.
     assert all(r["overhead"] is None for r in eagle)
+    if flag == "--head":
+        assert drafter_of["draft"] == "draft model"
+    else:
+        assert results["models"]["draft"] is None
+        assert "mlx_lm_speculative" in results["methods_skipped"]
+        assert "draft" in results["methods_skipped"]
