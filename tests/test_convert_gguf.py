@@ -110,6 +110,7 @@ def write_gguf(
     pre: str = "gpt2",
     tokenizer_model: str = "gpt2",
     tie: bool = False,
+    add_bos: bool = False,
     weights: dict | None = None,
     type_of=None,
 ) -> dict:
@@ -151,7 +152,7 @@ def write_gguf(
     writer.add_token_merges(meta["merges"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(add_bos)
     writer.add_chat_template(
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
@@ -425,6 +426,17 @@ def test_tokenizer_round_trips_and_matches_the_original(source, tmp_path):
     )
     assert chat[0] == 1 and chat.count(2) == 1  # <|im_start|>, <|im_end|> whole
     assert converted.eos_token_id == 2 and converted.bos_token == "<|im_start|>"
+
+
+def test_add_bos_token_flag_prepends_the_bos_token(source, tmp_path):
+    import mlx_lm
+
+    write_gguf(source, tmp_path / "m.gguf", "F32", add_bos=True)
+    out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    _, tokenizer = mlx_lm.load(str(out))
+    plain = tokenizer.encode(TEXTS[1], add_special_tokens=False)
+    assert tokenizer.encode(TEXTS[1]) == [1] + plain
+    assert tokenizer.decode(plain) == TEXTS[1]
 
 
 def test_smollm_pre_tokenizer_splits_every_digit(source, tmp_path):

@@ -149,25 +149,22 @@ def build_tokenizer(metadata: dict):
 
 
 def _template(tokenizer, bos: str | None, eos: str | None):
-    """A post-processor adding BOS/EOS around each sequence."""
+    """A post-processor adding BOS and/or EOS around each sequence."""
     from tokenizers import processors
 
-    ends = [t for t in (bos, eos) if t is not None]
-    first = " ".join(
-        ([f"{bos}:0"] if bos else []) + ["$A:0"] + ([f"{eos}:0"] if eos else [])
-    )
-    second = " ".join(
-        ([f"{bos}:1"] if bos else []) + ["$B:1"] + ([f"{eos}:1"] if eos else [])
-    )
+    def sequence(piece: str, type_id: int) -> str:
+        parts = [t for t in (bos, piece, eos) if t is not None]
+        return " ".join(f"{part}:{type_id}" for part in parts)
+
+    ends = dict.fromkeys(t for t in (bos, eos) if t is not None)
+    single = sequence("$A", 0)
     return processors.Sequence(
         [
             processors.ByteLevel(trim_offsets=False),
             processors.TemplateProcessing(
-                single=first,
-                pair=f"{first} {second}",
-                special_tokens=[
-                    (t, tokenizer.token_to_id(t)) for t in dict.fromkeys(ends)
-                ],
+                single=single,
+                pair=f"{single} {sequence('$B', 1)}",
+                special_tokens=[(t, tokenizer.token_to_id(t)) for t in ends],
             ),
         ]
     )
