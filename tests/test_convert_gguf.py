@@ -111,6 +111,7 @@ def write_gguf(
     tokenizer_model: str = "gpt2",
     tie: bool = False,
     add_bos: bool = False,
+    rope_freqs: np.ndarray | None = None,
     weights: dict | None = None,
     type_of=None,
 ) -> dict:
@@ -158,6 +159,8 @@ def write_gguf(
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
         "<|im_start|>assistant\n{% endif %}"
     )
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     reference = {}
     for name, w in weights.items():
         if tie and name == "lm_head.weight":
@@ -182,11 +185,14 @@ def write_gguf(
     return reference
 
 
-def reference_checkpoint(checkpoint: Path, out: Path, weights: dict, tie=False) -> Path:
-    """``checkpoint`` with ``weights`` (and a tied head when ``tie``)."""
+def reference_checkpoint(
+    checkpoint: Path, out: Path, weights: dict, tie=False, **config_fields
+) -> Path:
+    """``checkpoint`` with ``weights`` (a tied head when ``tie``, config fields)."""
     shutil.copytree(checkpoint, out)
     config = json.loads((out / "config.json").read_text())
     config["tie_word_embeddings"] = tie
+    config.update(config_fields)
     (out / "config.json").write_text(json.dumps(config))
     mx.save_safetensors(
         str(out / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()}
@@ -295,6 +301,46 @@ def test_missing_output_tensor_ties_the_head_to_the_embedding(source, tmp_path):
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
     assert mx.array_equal(logits(ref), logits(out)).item()
+
+
+def llama_cpp_rope_freqs(head_dim, base, factor, low=1.0, high=4.0, old=8192):
+    """llama.cpp's converter: the rope_freqs tensor of Llama-3 rope scaling."""
+    freqs = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def test_llama3_rope_freqs_become_llama3_rope_scaling(source, tmp_path):
+    factors = llama_cpp_rope_freqs(16, 10000.0, factor=8.0, old=8192)
+    assert len(set(factors.tolist())) == 3  # short, blended and long wavelengths
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    reference = write_gguf(source, tmp_path / "m.gguf", "Q8_0", rope_freqs=factors)
+    ref = reference_checkpoint(
+        source, tmp_path / "ref", reference, rope_scaling=scaling
+    )
+    out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
+    assert json.loads((out / "config.json").read_text())["rope_scaling"] == scaling
+    assert mx.array_equal(logits(ref), logits(out)).item()
+    bad = factors.copy()
+    bad[-2] *= 1.5
+    write_gguf(source, tmp_path / "bad.gguf", "F32", rope_freqs=bad)
+    with pytest.raises(ConversionError, match="rope_freqs: they match no Llama-3"):
+        convert_gguf(tmp_path / "bad.gguf", tmp_path / "out2")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -15,7 +15,9 @@ What the conversion does:
 - llama.cpp permutes the rows of ``attn_q``/``attn_k`` for its RoPE layout
   (pairs interleaved); :func:`unpermute_rows` undoes it per head.
 - GGUF names map to mlx-lm's llama names (:func:`mlx_name`), and the
-  ``llama.*`` metadata becomes ``config.json`` (:func:`model_config`).
+  ``llama.*`` metadata becomes ``config.json`` (:func:`model_config`);
+  Llama 3's ``rope_freqs`` tensor becomes its ``rope_scaling``
+  (:func:`llama3_rope_scaling`).
 - Weights are written dequantized in ``float32``/``float16``/``bfloat16``, or
   (``keep-quantized``) as mlx-lm quantized layers holding the GGUF's exact
   4-/8-bit values, mixed bits recorded per module in ``config["quantization"]``.
@@ -73,6 +75,9 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# Llama 3.1+ RoPE: per-frequency divisors llama.cpp precomputes from the
+# rope_scaling of the original config (see llama3_rope_scaling).
+ROPE_FREQS = "rope_freqs.weight"
 _TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)$")
 
 
@@ -112,11 +117,6 @@ def mlx_name(gguf_name: str) -> str:
             return f"{_GLOBAL_NAMES[base]}.{suffix}"
     raise ConversionError(
         f"unsupported GGUF tensor {gguf_name!r}: not part of a llama model"
-        + (
-            " (llama-3 rope_freqs are not supported)"
-            if gguf_name.startswith("rope_freqs")
-            else ""
-        )
     )
 
 
@@ -145,7 +145,8 @@ def check_supported(header: GGUFHeader) -> None:
                 f"unsupported GGUF tensor type {info.type_name} (tensor "
                 f"{info.name!r}); supported: {', '.join(SUPPORTED_TYPES)}"
             )
-        mlx_name(info.name)
+        if info.name != ROPE_FREQS:
+            mlx_name(info.name)
 
 
 def _scalar(metadata: dict, key: str, default=None):
@@ -289,6 +290,8 @@ def check_shapes(header: GGUFHeader, config: dict) -> None:
     """
     expected = expected_shapes(config)
     found = {info.name: info.shape for info in header.tensors}
+    if ROPE_FREQS in found:
+        expected[ROPE_FREQS] = (config["head_dim"] // 2,)
     for name, shape in found.items():
         if name not in expected:
             raise ConversionError(f"unexpected GGUF tensor {name!r} for this model")
@@ -300,6 +303,59 @@ def check_shapes(header: GGUFHeader, config: dict) -> None:
     missing = [name for name in expected if name not in found]
     if missing:
         raise ConversionError(f"the GGUF lacks tensor {missing[0]!r}")
+
+
+def llama3_factors(config: dict, scaling: dict):
+    """llama.cpp's ``rope_freqs`` for Llama-3 rope scaling: ``(head_dim/2,)``.
+
+    Each RoPE frequency is divided by its factor: 1 for short wavelengths,
+    ``factor`` for long ones, a smooth blend in between.
+    """
+    import numpy as np
+
+    dims, base = config["head_dim"], config["rope_theta"]
+    factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelens = 2 * np.pi * base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    smooth = (old / wavelens - low) / (high - low)
+    blend = 1 / ((1 - smooth) / factor + smooth)
+    short, long = wavelens < old / high, wavelens > old / low
+    return np.where(short, 1.0, np.where(long, factor, blend))
+
+
+def llama3_rope_scaling(rope_freqs, config: dict, header: GGUFHeader) -> dict | None:
+    """The ``rope_scaling`` (Llama 3) that reproduces a GGUF's ``rope_freqs``.
+
+    The largest factor is the scaling factor; the other parameters are Llama
+    3.1-3.3's (low 1, high 4, original context 8192 unless the metadata says).
+
+    Raises:
+        ConversionError: The factors match no such configuration.
+    """
+    import numpy as np
+
+    factors = np.array(rope_freqs, dtype=np.float64)
+    if np.all(factors == 1.0):
+        return None
+    if "rope_scaling" in config:
+        raise ConversionError(
+            "unsupported GGUF: both rope_freqs and rope.scaling metadata are set"
+        )
+    key = f"{header.architecture}.rope.scaling.original_context_length"
+    scaling = {
+        "rope_type": "llama3",
+        "factor": _float32(factors.max()),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": int(header.metadata.get(key, 8192)),
+    }
+    if not np.allclose(llama3_factors(config, scaling), factors, rtol=1e-5, atol=0):
+        raise ConversionError(
+            "unsupported GGUF rope_freqs: they match no Llama-3 rope scaling "
+            f"with factor {scaling['factor']}, low 1, high 4, original context "
+            f"{scaling['original_max_position_embeddings']}"
+        )
+    return scaling
 
 
 # --------------------------------------------------------------------------- #
@@ -361,6 +417,8 @@ def convert_weights(
     }
     target = None if dtype == "keep-quantized" else getattr(mx, dtype)
     for info in header.tensors:
+        if info.name == ROPE_FREQS:
+            continue  # config["rope_scaling"] (llama3_rope_scaling)
         name = mlx_name(info.name)
         stem = info.name.rsplit(".", 1)[0]
         parts = {"weight": tensors[info.name]}
@@ -518,6 +576,10 @@ def convert_gguf(
             tensors = mx.load(str(path))
         except Exception as e:  # mlx's GGUF reader: keep its first line
             raise ConversionError(f"could not read '{path}': {_one_line(e)}") from None
+        if ROPE_FREQS in tensors:
+            scaling = llama3_rope_scaling(tensors[ROPE_FREQS], config, header)
+            if scaling is not None:
+                config["rope_scaling"] = scaling
         weights, quantization = convert_weights(header, tensors, config, dtype)
         del tensors
         if quantization is not None:
