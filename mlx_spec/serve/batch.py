@@ -1,0 +1,692 @@
+"""Continuous batching with speculation: every active sequence in one round.
+
+A round of :class:`SpecBatchGenerator`:
+
+1. each sequence plans its arm and draft length ``γ`` from its own
+   acceptance (:class:`AcceptanceEma`): prompt lookup over its own context
+   and the server's earlier requests (:mod:`.index`), the draft model, or
+   nothing (a plain step);
+2. the sequences that draft with the draft model do so together: one
+   batched draft forward per step, ``max γ`` steps;
+3. the target verifies every sequence in ONE forward of width
+   ``1 + max γ`` (row ``b`` holds its pending token, its drafts, then
+   filler), and acceptance runs per row on device (:mod:`.batch_accept`);
+4. one host sync reads every row's accepted count, next token and drafts;
+5. each row's caches keep only its own accepted tokens
+   (:class:`~.batch_cache.RaggedBatch`: the rest become masked gaps).
+
+Between rounds, requests join (after a prompt prefill of their own, one
+chunk per step, on their single-sequence prompt cache) and leave (EOS,
+``max_tokens``, a stop word or a disconnect seen by the caller).
+
+Per row the output is exactly the single-sequence engine's: greedy rows
+emit the target's argmax chain, sampled rows follow the target's law
+(rejection sampling against the law each draft token was drawn from), and
+the attention of each row sees exactly its own tokens.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+from ..config import SpecConfig
+from ..costs import best_gamma, model_step_cost
+from ..drafters.base import align_vocab
+from ..drafters.ngram import NGramIndex, extend_periodic
+from ..models import num_caches, output_size
+from ..sampling import SamplingParams, normalize, processed_logprobs
+from ..stats import SpecStats
+from .batch_accept import (
+    emitted_tokens,
+    gather_logprobs,
+    greedy_accept_rows,
+    law_groups,
+    point_mass_law,
+    rejection_accept_rows,
+    sample_rows,
+)
+from .batch_cache import RaggedBatch
+from .index import CrossRequestIndex
+
+# Methods a batch runs; the others are served one request at a time.
+BATCH_METHODS = ("none", "lookup", "draft", "auto")
+DEFAULT_MAX_BATCH = 32
+# ``auto`` drafts by lookup when its match is at least this long.
+STRONG_MATCH = 2
+ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
+
+
+class AcceptanceEma:
+    """A sequence's per-token acceptance of one arm, as an exponential moving average.
+
+    A round that drafted ``γ`` tokens and accepted ``n`` shows ``n``
+    acceptances and, if ``n < γ``, one rejection; the rate is their
+    smoothed ratio with a prior. The draft length maximises the expected
+    tokens per modelled round cost (:func:`mlx_spec.costs.best_gamma`).
+
+    In a batch, the verify forward is shared and its width is set by the
+    longest row, so wall time cannot price one row's width (what
+    :class:`~mlx_spec.adaptive.AdaptiveController` measures); the fixed
+    cost model with the row's own acceptance can, costs microseconds, and
+    does not depend on timing (a seed gives the same text).
+    """
+
+    def __init__(self, prior: float = 0.6, weight: float = 2.0, decay: float = 0.8):
+        self.prior = prior
+        self.weight = weight
+        self.decay = decay
+        self.accepted = 0.0
+        self.trials = 0.0
+
+    @property
+    def rate(self) -> float:
+        w = self.weight
+        return (self.accepted + self.prior * w) / (self.trials + w)
+
+    def update(self, drafted: int, accepted: int):
+        if drafted <= 0:
+            return
+        rejected = 1 if accepted < drafted else 0
+        self.accepted = self.decay * self.accepted + accepted
+        self.trials = self.decay * self.trials + accepted + rejected
+
+    def gamma(self, step_cost: float, gamma_max: int) -> int:
+        return best_gamma(min(self.rate, 0.999), step_cost, range(1, gamma_max + 1))[0]
+
+
+@dataclass
+class SeqSpec:
+    """One request, as the batch needs it.
+
+    Attributes:
+        prompt: Every prompt token (those in ``cache`` included).
+        config: Method options; ``config.max_tokens`` bounds the output.
+        method: ``"none"``, ``"lookup"``, ``"draft"`` or ``"auto"``.
+        params: The sampling law (``None``: greedy).
+        cache: A prompt cache (target caches, then the draft's for a method
+          that uses the draft model) holding ``prompt[:cached]``.
+        cached: Prompt tokens ``cache`` holds.
+        stop_tokens: Tokens that end the output (EOS).
+        isolation: Neither read nor add to the cross-request index.
+        top_logprobs: Keep each token's logprobs row for the caller.
+    """
+
+    prompt: List[int]
+    config: SpecConfig
+    method: str = "auto"
+    params: Optional[SamplingParams] = None
+    cache: Optional[List[Any]] = None
+    cached: int = 0
+    stop_tokens: FrozenSet[int] = frozenset()
+    isolation: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass
+class SeqOutput:
+    """What one step produced for one request.
+
+    Attributes:
+        uid: The request.
+        progress: ``(processed, total)`` prompt tokens (prefill steps only).
+        tokens: Tokens emitted this round, in order.
+        logprobs: The target's log-probability of each.
+        kinds: ``"accepted"``, ``"recovered"``, ``"bonus"`` or ``"target"``.
+        rows: Each token's full logprobs ``(V,)`` (``top_logprobs`` only).
+        finish_reason: ``"stop"`` (EOS, the last token) or ``"length"``.
+        cache, cache_tokens: For a finished request, its prompt cache and
+          the tokens it holds (to store in the prompt cache).
+        info: For a finished request, :func:`seq_info`.
+    """
+
+    uid: int
+    progress: Optional[Tuple[int, int]] = None
+    tokens: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    kinds: List[str] = field(default_factory=list)
+    rows: Optional[List[mx.array]] = None
+    finish_reason: Optional[str] = None
+    cache: Optional[List[Any]] = None
+    cache_tokens: Optional[List[int]] = None
+    info: Optional[dict] = None
+
+
+class _Seq:
+    """A request's state inside the batch."""
+
+    def __init__(self, uid: int, spec: SeqSpec, uses_draft: bool, stats: SpecStats):
+        self.uid = uid
+        self.spec = spec
+        self.config = spec.config
+        self.uses_draft = uses_draft
+        self.seq: List[int] = list(spec.prompt)
+        self.prompt_size = len(spec.prompt)
+        self.generated = 0
+        self.stats = stats
+        self.single: Optional[List[Any]] = None  # prompt cache during prefill
+        self.prefilled = 0
+        self.held = 0  # prompt tokens its prompt cache held
+        self.draft_len = 0  # tokens its draft-batch row holds
+        self.local = NGramIndex(
+            ngram_min=spec.config.ngram_min, ngram_max=spec.config.ngram_max
+        )
+        self.ema: Dict[str, AcceptanceEma] = {}
+        self.started = 0.0
+        self.batch_rows = 0  # sum of batch sizes over its rounds
+        self.cross_drafted = 0
+        self.cross_accepted = 0
+        # This round's plan.
+        self.arm: Optional[str] = None
+        self.size = 0
+        self.proposal: List[int] = []
+        self.from_index = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.spec.params is None or self.spec.params.greedy
+
+    def controller(self, arm: str) -> AcceptanceEma:
+        if arm not in self.ema:
+            self.ema[arm] = AcceptanceEma()
+        return self.ema[arm]
+
+
+class SpecBatchGenerator:
+    """Continuous batching with speculative decoding (see the module docstring).
+
+    Example::
+
+        gen = SpecBatchGenerator(model, draft_model, index=CrossRequestIndex())
+        uid = gen.insert(SeqSpec(prompt, SpecConfig(method="draft", max_tokens=64)))
+        while gen.has_work:
+            for out in gen.next():
+                ...  # out.tokens, out.finish_reason, out.cache
+
+    Args:
+        model: The target model (plain ``KVCache`` layers only).
+        draft_model: An optional draft model with the target's tokenizer.
+        index: The cross-request index shared by lookup and ``auto``.
+        prefill_step_size: Prompt tokens per prefill chunk.
+        max_batch: Most sequences decoding together.
+    """
+
+    def __init__(
+        self,
+        model,
+        draft_model=None,
+        *,
+        index: Optional[CrossRequestIndex] = None,
+        prefill_step_size: int = 512,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ):
+        self.model = model
+        self.draft_model = draft_model
+        self.index = index
+        self.prefill_step_size = prefill_step_size
+        self.max_batch = max_batch
+        self.vocab_size = output_size(model)
+        self.num_target_caches = num_caches(model)
+        self.draft_step_cost = (
+            model_step_cost(draft_model, model) if draft_model is not None else 0.0
+        )
+        self._uid = 0
+        self.waiting: deque = deque()  # prefilling, in order
+        self.ready: List[_Seq] = []  # prefilled, joining at the next round
+        self.active: List[_Seq] = []  # target-batch order
+        self.drafting: List[_Seq] = []  # draft-batch order (uses_draft rows)
+        self.target = RaggedBatch(self.num_target_caches, 0)
+        self.draft: Optional[RaggedBatch] = None
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ #
+    # Requests
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.ready or self.active)
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.ready) + len(self.active)
+
+    def insert(self, spec: SeqSpec, stats: Optional[SpecStats] = None) -> int:
+        """Queue a request; returns its uid. ``stats`` is filled as it runs."""
+        if spec.method not in BATCH_METHODS:
+            raise ValueError(
+                f"method '{spec.method}' is not batched; use one of {BATCH_METHODS}."
+            )
+        uses_draft = self.draft_model is not None and spec.method in ("draft", "auto")
+        if spec.method == "draft" and self.draft_model is None:
+            raise ValueError("method 'draft' needs a draft model.")
+        if not spec.prompt:
+            raise ValueError("the prompt is empty; give at least one token.")
+        stats = stats if stats is not None else SpecStats()
+        stats.method = spec.method
+        stats.num_draft_tokens = spec.config.num_draft_tokens
+        stats.prompt_tokens = len(spec.prompt)
+        seq = _Seq(self._uid, spec, uses_draft, stats)
+        self._uid += 1
+        seq.single = self._initial_cache(spec, uses_draft)
+        held = spec.cached if spec.cache is not None else 0
+        seq.prefilled = min(held, len(spec.prompt) - 1)
+        seq.held = seq.prefilled
+        self.waiting.append(seq)
+        return seq.uid
+
+    def _initial_cache(self, spec: SeqSpec, uses_draft: bool) -> List[Any]:
+        """The request's cache, holding at most ``prompt[:-1]``."""
+        cache = spec.cache
+        expected = self.num_target_caches
+        if uses_draft:
+            expected += num_caches(self.draft_model)
+        if cache is None or spec.cached == 0:
+            cache = make_prompt_cache(self.model)
+            if uses_draft:
+                cache += make_prompt_cache(self.draft_model)
+        elif len(cache) != expected:
+            raise ValueError(
+                f"the prompt cache has {len(cache)} layers; this method needs "
+                f"{expected}."
+            )
+        held = spec.cached if spec.cache is not None else 0
+        if held >= len(spec.prompt):  # recompute the last prompt token
+            trim_prompt_cache(cache, held - len(spec.prompt) + 1)
+        return cache
+
+    def remove(
+        self, uid: int, kept: Optional[int] = None
+    ) -> Optional[Tuple[List[Any], List[int]]]:
+        """Drop a request; return its prompt cache and the tokens it holds.
+
+        Args:
+            uid: The request.
+            kept: Generated tokens the client got (a stop word may cut the
+              last round short); default: all.
+
+        Returns:
+            ``(cache, tokens)`` for the prompt cache, or ``None`` if the
+            request was still waiting or unknown.
+        """
+        for queue in (self.waiting, self.ready):
+            for s in list(queue):
+                if s.uid == uid:
+                    queue.remove(s)
+                    return None
+        for b, s in enumerate(self.active):
+            if s.uid == uid:
+                return self._leave([b], [kept])[0]
+        return None
+
+    def _leave(self, rows: List[int], kept: List[Optional[int]]):
+        """Extract the caches of ``rows`` and drop them from the batch."""
+        out = []
+        for b, k in zip(rows, kept):
+            s = self.active[b]
+            k = s.generated if k is None else min(k, s.generated)
+            tokens = s.seq[: s.prompt_size + k]
+            length = min(int(self.target.lengths[b]), len(tokens))
+            if s.uses_draft:
+                length = min(length, s.draft_len)
+            cache = self.target.extract(b, length)
+            if s.uses_draft:
+                cache += self.draft.extract(self.drafting.index(s), length)
+            mx.eval([c.state for c in cache])
+            out.append((cache, tokens[:length]))
+            if self.index is not None and not s.spec.isolation:
+                self.index.add(s.seq[min(s.spec.cached, s.prompt_size) : len(tokens)])
+        gone = {self.active[b].uid for b in rows}
+        keep = [b for b, s in enumerate(self.active) if s.uid not in gone]
+        self.target = self.target.select(keep)
+        self.active = [self.active[b] for b in keep]
+        if self.draft is not None:
+            dkeep = [j for j, s in enumerate(self.drafting) if s.uid not in gone]
+            self.draft = self.draft.select(dkeep)
+            self.drafting = [self.drafting[j] for j in dkeep]
+        return out
+
+    # ------------------------------------------------------------------ #
+    # Steps
+
+    def next(self) -> List[SeqOutput]:
+        """Join ready requests, run one round, then one prefill chunk."""
+        with mx.stream(generation_stream):
+            self._join()
+            outputs = self._round() if self.active else []
+            outputs += self._prefill_chunk()
+        return outputs
+
+    def _join(self):
+        room = self.max_batch - len(self.active)
+        joining, self.ready = self.ready[:room], self.ready[room:]
+        if not joining:
+            return
+        now = time.perf_counter()
+        targets = [s.single[: self.num_target_caches] for s in joining]
+        self.target = RaggedBatch.concat(
+            [self.target, RaggedBatch.from_caches(targets)]
+        )
+        self.active += joining
+        drafters = [s for s in joining if s.uses_draft]
+        if drafters:
+            caches = [s.single[self.num_target_caches :] for s in drafters]
+            parts = [RaggedBatch.from_caches(caches)]
+            if self.draft is not None:
+                parts.insert(0, self.draft)
+            self.draft = RaggedBatch.concat(parts)
+            self.drafting += drafters
+            for s in drafters:
+                s.draft_len = len(s.seq) - 1
+        for s in joining:
+            s.single = None
+            s.started = now
+        mx.eval([c.state for c in self.target.caches])
+
+    def _prefill_chunk(self) -> List[SeqOutput]:
+        """One chunk of the oldest waiting prompt on its own cache."""
+        if not self.waiting:
+            return []
+        s = self.waiting[0]
+        tic = time.perf_counter()
+        total = len(s.seq) - 1
+        chunk = s.seq[s.prefilled : min(s.prefilled + self.prefill_step_size, total)]
+        if chunk:
+            tokens = mx.array(chunk, mx.uint32)[None]
+            self.model(tokens, cache=s.single[: self.num_target_caches])
+            if s.uses_draft:
+                self.draft_model(tokens, cache=s.single[self.num_target_caches :])
+            mx.eval([c.state for c in s.single])
+            s.prefilled += len(chunk)
+        s.stats.prompt_time += time.perf_counter() - tic
+        rest = total + 1 - s.held
+        done = rest if s.prefilled >= total else s.prefilled - s.held
+        out = [SeqOutput(s.uid, progress=(done, rest))]
+        if s.prefilled >= total:
+            self.waiting.popleft()
+            self.ready.append(s)
+            mx.clear_cache()
+        return out
+
+    # ------------------------------------------------------------------ #
+    # A round
+
+    def _plan(self, s: _Seq):
+        """Choose ``s``'s arm, draft length and (host-side) lookup proposal."""
+        s.arm, s.size, s.proposal, s.from_index = None, 0, [], False
+        remaining = s.config.max_tokens - s.generated
+        method = s.spec.method
+        if method == "none" or remaining <= 1:
+            return
+        gamma_max = s.config.max_draft_tokens
+        if method in ("lookup", "auto"):
+            gamma = self._gamma(s, "lookup", 0.0, gamma_max, remaining)
+            proposal, match, from_index = self._lookup(s, gamma)
+            if method == "lookup" or match >= STRONG_MATCH or not s.uses_draft:
+                if proposal:
+                    s.arm, s.proposal, s.from_index = "lookup", proposal, from_index
+                    s.size = len(proposal)
+                return
+        gamma = self._gamma(s, "draft", self.draft_step_cost, gamma_max, remaining)
+        s.arm, s.size = "draft", gamma
+
+    def _gamma(self, s, arm, step_cost, gamma_max, remaining) -> int:
+        if s.config.adaptive:
+            gamma = s.controller(arm).gamma(step_cost, gamma_max)
+        else:
+            gamma = s.config.num_draft_tokens
+        return max(1, min(gamma, remaining - 1))
+
+    def _lookup(self, s: _Seq, gamma: int) -> Tuple[List[int], int, bool]:
+        """The longer of the own-context and cross-request matches (own on ties)."""
+        if len(s.local) < len(s.seq):
+            s.local.extend(s.seq[len(s.local) :])
+        own = s.local.propose(max_len=gamma, max_candidates=1)
+        own = extend_periodic(own[0], gamma) if own else []
+        own_match = s.local.last_match_len if own else 0
+        if self.index is None or s.spec.isolation:
+            return own, own_match, False
+        cross, cross_match = self.index.propose(s.seq, gamma)
+        if cross_match > own_match:
+            return cross, cross_match, True
+        return own, own_match, False
+
+    def _draft(self, seqs: List[_Seq]):
+        """Draft with the draft model for the rows whose arm is ``draft``.
+
+        Every row of the draft batch takes part (a batched forward computes
+        them all): drafting rows feed their pending tokens and then their
+        drafts; the others only catch up on pending tokens.
+
+        Returns:
+            ``(tokens (Bd, G), laws (Bd, G, V) or None)`` in draft-batch order.
+        """
+        rows = self.drafting
+        plans = {s.uid: s for s in seqs}
+        active = [plans[s.uid].arm == "draft" for s in rows]
+        steps = max(s.size for s, a in zip(rows, active) if a)
+        pending = [s.seq[s.draft_len :] for s in rows]
+        width = max(len(p) for p, a in zip(pending, active) if a)
+        fed = [len(p) if a else min(len(p), width) for p, a in zip(pending, active)]
+        first = np.zeros((len(rows), width), np.uint32)
+        for j, (p, n) in enumerate(zip(pending, fed)):
+            first[j, :n] = p[:n]
+        params = [s.spec.params for s in rows]
+        self.draft.prepare()
+        logits = self.draft_model(mx.array(first), cache=self.draft.caches)
+        self.draft.commit(width, fed)
+        last = mx.array([max(n - 1, 0) for n in fed])
+        logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+        tokens, laws = [], []
+        for k in range(steps):
+            logprobs = normalize(align_vocab(logits, self.vocab_size))
+            token, law = sample_rows(logprobs, params)
+            mx.async_eval(token)
+            tokens.append(token)
+            laws.append(law)
+            if k + 1 < steps:
+                self.draft.prepare()
+                step = token[:, None].astype(mx.uint32)
+                logits = self.draft_model(step, cache=self.draft.caches)[:, 0]
+                self.draft.commit(1, [1 if a else 0 for a in active])
+        for s, n in zip(rows, fed):
+            s.draft_len += n
+        drafts = mx.stack(tokens, axis=1).astype(mx.uint32)
+        if laws[0] is None:
+            return drafts, None, steps
+        return drafts, mx.stack(laws, axis=1), steps
+
+    def _round(self) -> List[SeqOutput]:
+        seqs = self.active
+        B = len(seqs)
+        tic = time.perf_counter()
+        for s in seqs:
+            self._plan(s)
+        drafts_dev, draft_laws, steps = None, None, 0
+        if any(s.arm == "draft" for s in seqs):
+            drafts_dev, draft_laws, steps = self._draft(seqs)
+        width = 1 + max(s.size for s in seqs)
+        K = width - 1
+        host = np.zeros((B, width), np.uint32)
+        for b, s in enumerate(seqs):
+            host[b, 0] = s.seq[-1]
+            if s.arm == "lookup":
+                host[b, 1 : 1 + s.size] = s.proposal
+        inputs = mx.array(host)
+        model_rows = [b for b, s in enumerate(seqs) if s.arm == "draft"]
+        if model_rows:
+            where = {s.uid: j for j, s in enumerate(self.drafting)}
+            index = mx.array([where.get(s.uid, 0) for s in seqs])
+            drafted = drafts_dev[index][:, :K]
+            if drafted.shape[1] < K:
+                drafted = mx.pad(drafted, [(0, 0), (0, K - drafted.shape[1])])
+            drafted = mx.concatenate([mx.zeros((B, 1), mx.uint32), drafted], axis=1)
+            sizes_np = np.array([s.size for s in seqs])
+            cols = np.arange(width)[None, :]
+            use = np.zeros((B, width), bool)
+            use[model_rows] = True
+            use &= (cols >= 1) & (cols <= sizes_np[:, None])
+            inputs = mx.where(mx.array(use), drafted, inputs)
+
+        self.target.prepare()
+        logits = self.model(inputs, cache=self.target.caches)
+        logprobs = normalize(logits)
+        drafts = inputs[:, 1:]
+        sizes = mx.array([s.size for s in seqs])
+        num_accepted, next_token = self._accept(
+            seqs, logprobs, drafts, sizes, draft_laws, index if model_rows else None
+        )
+        emitted = emitted_tokens(drafts, num_accepted, next_token)
+        emitted_lp = gather_logprobs(logprobs, emitted)
+        packed = mx.concatenate(
+            [
+                num_accepted[:, None].astype(mx.int32),
+                next_token[:, None].astype(mx.int32),
+                drafts.astype(mx.int32),
+            ],
+            axis=1,
+        )
+        # The round's single host sync.
+        mx.eval(packed, emitted_lp)
+        values = packed.tolist()
+        lps = emitted_lp.tolist()
+        self.target.commit(width, [1 + v[0] for v in values])
+        if drafts_dev is not None:
+            self._commit_draft(seqs, values, steps)
+        self.rounds += 1
+        if self.rounds % 256 == 0:
+            mx.clear_cache()
+        return self._emit(seqs, values, lps, logprobs, tic)
+
+    def _accept(self, seqs, logprobs, drafts, sizes, draft_laws, draft_index):
+        """Per-row ``(num_accepted, next_token)``, each law group vectorised."""
+        groups = law_groups([s.spec.params for s in seqs])
+        B = len(seqs)
+        parts = []
+        for params, rows in groups.items():
+            whole = len(rows) == B
+            index = None if whole else mx.array(rows)
+            lp = logprobs if whole else logprobs[index]
+            d = drafts if whole else drafts[index]
+            sz = sizes if whole else sizes[index]
+            if params is None:
+                n, nxt = greedy_accept_rows(mx.argmax(lp, axis=-1), d, sz)
+            else:
+                law = processed_logprobs(lp, params)
+                q = self._draft_law(seqs, rows, d, draft_laws, draft_index)
+                n, nxt = rejection_accept_rows(law, d, sz, q)
+            parts.append((rows, n, nxt.astype(mx.int32)))
+        if len(parts) == 1:
+            return parts[0][1], parts[0][2]
+        num_accepted = mx.zeros((B,), mx.int32)
+        next_token = mx.zeros((B,), mx.int32)
+        for rows, n, nxt in parts:
+            index = mx.array(rows)
+            num_accepted[index] = n
+            next_token[index] = nxt
+        return num_accepted, next_token
+
+    def _draft_law(self, seqs, rows, drafts, draft_laws, draft_index):
+        """``(R, K, V)``: each row's draft log-law (point masses for lookup)."""
+        K = drafts.shape[1]
+        law = point_mass_law(drafts, self.vocab_size)
+        model_rows = [i for i, b in enumerate(rows) if seqs[b].arm == "draft"]
+        if not model_rows or K == 0:
+            return law
+        q = draft_laws[draft_index[mx.array(rows)]][:, :K]
+        if q.shape[1] < K:
+            q = mx.pad(
+                q, [(0, 0), (0, K - q.shape[1]), (0, 0)], constant_values=-mx.inf
+            )
+        use = np.zeros(len(rows), bool)
+        use[model_rows] = True
+        return mx.where(mx.array(use)[:, None, None], q, law)
+
+    def _commit_draft(self, seqs, values, steps):
+        """Draft rows keep their pending tokens and accepted drafts only."""
+        plan = {s.uid: (s, v) for s, v in zip(seqs, values)}
+        lengths = []
+        for s in self.drafting:
+            t, v = plan[s.uid]
+            if t.arm == "draft":
+                s.draft_len = len(s.seq) + min(v[0], steps - 1)
+            lengths.append(s.draft_len)
+        self.draft.truncate(lengths)
+
+    def _emit(self, seqs, values, lps, logprobs, tic) -> List[SeqOutput]:
+        """Extend each sequence, update its controller and stats, find finishes."""
+        now = time.perf_counter()
+        outputs, done, kept = [], [], []
+        B = len(seqs)
+        for b, (s, v) in enumerate(zip(seqs, values)):
+            n, nxt, drafts = v[0], v[1], v[2 : 2 + s.size]
+            tokens = drafts[:n] + [nxt]
+            if s.arm is not None:
+                s.controller(s.arm).update(s.size, n)
+            if s.from_index:
+                s.cross_drafted += s.size
+                s.cross_accepted += n
+            out = SeqOutput(s.uid)
+            rows = [] if s.spec.top_logprobs > 0 else None
+            for i, tok in enumerate(tokens):
+                if i < n:
+                    kind = ACCEPTED
+                elif s.size == 0:
+                    kind = TARGET
+                else:
+                    kind = BONUS if n == s.size else RECOVERED
+                s.seq.append(tok)
+                s.generated += 1
+                out.tokens.append(tok)
+                out.logprobs.append(lps[b][i])
+                out.kinds.append(kind)
+                if rows is not None:
+                    rows.append(logprobs[b, i])
+                if tok in s.spec.stop_tokens:
+                    out.finish_reason = "stop"
+                    break
+                if s.generated >= s.config.max_tokens:
+                    out.finish_reason = "length"
+                    break
+            out.rows = rows
+            st = s.stats
+            st.rounds += 1
+            st.target_forwards += 1
+            if s.arm == "draft":
+                st.draft_forwards += max(s.size, 1)
+            st.draft_tokens += s.size
+            st.accepted_tokens += min(n, len(out.tokens))
+            st.generated_tokens = s.generated
+            st.generation_time = now - s.started
+            s.batch_rows += B
+            outputs.append(out)
+            if out.finish_reason is not None:
+                done.append(b)
+                kept.append(None)
+        if done:
+            for b, (cache, tokens) in zip(done, self._leave(done, kept)):
+                out = next(o for o in outputs if o.uid == seqs[b].uid)
+                out.cache, out.cache_tokens = cache, tokens
+                out.info = seq_info(seqs[b])
+        return outputs
+
+    def info(self, uid: int) -> Optional[dict]:
+        """Serving facts of a running request (batch size, cross-request use)."""
+        for s in list(self.active) + list(self.ready) + list(self.waiting):
+            if s.uid == uid:
+                return seq_info(s)
+        return None
+
+
+def seq_info(s: _Seq) -> dict:
+    rounds = max(s.stats.rounds, 1)
+    return {
+        "batched": True,
+        "mean_batch_size": s.batch_rows / rounds,
+        "cross_request_drafted": s.cross_drafted,
+        "cross_request_accepted": s.cross_accepted,
+        "isolation": s.spec.isolation,
+    }

@@ -1,0 +1,336 @@
+"""Continuous batching with speculation (mlx_spec.serve.batch), without HTTP.
+
+Each request of a batch must equal serving it alone: greedy rows token for
+token equal plain mlx_lm decoding, sampled rows follow the target's law.
+Rows join and leave between rounds and accept different counts per round,
+so every test mixes methods, prompt lengths and output lengths.
+"""
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_spec.acceptance import match_accept, rejection_accept
+from mlx_spec.config import SpecConfig
+from mlx_spec.sampling import SamplingParams
+from mlx_spec.serve.batch import AcceptanceEma, SeqSpec, SpecBatchGenerator
+from mlx_spec.serve.batch_accept import (
+    greedy_accept_rows,
+    point_mass_law,
+    rejection_accept_rows,
+)
+from mlx_spec.serve.batch_cache import RaggedBatch, batchable
+from mlx_spec.serve.index import CrossRequestIndex
+from mlx_spec.stats import SpecStats
+
+PROMPTS = (
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "The quick brown fox",
+    "class Parser:\n    def __init__(self",
+    "x = [1, 2, 3]\nfor i in x:\n    print(i)\n",
+)
+
+
+def _reference(model, tokenizer, prompt, max_tokens):
+    ids = tokenizer.encode(prompt)
+    return [
+        r.token
+        for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=max_tokens)
+    ]
+
+
+def _spec(tokenizer, prompt, method, max_tokens, **kw):
+    return SeqSpec(
+        tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
+        SpecConfig(method=method, max_tokens=max_tokens),
+        method=method,
+        stop_tokens=frozenset(tokenizer.eos_token_ids),
+        **kw,
+    )
+
+
+def _run(gen, outputs=None, steps=None):
+    """Step ``gen`` (until idle, or ``steps`` times); collect tokens per uid."""
+    outputs = {} if outputs is None else outputs
+    done = 0
+    while gen.has_work and (steps is None or done < steps):
+        for out in gen.next():
+            entry = outputs.setdefault(
+                out.uid, {"tokens": [], "finish": None, "progress": []}
+            )
+            if out.progress is not None:
+                entry["progress"].append(out.progress)
+            entry["tokens"] += out.tokens
+            if out.finish_reason:
+                entry["finish"] = out.finish_reason
+                entry["cache"] = (out.cache, out.cache_tokens)
+        done += 1
+    return outputs
+
+
+def test_batched_greedy_requests_joining_and_leaving_equal_plain_mlx_lm(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    methods = ["draft", "lookup", "none", "auto", "draft"]
+    lengths = [40, 25, 30, 50, 35]
+    gen = SpecBatchGenerator(model, draft, index=CrossRequestIndex())
+    uids, outputs = {}, {}
+    for i, (prompt, method, n) in enumerate(zip(PROMPTS, methods, lengths)):
+        if i == 3:  # the last two join a batch already decoding
+            _run(gen, outputs, steps=6)
+        uids[gen.insert(_spec(tokenizer, prompt, method, n))] = i
+    _run(gen, outputs)
+    for uid, i in uids.items():
+        ref = _reference(model, tokenizer, PROMPTS[i], lengths[i])
+        assert outputs[uid]["tokens"] == ref, (methods[i], PROMPTS[i])
+        assert outputs[uid]["finish"] in ("stop", "length")
+
+
+def test_removing_a_row_mid_stream_leaves_the_others_exact(load_model):
+    model, tokenizer = load_model("qwen3")
+    draft, _ = load_model("qwen3-near")
+    gen = SpecBatchGenerator(model, draft)
+    uids = [gen.insert(_spec(tokenizer, p, "draft", 40)) for p in PROMPTS[:3]]
+    outputs = _run(gen, steps=4)
+    cache, tokens = gen.remove(uids[1], kept=3)  # a client that hung up
+    assert len(tokens) <= len(tokenizer.encode(PROMPTS[1])) + 3
+    assert [c.offset for c in cache] == [len(tokens)] * len(cache)
+    _run(gen, outputs)
+    for uid, prompt in ((uids[0], PROMPTS[0]), (uids[2], PROMPTS[2])):
+        assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 40)
+
+
+def test_a_cached_prompt_prefix_gives_the_same_output(load_model):
+    """A request starting from a prompt cache (mlx_lm's LRU cache) prefills
+    only the rest, and its output does not change."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode(PROMPTS[4])
+    ref = _reference(model, tokenizer, PROMPTS[4], 24)
+    for cached in (len(ids) // 2, len(ids)):  # a prefix, and the whole prompt
+        cache = make_prompt_cache(model) + make_prompt_cache(draft)
+        model(mx.array([ids[:cached]]), cache=cache[: len(model.layers)])
+        draft(mx.array([ids[:cached]]), cache=cache[len(model.layers) :])
+        gen = SpecBatchGenerator(model, draft)
+        uid = gen.insert(_spec(tokenizer, ids, "auto", 24, cache=cache, cached=cached))
+        out = _run(gen)[uid]
+        assert out["tokens"] == ref
+        rest = len(ids) - min(cached, len(ids) - 1)  # the last token is recomputed
+        assert out["progress"][-1] == (rest, rest)
+
+
+def test_a_finished_rows_cache_continues_the_conversation_exactly(load_model):
+    """The cache a finished row hands back holds exactly its tokens: a
+    follow-up request from it equals decoding the whole text from scratch."""
+    model, tokenizer = load_model("gemma")
+    gen = SpecBatchGenerator(model)
+    first = gen.insert(_spec(tokenizer, PROMPTS[0], "lookup", 12))
+    gen.insert(_spec(tokenizer, PROMPTS[3], "none", 20))
+    outputs = _run(gen)
+    cache, tokens = outputs[first]["cache"]
+    ids = tokenizer.encode(PROMPTS[0])
+    assert tokens == (ids + outputs[first]["tokens"])[: len(tokens)]
+    assert len(tokens) >= len(ids) + 11  # all but the last token
+    follow = tokens + tokenizer.encode(" def")
+    uid = gen.insert(
+        _spec(tokenizer, follow, "lookup", 16, cache=cache, cached=len(tokens))
+    )
+    got = _run(gen)[uid]["tokens"]
+    ref = [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, follow, max_tokens=16)
+    ]
+    assert got == ref
+
+
+def _sampled_laws(model, ids, out, temp):
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    return np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
+
+
+def test_sampled_rows_follow_the_target_law_while_batched(load_model):
+    """Per request, every sampled token follows the target's exact law given
+    its prefix (randomized PIT of long streams), with greedy and sampled
+    rows of other laws and methods in the same batch."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    mx.random.seed(3)
+    gen = SpecBatchGenerator(model, draft)
+    rows = {}
+    setups = [("draft", 1.3), ("lookup", 1.3), ("auto", 1.0), ("none", 0.0)]
+    prompt = "def fibonacci(n):\n    return fibonacci(n - 1)"
+    for method, temp in setups:
+        params = SamplingParams(temp=temp) if temp else None
+        spec = _spec(tokenizer, prompt, method, 240, params=params)
+        spec.stop_tokens = frozenset()
+        stats = SpecStats()
+        rows[gen.insert(spec, stats)] = (method, temp, stats)
+    outputs = _run(gen)
+    ids = tokenizer.encode(prompt)
+    for uid, (method, temp, stats) in rows.items():
+        out = outputs[uid]["tokens"]
+        assert len(out) == 240
+        if not temp:
+            ref = _reference(model, tokenizer, prompt, 240)  # stops at EOS
+            assert out[: len(ref)] == ref
+            continue
+        assert 0 < stats.accepted_tokens < stats.draft_tokens, method
+        chi2, z = stream_statistics(_sampled_laws(model, ids, out, temp), np.array(out))
+        assert chi2 < CHI2_9_999 and abs(z) < 4, (method, chi2, z)
+
+
+def test_first_tokens_of_many_batched_sampled_requests_follow_the_target_law(
+    load_model,
+):
+    """Through the whole engine: the first token of hundreds of sampled
+    requests, batched 16 at a time with draft-model and lookup drafts (a
+    weak draft, so rejections are common), follows the target's law."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-unrelated")
+    ids = tokenizer.encode("x = x + x + x + x + x +")
+    temp = 1.5
+    mx.random.seed(5)
+    gen = SpecBatchGenerator(model, draft, max_batch=16)
+    stats = [SpecStats() for _ in range(320)]
+    for i, st in enumerate(stats):
+        method = ("draft", "lookup")[i % 2]
+        spec = _spec(tokenizer, ids, method, 3, params=SamplingParams(temp=temp))
+        gen.insert(spec, st)
+    outputs = _run(gen)
+    first = np.array([out["tokens"][0] for out in outputs.values()])
+    assert len(first) == 320
+    assert sum(st.draft_tokens - st.accepted_tokens for st in stats) > 100
+    logits = model(mx.array([ids]))[0, -1] / temp
+    law = np.array(mx.softmax(logits), dtype=np.float64)
+    assert_counts_follow_law(np.bincount(first, minlength=law.size), law)
+
+
+def test_ragged_batch_rows_roll_back_to_their_own_lengths(load_model):
+    """Random per-row keeps, joins, leaves and compaction: every row's logits
+    equal a single-sequence forward of its own tokens."""
+    model, tokenizer = load_model("qwen2")
+    rng = np.random.default_rng(0)
+    prompts = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    singles = []
+    for p in prompts:
+        cache = make_prompt_cache(model)
+        model(mx.array([p[:-1]]), cache=cache)
+        singles.append(cache)
+    seqs = [list(p) for p in prompts]
+    batch = RaggedBatch.from_caches(singles)
+    for step in range(24):
+        width = int(rng.integers(1, 6))
+        drafts = rng.integers(0, 400, size=(len(seqs), width - 1))
+        tokens = np.concatenate([np.array([[s[-1]] for s in seqs]), drafts], axis=1)
+        batch.prepare()
+        logits = np.array(model(mx.array(tokens), cache=batch.caches))
+        keep = rng.integers(1, width + 1, size=len(seqs))
+        for b, s in enumerate(seqs):
+            ref = model(mx.array([s[:-1] + tokens[b].tolist()]))[0, len(s) - 1 :]
+            ref = np.array(ref)[: keep[b]]
+            assert np.abs(ref - logits[b, : keep[b]]).max() < 1e-3
+            assert (ref.argmax(-1) == logits[b, : keep[b]].argmax(-1)).all()
+        batch.commit(width, keep)
+        for b in range(len(seqs)):
+            new = tokens[b, 1 : keep[b]].tolist() + [
+                int(logits[b, keep[b] - 1].argmax())
+            ]
+            seqs[b] = seqs[b] + new
+        assert batch.lengths.tolist() == [len(s) - 1 for s in seqs]
+        if step == 8:  # a row leaves
+            batch, seqs = batch.select([2, 0]), [seqs[2], seqs[0]]
+        if step == 14:  # a row joins
+            p = tokenizer.encode(PROMPTS[4])
+            cache = make_prompt_cache(model)
+            model(mx.array([p[:-1]]), cache=cache)
+            batch = RaggedBatch.concat([batch, RaggedBatch.from_caches([cache])])
+            seqs.append(list(p))
+        if step == 19:
+            assert batch.slack >= 0
+            batch = batch.compact()
+            assert batch.slack == 0
+    extracted = batch.extract(1)
+    ref = make_prompt_cache(model)
+    model(mx.array([seqs[1][:-1]]), cache=ref)
+    for got, want in zip(extracted, ref):
+        assert got.offset == want.offset
+        diff = np.abs(np.array(got.keys) - np.array(want.keys[..., : want.offset, :]))
+        assert diff.max() < 1e-3
+
+
+def test_batched_acceptance_equals_the_single_row_rules():
+    """Per row, the batched greedy and rejection rules accept exactly what
+    mlx_spec.acceptance accepts for that row alone (same uniforms)."""
+    rng = np.random.default_rng(1)
+    B, W, V = 5, 6, 11
+    sizes = np.array([0, 2, 5, 5, 3])
+    logits = mx.array(rng.normal(size=(B, W, V)).astype(np.float32) * 2)
+    target = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    drafts = mx.array(rng.integers(0, V, size=(B, W - 1)).astype(np.int32))
+    q_logits = mx.array(rng.normal(size=(B, W - 1, V)).astype(np.float32))
+    q = q_logits - mx.logsumexp(q_logits, axis=-1, keepdims=True)
+    uniforms = mx.array(rng.random(size=(B, W - 1)).astype(np.float32))
+    n, nxt = greedy_accept_rows(mx.argmax(target, axis=-1), drafts, mx.array(sizes))
+    for b in range(B):
+        k = int(sizes[b])
+        n_b, next_b = match_accept(
+            drafts[b, :k], mx.argmax(target[b, : k + 1], axis=-1)
+        )
+        assert int(n[b]) == int(n_b) and int(nxt[b]) == int(next_b)
+    for law in (q, point_mass_law(drafts, V)):
+        n, _ = rejection_accept_rows(target, drafts, mx.array(sizes), law, uniforms)
+        for b in range(B):
+            k = int(sizes[b])
+            row_law = None if law is not q else q[b, :k]
+            n_b, _ = rejection_accept(
+                drafts[b, :k], target[b, : k + 1], row_law, uniforms[b, :k]
+            )
+            assert int(n[b]) == int(n_b)
+
+
+def test_batched_rejection_emits_tokens_with_the_target_law():
+    """Exact law on a tiny vocabulary: over many rows with their own draft
+    lengths and draft laws (sampled from q, or point masses), the first
+    emitted token (an accepted draft or the recovered/bonus token) follows
+    the target's law p_0 exactly (chi-square over 6000 rows)."""
+    rng = np.random.default_rng(2)
+    B, W, V = 6000, 4, 7
+    p_logits = mx.array(rng.normal(size=(1, W, V)).astype(np.float32) * 1.5)
+    q_logits = mx.array(rng.normal(size=(1, W - 1, V)).astype(np.float32) * 1.5)
+    target = mx.broadcast_to(
+        p_logits - mx.logsumexp(p_logits, -1, keepdims=True), (B, W, V)
+    )
+    q = mx.broadcast_to(
+        q_logits - mx.logsumexp(q_logits, -1, keepdims=True), (B, W - 1, V)
+    )
+    mx.random.seed(4)
+    drafts = mx.random.categorical(q)  # each row's drafts drawn from q
+    sizes = mx.array(rng.integers(0, W, size=B))
+    half = mx.arange(B)[:, None, None] < B // 2
+    law = mx.where(half, q, point_mass_law(drafts, V))  # rows B/2..: fixed drafts
+    n, nxt = rejection_accept_rows(target, drafts, sizes, law)
+    first = mx.where(n > 0, drafts[:, 0], nxt)
+    p0 = np.array(mx.softmax(p_logits[0, 0]), dtype=np.float64)
+    for rows in (slice(0, B // 2), slice(B // 2, B)):
+        counts = np.bincount(np.array(first[rows]), minlength=V)
+        assert_counts_follow_law(counts, p0)
+
+
+def test_each_row_sizes_its_drafts_from_its_own_acceptance():
+    good, bad = AcceptanceEma(), AcceptanceEma()
+    for _ in range(20):
+        good.update(8, 8)
+        bad.update(4, 0)
+    assert good.rate > 0.9 and bad.rate < 0.25
+    assert good.gamma(0.05, 16) > 4
+    assert bad.gamma(0.05, 16) == 1
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])
+def test_models_without_batched_rollback_are_refused(load_model, arch):
+    model, _ = load_model(arch)
+    reason = batchable(model)
+    assert reason is not None and "no batched rollback" in reason
