@@ -6,12 +6,20 @@ model provider and its prompt cache. What changes:
 
 - every flag of ``mlx_lm.server`` plus ``--speculative METHOD`` and each
   method's options; with no ``--model`` the embedded default pair is served;
-- each request is served by :func:`mlx_spec.stream_generate`, one at a time
-  from mlx_lm's request queue (never batched), so caches never mix;
+- concurrent requests decode together, with speculation
+  (:mod:`mlx_spec.serve.batch`): one batched target forward verifies every
+  sequence's drafts, and each sequence's cache keeps only its own accepted
+  tokens; a request whose method or options cannot be batched (``tree``,
+  ``self``, lookup trees, logits processors, a seeded sampled request,
+  XTC, ``draft_p_min``) is served alone by :func:`mlx_spec.stream_generate`
+  once the batch has drained, and its ``speculative_stats`` say why;
+- lookup and ``auto`` also draft from the server's earlier requests (a
+  bounded, memory-capped index, :mod:`mlx_spec.serve.index`), unless a
+  request sets ``"speculative_isolation": true``;
 - per-request JSON fields ``speculative``, ``num_draft_tokens``,
   ``tree_budget``, ``tree_top_k``, ``tree_depth``, ``tree_choices``,
-  ``ngram_min``, ``ngram_max`` and ``adaptive``; a bad value gets HTTP 400
-  with ``{"error": "..."}``;
+  ``ngram_min``, ``ngram_max``, ``adaptive`` and ``speculative_isolation``;
+  a bad value gets HTTP 400 with ``{"error": "..."}``;
 - responses carry the speculation statistics in ``speculative_stats``
   (the final chunk of a stream); ``usage`` keeps OpenAI's shape;
 - the models are loaded (and a draft's tokenizer checked against the
@@ -34,6 +42,7 @@ import sys
 import threading
 import time
 import types
+from collections import deque
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -57,6 +66,11 @@ from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import check_draft_tokenizer, default_model_pair, load_model
 from ..sampling import make_sampler
+from ..stats import SpecStats
+from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator, seq_info
+from .batch_cache import batchable
+from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
+from .index import CrossRequestIndex
 
 # Methods that run a draft model next to the target (their prompt caches
 # hold the target's layers followed by the draft's).
@@ -64,6 +78,8 @@ DRAFT_METHODS = ("draft", "tree")
 # Statistics left out of responses (per-round lists grow with the output).
 _STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
 STATS_FIELD = "speculative_stats"
+# The request field that keeps a request out of the cross-request index.
+ISOLATION_FIELD = "speculative_isolation"
 # Seconds between ``: keepalive`` comments while a streamed prompt is processed.
 KEEPALIVE_SECONDS = 5.0
 PORT_RANGE = (1, 65535)
@@ -144,6 +160,21 @@ def setup_arg_parser() -> argparse.ArgumentParser:
             action.default = "127.0.0.1"
             action.help = "Host for the HTTP server (default: 127.0.0.1)."
     add_speculative_options(parser)
+    group = parser.add_argument_group("batching")
+    group.add_argument(
+        "--batching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Decode concurrent requests together with speculation (default: on); "
+        "--no-batching serves one request at a time.",
+    )
+    group.add_argument(
+        "--cross-request-tokens",
+        type=int,
+        default=DEFAULT_INDEX_TOKENS,
+        help="Tokens of earlier requests that lookup and auto may draft from "
+        f"(a memory cap; 0 turns it off; default: {DEFAULT_INDEX_TOKENS}).",
+    )
     return parser
 
 
@@ -172,6 +203,9 @@ def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
     if method in DRAFT_METHODS and args.draft_model is None:
         raise ValueError(f"--speculative {method} needs a --draft-model.")
     SpecConfig(method=method, **method_options(args))
+    tokens = getattr(args, "cross_request_tokens", 0)
+    if tokens:  # the index's own check, as a one-line error
+        CrossRequestIndex(tokens)
     return args
 
 
@@ -185,7 +219,9 @@ class SpecCompletionRequest(lm_server.CompletionRequest):
     """mlx_lm's request plus its speculative options and, once served, stats."""
 
     speculation: Dict[str, Any] = field(default_factory=dict)
+    isolation: bool = False
     stats: Any = None
+    serving: Optional[dict] = None
     error: Optional[Exception] = None
 
 
@@ -234,13 +270,26 @@ def method_options_of(options: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in options.items() if k != "speculative"}
 
 
-def stats_payload(stats) -> Optional[dict]:
-    """The JSON ``speculative_stats`` of a :class:`SpecStats` (lists left out)."""
+def request_isolation(body: dict) -> bool:
+    """The ``speculative_isolation`` field (``RequestError`` unless a bool)."""
+    value = body.get(ISOLATION_FIELD, False)
+    if not isinstance(value, bool):
+        raise RequestError(f"{ISOLATION_FIELD} must be true or false, got {value!r}.")
+    return value
+
+
+def stats_payload(stats, serving: Optional[dict] = None) -> Optional[dict]:
+    """The JSON ``speculative_stats`` of a :class:`SpecStats` (lists left out).
+
+    ``serving`` (batched or alone, and why) is merged in.
+    """
     if stats is None:
         return None
     out = stats.as_dict()
     for name in _STATS_LISTS:
         out.pop(name, None)
+    if serving:
+        out.update(serving)
     return out
 
 
@@ -338,10 +387,335 @@ class _PrefillKeepalive:
         self.rqueue.put((self.total, self.total))
 
 
+@dataclass
+class _BatchClient:
+    """A batched request's connection to its client."""
+
+    rqueue: Any
+    request: Any
+    ctx: Any
+    args: Any
+    cache_model: Any
+    detokenizer: Any
+    matcher: Any
+    sent: int = 0
+
+
 class SpecResponseGenerator(lm_server.ResponseGenerator):
-    """mlx_lm's request queue and generation thread, serving with mlx_spec."""
+    """mlx_lm's request queue and generation thread, serving with mlx_spec.
+
+    Batchable requests decode together in a :class:`SpecBatchGenerator`;
+    the others run alone (:meth:`_serve_single`) once the batch has drained,
+    in arrival order, as mlx_lm's server does.
+    """
 
     keepalive_seconds: float = KEEPALIVE_SECONDS
+
+    def __init__(self, model_provider, prompt_cache, index=None):
+        # Set before mlx_lm starts the generation thread.
+        self.index: Optional[CrossRequestIndex] = index
+        self._batch: Optional[SpecBatchGenerator] = None
+        self._batch_key = None
+        self._clients: Dict[int, _BatchClient] = {}
+        self._model_reasons: Dict[Any, Optional[str]] = {}
+        super().__init__(model_provider, prompt_cache)
+
+    # ------------------------------------------------------------------ #
+    # The generation thread
+
+    def _generate(self):
+        provider = self.model_provider
+        provider.load_default()
+        pending = deque()  # requests in arrival order
+        while not self._stop:
+            busy = self._batch is not None and self._batch.has_work
+            wait = None if (busy or pending) else 0.1
+            request = self._next_request(timeout=wait)
+            while request is not None:
+                pending.append(request)
+                request = self._next_request()
+            while pending:
+                rqueue, request, args = pending[0]
+                try:
+                    key = self._model_key(args)
+                    reason = self._unbatchable(request, args, key)
+                except Exception as e:
+                    pending.popleft()
+                    self._fail(rqueue, request, e)
+                    continue
+                if reason is None and (not busy or key == self._batch_key):
+                    pending.popleft()
+                    self._admit(rqueue, request, args, key)
+                    busy = True
+                    continue
+                if busy:
+                    break  # a request that runs alone waits for the batch to drain
+                pending.popleft()
+                self._serve_alone((rqueue, request, args), reason)
+            if self._batch is not None and self._batch.has_work:
+                self._step()
+        self._fail_all(RuntimeError("the server is shutting down"))
+        provider.reset()
+        del self.prompt_cache
+        gc.collect()
+
+    def _model_key(self, args):
+        """The model key ``args`` asks for, as ``ModelProvider.load`` maps it."""
+        p, m = self.model_provider, args.model
+        adapter = p._adapter_map.get(m.model, m.adapter)
+        model = p._model_map.get(m.model, m.model)
+        draft = p._draft_model_map.get(m.draft, m.draft)
+        return (model, adapter, draft)
+
+    def _unbatchable(self, request, args, key) -> Optional[str]:
+        """Why a request runs alone, or ``None`` if it joins the batch."""
+        cli = self.cli_args
+        if not getattr(cli, "batching", True):
+            return "batching is off (--no-batching)"
+        if self._is_distributed:
+            return "distributed serving runs one request at a time"
+        if cli.kv_bits is not None:
+            return "quantized KV caches (--kv-bits) are not batched"
+        if key != self.model_provider.model_key:
+            if self._batch is not None and self._batch.has_work:
+                return "it asks for another model"
+            self.model_provider.load(*key)
+        reason = self._models_reason()
+        if reason is not None:
+            return reason
+        speculation = getattr(request, "speculation", None) or {}
+        method, _ = plan_method(
+            speculation.get("speculative"), self.model_provider.draft_model
+        )
+        if method not in BATCH_METHODS:
+            return f"method '{method}' is not batched"
+        if speculation.get("lookup_candidates", 1) > 1:
+            return "lookup trees (lookup_candidates > 1) are not batched"
+        if speculation.get("draft_p_min", 0.0) > 0:
+            return "draft_p_min is not batched"
+        if lm_server._make_logits_processors(args):
+            return "logits processors (penalties, logit_bias) are not batched"
+        sampling = args.sampling
+        if sampling.xtc_probability > 0:
+            return "the XTC sampler is not batched"
+        if args.seed is not None and sampling.temperature > 0:
+            return "a seeded sampled request runs alone (reproducible)"
+        if any(lm_server._image_parts(getattr(request, "messages", None) or [])):
+            return "requests with images run alone"
+        return None
+
+    def _models_reason(self) -> Optional[str]:
+        """Why the loaded models cannot batch (logged once per model), or ``None``."""
+        provider = self.model_provider
+        if provider.model_key in self._model_reasons:
+            return self._model_reasons[provider.model_key]
+        reason = batchable(provider.model)
+        if reason is None and provider.draft_model is not None:
+            reason = batchable(provider.draft_model)
+            reason = reason and f"the draft model: {reason}"
+        if reason is not None:
+            reason = f"the model cannot batch: {reason}"
+            logging.info("Serving one request at a time: %s.", reason)
+        self._model_reasons[provider.model_key] = reason
+        return reason
+
+    def _fail(self, rqueue, request, error: Exception):
+        if isinstance(request, SpecCompletionRequest) and isinstance(error, ValueError):
+            request.error = error
+        rqueue.put(error)
+
+    def _serve_alone(self, request, reason: Optional[str]):
+        rqueue, request, args = request
+        if isinstance(request, SpecCompletionRequest):
+            request.serving = {"batched": False, "batch_note": reason}
+        try:
+            self.model_provider.load(*self._model_key(args))
+        except Exception as e:
+            self._fail(rqueue, request, e)
+            return
+        self._serve_single((rqueue, request, args), None)
+
+    # ------------------------------------------------------------------ #
+    # Batched requests
+
+    def _admit(self, rqueue, request, args, key):
+        """Tokenize, fetch the prompt cache and insert a request into the batch."""
+        provider = self.model_provider
+        try:
+            speculation = getattr(request, "speculation", None) or {}
+            method, uses_draft = plan_method(
+                speculation.get("speculative"), provider.draft_model
+            )
+            if method in DRAFT_METHODS and not uses_draft:
+                raise RequestError(
+                    f"speculative='{method}' needs a draft model; start the server "
+                    "with --draft-model or choose another method."
+                )
+            tokenizer = provider.tokenizer
+            prompt, _, _, initial_state, vision = self._tokenize(
+                tokenizer, request, args
+            )
+            if vision is not None:
+                raise RequestError("images are not supported by mlx_spec.server.")
+            stop_sequences, text_sm = self._make_state_machine(
+                provider.model_key, tokenizer, args.stop_words
+            )
+            if self._batch is None or self._batch_key != key:
+                self._batch = SpecBatchGenerator(
+                    provider.model,
+                    provider.draft_model,
+                    index=self.index,
+                    prefill_step_size=self.cli_args.prefill_step_size,
+                    max_batch=self.cli_args.decode_concurrency,
+                )
+                self._batch_key = key
+            cache_model = (provider.model_key, uses_draft)
+            cache, rest = self.prompt_cache.fetch_nearest_cache(cache_model, prompt)
+            cached = len(prompt) - len(rest) if cache is not None else 0
+            sampler = _sampler(args, tokenizer)
+            config = SpecConfig(
+                method=method,
+                max_tokens=args.max_tokens,
+                **method_options_of(speculation),
+            )
+            stats = SpecStats()
+            uid = self._batch.insert(
+                SeqSpec(
+                    prompt,
+                    config,
+                    method=method,
+                    params=sampler.sampling_params,
+                    cache=cache,
+                    cached=cached,
+                    stop_tokens=frozenset(tokenizer.eos_token_ids),
+                    isolation=getattr(request, "isolation", False),
+                    top_logprobs=args.top_logprobs,
+                ),
+                stats,
+            )
+        except Exception as e:
+            self._fail(rqueue, request, e)
+            return
+        if isinstance(request, SpecCompletionRequest):
+            request.stats = stats
+        ctx = lm_server.GenerationContext(
+            has_thinking=tokenizer.has_thinking,
+            has_tool_calling=tokenizer.has_tool_calling,
+            tool_parser=tokenizer.tool_parser,
+            text_sm=text_sm,
+            initial_state=initial_state,
+            prompt=prompt,
+            prompt_cache_count=cached,
+        )
+        rqueue.put(ctx)
+        rqueue.put((0, len(prompt) - min(cached, len(prompt) - 1)))
+        self._clients[uid] = _BatchClient(
+            rqueue,
+            request,
+            ctx,
+            args,
+            cache_model,
+            tokenizer.detokenizer,
+            stop_sequences.matcher(),
+        )
+        limit = getattr(self.cli_args, "prompt_cache_bytes", None)
+        if limit is not None:
+            self.prompt_cache.trim_to(n_bytes=limit - self._batch_nbytes())
+
+    def _batch_nbytes(self) -> int:
+        batch = self._batch
+        total = batch.target.nbytes if batch is not None else 0
+        if batch is not None and batch.draft is not None:
+            total += batch.draft.nbytes
+        return total
+
+    def _step(self):
+        """Drop disconnected clients, run one batch step, send what it made."""
+        batch = self._batch
+        for uid, client in list(self._clients.items()):
+            if client.ctx._should_stop:
+                self._finish(uid, batch.remove(uid, client.sent))
+        try:
+            outputs = batch.next()
+        except Exception as e:
+            logging.exception("batch step failed")
+            self._fail_all(e)
+            self._batch, self._batch_key = None, None
+            return
+        for out in outputs:
+            client = self._clients.get(out.uid)
+            if client is None:
+                continue
+            if out.progress is not None:
+                client.rqueue.put(out.progress)
+                continue
+            if self._send(out, client):
+                if out.finish_reason is None:  # a stop word or a disconnect
+                    self._finish(out.uid, batch.remove(out.uid, client.sent))
+                else:
+                    self._finish(out.uid, (out.cache, out.cache_tokens))
+
+    def _send(self, out, client: _BatchClient) -> bool:
+        """Queue ``out``'s tokens as mlx_lm responses; True once the client is done."""
+        tokenizer = self.model_provider.tokenizer
+        detokenizer = client.detokenizer
+        last = len(out.tokens) - 1
+        for i, token in enumerate(out.tokens):
+            finish_reason = out.finish_reason if i == last else None
+            if finish_reason == "stop":
+                detokenizer.finalize()
+            else:
+                detokenizer.add_token(token)
+                if finish_reason == "length":
+                    detokenizer.finalize()
+            if client.matcher.advance(token):
+                finish_reason = "stop"
+            top = ()
+            if out.rows is not None:
+                top = lm_server._format_top_logprobs(
+                    out.rows[i], client.args.top_logprobs, tokenizer
+                )
+            if finish_reason is not None:
+                self._set_serving(out, client)
+            client.rqueue.put(
+                lm_server.Response(
+                    detokenizer.last_segment,
+                    token,
+                    out.logprobs[i],
+                    finish_reason,
+                    top,
+                )
+            )
+            client.sent += 1
+            if finish_reason is not None or client.ctx._should_stop:
+                return True
+        return False
+
+    def _set_serving(self, out, client: _BatchClient):
+        info = out.info
+        if info is None and self._batch is not None:
+            info = self._batch.info(out.uid)
+        if info is not None and isinstance(client.request, SpecCompletionRequest):
+            client.request.serving = info
+
+    def _finish(self, uid: int, cached):
+        """End a client: close its stream and keep its cache for later prompts."""
+        client = self._clients.pop(uid, None)
+        if client is None:
+            return
+        client.rqueue.put(None)
+        if cached is not None:
+            cache, tokens = cached
+            if cache is not None and tokens:
+                self.prompt_cache.insert_cache(client.cache_model, list(tokens), cache)
+
+    def _fail_all(self, error: Exception):
+        for client in self._clients.values():
+            client.rqueue.put(error)
+        self._clients.clear()
+
+    # ------------------------------------------------------------------ #
+    # Requests served alone
 
     def _serve_single(self, request, stream):
         rqueue, request, args = request
@@ -448,6 +822,8 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             responses.close()
         rqueue.put(None)
         self.prompt_cache.insert_cache(cache_model, tokens, cache)
+        if self.index is not None and not getattr(request, "isolation", False):
+            self.index.add(tokens[len(cached) :])
 
 
 # --------------------------------------------------------------------------- #
@@ -460,10 +836,12 @@ class SpecAPIHandler(lm_server.APIHandler):
 
     _spec_request: Optional[SpecCompletionRequest] = None
     _speculation: Optional[Dict[str, Any]] = None
+    _isolation: bool = False
 
     def do_POST(self):
         self._spec_request = None
         self._speculation = None
+        self._isolation = False
         super().do_POST()
 
     def validate_model_parameters(self) -> None:
@@ -471,11 +849,12 @@ class SpecAPIHandler(lm_server.APIHandler):
         body = dict(self.body)
         body["num_draft_tokens"] = self.num_draft_tokens
         self._speculation = request_speculation(body, self.response_generator.cli_args)
+        self._isolation = request_isolation(body)
 
     def _with_speculation(self, request) -> SpecCompletionRequest:
         values = {name: getattr(request, name) for name in request.__dataclass_fields__}
         self._spec_request = SpecCompletionRequest(
-            **values, speculation=self._speculation or {}
+            **values, speculation=self._speculation or {}, isolation=self._isolation
         )
         return self._spec_request
 
@@ -495,7 +874,9 @@ class SpecAPIHandler(lm_server.APIHandler):
 
     def _stats(self) -> Optional[dict]:
         request = self._spec_request
-        return stats_payload(request.stats) if request is not None else None
+        if request is None:
+            return None
+        return stats_payload(request.stats, request.serving)
 
     def generate_response(self, text, finish_reason, *args, **kwargs) -> dict:
         response = super().generate_response(text, finish_reason, *args, **kwargs)
@@ -596,8 +977,10 @@ class SpecServer:
         except BaseException:
             self.httpd.server_close()
             raise
+        tokens = getattr(self.args, "cross_request_tokens", 0)
+        self.index = CrossRequestIndex(tokens) if tokens else None
         self.generator = SpecResponseGenerator(
-            self.provider, LRUPromptCache(**cache_limits)
+            self.provider, LRUPromptCache(**cache_limits), self.index
         )
         self._thread: Optional[threading.Thread] = None
 

@@ -1,0 +1,239 @@
+"""mlx_spec.server with continuous batching: a real server on a free port.
+
+Concurrent requests decode together; each must still equal plain mlx_lm
+greedy decoding. Also: disconnects, the prompt cache across batched
+requests, the cross-request index and its isolation field, and requests
+or models that are served alone.
+"""
+
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import mlx_lm
+import pytest
+
+from mlx_spec.serve.server import STATS_FIELD, SpecServer, setup_arg_parser
+
+MAX_TOKENS = 16
+PROMPTS = (
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "The quick brown fox",
+    "class Parser:\n    def __init__(self",
+    "x = [1, 2, 3]\nfor i in x:\n    print(i)\n",
+    "for line in open(path):\n    ",
+)
+METHODS = ("draft", "lookup", "none", "auto", "draft", "lookup")
+LENGTHS = (16, 9, 13, 16, 5, 11)
+
+
+def _greedy(model, tokenizer, prompt, max_tokens=MAX_TOKENS) -> str:
+    return mlx_lm.generate(
+        model, tokenizer, tokenizer.encode(prompt), max_tokens=max_tokens
+    )
+
+
+def _start(argv):
+    server = SpecServer(setup_arg_parser().parse_args(argv)).start()
+    server.wait_ready()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints):
+    server = _start(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--port",
+            "0",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--log-level",
+            "CRITICAL",
+        ]
+    )
+    yield server
+    server.stop()
+
+
+def _post(server, body, timeout=120):
+    request = urllib.request.Request(
+        server.url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _concurrently(server, bodies):
+    """POST every body at once (one thread each); return the answers in order."""
+    results = [None] * len(bodies)
+    barrier = threading.Barrier(len(bodies))
+
+    def ask(i):
+        barrier.wait()
+        results[i] = _post(server, bodies[i])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    return results
+
+
+def test_concurrent_requests_decode_together_and_each_equals_plain_greedy(
+    server, load_model
+):
+    model, tokenizer = load_model("llama")
+    bodies = [
+        {"prompt": p, "max_tokens": n, "speculative": m}
+        for p, m, n in zip(PROMPTS, METHODS, LENGTHS)
+    ]
+    results = _concurrently(server, bodies)
+    batch_sizes = []
+    for (status, body), prompt, n in zip(results, PROMPTS, LENGTHS):
+        assert status == 200, body
+        assert body["choices"][0]["text"] == _greedy(model, tokenizer, prompt, n)
+        stats = body[STATS_FIELD]
+        assert stats["batched"] is True
+        batch_sizes.append(stats["mean_batch_size"])
+    assert max(batch_sizes) > 1.5  # they really shared rounds
+
+
+def _open_stream(server, prompt, max_tokens):
+    body = json.dumps(
+        {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    received = b""
+    while received.count(b"data:") < 2:
+        received += sock.recv(4096)
+    return sock
+
+
+def test_a_client_hanging_up_is_dropped_and_the_others_go_on(server, load_model):
+    model, tokenizer = load_model("llama")
+    sock = _open_stream(server, PROMPTS[3], 2000)
+    others = []
+    thread = threading.Thread(
+        target=lambda: others.extend(
+            _concurrently(
+                server,
+                [
+                    {"prompt": p, "max_tokens": 24, "speculative": "draft"}
+                    for p in PROMPTS[:2]
+                ],
+            )
+        )
+    )
+    thread.start()
+    sock.close()  # hang up while the others decode
+    thread.join(timeout=300)
+    for (status, body), prompt in zip(others, PROMPTS[:2]):
+        assert status == 200
+        assert body["choices"][0]["text"] == _greedy(model, tokenizer, prompt, 24)
+    with urllib.request.urlopen(server.url + "/health", timeout=30) as response:
+        assert json.loads(response.read()) == {"status": "ok"}
+    deadline = time.monotonic() + 60
+    while server.generator._clients and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.generator._clients  # the dropped row left the batch
+
+
+def test_prompt_cache_is_reused_across_batched_requests(server, load_model):
+    model, tokenizer = load_model("llama")
+    prompt = "def cache_probe(items):\n    total = 0\n    for item in items:\n"
+    first = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
+    second = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
+    text = _greedy(model, tokenizer, prompt)
+    assert first["choices"][0]["text"] == second["choices"][0]["text"] == text
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= len(tokenizer.encode(prompt)) - 1
+    assert second[STATS_FIELD]["batched"] is True
+
+
+def test_lookup_drafts_from_an_earlier_request_unless_isolated(server, load_model):
+    model, tokenizer = load_model("llama")
+    prompt = "class Index:\n    def lookup(self, key):\n        return"
+    text = _greedy(model, tokenizer, prompt)
+    body = {"prompt": prompt, "speculative": "lookup"}
+    assert _post(server, body)[1]["choices"][0]["text"] == text
+    held = len(server.index)
+    again = _post(server, dict(body, speculative_isolation=True))[1]
+    assert again["choices"][0]["text"] == text
+    assert again[STATS_FIELD]["cross_request_drafted"] == 0
+    assert again[STATS_FIELD]["isolation"] is True
+    assert len(server.index) == held  # an isolated request is not indexed
+    shared = _post(server, body)[1]
+    assert shared["choices"][0]["text"] == text
+    stats = shared[STATS_FIELD]
+    assert stats["cross_request_accepted"] > 0
+    assert (
+        stats["tokens_per_target_forward"]
+        > again[STATS_FIELD]["tokens_per_target_forward"]
+    )
+
+
+def test_bad_isolation_value_gets_400(server):
+    status, body = _post(server, {"prompt": "x", "speculative_isolation": "yes"})
+    assert status == 400 and "speculative_isolation" in body["error"]
+
+
+@pytest.mark.parametrize(
+    "fields, note",
+    [
+        ({"speculative": "tree"}, "method 'tree' is not batched"),
+        ({"temperature": 0.7, "seed": 3}, "seeded sampled request"),
+        ({"repetition_penalty": 1.2}, "logits processors"),
+    ],
+)
+def test_requests_that_cannot_batch_run_alone_and_say_why(
+    server, load_model, fields, note
+):
+    status, body = _post(server, dict({"prompt": PROMPTS[0]}, **fields))
+    assert status == 200, body
+    stats = body[STATS_FIELD]
+    assert stats["batched"] is False and note in stats["batch_note"]
+    if "temperature" not in fields and "repetition_penalty" not in fields:
+        model, tokenizer = load_model("llama")
+        assert body["choices"][0]["text"] == _greedy(model, tokenizer, PROMPTS[0])
+
+
+def test_a_model_without_batched_rollback_is_served_alone(checkpoints, caplog):
+    caplog.set_level(logging.INFO)
+    server = _start(
+        ["--model", str(checkpoints["gemma3"]), "--port", "0", "--max-tokens", "8"]
+    )
+    try:
+        for _ in range(2):
+            status, body = _post(server, {"prompt": PROMPTS[0]})
+            assert status == 200
+            assert body[STATS_FIELD]["batched"] is False
+            assert "cannot batch" in body[STATS_FIELD]["batch_note"]
+    finally:
+        server.stop()
+    assert caplog.text.count("Serving one request at a time") == 1
+
+
+def test_no_batching_flag_serves_one_request_at_a_time():
+    assert setup_arg_parser().parse_args(["--no-batching"]).batching is False
+    assert setup_arg_parser().parse_args([]).batching is True
