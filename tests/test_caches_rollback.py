@@ -103,37 +103,43 @@ def _window(c):
 @pytest.mark.parametrize("seed", range(8))
 def test_rotating_rewind_matches_plain_updates(keep, seed):
     """Random chunks and rewinds on a small window: the cache holds what a cache
-    fed only the kept positions holds (sinks, then the window), and continues
-    like it."""
+    fed only the kept tokens one by one holds (sinks, then the window), and
+    continues like it. Entries are coded by position and by which feed wrote
+    them, so an entry left over from before a rewind cannot pass for new."""
     rng = random.Random(seed)
     max_size = 6
     cache = RotatingKVCache(max_size=max_size, keep=keep)
-    seq = []
+    codes = []  # codes[p]: the entry of position p the cache should hold
 
-    def feed(c, positions):
-        c.update_and_fetch(_coded(positions), _coded(positions))
+    def feed(c, values):
+        c.update_and_fetch(_coded(values), _coded(values))
 
-    feed(cache, list(range(rng.randrange(1, 9))))
-    seq = list(range(cache.offset))
-    for _ in range(12):
+    def feed_new(size, journal):
+        values = [len(codes) + i + 1000 * rng.randrange(1, 99) for i in range(size)]
+        codes.extend(values)
+        journal.before_call(None, None, (mx.zeros((1, size, 1)),), {})
+        feed(cache, values)
+
+    codes.extend(range(rng.randrange(1, 9)))
+    feed(cache, codes)
+    for _ in range(6):
         journal = RotatingJournal(cache)
         mark = cache.offset
-        for _ in range(rng.randrange(1, 4)):
-            size = rng.choice([1, 1, 3])
-            chunk = list(range(cache.offset, cache.offset + size))
-            journal.before_call(None, None, (mx.zeros((1, size, 1)),), {})
-            feed(cache, chunk)
-        target = rng.randrange(mark, cache.offset + 1)
-        journal.rewind(target - mark)
-        seq = list(range(target))
-        reference = RotatingKVCache(max_size=max_size, keep=keep)
-        for p in seq:
-            feed(reference, [p])
-        assert cache.offset == reference.offset == target
-        assert _window(cache) == _window(reference)
+        for _ in range(3):  # rewinds compose: feed again, rewind again
+            for _ in range(rng.randrange(1, 5)):
+                feed_new(rng.choice([1, 1, 3, 7]), journal)
+            target = rng.randrange(mark, cache.offset + 1)
+            journal.rewind(target - mark)
+            del codes[target:]
+            reference = RotatingKVCache(max_size=max_size, keep=keep)
+            for value in codes:
+                feed(reference, [value])
+            assert cache.offset == reference.offset == target
+            assert _window(cache) == _window(reference)
         # Both continue the same way with one more step.
-        feed(cache, [target])
-        feed(reference, [target])
+        feed(cache, [-1])
+        feed(reference, [-1])
+        codes.append(-1)
         assert _window(cache) == _window(reference)
 
 

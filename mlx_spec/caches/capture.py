@@ -104,12 +104,15 @@ def _captured_call(self, *args, **kwargs):
         journal = _journal_of(args, kwargs)
         if journal is not None:
             memo = journal.before_call(self, original, args, kwargs)
-            if memo is not None:
-                outer, _CONTEXT.recording = _CONTEXT.recording, memo
-                try:
-                    return original.__call__(self, *args, **kwargs)
-                finally:
-                    _CONTEXT.recording = outer
+            if memo is None:
+                return original.__call__(self, *args, **kwargs)
+            outer, _CONTEXT.recording = _CONTEXT.recording, memo
+            try:
+                out = original.__call__(self, *args, **kwargs)
+            finally:
+                _CONTEXT.recording = outer
+            journal.after_call()
+            return out
     return original.__call__(self, *args, **kwargs)
 
 

@@ -152,6 +152,7 @@ class RotatingJournal:
         if target == 0 or (self.empty_at_mark and keep == 0):
             c.keys = c.values = None
             c.offset = c._idx = 0
+            self.saved, self.saved_stop = [], self.floor
             return
         sinks = min(c.keep, target)
         start = max(sinks, target - self.window)  # oldest recent position to hold
@@ -171,3 +172,6 @@ class RotatingJournal:
         c.keys, c.values = keys, values
         c.offset = target
         c._idx = keys.shape[2]
+        # The buffer now holds ``start..target-1``; later saved entries may be stale.
+        self.saved = self._saved_range(self.floor, start)
+        self.saved_stop = max(start, self.floor)
