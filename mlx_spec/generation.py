@@ -125,8 +125,9 @@ def stream_generate(
         logits_processors: mlx_lm logits processors.
         prompt_cache: Prompt cache to reuse across calls: for speculative
           methods, ``make_prompt_cache(model) + make_prompt_cache(draft_model)``.
-        max_kv_size: Bound the KV cache (a rotating cache); plain decoding only,
-          since a rotating cache cannot be rewound.
+        max_kv_size: Bound the KV cache (a rotating cache); plain decoding only:
+          its 4 kept sink tokens are masked differently by mlx-lm in
+          multi-token forwards, so verification cannot match plain decoding.
         prefill_step_size: Prompt tokens per prefill chunk. Default: ``512``.
         kv_bits, kv_group_size, quantized_kv_start: KV-cache quantisation.
         profile: Split the time of each round into drafting and verification
@@ -187,7 +188,7 @@ def stream_generate(
         events = _plain_events(steps, stats, prompt.size)
     else:
         if prompt_cache is None and max_kv_size is not None:
-            # As in mlx_lm; a rotating cache cannot be rewound and is refused by name.
+            # As in mlx_lm; the engine refuses it by name (see max_kv_size above).
             prompt_cache = make_prompt_cache(model, max_kv_size)
             if draft_model is not None:
                 prompt_cache += make_prompt_cache(draft_model, max_kv_size)

@@ -113,7 +113,7 @@ class Chat:
 
     @property
     def cached_tokens(self) -> int:
-        return self.cache[0].offset if self.cache else 0
+        return len(self.history)  # recurrent layers' caches do not count tokens
 
     def _prompt(self, query: str) -> List[int]:
         if not self.use_template:
