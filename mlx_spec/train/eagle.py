@@ -44,6 +44,7 @@ class Batch:
         teacher_p: ``(B, W, K)`` their probabilities.
         teacher_top: ``(B, W)`` the teacher's top token (target id).
         valid: ``(B, W)`` True where position ``t``'s law is over a completion token.
+        valid_np: The same on the host (to gather the supervised rows).
     """
 
     features: mx.array
@@ -52,6 +53,7 @@ class Batch:
     teacher_p: mx.array
     teacher_top: mx.array
     valid: mx.array
+    valid_np: np.ndarray
 
 
 def make_batch(
@@ -63,8 +65,8 @@ def make_batch(
 ) -> Batch:
     """Crop one window per sequence in ``index`` and pad them to a batch.
 
-    Windows start at random inside long sequences but never after the first
-    completion position they could cover.
+    A sequence longer than the window keeps its end (the completion, where
+    the loss is) and a random amount of what precedes it.
     """
     width = min(window, max(len(data.tokens[i]) for i in index))
     B = len(index)
@@ -80,8 +82,8 @@ def make_batch(
         n = len(data.tokens[i])
         start = data.starts[i]
         lo = 0
-        if n > width:
-            lo = int(rng.integers(0, n - width + 1))
+        if n > width:  # keep the end; shift by up to an eighth of the window
+            lo = n - width - int(rng.integers(0, min(width // 8, n - width) + 1))
         hi = min(n, lo + width)
         L = hi - lo
         feats[row, :L] = data.features[i][lo:hi]
@@ -100,6 +102,7 @@ def make_batch(
         mx.array(p),
         mx.array(top),
         mx.array(valid),
+        valid,
     )
 
 
@@ -132,7 +135,7 @@ def unrolled_outputs(
 
     Returns:
         ``steps`` pairs ``(g (B, Q, H), logits (B, Q, k))`` for queries
-        ``q = 0..W-2``.
+        ``q = 0..W-2`` (logits ``None`` without ``vocab_weight``).
     """
     B, W = batch.tokens.shape
     Q = W - 1
@@ -151,10 +154,21 @@ def unrolled_outputs(
                 mx.concatenate([past[1], v], axis=2),
             )
         )
-        outs.append((g, g @ vocab_weight.T))
+        outs.append((g, None if vocab_weight is None else g @ vocab_weight.T))
         # The next step's input at q is this step's output at q - 1.
         inputs = mx.concatenate([mx.zeros_like(g[:, :1]), g[:, :-1]], axis=1)
     return outs
+
+
+def supervised_rows(batch: Batch, step: int) -> mx.array:
+    """Flat indices ``b * Q + q`` of the queries supervised at unrolled ``step``.
+
+    Query ``q`` predicts the law at ``q + 1`` (a completion token there) and
+    exists at step ``s`` once ``q >= s - 1``.
+    """
+    valid = batch.valid_np[:, 1:].copy()
+    valid[:, : step - 1] = False
+    return mx.array(np.flatnonzero(valid).astype(np.int32))
 
 
 def eagle_loss(
@@ -167,27 +181,33 @@ def eagle_loss(
     feature_weight: float = DEFAULT_FEATURE_WEIGHT,
     final_feature: bool = True,
 ) -> Tuple[mx.array, mx.array]:
-    """The weighted loss and per-step draft accuracies ``(steps,)``."""
-    outs = unrolled_outputs(head, embed_fn, vocab_weight, batch, steps)
-    Q = batch.tokens.shape[1] - 1
-    target_valid = batch.valid[:, 1:]
+    """The weighted loss and per-step draft accuracies ``(steps,)``.
+
+    Only supervised rows go through the output layer (the prompt's do not).
+    """
+    outs = unrolled_outputs(head, embed_fn, None, batch, steps)
+    H = outs[0][0].shape[-1]
+    K = batch.teacher_ids.shape[-1]
+    ids = batch.teacher_ids[:, 1:].reshape(-1, K)
+    p = batch.teacher_p[:, 1:].reshape(-1, K)
+    feats = batch.features[:, 1:].reshape(-1, batch.features.shape[-1])
     total, weights, accs = 0.0, 0.0, []
-    q = mx.arange(Q)[None]
-    for s, (g, logits) in enumerate(outs, start=1):
-        valid = (target_valid & (q >= s - 1)).astype(mx.float32)
-        count = mx.maximum(valid.sum(), 1.0)
-        ce = _cross_entropy(logits, batch.teacher_ids[:, 1:], batch.teacher_p[:, 1:])
-        loss = (ce * valid).sum() / count
+    for s, (g, _) in enumerate(outs, start=1):
+        rows = supervised_rows(batch, s)
+        count = max(int(rows.size), 1)
+        g = g.reshape(-1, H)[rows]
+        logits = g @ vocab_weight.T
+        loss = _cross_entropy(logits, ids[rows], p[rows]).sum() / count
         if final_feature and feature_weight > 0:
             reg = nn.losses.smooth_l1_loss(
-                g, batch.features[:, 1:].astype(g.dtype), reduction="none"
-            ).mean(-1)
-            loss = loss + feature_weight * (reg * valid).sum() / count
+                g, feats[rows].astype(g.dtype), reduction="none"
+            )
+            loss = loss + feature_weight * reg.mean(-1).sum() / count
         w = STEP_DECAY ** (s - 1)
         total = total + w * loss
         weights += w
-        hit = logits.argmax(-1) == batch.teacher_ids[:, 1:, 0]
-        accs.append((hit * valid).sum() / count)
+        hit = logits.argmax(-1) == ids[rows][:, 0]
+        accs.append(hit.sum() / count)
     return total / weights, mx.stack(accs)
 
 

@@ -113,12 +113,23 @@ def split_heldout(n: int, heldout: int, seed: int):
 class HeadTrainer:
     """One head's training state: module, optimizer, data, evaluation."""
 
-    def __init__(self, model: nn.Module, data: HeadData, config: HeadTrainConfig):
+    def __init__(
+        self,
+        model: nn.Module,
+        data: HeadData,
+        config: HeadTrainConfig,
+        heldout_index: Optional[Sequence[int]] = None,
+    ):
         self.model = model
         self.config = config
-        self.train_index, self.eval_index = split_heldout(
-            len(data), config.heldout, config.seed
-        )
+        if heldout_index is None:
+            self.train_index, self.eval_index = split_heldout(
+                len(data), config.heldout, config.seed
+            )
+        else:
+            held = set(int(i) for i in heldout_index)
+            self.eval_index = sorted(held)
+            self.train_index = [i for i in range(len(data)) if i not in held]
         self.data = data
         vocab_size = int(feature_owner(model).embed_tokens.weight.shape[0])
         counts = token_counts(data.subset(self.train_index), vocab_size)
@@ -337,9 +348,14 @@ def train_head(
     progress: bool = True,
     log: Optional[Callable[[str], None]] = None,
     extra: Optional[Dict] = None,
+    heldout_index: Optional[Sequence[int]] = None,
 ) -> HeadTrainer:
-    """Train a head on ``data`` and write it to ``out_dir`` (see the module docstring)."""
-    trainer = HeadTrainer(model, data, config)
+    """Train a head on ``data`` and write it to ``out_dir`` (see the module docstring).
+
+    ``heldout_index`` names the sequences kept for evaluation (default: a
+    seeded random ``config.heldout`` of them).
+    """
+    trainer = HeadTrainer(model, data, config, heldout_index)
     out_dir = Path(out_dir)
     if resume and trainer.load_checkpoint(out_dir) and log:
         log(f"resumed from step {trainer.step}")

@@ -25,20 +25,37 @@ def head_logits(heads, vocab_weight: mx.array, features: mx.array) -> mx.array:
 def medusa_loss(
     heads, vocab_weight: mx.array, batch: Batch
 ) -> Tuple[mx.array, mx.array]:
-    """Mean cross-entropy over heads and per-head top-1 accuracy ``(K,)``."""
-    logits = head_logits(heads, vocab_weight, batch.features)
-    K = logits.shape[2]
-    W = batch.tokens.shape[1]
+    """Mean cross-entropy over heads and per-head top-1 accuracy ``(K,)``.
+
+    Only supervised rows go through the heads and the output layer.
+    """
+    B, W = batch.tokens.shape
+    H = batch.features.shape[-1]
+    K_teacher = batch.teacher_ids.shape[-1]
+    feats = batch.features.reshape(-1, H)
+    ids = batch.teacher_ids.reshape(-1, K_teacher)
+    p = batch.teacher_p.reshape(-1, K_teacher)
+    valid = batch.valid_np
+    num_heads = len(heads.heads)
+    # Rows whose feature is read by at least one supervised head.
+    q = np.zeros_like(valid)
+    for k in range(1, num_heads + 1):
+        q[:, : W - k] |= valid[:, k:]
+    rows = np.flatnonzero(q)
+    hidden = heads(feats[mx.array(rows.astype(np.int32))])  # (N, K, H)
+    position = {r: i for i, r in enumerate(rows.tolist())}
     total, accs = 0.0, []
-    for k in range(1, K + 1):
-        lg = logits[:, : W - k, k - 1]
-        valid = batch.valid[:, k:].astype(mx.float32)
-        count = mx.maximum(valid.sum(), 1.0)
-        ce = _cross_entropy(lg, batch.teacher_ids[:, k:], batch.teacher_p[:, k:])
-        total = total + (ce * valid).sum() / count
-        hit = lg.argmax(-1) == batch.teacher_ids[:, k:, 0]
-        accs.append((hit * valid).sum() / count)
-    return total / K, mx.stack(accs)
+    for k in range(1, num_heads + 1):
+        sup = np.zeros_like(valid)
+        sup[:, : W - k] = valid[:, k:]
+        src = np.flatnonzero(sup)
+        count = max(src.size, 1)
+        at = mx.array(np.array([position[r] for r in src.tolist()], np.int32))
+        dst = mx.array((src + k).astype(np.int32))  # the teacher's row q + k
+        logits = hidden[at, k - 1] @ vocab_weight.T
+        total = total + _cross_entropy(logits, ids[dst], p[dst]).sum() / count
+        accs.append((logits.argmax(-1) == ids[dst][:, 0]).sum() / count)
+    return total / num_heads, mx.stack(accs)
 
 
 def rank_hits(heads, vocab_weight, draft_ids: mx.array, batch: Batch) -> np.ndarray:

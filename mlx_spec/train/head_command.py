@@ -1,0 +1,269 @@
+"""``mlx_spec train-draft --kind eagle|medusa``: options and the run of a head training.
+
+The run, given the target and self-distilled sequences (prompt + the
+target's own completion, token ids):
+
+1. teacher data from one teacher-forced pass of the target (features and
+   top-K next-token laws), cached in ``OUT/teacher.npz`` so a resumed run
+   skips it;
+2. training (:func:`mlx_spec.train.heads.train_head`) with a progress bar,
+   held-out acceptance and checkpoints in ``OUT/checkpoint``;
+3. the head directory ``OUT`` (``config.json`` + ``head.safetensors``),
+   which ``--draft-model OUT`` loads as the right kind of drafter, and a
+   model card ``OUT/README.md``.
+"""
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+
+from ..features import FINAL
+from .head_data import HeadData, teacher_data
+from .heads import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DRAFT_VOCAB,
+    DEFAULT_EVAL_EVERY,
+    DEFAULT_HELDOUT,
+    DEFAULT_WINDOW,
+    HeadTrainConfig,
+    train_head,
+)
+
+HEAD_KINDS = ("eagle", "medusa")
+TEACHER_FILE = "teacher.npz"
+DEFAULT_STEPS = {"eagle": 3000, "medusa": 2000}
+DEFAULT_LR = {"eagle": 1e-3, "medusa": 2e-3}
+
+
+def add_head_arguments(parser: argparse.ArgumentParser):
+    """Add the options of head kinds (``--kind eagle|medusa``) that ``parser`` lacks."""
+    existing = {a.dest for a in parser._actions}
+    group = parser.add_argument_group("draft heads (--kind eagle|medusa)")
+
+    def add(flag, **kwargs):
+        if flag.lstrip("-").replace("-", "_") not in existing:
+            group.add_argument(flag, **kwargs)
+
+    add(
+        "--draft-vocab",
+        type=int,
+        default=DEFAULT_DRAFT_VOCAB,
+        help="Heads propose only the N tokens the target writes most often "
+        f"(a smaller output layer); 0 = the whole vocabulary (default: {DEFAULT_DRAFT_VOCAB}).",
+    )
+    add(
+        "--window", type=int, default=DEFAULT_WINDOW, help="Tokens per training window."
+    )
+    add(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"Heads: windows per step (default: {DEFAULT_BATCH_SIZE}).",
+    )
+    add(
+        "--eval-every",
+        type=int,
+        default=DEFAULT_EVAL_EVERY,
+        help=f"Steps between held-out evaluations (default: {DEFAULT_EVAL_EVERY}).",
+    )
+    add(
+        "--feature-layers",
+        default=str(FINAL),
+        help="EAGLE: target features read, comma-separated block indices, "
+        f"{FINAL} = the final normed hidden state (default: {FINAL}).",
+    )
+    add(
+        "--train-steps",
+        type=int,
+        default=3,
+        help="EAGLE: draft steps unrolled in training (default: 3).",
+    )
+    add(
+        "--num-heads",
+        type=int,
+        default=4,
+        help="Medusa: heads, i.e. tokens predicted ahead (default: 4).",
+    )
+    return group
+
+
+def _int_list(text: str, name: str) -> List[int]:
+    try:
+        return [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--{name} must be comma-separated integers, got {text!r}."
+        ) from None
+
+
+def _arg(args, name: str, default):
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
+def head_config(args, kind: str) -> HeadTrainConfig:
+    """A :class:`HeadTrainConfig` from parsed arguments (one-line errors).
+
+    ``--steps`` and ``--lr`` left unset (``None``) take the kind's defaults.
+    """
+    layers = _int_list(_arg(args, "feature_layers", str(FINAL)), "feature-layers")
+    config = HeadTrainConfig(
+        kind=kind,
+        steps=int(_arg(args, "steps", DEFAULT_STEPS[kind])),
+        batch_size=int(_arg(args, "batch_size", DEFAULT_BATCH_SIZE)),
+        window=int(_arg(args, "window", DEFAULT_WINDOW)),
+        lr=float(_arg(args, "lr", DEFAULT_LR[kind])),
+        draft_vocab=int(_arg(args, "draft_vocab", DEFAULT_DRAFT_VOCAB)),
+        heldout=int(_arg(args, "heldout", DEFAULT_HELDOUT)),
+        eval_every=int(_arg(args, "eval_every", DEFAULT_EVAL_EVERY)),
+        checkpoint_every=int(_arg(args, "eval_every", DEFAULT_EVAL_EVERY)),
+        seed=int(_arg(args, "seed", 0)),
+        feature_layers=layers,
+        train_steps=int(_arg(args, "train_steps", 3)),
+        num_heads=int(_arg(args, "num_heads", 4)),
+    )
+    checks = [
+        (config.steps >= 1, "steps", "an integer >= 1"),
+        (config.batch_size >= 1, "batch-size", "an integer >= 1"),
+        (config.window >= 8, "window", "an integer >= 8"),
+        (config.draft_vocab >= 0, "draft-vocab", "0 or a positive integer"),
+        (config.eval_every >= 1, "eval-every", "an integer >= 1"),
+        (1 <= config.train_steps <= 8, "train-steps", "an integer from 1 to 8"),
+        (1 <= config.num_heads <= 8, "num-heads", "an integer from 1 to 8"),
+        (config.lr > 0, "lr", "a number > 0"),
+    ]
+    for ok, name, allowed in checks:
+        if not ok:
+            raise ValueError(f"--{name} is out of range: {allowed}.")
+    return config
+
+
+def _fingerprint_of(sequences: Sequence[Sequence[int]], starts, layers) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps(list(layers)).encode())
+    for seq, start in zip(sequences, starts):
+        digest.update(np.asarray(seq, np.int32).tobytes())
+        digest.update(str(start).encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_teacher_data(
+    model,
+    sequences,
+    starts,
+    out_dir,
+    feature_layers: Sequence[int],
+    log: Optional[Callable[[str], None]] = None,
+) -> HeadData:
+    """Teacher data for ``sequences``, computed once and kept in ``OUT/teacher.npz``."""
+    path = Path(out_dir) / TEACHER_FILE
+    key = _fingerprint_of(sequences, starts, feature_layers)
+    meta = path.with_suffix(".json")
+    if (
+        path.exists()
+        and meta.exists()
+        and json.loads(meta.read_text()).get("key") == key
+    ):
+        if log:
+            log(f"teacher data: reusing {path}")
+        return HeadData.load(path)
+    total = sum(len(s) for s in sequences)
+    from tqdm import tqdm
+
+    tic = time.perf_counter()
+    with tqdm(total=total, desc="teacher pass", unit="tok") as bar:
+        data = teacher_data(
+            model, sequences, starts, feature_layers=feature_layers, progress=bar.update
+        )
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    data.save(path)
+    meta.write_text(
+        json.dumps({"key": key, "tokens": total, "seconds": time.perf_counter() - tic})
+    )
+    return data
+
+
+def run_head_training(
+    args,
+    kind: str,
+    model,
+    train,
+    heldout,
+    *,
+    command: str = "",
+    data_info: Optional[dict] = None,
+    log: Callable[[str], None] = print,
+):
+    """Train a head of ``kind`` for ``model`` on self-distilled sequences.
+
+    Args:
+        args: Parsed ``train-draft`` arguments (see :func:`add_head_arguments`).
+        kind: ``"eagle"`` or ``"medusa"``.
+        model: The target.
+        train, heldout: Training and held-out sequences: objects with
+          ``tokens`` (token ids of each) and ``starts`` (first completion
+          token of each), e.g. :class:`mlx_spec.train.completions.Completions`.
+        command: The reproducing command, for the card.
+        data_info: What the data is, for the card and config.
+        log: Where progress lines go.
+    """
+    config = head_config(args, kind)
+    out = Path(args.out)
+    tokens = list(train.tokens) + list(heldout.tokens)
+    sequences = [np.asarray(t, np.int32).tolist() for t in tokens]
+    starts = list(train.starts) + list(heldout.starts)
+    heldout_index = list(range(len(train.tokens), len(sequences)))
+    data = cached_teacher_data(
+        model, sequences, starts, out, config.feature_layers, log
+    )
+    log(
+        f"{kind}: {len(data)} sequences, {data.num_tokens} tokens; "
+        f"{config.steps} steps of {config.batch_size} x {config.window} tokens"
+    )
+    extra = {"command": command, "data": data_info or {}}
+    trainer = train_head(
+        model,
+        data,
+        config,
+        out,
+        resume=getattr(args, "resume", True),
+        progress=not getattr(args, "no_progress", False),
+        log=log,
+        extra=extra,
+        heldout_index=heldout_index or None,
+    )
+    write_card(out, kind, trainer, command, data_info or {})
+    log(f"wrote the {kind} head to {out} (use it with --draft-model {out})")
+    return trainer
+
+
+def write_card(out, kind: str, trainer, command: str, data_info: dict):
+    """A short model card: data, steps, loss, held-out acceptance, command."""
+    t = trainer
+    last = t.evals[-1] if t.evals else {}
+    lines = [
+        f"# {kind.upper()} head for {data_info.get('model', 'its target')}",
+        "",
+        "Trained with `mlx_spec train-draft` (self-distillation: the target's own "
+        "completions, its hidden states and next-token laws as teacher).",
+        "",
+        f"- Training: {t.step} steps, {t.tokens_seen} supervised positions, "
+        f"{t.train_time / 60:.1f} min of optimizer time.",
+        f"- Data: {len(t.train_index)} training / {len(t.eval_index)} held-out "
+        f"sequences; draft vocabulary covers {t.coverage:.1%} of the target's "
+        "top choices on the training completions.",
+        f"- Final loss: {t.history[-1]['loss'] if t.history else 'n/a'}.",
+        f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
+        f"tokens per chain round: {last.get('tokens_per_round')}.",
+        "",
+        "Held-out acceptance during training (step: tokens per chain round):",
+        "",
+    ]
+    lines += [f"- {e['step']}: {e.get('tokens_per_round')}" for e in t.evals]
+    lines += ["", "Command:", "", "```", command, "```", ""]
+    (Path(out) / "README.md").write_text("\n".join(lines))
