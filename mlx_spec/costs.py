@@ -31,9 +31,15 @@ def best_gamma(
 
 
 def weight_bytes(model) -> int:
-    """Bytes of a model's parameters (what one forward reads)."""
+    """Bytes of a model's parameters (what one forward reads).
+
+    A model that shares a large table it only indexes (a distilled draft on
+    its target's embedding) says what it reads with ``read_bytes()``.
+    """
     from mlx.utils import tree_flatten
 
+    if hasattr(model, "read_bytes"):
+        return int(model.read_bytes())
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 

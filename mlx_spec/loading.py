@@ -71,12 +71,17 @@ def check_draft_tokenizer(tokenizer, draft_tokenizer):
 def load_draft(path: str, model, tokenizer):
     """Load ``--draft-model``: a draft model or a trained head, checked against the target.
 
-    A directory written by ``mlx_spec train-draft --kind eagle|medusa`` holds
-    a head: it is bound to ``model`` after checking that it was trained for
-    it. Anything else is loaded with mlx_lm and must share the tokenizer.
+    A directory written by ``mlx_spec train-draft`` holds a head (``--kind
+    eagle|medusa``) or a distilled draft model (``--kind draft``): it is bound
+    to ``model`` after checking that it was trained for it. Anything else is
+    loaded with mlx_lm and must share the tokenizer.
     """
+    from .drafters.distilled import is_draft_dir
+    from .drafters.distilled import load_draft as load_distilled
     from .drafters.heads import load_head, read_head_config
 
+    if is_draft_dir(path):
+        return load_distilled(Path(path).expanduser(), model)
     if read_head_config(path) is not None:
         return load_head(Path(path).expanduser(), model)
     draft_model, draft_tokenizer = load_model(path, "draft model")

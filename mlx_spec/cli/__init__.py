@@ -1,4 +1,4 @@
-"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|bench|doctor``.
+"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|bench|doctor|train-draft``.
 
 Like the ``mlx_lm`` umbrella, the first argument picks a subcommand whose
 ``main()`` then parses the rest. Each subcommand is also its own console
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "bench": "mlx_spec.cli.bench:bench_main",
     "doctor": "mlx_spec.cli.doctor:main",
     "convert": "mlx_spec.convert.__main__:main",
+    "train-draft": "mlx_spec.train.cli:main",
 }
 
 
@@ -36,9 +37,11 @@ def _usage() -> str:
         "bench": "benchmarks of the speculative methods",
         "doctor": "check the platform, the mlx device and the BLAS in use",
         "convert": "GGUF -> mlx-lm checkpoints; the default SmolLM2 model",
+        "train-draft": "train a drafter (draft model or head) for a target, with MLX",
     }
+    width = max(map(len, SUBCOMMANDS)) + 2
     for name in SUBCOMMANDS:
-        lines.append(f"  {name:10s}{described[name]}")
+        lines.append(f"  {name:{width}s}{described[name]}")
     lines.append("")
     lines.append(
         "Pass --help to a subcommand for its options, e.g. mlx_spec generate --help"

@@ -1,0 +1,9 @@
+"""``python -m mlx_spec.train ...``: the same as ``mlx_spec train-draft ...``."""
+
+import sys
+
+import mlx_spec  # noqa: F401  (preloads OpenBLAS before mlx.core)
+from mlx_spec.train.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""``mlx_spec train-draft``: train a drafter for a target, with MLX, in one command.
+
+Stages, each resumed where it stopped when the command is run again:
+
+1. prompts: the built-in set (:mod:`.prompts`) or ``--prompts FILE``;
+2. the target's completions of them (:mod:`.completions`), in ``OUT/data``;
+3. training (``--kind draft``: :mod:`.draft`; ``--kind eagle|medusa``:
+   :mod:`.heads` on the same completions), checkpoints in ``OUT/checkpoints``;
+4. ``--kind draft``: measurement with mlx-spec's engine and the model card
+   (``OUT/README.md``).
+
+Example::
+
+    mlx_spec train-draft --model models/smollm2-135m-instruct --kind draft \\
+        --out models/smollm2-135m-draft
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import completions as C
+from . import draft as D
+from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
+
+KINDS = ("draft", "eagle", "medusa")
+DEFAULT_NUM_PROMPTS = 1600
+DEFAULT_HELDOUT_PROMPTS = 48
+DEFAULT_EVAL_PROMPTS = 8
+DEFAULT_EVAL_TOKENS = 128
+DEFAULT_EVAL_GAMMAS = "1,2,3,4,5,6"
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlx_spec train-draft",
+        description="Train a drafter for a target model by self-distillation, with MLX.",
+    )
+    p.add_argument("--model", required=True, help="The target model (path or repo).")
+    p.add_argument("--kind", choices=KINDS, default="draft", help="What to train.")
+    p.add_argument("--out", required=True, help="Output directory of the drafter.")
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--prompts", help="JSON-lines prompt file (default: built-in prompts)."
+    )
+    g.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS)
+    g.add_argument("--heldout-prompts", type=int, default=DEFAULT_HELDOUT_PROMPTS)
+    g.add_argument("--max-tokens", type=int, default=C.DEFAULT_MAX_TOKENS)
+    g.add_argument("--sampled-share", type=float, default=C.DEFAULT_SAMPLED_SHARE)
+    g.add_argument("--sampled-temp", type=float, default=C.DEFAULT_SAMPLED_TEMP)
+    g.add_argument("--gen-batch", type=int, default=C.DEFAULT_BATCH_SIZE)
+    g.add_argument("--top-k", type=int, default=C.DEFAULT_TOP_K)
+    g = p.add_argument_group("training")
+    g.add_argument(
+        "--steps", type=int, help=f"Optimizer steps (draft: {D.DEFAULT_STEPS})."
+    )
+    g.add_argument("--batch-tokens", type=int, default=D.DEFAULT_BATCH_TOKENS)
+    g.add_argument(
+        "--lr", type=float, help=f"Peak learning rate (draft: {D.DEFAULT_LR})."
+    )
+    g.add_argument(
+        "--draft-vocab",
+        type=int,
+        help=f"Tokens the drafter may propose (draft: {D.DEFAULT_DRAFT_VOCAB}).",
+    )
+    g.add_argument(
+        "--layers",
+        default=",".join(map(str, D.DEFAULT_LAYERS)),
+        help="Target layers the draft starts from (comma-separated; negative from the end).",
+    )
+    g.add_argument("--soft-weight", type=float, default=D.DEFAULT_SOFT_WEIGHT)
+    g.add_argument("--eval-every", type=int, default=D.DEFAULT_EVAL_EVERY)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--no-compile", action="store_true", help="Do not mx.compile the step."
+    )
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--eval-prompts", type=int, default=DEFAULT_EVAL_PROMPTS)
+    g.add_argument("--eval-max-tokens", type=int, default=DEFAULT_EVAL_TOKENS)
+    g.add_argument("--eval-gammas", default=DEFAULT_EVAL_GAMMAS)
+    g.add_argument("--skip-eval", action="store_true", help="No engine measurement.")
+    p.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    return p
+
+
+def _log(message: str):
+    print(f"[train-draft] {message}", file=sys.stderr, flush=True)
+
+
+def _ints(text: str, name: str) -> List[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--{name} must be comma-separated integers, got '{text}'."
+        ) from None
+
+
+def _check_args(args):
+    for name in (
+        "num_prompts",
+        "max_tokens",
+        "gen_batch",
+        "top_k",
+        "steps",
+        "batch_tokens",
+    ):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1.")
+    if not 0 <= args.sampled_share <= 1:
+        raise ValueError("--sampled-share must be between 0 and 1.")
+    if not 0 <= args.soft_weight <= 1:
+        raise ValueError("--soft-weight must be between 0 and 1.")
+    if args.prompts and not Path(args.prompts).is_file():
+        raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
+
+
+def choose_prompts(args):
+    """Training and held-out prompts (built-in, or a file split by a hash of each text)."""
+    if args.prompts:
+        rows = load_prompt_file(args.prompts)
+        train = [p for p in rows if split_of(p.text) == "train"]
+        heldout = [p for p in rows if split_of(p.text) == "heldout"]
+        if not heldout and len(train) > 1:
+            heldout = train[-1:]
+            train = train[:-1]
+        return train[: args.num_prompts], heldout[: args.heldout_prompts]
+    train = mixed_prompts(args.num_prompts, "train", seed=args.seed)
+    heldout = mixed_prompts(args.heldout_prompts, "heldout", seed=args.seed)
+    return train, heldout
+
+
+def _cpu_share(wall: float, cpu: float) -> str:
+    cores = os.cpu_count() or 1
+    return f"{cpu / max(wall, 1e-9) / cores:.0%} of {cores} cores"
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def command_line(argv: List[str]) -> str:
+    """The reproducing command: the subcommand plus the options given."""
+    return " ".join(["mlx_spec train-draft", *(shlex.quote(a) for a in argv)])
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def run(args, argv: List[str]) -> int:
+    _check_args(args)
+    layers = _ints(args.layers, "layers")
+    import mlx.core as mx  # noqa: F401  (after mlx_spec set up BLAS)
+
+    from ..fingerprint import model_fingerprint
+    from ..loading import load_model
+
+    model, tokenizer = load_model(args.model, "model")
+    n_layers = len(model.layers)
+    layers = [i + n_layers if i < 0 else i for i in layers]
+    if args.kind == "draft" and (
+        not layers or not all(0 <= i < n_layers for i in layers)
+    ):
+        raise ValueError(
+            f"draft layers {layers} must be indices of the target's {n_layers} layers "
+            "(negative counts from the end)."
+        )
+    out = Path(args.out)
+    data_dir = out / "data"
+    progress = not args.no_progress
+    timing: Dict[str, Dict] = {}
+    train_prompts, heldout_prompts = choose_prompts(args)
+    if not train_prompts or not heldout_prompts:
+        raise ValueError("need at least one training and one held-out prompt.")
+    _log(
+        f"prompts: train {prompt_counts(train_prompts)}, held out {prompt_counts(heldout_prompts)}"
+    )
+
+    # Stage 2: the target's completions (resumed shard by shard).
+    tic, cpu = time.perf_counter(), _cpu_seconds()
+    common = dict(
+        sampled_share=args.sampled_share,
+        sampled_temp=args.sampled_temp,
+        max_tokens=args.max_tokens,
+        top_k=args.top_k,
+        batch_size=args.gen_batch,
+        seed=args.seed,
+        target=model_fingerprint(model),
+        progress=progress,
+        log=_log,
+    )
+    train = C.build_completions(
+        model, tokenizer, train_prompts, data_dir, "train", **common
+    )
+    heldout = C.build_completions(
+        model,
+        tokenizer,
+        heldout_prompts,
+        data_dir,
+        "heldout",
+        **{**common, "sampled_share": 0.0},
+    )
+    timing["data"] = _stage(tic, cpu)
+    _log(
+        f"completions: {len(train)} train ({train.completion_tokens} tokens), "
+        f"{len(heldout)} held out ({heldout.completion_tokens} tokens)"
+    )
+    data_record = {
+        "train_prompts": len(train),
+        "train_sets": prompt_counts(train_prompts),
+        "train_prompt_tokens": train.prompt_tokens,
+        "train_completion_tokens": train.completion_tokens,
+        "heldout_prompts": len(heldout),
+        "heldout_completion_tokens": heldout.completion_tokens,
+        "sampled_share": args.sampled_share,
+        "sampled_temp": args.sampled_temp,
+        "max_tokens": args.max_tokens,
+        "top_k": args.top_k,
+        "prompt_file": os.path.basename(args.prompts) if args.prompts else None,
+    }
+    if args.kind != "draft":
+        return _run_heads(args, model, train, heldout, out, progress, data_record)
+
+    # Stage 3: training (resumed from the last checkpoint).
+    config = D.DraftTrainConfig(
+        steps=_or(args.steps, D.DEFAULT_STEPS),
+        batch_tokens=args.batch_tokens,
+        lr=_or(args.lr, D.DEFAULT_LR),
+        draft_vocab=_or(args.draft_vocab, D.DEFAULT_DRAFT_VOCAB),
+        layers=layers,
+        soft_weight=args.soft_weight,
+        eval_every=args.eval_every,
+        checkpoint_every=args.eval_every,
+        seed=args.seed,
+        compile=not args.no_compile,
+    )
+    tic, cpu = time.perf_counter(), _cpu_seconds()
+    extra = {
+        "name": out.name,
+        "target_path": args.model,
+        "data": data_record,
+        "command": command_line(argv),
+    }
+    trainer = D.train_draft(
+        model,
+        tokenizer,
+        train,
+        heldout,
+        config,
+        out,
+        progress=progress,
+        log=_log,
+        extra=extra,
+    )
+    timing["train"] = _stage(tic, cpu)
+
+    # Stage 4: measurement with the engine, then the card.
+    evaluation = None
+    if not args.skip_eval:
+        tic, cpu = time.perf_counter(), _cpu_seconds()
+        evaluation = measure(args, model, tokenizer, out, heldout_prompts)
+        timing["eval"] = _stage(tic, cpu)
+    write_card(out, extra, evaluation, timing)
+    last = trainer.evals[-1] if trainer.evals else {}
+    _log(
+        f"done: {out} (held-out α {last.get('alpha')}, best tokens/forward "
+        f"{last.get('best_tokens_per_forward')} at γ {last.get('best_gamma')})"
+    )
+    return 0
+
+
+def _stage(tic: float, cpu: float) -> Dict:
+    wall = time.perf_counter() - tic
+    used = _cpu_seconds() - cpu
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(used, 1),
+        "share": _cpu_share(wall, used),
+    }
+
+
+def measure(args, model, tokenizer, out: Path, heldout_prompts) -> Dict:
+    """Acceptance, speed ratio and end-to-end speed-up with the engine (held-out chat)."""
+    from ..drafters.distilled import load_draft
+    from .evaluate import end_to_end, engine_acceptance, step_time_ratio
+
+    draft = load_draft(out, model)
+    chat = [p for p in heldout_prompts if p.prompt_set == "chat"] or list(
+        heldout_prompts
+    )
+    ids = [C.encode_prompt(tokenizer, p) for p in chat[: args.eval_prompts]]
+    gammas = _ints(args.eval_gammas, "eval-gammas")
+    _log(f"measuring with the engine on {len(ids)} held-out chat prompts")
+    greedy = engine_acceptance(
+        model, tokenizer, draft, ids, gammas, max_tokens=args.eval_max_tokens
+    )
+    best = max(greedy, key=lambda r: r["tokens_per_forward"])
+    sampled = engine_acceptance(
+        model,
+        tokenizer,
+        draft,
+        ids,
+        [best["gamma"]],
+        max_tokens=args.eval_max_tokens,
+        temp=0.7,
+    )
+    ratio = step_time_ratio(model, draft)
+    e2e = end_to_end(
+        model,
+        tokenizer,
+        draft,
+        ids,
+        gamma=best["gamma"],
+        max_tokens=args.eval_max_tokens,
+    )
+    return {
+        "prompts": len(ids),
+        "max_tokens": args.eval_max_tokens,
+        "greedy": greedy,
+        "sampled": sampled,
+        "step_ratio": ratio,
+        "end_to_end": e2e,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+    }
+
+
+def write_card(out: Path, extra: Dict, evaluation: Optional[Dict], timing: Dict):
+    """Add the evaluation and timing to ``config.json`` and write ``README.md``."""
+    from ..drafters.heads import CONFIG_FILE
+    from .card import model_card
+
+    path = out / CONFIG_FILE
+    config = json.loads(path.read_text(encoding="utf-8"))
+    stages = ", ".join(
+        f"{name} {t['wall_s'] / 60:.1f} min ({t['share']})"
+        for name, t in timing.items()
+    )
+    config["timing"] = {**timing, "summary": stages or "-"}
+    if evaluation is not None:
+        config["evaluation"] = evaluation
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    text = model_card(config, extra["command"], evaluation)
+    (out / "README.md").write_text(text, encoding="utf-8")
+
+
+def _run_heads(args, model, train, heldout, out, progress, data_record) -> int:
+    """``--kind eagle|medusa``: heads trained on the same completions."""
+    from .head_data import teacher_data
+    from .heads import HeadTrainConfig, train_head
+
+    sequences = [t.tolist() for t in train.tokens + heldout.tokens]
+    starts = train.starts + heldout.starts
+    _log(f"teacher pass over {sum(map(len, sequences))} tokens (features and laws)")
+    data = teacher_data(model, sequences, starts, top_k=args.top_k)
+    defaults = HeadTrainConfig(kind=args.kind)
+    config = HeadTrainConfig(
+        kind=args.kind,
+        steps=_or(args.steps, defaults.steps),
+        lr=_or(args.lr, defaults.lr),
+        draft_vocab=_or(args.draft_vocab, defaults.draft_vocab),
+        heldout=len(heldout),
+        eval_every=args.eval_every,
+        checkpoint_every=args.eval_every,
+        seed=args.seed,
+    )
+    train_head(
+        model,
+        data,
+        config,
+        out,
+        progress=progress,
+        log=_log,
+        extra={"data": data_record},
+    )
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``mlx_spec train-draft`` and ``python -m mlx_spec.train``."""
+    import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = setup_arg_parser().parse_args(argv)
+    try:
+        return run(args, argv)
+    except ValueError as e:
+        sys.exit(f"mlx_spec train-draft: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(
+            "mlx_spec train-draft: interrupted; run the same command again to resume."
+        )

@@ -1,0 +1,345 @@
+"""The target's own completions of training prompts: self-distillation data.
+
+The target answers each prompt (through its chat template) with mlx-lm's
+``BatchGenerator``, greedily or sampled at a temperature, and at every
+completion token we keep its top ``K`` next-token law (ids and
+log-probabilities at temperature 1, best first). The tokens are what greedy
+acceptance measures; the laws are the soft labels of distillation.
+
+On disk the data is a folder of shards (``<name>-00000.npz``, ...) and a
+manifest (``<name>.json``) naming the prompts and settings. A shard is
+written atomically once its prompts are done, so an interrupted run
+continues where it stopped; a manifest that disagrees with the requested
+settings is refused rather than mixed.
+
+Later kinds of drafter (draft heads) add what they need to these sequences,
+e.g. the target's hidden states from one teacher-forced forward
+(:func:`mlx_spec.train.head_data.teacher_data` takes ``tokens`` and
+``starts`` as they are here).
+"""
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .prompts import Prompt
+
+DEFAULT_TOP_K = 8
+DEFAULT_MAX_TOKENS = 192
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_SHARD_SIZE = 64
+DEFAULT_SAMPLED_SHARE = 0.25
+DEFAULT_SAMPLED_TEMP = 0.7
+MANIFEST_FORMAT = "mlx-spec-completions"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class Completions:
+    """Sequences the target wrote, with its laws (numpy, host memory).
+
+    Attributes:
+        tokens: ``(T_i,)`` int32: the prompt (chat template applied), then
+          the completion (ending with the stop token if it stopped).
+        starts: Index of each sequence's first completion token.
+        temps: Sampling temperature of each completion (``0`` = greedy).
+        prompt_sets: The prompt set of each sequence.
+        teacher_ids: ``(T_i - start_i, K)`` int32: row ``j`` holds the top-K
+          of the target's law over completion token ``j``, best first.
+        teacher_logp: ``(T_i - start_i, K)`` float16 their log-probabilities.
+    """
+
+    tokens: List[np.ndarray] = field(default_factory=list)
+    starts: List[int] = field(default_factory=list)
+    temps: List[float] = field(default_factory=list)
+    prompt_sets: List[str] = field(default_factory=list)
+    teacher_ids: List[np.ndarray] = field(default_factory=list)
+    teacher_logp: List[np.ndarray] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def completion_tokens(self) -> int:
+        return int(sum(len(t) - s for t, s in zip(self.tokens, self.starts)))
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(sum(self.starts))
+
+    def extend(self, other: "Completions"):
+        for name in self.__dataclass_fields__:
+            getattr(self, name).extend(getattr(other, name))
+
+    def subset(self, index: Sequence[int]) -> "Completions":
+        return Completions(
+            **{
+                name: [getattr(self, name)[i] for i in index]
+                for name in self.__dataclass_fields__
+            }
+        )
+
+    def save(self, path):
+        """One ``.npz`` file (sequences concatenated, with their lengths)."""
+        lengths = np.array([len(t) for t in self.tokens], np.int64)
+        np.savez(
+            path,
+            lengths=lengths,
+            starts=np.array(self.starts, np.int64),
+            temps=np.array(self.temps, np.float32),
+            prompt_sets=np.array(self.prompt_sets, dtype=np.str_),
+            tokens=np.concatenate(self.tokens).astype(np.int32),
+            teacher_ids=np.concatenate(self.teacher_ids).astype(np.int32),
+            teacher_logp=np.concatenate(self.teacher_logp).astype(np.float16),
+        )
+
+    @classmethod
+    def load(cls, path) -> "Completions":
+        data = np.load(path)
+        lengths = data["lengths"]
+        starts = data["starts"]
+        rows = lengths - starts
+        tokens = np.split(data["tokens"], np.cumsum(lengths)[:-1])
+        cuts = np.cumsum(rows)[:-1]
+        return cls(
+            tokens,
+            [int(s) for s in starts],
+            [round(float(t), 6) for t in data["temps"]],
+            [str(s) for s in data["prompt_sets"]],
+            np.split(data["teacher_ids"], cuts),
+            np.split(data["teacher_logp"], cuts),
+        )
+
+
+def encode_prompt(tokenizer, prompt: Prompt) -> List[int]:
+    """Token ids of ``prompt`` through the tokenizer's chat template."""
+    messages = [dict(m) for m in prompt.messages]
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    return list(tokenizer.encode(messages[-1]["content"]))
+
+
+def sampled_temps(count: int, share: float, temp: float) -> List[float]:
+    """``temp`` for an evenly spread ``share`` of ``count`` prompts, else ``0``."""
+    return [
+        temp if int((i + 1) * share) > int(i * share) else 0.0 for i in range(count)
+    ]
+
+
+def _top_k(logprobs: List[mx.array], k: int):
+    """Top-``k`` ids and values of each row, best first: ``(n, k)`` numpy arrays."""
+    lp = mx.stack(logprobs)
+    top = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, :k]
+    values = mx.take_along_axis(lp, top, axis=-1)
+    order = mx.argsort(-values, axis=-1)
+    top = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
+    values = mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
+    mx.eval(top, values)
+    return np.array(top), np.array(values)
+
+
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    temps: Sequence[float],
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    top_k: int = DEFAULT_TOP_K,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: Optional[Callable[[int], None]] = None,
+) -> Completions:
+    """The target's completions of ``prompts`` by batched generation.
+
+    Args:
+        model: The target (an mlx-lm model).
+        tokenizer: Its tokenizer (mlx-lm ``TokenizerWrapper``).
+        prompts: The prompts.
+        temps: Temperature of each prompt's completion (``0`` = greedy).
+        max_tokens: Completion length limit. Default: ``192``.
+        top_k: Size of the kept top of each law. Default: ``8``.
+        batch_size: Sequences decoded together. Default: ``32``.
+        progress: Called with the number of tokens of each generation step.
+
+    Returns:
+        :class:`Completions` in the order of ``prompts``.
+    """
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    samplers = {t: make_sampler(temp=t) for t in set(temps)}
+    gen = BatchGenerator(
+        model,
+        max_tokens=max_tokens,
+        stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(batch_size, 8),
+    )
+    try:
+        uids = gen.insert(
+            ids, [max_tokens] * len(ids), samplers=[samplers[t] for t in temps]
+        )
+        out = {u: ([], [], []) for u in uids}
+        while responses := gen.next_generated():
+            top, values = _top_k([r.logprobs for r in responses], top_k)
+            for row, r in enumerate(responses):
+                tokens, tops, vals = out[r.uid]
+                tokens.append(r.token)
+                tops.append(top[row])
+                vals.append(values[row])
+            if progress is not None:
+                progress(len(responses))
+    finally:
+        gen.close()
+    data = Completions()
+    for prompt, prompt_ids, temp, uid in zip(prompts, ids, temps, uids):
+        tokens, tops, vals = out[uid]
+        data.tokens.append(np.array(prompt_ids + tokens, np.int32))
+        data.starts.append(len(prompt_ids))
+        data.temps.append(float(temp))
+        data.prompt_sets.append(prompt.prompt_set)
+        data.teacher_ids.append(np.stack(tops).astype(np.int32))
+        data.teacher_logp.append(np.stack(vals).astype(np.float16))
+    return data
+
+
+def prompts_digest(prompts: Sequence[Prompt]) -> str:
+    """sha256 of the prompts' messages (so a rerun checks it has the same prompts)."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(json.dumps(p.as_dict(), sort_keys=True).encode("utf-8"))
+    return h.hexdigest()
+
+
+def build_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    folder,
+    name: str,
+    *,
+    sampled_share: float = DEFAULT_SAMPLED_SHARE,
+    sampled_temp: float = DEFAULT_SAMPLED_TEMP,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    top_k: int = DEFAULT_TOP_K,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    seed: int = 0,
+    target: Optional[Dict] = None,
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+) -> Completions:
+    """Generate (or resume) the completions of ``prompts`` into ``folder``.
+
+    Args:
+        model, tokenizer: The target.
+        prompts: The prompts, in a fixed order.
+        folder: Where the shards and the manifest go (created if needed).
+        name: Prefix of the files (``"train"``, ``"heldout"``).
+        sampled_share: Share of prompts answered at ``sampled_temp``.
+        sampled_temp: Temperature of the sampled completions. Default: ``0.7``.
+        max_tokens, top_k, batch_size: See :func:`generate_completions`.
+        shard_size: Prompts per shard (the unit of resumption).
+        seed: Seed of the sampled completions (shard ``i`` uses ``seed + i``).
+        target: A record of the target (e.g. its fingerprint) for the manifest.
+        progress: Show a progress bar (tqdm).
+        log: Called with one line per finished shard.
+
+    Returns:
+        All the completions, read back from the shards.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    temps = sampled_temps(len(prompts), sampled_share, sampled_temp)
+    settings = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "prompts": len(prompts),
+        "prompts_sha256": prompts_digest(prompts),
+        "sampled_share": sampled_share,
+        "sampled_temp": sampled_temp,
+        "max_tokens": max_tokens,
+        "top_k": top_k,
+        "shard_size": shard_size,
+        "seed": seed,
+        "target": target,
+    }
+    _check_manifest(folder / f"{name}.json", settings)
+    shards = range(0, len(prompts), shard_size)
+    paths = [folder / f"{name}-{i // shard_size:05d}.npz" for i in shards]
+    todo = [(i, p) for i, p in zip(shards, paths) if not p.exists()]
+    bar = None
+    if progress and todo:
+        from tqdm import tqdm
+
+        done = len(prompts) - sum(len(prompts[i : i + shard_size]) for i, _ in todo)
+        bar = tqdm(
+            total=len(prompts), initial=done, desc=f"generate {name}", unit="prompt"
+        )
+    tokens_made, tic = 0, time.perf_counter()
+
+    def count(n):
+        nonlocal tokens_made
+        tokens_made += n
+        if bar is not None:
+            rate = tokens_made / (time.perf_counter() - tic)
+            bar.set_postfix(tok_s=round(rate, 1), refresh=False)
+
+    for i, path in todo:
+        mx.random.seed(seed + i // shard_size)
+        chunk = prompts[i : i + shard_size]
+        data = generate_completions(
+            model,
+            tokenizer,
+            chunk,
+            temps[i : i + shard_size],
+            max_tokens=max_tokens,
+            top_k=top_k,
+            batch_size=batch_size,
+            progress=count,
+        )
+        tmp = path.with_suffix(".tmp.npz")
+        data.save(tmp)
+        tmp.replace(path)
+        if bar is not None:
+            bar.update(len(chunk))
+        if log is not None:
+            log(
+                f"{path.name}: {len(chunk)} prompts, {data.completion_tokens} tokens, "
+                f"{tokens_made / (time.perf_counter() - tic):.1f} tok/s"
+            )
+        mx.clear_cache()
+    if bar is not None:
+        bar.close()
+    return read_completions(folder, name)
+
+
+def _check_manifest(path: Path, settings: Dict):
+    if path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        differ = [k for k in settings if k != "target" and saved.get(k) != settings[k]]
+        if differ:
+            raise ValueError(
+                f"the completions in '{path.parent}' were made with other "
+                f"{', '.join(differ)}; delete that folder or use the same options."
+            )
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_completions(folder, name: str) -> Completions:
+    """Every shard of ``name`` in ``folder``, in order."""
+    data = Completions()
+    for path in sorted(Path(folder).glob(f"{name}-[0-9]*.npz")):
+        if ".tmp" not in path.name:
+            data.extend(Completions.load(path))
+    return data

@@ -1,0 +1,566 @@
+"""Distilling a draft model from its target (``mlx_spec train-draft --kind draft``).
+
+The draft (:mod:`mlx_spec.drafters.distilled`) starts as a few of the
+target's own layers, its final norm and its output rows for the ``k`` most
+frequent tokens of the teacher data, on the target's frozen embedding. It
+is then trained on the target's completions (:mod:`.completions`) with
+
+    loss = soft_weight * CE(teacher top-K law, q) + (1 - soft_weight) * CE(token, q)
+
+over completion positions, where ``q`` is the draft's law over its own
+vocabulary; teacher mass outside the draft vocabulary is dropped (the draft
+cannot propose those tokens), and so are tokens outside it as hard labels.
+
+Held-out greedy acceptance is computed exactly from one teacher-forced
+forward: on a greedy completion, a chain drafted from position ``j``
+accepts ``s`` tokens iff the draft's argmax equals the next token at
+``j .. j + s - 1`` (every accepted token *is* the true prefix of the next
+draft step). Rounds are replayed over each held-out completion with a fixed
+draft length, which gives the per-position acceptance and the tokens per
+target forward the engine would measure (up to float near-ties).
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..drafters.distilled import (
+    DistilledDraft,
+    build_draft,
+    draft_vocabulary,
+    drafter_config,
+    save_draft,
+)
+from .completions import Completions
+
+CHECKPOINT_DIR = "checkpoints"
+DEFAULT_STEPS = 3000
+DEFAULT_BATCH_TOKENS = 4096
+DEFAULT_LR = 3e-4
+DEFAULT_WARMUP = 100
+DEFAULT_DRAFT_VOCAB = 8192
+DEFAULT_LAYERS = (0, 29)
+DEFAULT_SOFT_WEIGHT = 0.5
+DEFAULT_EVAL_EVERY = 250
+DEFAULT_MAX_LENGTH = 768
+LENGTH_STEP = 64  # sequences are padded to a multiple of this (few compiled shapes)
+EVAL_GAMMAS = (1, 2, 3, 4, 5, 6)
+EVAL_POSITIONS = 8
+
+
+@dataclass
+class DraftTrainConfig:
+    """Options of one draft training (recorded in the drafter's config).
+
+    Args:
+        steps: Optimizer steps.
+        batch_tokens: Padded tokens per step.
+        lr: Peak learning rate (AdamW, linear warm-up, cosine decay to 10%).
+        warmup: Warm-up steps.
+        draft_vocab: Size of the draft vocabulary (most frequent target
+          tokens in the training completions).
+        layers: Target layers the draft starts from, in order.
+        soft_weight: Weight of the soft (top-K law) loss; the rest is the
+          hard (written token) loss.
+        max_length: Sequences are cut to this many tokens.
+        eval_every: Steps between held-out evaluations.
+        checkpoint_every: Steps between checkpoints.
+        seed: Seed of the data order.
+        compile: ``mx.compile`` the training step.
+    """
+
+    steps: int = DEFAULT_STEPS
+    batch_tokens: int = DEFAULT_BATCH_TOKENS
+    lr: float = DEFAULT_LR
+    warmup: int = DEFAULT_WARMUP
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
+    layers: List[int] = field(default_factory=lambda: list(DEFAULT_LAYERS))
+    soft_weight: float = DEFAULT_SOFT_WEIGHT
+    max_length: int = DEFAULT_MAX_LENGTH
+    eval_every: int = DEFAULT_EVAL_EVERY
+    checkpoint_every: int = DEFAULT_EVAL_EVERY
+    seed: int = 0
+    compile: bool = True
+
+
+# Options a resumed run must share with its checkpoint.
+_RESUME_KEYS = ("draft_vocab", "layers", "batch_tokens", "max_length", "seed", "steps")
+
+
+# --------------------------------------------------------------------------- #
+# Batches
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class Batch:
+    """A padded batch of sequences (numpy until :meth:`arrays`).
+
+    Attributes:
+        tokens: ``(B, T)`` input token ids.
+        soft_ids: ``(B, T, K)`` draft index of the teacher's top-K tokens for
+          the next token (``-1``: outside the draft vocabulary).
+        soft_p: ``(B, T, K)`` their probabilities.
+        hard: ``(B, T)`` draft index of the next token (``-1``: outside).
+        mask: ``(B, T)`` 1.0 where the next token is a completion token.
+        target: ``(B, T)`` the next token's target id (``-1`` where masked).
+    """
+
+    tokens: np.ndarray
+    soft_ids: np.ndarray
+    soft_p: np.ndarray
+    hard: np.ndarray
+    mask: np.ndarray
+    target: np.ndarray
+
+    def arrays(self):
+        return (
+            mx.array(self.tokens),
+            mx.array(self.soft_ids),
+            mx.array(self.soft_p),
+            mx.array(self.hard),
+            mx.array(self.mask),
+        )
+
+
+def plan_batches(
+    lengths: Sequence[int], batch_tokens: int, max_length: int
+) -> List[List[int]]:
+    """Sequence indices grouped by padded length into batches of ``<= batch_tokens``."""
+    padded = [padded_length(n, max_length) for n in lengths]
+    order = sorted(range(len(lengths)), key=lambda i: (padded[i], i))
+    batches, current = [], []
+    for i in order:
+        width = padded[i]
+        if current and (
+            padded[current[0]] != width or width * (len(current) + 1) > batch_tokens
+        ):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padded_length(n: int, max_length: int) -> int:
+    n = min(n, max_length)
+    return min(-(-n // LENGTH_STEP) * LENGTH_STEP, max_length)
+
+
+def make_batch(
+    data: Completions, index: Sequence[int], to_draft: np.ndarray, max_length: int
+) -> Batch:
+    """Pad the sequences ``index`` into a :class:`Batch` (see its fields)."""
+    width = max(padded_length(len(data.tokens[i]), max_length) for i in index)
+    B = len(index)
+    K = data.teacher_ids[index[0]].shape[1]
+    tokens = np.zeros((B, width), np.int32)
+    soft_ids = np.full((B, width, K), -1, np.int32)
+    soft_p = np.zeros((B, width, K), np.float32)
+    hard = np.full((B, width), -1, np.int32)
+    mask = np.zeros((B, width), np.float32)
+    target = np.full((B, width), -1, np.int32)
+    for row, i in enumerate(index):
+        seq = data.tokens[i][:max_length]
+        n, start = len(seq), data.starts[i]
+        tokens[row, :n] = seq
+        if start >= n:
+            continue
+        # Position p predicts token p + 1; completion rows j = p + 1 - start.
+        rows = n - start
+        span = slice(start - 1, n - 1)
+        soft_ids[row, span] = to_draft[data.teacher_ids[i][:rows]]
+        soft_p[row, span] = np.exp(data.teacher_logp[i][:rows].astype(np.float32))
+        nxt = seq[start:n]
+        hard[row, span] = to_draft[nxt]
+        target[row, span] = nxt
+        mask[row, span] = 1.0
+    return Batch(tokens, soft_ids, soft_p, hard, mask, target)
+
+
+# --------------------------------------------------------------------------- #
+# Loss
+# --------------------------------------------------------------------------- #
+
+
+def draft_loss(
+    draft: DistilledDraft, tokens, soft_ids, soft_p, hard, mask, soft_weight: float
+):
+    """Mean distillation loss over masked positions, and the top-1 accuracy.
+
+    Returns:
+        ``(loss, accuracy)`` scalars; accuracy is the share of positions whose
+        draft argmax is the next token.
+    """
+    logits = draft.lm_head.subset_logits(draft.hidden(tokens))  # (B, T, k)
+    logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    inside = soft_ids >= 0
+    weights = mx.where(inside, soft_p, 0.0)
+    weights = weights / mx.maximum(weights.sum(axis=-1, keepdims=True), 1e-9)
+    gathered = mx.take_along_axis(logq, mx.maximum(soft_ids, 0), axis=-1)
+    soft = -(weights * gathered).sum(axis=-1)
+    has_hard = hard >= 0
+    hard_logq = mx.take_along_axis(logq, mx.maximum(hard, 0)[..., None], axis=-1)[
+        ..., 0
+    ]
+    hard_loss = mx.where(has_hard, -hard_logq, 0.0)
+    per_token = soft_weight * soft + (1.0 - soft_weight) * hard_loss
+    count = mx.maximum(mask.sum(), 1.0)
+    loss = (per_token * mask).sum() / count
+    correct = (mx.argmax(logits, axis=-1) == hard) & has_hard
+    accuracy = (correct * mask).sum() / count
+    return loss, accuracy
+
+
+# --------------------------------------------------------------------------- #
+# Held-out acceptance replayed from teacher-forced matches
+# --------------------------------------------------------------------------- #
+
+
+def replay_chains(matches: Sequence[np.ndarray], gamma: int) -> Dict:
+    """Replay fixed-γ greedy rounds over each completion's match vector.
+
+    Args:
+        matches: Per completion, ``(n,)`` bool: whether the draft's argmax at
+          completion position ``j`` (given the true prefix) is token ``j``.
+        gamma: Draft tokens per round.
+
+    Returns:
+        ``tokens_per_forward`` (emitted tokens per round, i.e. per target
+        forward), ``acceptance`` (accepted / drafted) and ``by_position``
+        (acceptance of draft position ``i`` given the round reached it).
+    """
+    reached = np.zeros(gamma, np.int64)
+    accepted_at = np.zeros(gamma, np.int64)
+    rounds = emitted = drafted = accepted = 0
+    for m in matches:
+        j, n = 0, len(m)
+        while j < n:
+            run = 0
+            while run < gamma and j + run < n and m[j + run]:
+                run += 1
+            depth = min(gamma, n - j)  # drafts that could be checked this round
+            reached[: min(run + 1, depth)] += 1
+            accepted_at[:run] += 1
+            drafted += depth
+            accepted += run
+            step = min(run + 1, n - j)
+            emitted += step
+            rounds += 1
+            j += step
+    return {
+        "gamma": gamma,
+        "tokens_per_forward": round(emitted / max(rounds, 1), 4),
+        "acceptance": round(accepted / max(drafted, 1), 4),
+        "by_position": [
+            round(float(a) / r, 4) if r else None for a, r in zip(accepted_at, reached)
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- #
+# The trainer
+# --------------------------------------------------------------------------- #
+
+
+class DraftTrainer:
+    """One draft's training state: model, optimizer, data order, evaluation."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        tokenizer,
+        train: Completions,
+        heldout: Completions,
+        config: DraftTrainConfig,
+    ):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.config = config
+        self.train = train
+        self.heldout = heldout
+        vocab_size = int(target.args.vocab_size)
+        counts = token_counts(train, vocab_size)
+        always = sorted(set(int(t) for t in tokenizer.eos_token_ids))
+        self.token_ids = draft_vocabulary(
+            dict(enumerate(counts.tolist())), config.draft_vocab, always
+        )
+        ids = np.array(self.token_ids)
+        self.coverage = float(counts[ids].sum() / max(counts.sum(), 1))
+        self.to_draft = np.full(vocab_size, -1, np.int32)
+        self.to_draft[ids] = np.arange(len(ids), dtype=np.int32)
+        self.draft = build_draft(target, self.token_ids, config.layers)
+        self.batches = plan_batches(
+            [len(t) for t in train.tokens], config.batch_tokens, config.max_length
+        )
+        self.heldout_batches = plan_batches(
+            [len(t) for t in heldout.tokens], config.batch_tokens, config.max_length
+        )
+        steps_after = max(config.steps - config.warmup, 1)
+        self.schedule = optim.join_schedules(
+            [
+                optim.linear_schedule(config.lr * 0.01, config.lr, config.warmup),
+                optim.cosine_decay(config.lr, steps_after, config.lr * 0.1),
+            ],
+            [config.warmup],
+        )
+        self.optimizer = optim.AdamW(learning_rate=self.schedule, weight_decay=0.0)
+        self.optimizer.init(self.draft.trainable_parameters())
+        self.step = 0
+        self.tokens_seen = 0
+        self.train_time = 0.0
+        self.history: List[Dict] = []
+        self.evals: List[Dict] = []
+        self._step_fn = self._make_step()
+
+    # The compiled update: loss, gradients, clipping, optimizer.
+    def _make_step(self):
+        draft, optimizer = self.draft, self.optimizer
+        soft_weight = self.config.soft_weight
+
+        def loss_fn(model, *batch):
+            return draft_loss(model, *batch, soft_weight)
+
+        grad_fn = nn.value_and_grad(draft, loss_fn)
+
+        def step(*batch):
+            (loss, accuracy), grads = grad_fn(draft, *batch)
+            grads, _ = optim.clip_grad_norm(grads, 1.0)
+            optimizer.update(draft, grads)
+            return loss, accuracy
+
+        if not self.config.compile:
+            return step
+        state = [draft.state, optimizer.state]
+        return mx.compile(step, inputs=state, outputs=state)
+
+    def batch_of_step(self, step: int) -> List[int]:
+        """The batch of optimizer step ``step`` (a seeded shuffle per epoch)."""
+        epoch, k = divmod(step, len(self.batches))
+        order = np.random.default_rng([self.config.seed, epoch]).permutation(
+            len(self.batches)
+        )
+        return self.batches[order[k]]
+
+    def train_step(self) -> Dict:
+        index = self.batch_of_step(self.step)
+        batch = make_batch(self.train, index, self.to_draft, self.config.max_length)
+        tic = time.perf_counter()
+        loss, accuracy = self._step_fn(*batch.arrays())
+        mx.eval(loss, accuracy, self.draft.state, self.optimizer.state)
+        self.train_time += time.perf_counter() - tic
+        self.step += 1
+        self.tokens_seen += int(batch.mask.sum())
+        record = {
+            "step": self.step,
+            "loss": round(float(loss.item()), 4),
+            "acc": round(float(accuracy.item()), 4),
+        }
+        self.history.append(record)
+        return record
+
+    def matches(self, data: Completions, batches: List[List[int]]) -> List[np.ndarray]:
+        """Per greedy completion ``(n,)`` bool: the draft's argmax (true prefix) is the next token."""
+        out = []
+        ids = np.array(self.token_ids)
+        for index in batches:
+            index = [i for i in index if data.temps[i] == 0.0]
+            if not index:
+                continue
+            batch = make_batch(data, index, self.to_draft, self.config.max_length)
+            logits = self.draft.lm_head.subset_logits(
+                self.draft.hidden(mx.array(batch.tokens))
+            )
+            guess = ids[np.array(mx.argmax(logits, axis=-1))]
+            for row, i in enumerate(index):
+                n = min(len(data.tokens[i]), self.config.max_length)
+                span = slice(data.starts[i] - 1, n - 1)
+                if data.starts[i] < n:
+                    out.append(guess[row, span] == batch.target[row, span])
+        return out
+
+    def evaluate(self) -> Dict:
+        """Held-out loss and accuracy, and greedy acceptance replayed per draft length."""
+        loss_sum = acc_sum = count = 0.0
+        for index in self.heldout_batches:
+            batch = make_batch(
+                self.heldout, index, self.to_draft, self.config.max_length
+            )
+            loss, accuracy = draft_loss(
+                self.draft, *batch.arrays(), self.config.soft_weight
+            )
+            n = float(batch.mask.sum())
+            loss_sum += float(loss.item()) * n
+            acc_sum += float(accuracy.item()) * n
+            count += n
+        matches = self.matches(self.heldout, self.heldout_batches)
+        chains = [replay_chains(matches, g) for g in EVAL_GAMMAS]
+        best = max(chains, key=lambda c: c["tokens_per_forward"])
+        total = sum(len(m) for m in matches)
+        summary = {
+            "step": self.step,
+            "heldout_loss": round(loss_sum / max(count, 1), 4),
+            "heldout_accuracy": round(acc_sum / max(count, 1), 4),
+            # Per-token greedy acceptance: P(draft token == target token | true prefix).
+            "alpha": round(sum(int(m.sum()) for m in matches) / max(total, 1), 4),
+            "chains": chains,
+            "best_gamma": best["gamma"],
+            "best_tokens_per_forward": best["tokens_per_forward"],
+        }
+        self.evals.append(summary)
+        return summary
+
+    # Checkpoints: the draft's weights, the optimizer state, the counters.
+    def save_checkpoint(self, out_dir):
+        path = Path(out_dir) / CHECKPOINT_DIR
+        path.mkdir(parents=True, exist_ok=True)
+        mx.save_safetensors(
+            str(path / "draft.tmp.safetensors"), self.draft.trainable_state()
+        )
+        mx.save_safetensors(
+            str(path / "optimizer.tmp.safetensors"),
+            dict(tree_flatten(self.optimizer.state)),
+        )
+        (path / "draft.tmp.safetensors").replace(path / "draft.safetensors")
+        (path / "optimizer.tmp.safetensors").replace(path / "optimizer.safetensors")
+        meta = {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_time": self.train_time,
+            "history": self.history,
+            "evals": self.evals,
+            "config": asdict(self.config),
+            "token_ids_sha": _digest(self.token_ids),
+        }
+        tmp = path / "state.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(path / "state.json")
+
+    def load_checkpoint(self, out_dir) -> bool:
+        """Resume from ``out_dir``'s checkpoint if there is one; True if resumed."""
+        path = Path(out_dir) / CHECKPOINT_DIR
+        if not (path / "state.json").exists():
+            return False
+        meta = json.loads((path / "state.json").read_text())
+        saved, mine = meta["config"], asdict(self.config)
+        differ = [k for k in _RESUME_KEYS if saved.get(k) != mine.get(k)]
+        if meta.get("token_ids_sha") != _digest(self.token_ids):
+            differ.append("training data")
+        if differ:
+            raise ValueError(
+                f"the checkpoint in '{path}' was made with other {', '.join(differ)}; "
+                "use the same options, or delete that folder to start over."
+            )
+        weights = mx.load(str(path / "draft.safetensors"))
+        self.draft.load_weights(list(weights.items()), strict=False)
+        state = mx.load(str(path / "optimizer.safetensors"))
+        self.optimizer.state = tree_unflatten(list(state.items()))
+        self.step = meta["step"]
+        self.tokens_seen = meta["tokens_seen"]
+        self.train_time = meta["train_time"]
+        self.history = meta["history"]
+        self.evals = meta["evals"]
+        mx.eval(self.draft.state, self.optimizer.state)
+        self._step_fn = self._make_step()
+        return True
+
+    def record(self) -> Dict:
+        """What the drafter's config records about this training."""
+        return {
+            "config": asdict(self.config),
+            "steps": self.step,
+            "tokens_seen": self.tokens_seen,
+            "train_seconds": round(self.train_time, 1),
+            "train_sequences": len(self.train),
+            "train_completion_tokens": self.train.completion_tokens,
+            "heldout_sequences": len(self.heldout),
+            "heldout_completion_tokens": self.heldout.completion_tokens,
+            "draft_vocab_coverage": round(self.coverage, 4),
+            "final_loss": self.history[-1]["loss"] if self.history else None,
+            "evals": self.evals,
+        }
+
+    def save(self, out_dir, extra: Optional[Dict] = None):
+        """Write the drafter directory (float16 weights + config.json)."""
+        config = drafter_config(
+            self.draft,
+            self.target,
+            self.config.layers,
+            training=self.record(),
+            **(extra or {}),
+        )
+        save_draft(self.draft, out_dir, config)
+
+
+def token_counts(data: Completions, vocab_size: int) -> np.ndarray:
+    """How often each token is written in the completions ``(V,)``."""
+    counts = np.zeros(vocab_size, np.int64)
+    for tokens, start in zip(data.tokens, data.starts):
+        np.add.at(counts, tokens[start:], 1)
+    return counts
+
+
+def _digest(ids: Sequence[int]) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.asarray(ids, np.int32).tobytes()).hexdigest()[:16]
+
+
+def train_draft(
+    target: nn.Module,
+    tokenizer,
+    train: Completions,
+    heldout: Completions,
+    config: DraftTrainConfig,
+    out_dir,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+    extra: Optional[Dict] = None,
+) -> DraftTrainer:
+    """Train a draft and write it to ``out_dir`` (see the module docstring)."""
+    trainer = DraftTrainer(target, tokenizer, train, heldout, config)
+    if resume and trainer.load_checkpoint(out_dir) and log:
+        log(f"resumed from step {trainer.step}")
+    if not trainer.evals:
+        trainer.evaluate()  # the starting point, for the card
+    last = trainer.evals[-1]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=config.steps, initial=trainer.step, desc="train draft", unit="step"
+        )
+    while trainer.step < config.steps:
+        record = trainer.train_step()
+        at_end = trainer.step == config.steps
+        if trainer.step % config.eval_every == 0 or at_end:
+            last = trainer.evaluate()
+            if log:
+                log(json.dumps({k: v for k, v in last.items() if k != "chains"}))
+        if trainer.step % config.checkpoint_every == 0 or at_end:
+            trainer.save_checkpoint(out_dir)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                loss=record["loss"],
+                acc=record["acc"],
+                heldout_alpha=last["alpha"],
+                tok_fwd=last["best_tokens_per_forward"],
+                refresh=False,
+            )
+    if bar is not None:
+        bar.close()
+    trainer.save(out_dir, extra)
+    return trainer

@@ -1,0 +1,96 @@
+"""``mlx_spec train-draft --kind draft`` end to end on a tiny target: one command
+writes a loadable draft and its card, a rerun resumes instead of redoing, and bad
+options fail in one line."""
+
+import json
+
+import pytest
+
+from mlx_spec.cli import main as mlx_spec_main
+from mlx_spec.loading import load_draft
+from mlx_spec.train.cli import main
+
+TINY = [
+    "--num-prompts",
+    "6",
+    "--heldout-prompts",
+    "3",
+    "--max-tokens",
+    "10",
+    "--steps",
+    "6",
+    "--batch-tokens",
+    "2048",
+    "--draft-vocab",
+    "150",
+    "--layers",
+    "-1",
+    "--eval-every",
+    "3",
+    "--eval-prompts",
+    "1",
+    "--eval-max-tokens",
+    "8",
+    "--eval-gammas",
+    "1,2",
+    "--no-progress",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(checkpoints, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "draft"
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(out), *TINY]
+    assert mlx_spec_main(["train-draft", *argv]) == 0
+    return out, argv
+
+
+def test_one_command_writes_a_draft_its_card_and_its_record(trained, load_model):
+    out, _ = trained
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft"]["init_layers"] == [1]  # -1: the target's last layer
+    assert config["training"]["steps"] == 6
+    assert [e["step"] for e in config["training"]["evals"]] == [0, 3, 6]
+    assert config["evaluation"]["end_to_end"]["identical"]
+    card = (out / "README.md").read_text()
+    for part in (
+        "## Data",
+        "## Training",
+        "pos 1",
+        "ratio",
+        "mlx_spec train-draft --model",
+    ):
+        assert part in card, part
+    model, tokenizer = load_model("llama")
+    assert load_draft(str(out), model, tokenizer) is not None
+
+
+def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
+    out, argv = trained
+    shards = {p: p.stat().st_mtime_ns for p in (out / "data").glob("*.npz")}
+    assert main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "data").glob("*.npz")} == shards
+    assert "resumed from step 6" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--layers", "7"], "draft layers [7]"),
+        (["--sampled-share", "2"], "--sampled-share"),
+        (["--prompts", "nope.jsonl"], "does not exist"),
+    ],
+)
+def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, message):
+    argv = [
+        "--model",
+        str(checkpoints["llama"]),
+        "--out",
+        str(tmp_path / "d"),
+        *TINY,
+        *extra,
+    ]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    text = str(e.value.code)
+    assert message in text and "\n" not in text, text

@@ -1,0 +1,319 @@
+"""Distilled drafts (``mlx_spec train-draft --kind draft``): data, training, resume,
+loading, exactness and target checks, on tiny random targets."""
+
+import itertools
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
+from mlx_lm.models import llama
+
+from mlx_spec import SpecConfig, SpecStats, stream_generate
+from mlx_spec.drafters import distilled
+from mlx_spec.engine import speculative_events
+from mlx_spec.loading import load_draft
+from mlx_spec.train import completions as C
+from mlx_spec.train import draft as D
+from mlx_spec.train.prompts import mixed_prompts
+
+CHAT_ONLY = {"chat": 1.0}
+
+
+@pytest.fixture(scope="module")
+def target(load_model):
+    return load_model("llama")
+
+
+@pytest.fixture(scope="module")
+def data(target, tmp_path_factory):
+    """Completions of 6 training and 2 held-out chat prompts (greedy and sampled)."""
+    model, tokenizer = target
+    folder = tmp_path_factory.mktemp("completions")
+    prompts = mixed_prompts(8, "heldout", seed=0, shares=CHAT_ONLY)
+    options = dict(max_tokens=16, shard_size=4, progress=False)
+    train = C.build_completions(
+        model, tokenizer, prompts[:6], folder, "train", **options
+    )
+    heldout = C.build_completions(
+        model, tokenizer, prompts[6:], folder, "heldout", sampled_share=0.0, **options
+    )
+    return train, heldout, prompts, folder
+
+
+def _config(**kw):
+    base = dict(
+        steps=12,
+        batch_tokens=1024,
+        lr=1e-2,
+        warmup=2,
+        draft_vocab=200,
+        layers=[1],
+        eval_every=6,
+        checkpoint_every=6,
+    )
+    return D.DraftTrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def trained(target, data, tmp_path_factory):
+    """A draft trained for a few steps and written to a directory."""
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    out = tmp_path_factory.mktemp("draft")
+    D.train_draft(model, tokenizer, train, heldout, _config(), out, progress=False)
+    return out
+
+
+def test_completions_hold_prompt_completion_and_teacher_laws(target, data):
+    model, tokenizer = target
+    train, heldout, prompts, _ = data
+    assert len(train) == 6 and len(heldout) == 2
+    assert train.temps.count(C.DEFAULT_SAMPLED_TEMP) == 1  # a quarter, spread out
+    for i, tokens in enumerate(train.tokens):
+        start = train.starts[i]
+        assert tokens[:start].tolist() == C.encode_prompt(tokenizer, prompts[i])
+        rows = len(tokens) - start
+        assert train.teacher_ids[i].shape == (rows, C.DEFAULT_TOP_K)
+        logp = train.teacher_logp[i].astype(np.float32)
+        assert (np.diff(logp, axis=1) <= 0).all()  # best first
+        if train.temps[i] == 0.0:  # greedy: the written token is the law's top
+            assert (train.teacher_ids[i][:, 0] == tokens[start:]).all()
+
+
+def test_completions_resume_only_missing_shards(target, data, monkeypatch):
+    model, tokenizer = target
+    train, _, prompts, folder = data
+    (folder / "train-00001.npz").unlink()
+    calls = []
+    real = C.generate_completions
+
+    def counting(model, tokenizer, chunk, *a, **kw):
+        calls.append(len(chunk))
+        return real(model, tokenizer, chunk, *a, **kw)
+
+    monkeypatch.setattr(C, "generate_completions", counting)
+    again = C.build_completions(
+        model,
+        tokenizer,
+        prompts[:6],
+        folder,
+        "train",
+        max_tokens=16,
+        shard_size=4,
+        progress=False,
+    )
+    assert calls == [2]  # only the missing shard's prompts
+    for i in range(6):
+        if train.temps[i] == 0.0:
+            assert again.tokens[i].tolist() == train.tokens[i].tolist()
+
+
+def test_completions_refuse_other_settings(target, data):
+    model, tokenizer = target
+    _, _, prompts, folder = data
+    with pytest.raises(ValueError, match="max_tokens") as e:
+        C.build_completions(
+            model,
+            tokenizer,
+            prompts[:6],
+            folder,
+            "train",
+            max_tokens=9,
+            shard_size=4,
+            progress=False,
+        )
+    assert "\n" not in str(e.value)
+
+
+def test_training_steps_reduce_the_loss(target, data):
+    model, tokenizer = target
+    train, _, _, _ = data
+    trainer = D.DraftTrainer(model, tokenizer, train, train, _config())
+    before = trainer.evaluate()["heldout_loss"]
+    for _ in range(12):
+        trainer.train_step()
+    after = trainer.evaluate()
+    assert after["heldout_loss"] < 0.7 * before, (before, after["heldout_loss"])
+    assert after["alpha"] > trainer.evals[0]["alpha"]
+
+
+def test_resume_continues_from_the_checkpoint_step(target, data, tmp_path):
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    straight = D.DraftTrainer(model, tokenizer, train, heldout, _config())
+    for _ in range(12):
+        straight.train_step()
+    first = D.DraftTrainer(model, tokenizer, train, heldout, _config())
+    for _ in range(6):
+        first.train_step()
+    first.save_checkpoint(tmp_path)  # the run is killed here
+    resumed = D.DraftTrainer(model, tokenizer, train, heldout, _config())
+    assert resumed.load_checkpoint(tmp_path) and resumed.step == 6
+    while resumed.step < 12:
+        resumed.train_step()
+    for name, value in straight.draft.trainable_state().items():
+        other = resumed.draft.trainable_state()[name]
+        assert mx.allclose(value, other, atol=1e-5).item(), name
+    with pytest.raises(ValueError, match="draft_vocab") as e:
+        D.DraftTrainer(
+            model, tokenizer, train, heldout, _config(draft_vocab=100)
+        ).load_checkpoint(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_train_draft_resumes_after_an_interruption(target, data, tmp_path, monkeypatch):
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    real = D.DraftTrainer.train_step
+
+    def dying(self):
+        if self.step == 7:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(D.DraftTrainer, "train_step", dying)
+    with pytest.raises(KeyboardInterrupt):
+        D.train_draft(
+            model, tokenizer, train, heldout, _config(), tmp_path, progress=False
+        )
+    monkeypatch.setattr(D.DraftTrainer, "train_step", real)
+    lines = []
+    trainer = D.train_draft(
+        model,
+        tokenizer,
+        train,
+        heldout,
+        _config(),
+        tmp_path,
+        progress=False,
+        log=lines.append,
+    )
+    assert lines[0] == "resumed from step 6" and trainer.step == 12
+    assert [e["step"] for e in trainer.evals] == [0, 6, 12]
+
+
+def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(
+    target, trained, data
+):
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    assert isinstance(draft, distilled.DistilledDraft)
+    config = json.loads((trained / "config.json").read_text())
+    assert config["mlx_spec_head"]["kind"] == "draft"
+    assert config["draft"]["draft_vocab_size"] == 200
+    prompt = C.encode_prompt(tokenizer, data[2][7])
+    plain = [
+        r.token
+        for r in stream_generate(
+            model, tokenizer, prompt, speculative="none", max_tokens=40
+        )
+    ]
+    for method in ("draft", "tree"):
+        stream = stream_generate(
+            model, tokenizer, prompt, draft, speculative=method, max_tokens=40
+        )
+        assert [r.token for r in stream] == plain, method
+        assert stream.stats.accepted_tokens > 0
+
+
+def test_draft_proposes_only_its_vocabulary(target, trained):
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    logits = draft(mx.array([[1, 2, 3]]))
+    allowed = np.zeros(logits.shape[-1], bool)
+    allowed[np.array(draft.lm_head.token_ids)] = True
+    finite = np.isfinite(np.array(logits[0]))
+    assert (finite == allowed[None]).all()
+
+
+def test_sampled_stream_with_the_draft_follows_target_law(target, trained):
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    ids = tokenizer.encode("def fibonacci(n):")
+    temp, n = 1.0, 240
+    mx.random.seed(5)
+    stats = SpecStats()
+    config = SpecConfig(method="draft", max_tokens=n, temp=temp, adaptive=False)
+    events = speculative_events(mx.array(ids), model, draft, config=config, stats=stats)
+    out = [e.token for e in events]
+    assert len(out) == n and stats.accepted_tokens > 10
+    outside = set(out) - set(draft.lm_head.token_ids.tolist())
+    assert outside  # tokens the draft can never propose were emitted too
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
+    chi2, z = stream_statistics(laws, np.array(out))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+VOCAB = 8
+PROMPT = [3, 1, 4, 1, 5]
+
+
+def test_subset_draft_first_three_tokens_follow_exact_law():
+    """Rejection sampling with a draft whose law is zero on half the vocabulary.
+
+    The draft proposes only tokens {0, 2, 5, 7}; the other four must still
+    appear as often as the target's law says (chi-square over all 512
+    three-token openings).
+    """
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB,
+        tie_word_embeddings=False,
+    )
+    mx.random.seed(0)
+    model = llama.Model(args)
+    model.lm_head.weight = 0.2 * mx.random.normal(model.lm_head.weight.shape)
+    mx.eval(model.parameters())
+    draft = distilled.build_draft(model, [0, 2, 5, 7], [0])
+    pairs = list(itertools.product(range(VOCAB), repeat=2))
+    probs = np.array(
+        mx.softmax(model(mx.array([PROMPT + list(p) for p in pairs]))[:, -3:], -1)
+    )
+    law = np.empty((VOCAB,) * 3)
+    for row, (a, b) in enumerate(pairs):
+        law[a, b, :] = probs[row, 0, a] * probs[row, 1, b] * probs[row, 2]
+    mx.random.seed(11)
+    runs, counts, accepted = 300, np.zeros(VOCAB**3), 0
+    config = SpecConfig(
+        method="draft", max_tokens=3, temp=1.0, adaptive=False, num_draft_tokens=3
+    )
+    for _ in range(runs):
+        stats = SpecStats()
+        a, b, c = (
+            e.token
+            for e in speculative_events(
+                mx.array(PROMPT), model, draft, config=config, stats=stats
+            )
+        )
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+        accepted += stats.accepted_tokens
+    assert accepted > runs // 3
+    assert_counts_follow_law(counts, law.reshape(-1))
+
+
+def test_another_target_is_refused_in_one_line(trained, load_model):
+    other, other_tokenizer = load_model("llama-near")
+    with pytest.raises(ValueError, match="another target") as e:
+        load_draft(str(trained), other, other_tokenizer)
+    assert "\n" not in str(e.value)
+
+
+def test_replay_chains_counts_rounds_positions_and_tokens():
+    # γ=2: two rounds accept both drafts and add the target's token (3 tokens
+    # each), the last round has one token left: 7 tokens in 3 target forwards.
+    m = [np.array([True, True, False, True, True, True, True])]
+    r = D.replay_chains(m, 2)
+    assert r["tokens_per_forward"] == round(7 / 3, 4)
+    assert r["by_position"] == [1.0, 1.0]
+    r1 = D.replay_chains([np.array([False, True, False])], 1)
+    # γ=1: a rejected round (1 token), then an accepted one (2 tokens).
+    assert r1["by_position"] == [0.5] and r1["tokens_per_forward"] == 1.5
