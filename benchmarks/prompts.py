@@ -140,6 +140,18 @@ _CODE = [
 
 _EDITING = [
     _chat(
+        "meeting_thursday",
+        "editing",
+        "Rewrite this note so that the meeting is on Thursday instead of "
+        "Tuesday. Change nothing else.\n\n"
+        "Hi Sam,\n"
+        "Just a reminder that our project meeting is on Tuesday at 10 am in "
+        "room 4B. Please bring the latest budget figures and the draft "
+        "timeline. If you cannot make it, let me know by Monday.\n"
+        "Thanks,\n"
+        "Alex",
+    ),
+    _chat(
         "rename_total",
         "editing",
         "Rename the variable total to running_sum in this function and write "
@@ -153,40 +165,35 @@ _EDITING = [
         "```",
     ),
     _chat(
-        "meeting_thursday",
+        "greeting_hello_tom",
         "editing",
-        "Rewrite this note so that the meeting is on Thursday instead of "
-        "Tuesday. Change nothing else.\n\n"
-        "Hi Sam,\n"
-        "Just a reminder that our project meeting is on Tuesday at 10 am in "
-        "room 4B. Please bring the latest budget figures and the draft "
-        "timeline. If you cannot make it, let me know by Monday.\n"
-        "Thanks,\n"
-        "Alex",
+        'Change the greeting of this email from "Dear Mr. Jones" to "Hello Tom" '
+        "and keep the rest as it is.\n\n"
+        "Dear Mr. Jones,\n"
+        "Thank you for your order of twelve blue mugs. They will ship on Friday "
+        "and should arrive within five working days. Please contact us if "
+        "anything is missing.\n"
+        "Best regards,\n"
+        "Anna",
     ),
     _chat(
-        "clamp_docstring",
+        "garden_spelling",
         "editing",
-        "Add a one-line docstring to this function and change nothing else:\n\n"
-        "```python\n"
-        "def clamp(x, low, high):\n"
-        "    if x < low:\n"
-        "        return low\n"
-        "    if x > high:\n"
-        "        return high\n"
-        "    return x\n"
-        "```",
+        "Fix the spelling mistakes in this paragraph and write it out again:\n\n"
+        "Our garden was beautifull this summer. The tomatos grew tall, the "
+        "beans climbed the fence, and the sunflowers turned to follow the sun "
+        "every day.",
     ),
     _chat(
         "shopping_list_oats",
         "editing",
-        "Here is my shopping list. Replace the rice with oats and give me the "
-        "full list again.\n\n"
-        "- two loaves of bread\n"
-        "- a dozen eggs\n"
-        "- one bag of rice\n"
-        "- three tomatoes\n"
-        "- a bottle of olive oil",
+        "Here is a shopping list. Write it out again with rice replaced by "
+        "oats.\n\n"
+        "- bread\n"
+        "- eggs\n"
+        "- rice\n"
+        "- tomatoes\n"
+        "- olive oil",
     ),
 ]
 

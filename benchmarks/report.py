@@ -30,7 +30,9 @@ def _gamma(row) -> str:
 
 
 def _pct(value: Optional[float]) -> str:
-    return "–" if value is None else f"{100 * value:.0f}%"
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}%" if value < 0.1 else f"{100 * value:.0f}%"
 
 
 def _same(row: dict) -> str:
