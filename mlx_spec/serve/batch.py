@@ -36,7 +36,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from ..config import SpecConfig
-from ..costs import best_gamma, model_step_cost
+from ..costs import VERIFY_SLOPE, model_step_cost
 from ..drafters.base import align_vocab
 from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
@@ -96,8 +96,30 @@ class AcceptanceEma:
         self.accepted = self.decay * self.accepted + accepted
         self.trials = self.decay * self.trials + accepted + rejected
 
-    def gamma(self, step_cost: float, gamma_max: int) -> int:
-        return best_gamma(min(self.rate, 0.999), step_cost, range(1, gamma_max + 1))[0]
+    def gamma(self, step_cost: float, gamma_max: int, batch: int = 1) -> int:
+        """The draft length for a row of a batch of ``batch`` rows (see :func:`batch_gamma`)."""
+        return batch_gamma(min(self.rate, 0.999), step_cost, batch, gamma_max)
+
+
+def batch_gamma(alpha: float, step_cost: float, batch: int, gamma_max: int) -> int:
+    """The draft length that maximises a row's tokens per modelled round cost.
+
+    The verify forward is shared by ``batch`` rows: one more column costs
+    ``VERIFY_SLOPE * batch`` (a token per row) while the round's base cost
+    (``1 - VERIFY_SLOPE + VERIFY_SLOPE * batch``, the width-1 forward of
+    the whole batch) is shared too. So the larger the batch, the shorter
+    the drafts (:func:`mlx_spec.costs.best_gamma` for one row).
+    """
+    base = 1.0 - VERIFY_SLOPE + VERIFY_SLOPE * batch
+    slope = (VERIFY_SLOPE * batch + step_cost) / base
+    best, best_rate, tokens, reach = 1, 0.0, 1.0, 1.0
+    for gamma in range(1, gamma_max + 1):
+        reach *= alpha
+        tokens += reach
+        rate = tokens / (1.0 + slope * gamma)
+        if rate > best_rate:
+            best, best_rate = gamma, rate
+    return best
 
 
 @dataclass
@@ -115,6 +137,8 @@ class SeqSpec:
         stop_tokens: Tokens that end the output (EOS).
         isolation: Neither read nor add to the cross-request index.
         top_logprobs: Keep each token's logprobs row for the caller.
+        index_from: Tokens of ``prompt`` the cross-request index has seen
+          (served from the prompt cache); default: ``cached``.
     """
 
     prompt: List[int]
@@ -126,6 +150,7 @@ class SeqSpec:
     stop_tokens: FrozenSet[int] = frozenset()
     isolation: bool = False
     top_logprobs: int = 0
+    index_from: Optional[int] = None
 
 
 @dataclass
@@ -169,6 +194,9 @@ class _Seq:
         self.prompt_size = len(spec.prompt)
         self.generated = 0
         self.stats = stats
+        # A request that ran alone before: its counts go on from there.
+        self.base_generated = stats.generated_tokens
+        self.base_time = stats.generation_time
         self.single: Optional[List[Any]] = None  # prompt cache during prefill
         self.prefilled = 0
         self.held = 0  # prompt tokens its prompt cache held
@@ -268,7 +296,7 @@ class SpecBatchGenerator:
         stats = stats if stats is not None else SpecStats()
         stats.method = spec.method
         stats.num_draft_tokens = spec.config.num_draft_tokens
-        stats.prompt_tokens = len(spec.prompt)
+        stats.prompt_tokens = stats.prompt_tokens or len(spec.prompt)
         seq = _Seq(self._uid, spec, uses_draft, stats)
         self._uid += 1
         seq.single = self._initial_cache(spec, uses_draft)
@@ -338,7 +366,9 @@ class SpecBatchGenerator:
             mx.eval([c.state for c in cache])
             out.append((cache, tokens[:length]))
             if self.index is not None and not s.spec.isolation:
-                self.index.add(s.seq[min(s.spec.cached, s.prompt_size) : len(tokens)])
+                start = s.spec.index_from
+                start = s.spec.cached if start is None else start
+                self.index.add(s.seq[min(start, s.prompt_size) : len(tokens)])
         gone = {self.active[b].uid for b in rows}
         keep = [b for b, s in enumerate(self.active) if s.uid not in gone]
         self.target = self.target.select(keep)
@@ -414,47 +444,67 @@ class SpecBatchGenerator:
     # ------------------------------------------------------------------ #
     # A round
 
-    def _plan(self, s: _Seq):
-        """Choose ``s``'s arm, draft length and (host-side) lookup proposal."""
-        s.arm, s.size, s.proposal, s.from_index = None, 0, [], False
-        remaining = s.config.max_tokens - s.generated
-        method = s.spec.method
-        if method == "none" or remaining <= 1:
-            return
-        gamma_max = s.config.max_draft_tokens
-        if method in ("lookup", "auto"):
-            gamma = self._gamma(s, "lookup", 0.0, gamma_max, remaining)
-            proposal, match, from_index = self._lookup(s, gamma)
-            if method == "lookup" or match >= STRONG_MATCH or not s.uses_draft:
-                if proposal:
-                    s.arm, s.proposal, s.from_index = "lookup", proposal, from_index
-                    s.size = len(proposal)
-                return
-        gamma = self._gamma(s, "draft", self.draft_step_cost, gamma_max, remaining)
-        s.arm, s.size = "draft", gamma
+    def _plan(self, seqs: List[_Seq]):
+        """Choose each row's arm and drafts for this round.
 
-    def _gamma(self, s, arm, step_cost, gamma_max, remaining) -> int:
+        Each row picks its arm and its own draft length from its acceptance
+        (:class:`AcceptanceEma`, priced for this batch size). The round's
+        width is the longest; the verify columns up to it are computed for
+        every row anyway, so adaptive rows fill them for free: lookup rows
+        with the rest of their match, draft-model rows with the drafts the
+        batched draft steps make for the longest draft row.
+        """
+        B = len(seqs)
+        for s in seqs:
+            s.arm, s.size, s.proposal, s.from_index = None, 0, [], False
+            limit = s.config.max_tokens - s.generated - 1
+            if s.spec.method == "none" or limit < 1:
+                continue
+            cap = min(s.config.max_draft_tokens, limit)
+            if s.spec.method in ("lookup", "auto"):
+                proposal, match, from_index = self._lookup(s, cap)
+                strong = match >= STRONG_MATCH or not s.uses_draft
+                if s.spec.method == "lookup" or strong:
+                    if proposal:
+                        gamma = self._gamma(s, "lookup", 0.0, B, cap)
+                        s.arm, s.proposal, s.from_index = "lookup", proposal, from_index
+                        s.size = min(gamma, len(proposal))
+                    continue
+            s.arm = "draft"
+            s.size = self._gamma(s, "draft", self.draft_step_cost, B, cap)
+        steps = max((s.size for s in seqs if s.arm == "draft"), default=0)
+        width = max((s.size for s in seqs), default=0)
+        for s in seqs:
+            if s.arm is not None and s.config.adaptive:
+                limit = s.config.max_tokens - s.generated - 1
+                cap = min(s.config.max_draft_tokens, limit)
+                fill = steps if s.arm == "draft" else min(len(s.proposal), width)
+                s.size = min(fill, cap)
+            s.proposal = s.proposal[: s.size]
+        return steps
+
+    def _gamma(self, s, arm, step_cost, batch, cap) -> int:
         if s.config.adaptive:
-            gamma = s.controller(arm).gamma(step_cost, gamma_max)
+            gamma = s.controller(arm).gamma(step_cost, s.config.max_draft_tokens, batch)
         else:
             gamma = s.config.num_draft_tokens
-        return max(1, min(gamma, remaining - 1))
+        return max(1, min(gamma, cap))
 
-    def _lookup(self, s: _Seq, gamma: int) -> Tuple[List[int], int, bool]:
+    def _lookup(self, s: _Seq, max_len: int) -> Tuple[List[int], int, bool]:
         """The longer of the own-context and cross-request matches (own on ties)."""
         if len(s.local) < len(s.seq):
             s.local.extend(s.seq[len(s.local) :])
-        own = s.local.propose(max_len=gamma, max_candidates=1)
-        own = extend_periodic(own[0], gamma) if own else []
+        own = s.local.propose(max_len=max_len, max_candidates=1)
+        own = extend_periodic(own[0], max_len) if own else []
         own_match = s.local.last_match_len if own else 0
         if self.index is None or s.spec.isolation:
             return own, own_match, False
-        cross, cross_match = self.index.propose(s.seq, gamma)
+        cross, cross_match = self.index.propose(s.seq, max_len)
         if cross_match > own_match:
             return cross, cross_match, True
         return own, own_match, False
 
-    def _draft(self, seqs: List[_Seq]):
+    def _draft(self, seqs: List[_Seq], steps: int):
         """Draft with the draft model for the rows whose arm is ``draft``.
 
         Every row of the draft batch takes part (a batched forward computes
@@ -467,7 +517,6 @@ class SpecBatchGenerator:
         rows = self.drafting
         plans = {s.uid: s for s in seqs}
         active = [plans[s.uid].arm == "draft" for s in rows]
-        steps = max(s.size for s, a in zip(rows, active) if a)
         pending = [s.seq[s.draft_len :] for s in rows]
         width = max(len(p) for p, a in zip(pending, active) if a)
         fed = [len(p) if a else min(len(p), width) for p, a in zip(pending, active)]
@@ -496,18 +545,17 @@ class SpecBatchGenerator:
             s.draft_len += n
         drafts = mx.stack(tokens, axis=1).astype(mx.uint32)
         if laws[0] is None:
-            return drafts, None, steps
-        return drafts, mx.stack(laws, axis=1), steps
+            return drafts, None
+        return drafts, mx.stack(laws, axis=1)
 
     def _round(self) -> List[SeqOutput]:
         seqs = self.active
         B = len(seqs)
         tic = time.perf_counter()
-        for s in seqs:
-            self._plan(s)
-        drafts_dev, draft_laws, steps = None, None, 0
-        if any(s.arm == "draft" for s in seqs):
-            drafts_dev, draft_laws, steps = self._draft(seqs)
+        steps = self._plan(seqs)
+        drafts_dev, draft_laws = None, None
+        if steps > 0:
+            drafts_dev, draft_laws = self._draft(seqs, steps)
         width = 1 + max(s.size for s in seqs)
         K = width - 1
         host = np.zeros((B, width), np.uint32)
@@ -659,8 +707,8 @@ class SpecBatchGenerator:
                 st.draft_forwards += max(s.size, 1)
             st.draft_tokens += s.size
             st.accepted_tokens += min(n, len(out.tokens))
-            st.generated_tokens = s.generated
-            st.generation_time = now - s.started
+            st.generated_tokens = s.base_generated + s.generated
+            st.generation_time = s.base_time + now - s.started
             s.batch_rows += B
             outputs.append(out)
             if out.finish_reason is not None:

@@ -45,7 +45,10 @@ def batchable(model) -> Optional[str]:
     Only plain ``KVCache`` layers are batched: sliding windows, recurrent
     state and quantized caches are served one request at a time.
     """
-    kinds = {type(c).__name__ for c in make_prompt_cache(model)}
+    try:
+        kinds = {type(c).__name__ for c in make_prompt_cache(model)}
+    except Exception as e:  # a drafting head, for example
+        return f"its caches cannot be made ({type(e).__name__})"
     others = sorted(k for k in kinds if k != "KVCache")
     if others:
         return f"its caches ({', '.join(others)}) have no batched rollback"
