@@ -6,6 +6,7 @@ requests, the cross-request index and its isolation field, and requests
 or models that are served alone.
 """
 
+import contextlib
 import json
 import logging
 import socket
@@ -13,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Tuple
 
 import mlx_lm
 import pytest
@@ -94,26 +96,18 @@ def _concurrently(server, bodies):
     return results
 
 
-def test_concurrent_requests_decode_together_and_each_equals_plain_greedy(
-    server, load_model
-):
-    model, tokenizer = load_model("llama")
-    bodies = [
-        {"prompt": p, "max_tokens": n, "speculative": m}
-        for p, m, n in zip(PROMPTS, METHODS, LENGTHS)
-    ]
-    results = _concurrently(server, bodies)
-    batch_sizes = []
-    for (status, body), prompt, n in zip(results, PROMPTS, LENGTHS):
-        assert status == 200, body
-        assert body["choices"][0]["text"] == _greedy(model, tokenizer, prompt, n)
-        stats = body[STATS_FIELD]
-        assert stats["batched"] is True
-        batch_sizes.append(stats["mean_batch_size"])
-    assert max(batch_sizes) > 1.5  # they really shared rounds
+class _Stream:
+    """A raw streamed completion: its socket and the bytes read so far."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.received = b""
+
+    def close(self):
+        self.sock.close()
 
 
-def _open_stream(server, prompt, max_tokens):
+def _open_stream(server, prompt, max_tokens) -> _Stream:
     body = json.dumps(
         {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
     ).encode()
@@ -124,15 +118,69 @@ def _open_stream(server, prompt, max_tokens):
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    received = b""
-    while received.count(b"data:") < 2:
-        received += sock.recv(4096)
-    return sock
+    stream = _Stream(sock)
+    try:
+        while stream.received.count(b"data:") < 2:
+            stream.received += sock.recv(4096)
+    except BaseException:
+        sock.close()
+        raise
+    return stream
+
+
+@contextlib.contextmanager
+def _companion(server, max_tokens=20000):
+    """A long streamed request decoding in the background, so that the
+    requests sent meanwhile are batched (an idle server runs a request
+    alone); it is dropped (the client hangs up) on exit."""
+    stream = _open_stream(server, PROMPTS[5], max_tokens)
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
+def _read_stream(stream: _Stream) -> Tuple[str, dict]:
+    """The text and the last ``speculative_stats`` of an SSE completion stream."""
+    data = stream.received
+    while b"data: [DONE]" not in data:
+        chunk = stream.sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    text, stats = "", {}
+    for line in data.split(b"\n"):
+        if line.startswith(b"data: {"):
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or []:
+                text += choice.get("text") or ""
+            stats = event.get(STATS_FIELD) or stats
+    return text, stats
+
+
+def test_concurrent_requests_decode_together_and_each_equals_plain_greedy(
+    server, load_model
+):
+    model, tokenizer = load_model("llama")
+    bodies = [
+        {"prompt": p, "max_tokens": n, "speculative": m}
+        for p, m, n in zip(PROMPTS, METHODS, LENGTHS)
+    ]
+    with _companion(server):
+        results = _concurrently(server, bodies)
+    batch_sizes = []
+    for (status, body), prompt, n in zip(results, PROMPTS, LENGTHS):
+        assert status == 200, body
+        assert body["choices"][0]["text"] == _greedy(model, tokenizer, prompt, n)
+        stats = body[STATS_FIELD]
+        assert stats["batched"] is True
+        batch_sizes.append(stats["mean_batch_size"])
+    assert max(batch_sizes) > 1.5  # they really shared rounds
 
 
 def test_a_client_hanging_up_is_dropped_and_the_others_go_on(server, load_model):
     model, tokenizer = load_model("llama")
-    sock = _open_stream(server, PROMPTS[3], 2000)
+    sock = _open_stream(server, PROMPTS[2], 2000)
     others = []
     thread = threading.Thread(
         target=lambda: others.extend(
@@ -162,8 +210,9 @@ def test_a_client_hanging_up_is_dropped_and_the_others_go_on(server, load_model)
 def test_prompt_cache_is_reused_across_batched_requests(server, load_model):
     model, tokenizer = load_model("llama")
     prompt = "def cache_probe(items):\n    total = 0\n    for item in items:\n"
-    first = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
-    second = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
+    with _companion(server):
+        first = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
+        second = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
     text = _greedy(model, tokenizer, prompt)
     assert first["choices"][0]["text"] == second["choices"][0]["text"] == text
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -178,12 +227,15 @@ def test_lookup_drafts_from_an_earlier_request_unless_isolated(server, load_mode
     body = {"prompt": prompt, "speculative": "lookup"}
     assert _post(server, body)[1]["choices"][0]["text"] == text
     held = len(server.index)
-    again = _post(server, dict(body, speculative_isolation=True))[1]
+    alone = _post(server, dict(body, speculative_isolation=True))[1]
+    assert alone["choices"][0]["text"] == text
+    assert len(server.index) == held  # an isolated request is not indexed
+    with _companion(server):  # batched: the index is read in the batch
+        again = _post(server, dict(body, speculative_isolation=True))[1]
+        shared = _post(server, body)[1]
     assert again["choices"][0]["text"] == text
     assert again[STATS_FIELD]["cross_request_drafted"] == 0
     assert again[STATS_FIELD]["isolation"] is True
-    assert len(server.index) == held  # an isolated request is not indexed
-    shared = _post(server, body)[1]
     assert shared["choices"][0]["text"] == text
     stats = shared[STATS_FIELD]
     assert stats["cross_request_accepted"] > 0
@@ -237,3 +289,66 @@ def test_a_model_without_batched_rollback_is_served_alone(checkpoints, caplog):
 def test_no_batching_flag_serves_one_request_at_a_time():
     assert setup_arg_parser().parse_args(["--no-batching"]).batching is False
     assert setup_arg_parser().parse_args([]).batching is True
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"stop": ["\n", "re"]},
+        {"logprobs": True, "top_logprobs": 3},
+    ],
+    ids=["stop-words", "top-logprobs"],
+)
+def test_batched_stop_words_and_logprobs_equal_serving_alone(server, fields):
+    """The same requests, batched together and served alone (``tree`` runs
+    alone), give the same text, finish reason, usage and logprobs."""
+    bodies = [
+        dict({"prompt": p, "max_tokens": 24, "speculative": "draft"}, **fields)
+        for p in PROMPTS[:4]
+    ]
+    with _companion(server):
+        batched = _concurrently(server, bodies)
+    reasons = [body["choices"][0]["finish_reason"] for _, body in batched]
+    if "stop" in fields:
+        assert "stop" in reasons  # a stop word ended some answer early
+    for (status, body), request in zip(batched, bodies):
+        assert status == 200 and body[STATS_FIELD]["batched"] is True
+        status, alone = _post(server, dict(request, speculative="tree"))
+        assert status == 200 and alone[STATS_FIELD]["batched"] is False
+        got, want = body["choices"][0], alone["choices"][0]
+        assert got["text"] == want["text"]
+        assert got["finish_reason"] == want["finish_reason"]
+        assert body["usage"]["completion_tokens"] == alone["usage"]["completion_tokens"]
+        if "logprobs" in fields:
+            assert len(got["logprobs"]["content"]) == len(want["logprobs"]["content"])
+            for a, b in zip(got["logprobs"]["content"], want["logprobs"]["content"]):
+                assert a["id"] == b["id"]
+                assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-3)
+                ids = [t["id"] for t in a["top_logprobs"]]
+                assert ids == [t["id"] for t in b["top_logprobs"]]
+
+
+def test_a_request_running_alone_moves_into_the_batch_when_another_arrives(
+    server, load_model
+):
+    """An idle server runs a request on the single-sequence engine; when a
+    second arrives, the first goes on in the batch from the tokens it sent,
+    and both equal plain greedy decoding."""
+    model, tokenizer = load_model("llama")
+    stream = _open_stream(server, PROMPTS[0], 300)  # no EOS before 300 tokens
+    status, other = _post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
+    text, stats = _read_stream(stream)
+    stream.close()
+    assert status == 200
+    assert other["choices"][0]["text"] == _greedy(model, tokenizer, PROMPTS[2])
+    assert other[STATS_FIELD]["batched"] is True
+    assert text == _greedy(model, tokenizer, PROMPTS[0], 300)
+    assert stats["batched"] is True
+    assert 0 < stats["tokens_before_batching"] < stats["generated_tokens"]
+
+
+def test_a_request_alone_on_an_idle_server_runs_the_single_sequence_engine(server):
+    status, body = _post(server, {"prompt": PROMPTS[1], "speculative": "auto"})
+    assert status == 200
+    stats = body[STATS_FIELD]
+    assert stats["batched"] is False and "no other request" in stats["batch_note"]

@@ -78,6 +78,8 @@ DRAFT_METHODS = ("draft", "tree")
 # Statistics left out of responses (per-round lists grow with the output).
 _STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
 STATS_FIELD = "speculative_stats"
+# Why a batchable request ran on the single-sequence engine.
+ALONE_NOTE = "no other request was running (single-sequence engine)"
 # The request field that keeps a request out of the cross-request index.
 ISOLATION_FIELD = "speculative_isolation"
 # Seconds between ``: keepalive`` comments while a streamed prompt is processed.
@@ -398,7 +400,8 @@ class _BatchClient:
     cache_model: Any
     detokenizer: Any
     matcher: Any
-    sent: int = 0
+    sent: int = 0  # tokens sent
+    before: int = 0  # of which sent before the request joined the batch
 
 
 class SpecResponseGenerator(lm_server.ResponseGenerator):
@@ -418,6 +421,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         self._batch_key = None
         self._clients: Dict[int, _BatchClient] = {}
         self._model_reasons: Dict[Any, Optional[str]] = {}
+        self._solo: Optional[_SoloRun] = None
         super().__init__(model_provider, prompt_cache)
 
     # ------------------------------------------------------------------ #
@@ -428,9 +432,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         provider.load_default()
         pending = deque()  # requests in arrival order
         while not self._stop:
-            busy = self._batch is not None and self._batch.has_work
-            wait = None if (busy or pending) else 0.1
-            request = self._next_request(timeout=wait)
+            request = self._next_request(timeout=None if self._busy or pending else 0.1)
             while request is not None:
                 pending.append(request)
                 request = self._next_request()
@@ -443,21 +445,33 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                     pending.popleft()
                     self._fail(rqueue, request, e)
                     continue
-                if reason is None and (not busy or key == self._batch_key):
+                if reason is None and (not self._busy or key == self._batch_key):
                     pending.popleft()
-                    self._admit(rqueue, request, args, key)
-                    busy = True
+                    alone = not self._busy and not pending
+                    self._admit(rqueue, request, args, key, alone)
                     continue
-                if busy:
+                if self._busy:
                     break  # a request that runs alone waits for the batch to drain
                 pending.popleft()
                 self._serve_alone((rqueue, request, args), reason)
-            if self._batch is not None and self._batch.has_work:
+            if self._solo is not None:
+                if self._solo.step():
+                    self._solo = None
+            elif self._batch is not None and self._batch.has_work:
                 self._step()
+        if self._solo is not None:
+            self._solo.handoff()
+            self._fail(self._solo.rqueue, None, RuntimeError("the server stopped"))
         self._fail_all(RuntimeError("the server is shutting down"))
         provider.reset()
         del self.prompt_cache
         gc.collect()
+
+    @property
+    def _busy(self) -> bool:
+        """A request is decoding (alone, or in the batch)."""
+        batch = self._batch
+        return self._solo is not None or (batch is not None and batch.has_work)
 
     def _model_key(self, args):
         """The model key ``args`` asks for, as ``ModelProvider.load`` maps it."""
@@ -538,8 +552,25 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     # ------------------------------------------------------------------ #
     # Batched requests
 
-    def _admit(self, rqueue, request, args, key):
-        """Tokenize, fetch the prompt cache and insert a request into the batch."""
+    def _admit(self, rqueue, request, args, key, alone: bool = False):
+        """Start a batchable request: alone on an idle server, else in the batch.
+
+        A request running alone moves into the batch first (:meth:`_handoff`).
+        """
+        if alone:
+            try:
+                run = _SoloRun(self, rqueue, request, args)
+            except Exception as e:
+                self._fail(rqueue, request, e)
+                return
+            if isinstance(request, SpecCompletionRequest):
+                request.serving = {"batched": False, "batch_note": ALONE_NOTE}
+            self._solo, self._batch_key = run, key
+            if run.step():
+                self._solo = None
+            return
+        if self._solo is not None:
+            self._handoff()
         provider = self.model_provider
         try:
             speculation = getattr(request, "speculation", None) or {}
@@ -560,15 +591,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             stop_sequences, text_sm = self._make_state_machine(
                 provider.model_key, tokenizer, args.stop_words
             )
-            if self._batch is None or self._batch_key != key:
-                self._batch = SpecBatchGenerator(
-                    provider.model,
-                    provider.draft_model,
-                    index=self.index,
-                    prefill_step_size=self.cli_args.prefill_step_size,
-                    max_batch=self.cli_args.decode_concurrency,
-                )
-                self._batch_key = key
+            self._ensure_batch(key)
             cache_model = (provider.model_key, uses_draft)
             cache, rest = self.prompt_cache.fetch_nearest_cache(cache_model, prompt)
             cached = len(prompt) - len(rest) if cache is not None else 0
@@ -622,6 +645,61 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         if limit is not None:
             self.prompt_cache.trim_to(n_bytes=limit - self._batch_nbytes())
 
+    def _ensure_batch(self, key):
+        if self._batch is None or self._batch_key != key:
+            provider = self.model_provider
+            self._batch = SpecBatchGenerator(
+                provider.model,
+                provider.draft_model,
+                index=self.index,
+                prefill_step_size=self.cli_args.prefill_step_size,
+                max_batch=self.cli_args.decode_concurrency,
+            )
+            self._batch_key = key
+
+    def _handoff(self):
+        """Move the request running alone into the batch, at a token boundary."""
+        run, self._solo = self._solo, None
+        state = run.handoff()
+        tokens = state["tokens"]
+        args = run.args
+        try:
+            self._ensure_batch(self._batch_key)
+            config = SpecConfig(
+                method=run.method,
+                max_tokens=args.max_tokens - run.sent,
+                **method_options_of(run.speculation),
+            )
+            uid = self._batch.insert(
+                SeqSpec(
+                    tokens,
+                    config,
+                    method=run.method,
+                    params=run.sampler.sampling_params,
+                    cache=state["cache"],
+                    cached=len(tokens),
+                    stop_tokens=frozenset(run.tokenizer.eos_token_ids),
+                    isolation=getattr(run.request, "isolation", False),
+                    top_logprobs=args.top_logprobs,
+                    index_from=run.cached,
+                ),
+                run.stats,
+            )
+        except Exception as e:
+            self._fail(run.rqueue, run.request, e)
+            return
+        self._clients[uid] = _BatchClient(
+            run.rqueue,
+            run.request,
+            run.ctx,
+            args,
+            run.cache_model,
+            state["detokenizer"],
+            state["matcher"],
+            sent=run.sent,
+            before=run.sent,
+        )
+
     def _batch_nbytes(self) -> int:
         batch = self._batch
         total = batch.target.nbytes if batch is not None else 0
@@ -634,7 +712,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         batch = self._batch
         for uid, client in list(self._clients.items()):
             if client.ctx._should_stop:
-                self._finish(uid, batch.remove(uid, client.sent))
+                self._finish(uid, batch.remove(uid, client.sent - client.before))
         try:
             outputs = batch.next()
         except Exception as e:
@@ -647,11 +725,13 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             if client is None:
                 continue
             if out.progress is not None:
-                client.rqueue.put(out.progress)
+                if not client.before:  # not for a request already streaming
+                    client.rqueue.put(out.progress)
                 continue
             if self._send(out, client):
                 if out.finish_reason is None:  # a stop word or a disconnect
-                    self._finish(out.uid, batch.remove(out.uid, client.sent))
+                    kept = client.sent - client.before
+                    self._finish(out.uid, batch.remove(out.uid, kept))
                 else:
                     self._finish(out.uid, (out.cache, out.cache_tokens))
 
@@ -696,7 +776,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         if info is None and self._batch is not None:
             info = self._batch.info(out.uid)
         if info is not None and isinstance(client.request, SpecCompletionRequest):
-            client.request.serving = info
+            client.request.serving = dict(info, tokens_before_batching=client.before)
 
     def _finish(self, uid: int, cached):
         """End a client: close its stream and keep its cache for later prompts."""
@@ -718,38 +798,57 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     # Requests served alone
 
     def _serve_single(self, request, stream):
+        """Serve one request alone, to the end (the caller waits)."""
         rqueue, request, args = request
         try:
-            self._serve(rqueue, request, args)
+            run = _SoloRun(self, rqueue, request, args)
         except Exception as e:
-            if isinstance(request, SpecCompletionRequest) and isinstance(e, ValueError):
-                request.error = e
-            rqueue.put(e)
+            self._fail(rqueue, request, e)
+            return
+        while not run.step():
+            pass
 
-    def _serve(self, rqueue, request, args):
-        provider = self.model_provider
+
+class _SoloRun:
+    """A request served alone by :func:`mlx_spec.stream_generate`, token by token.
+
+    Requests that cannot batch run this way to the end. A batchable request
+    that arrives at an idle server runs this way too (every method arm of
+    the single-sequence engine, its wall-time adaptive control, pipelined
+    plain steps) until another request arrives: :meth:`handoff` then closes
+    the generation at a token boundary, which leaves the prompt cache
+    holding exactly the prompt and the tokens sent, and the request goes on
+    in the batch from there.
+    """
+
+    def __init__(self, owner: SpecResponseGenerator, rqueue, request, args):
+        self.owner = owner
+        self.rqueue, self.request, self.args = rqueue, request, args
+        provider = owner.model_provider
         model, tokenizer = provider.model, provider.tokenizer
-        speculation = getattr(request, "speculation", None) or {}
+        self.tokenizer = tokenizer
+        self.speculation = getattr(request, "speculation", None) or {}
         method, uses_draft = plan_method(
-            speculation.get("speculative"), provider.draft_model
+            self.speculation.get("speculative"), provider.draft_model
         )
         if method in DRAFT_METHODS and not uses_draft:
             raise RequestError(
                 f"speculative='{method}' needs a draft model; start the server with "
                 "--draft-model or choose another method."
             )
+        self.method = method
         draft_model = provider.draft_model if uses_draft else None
 
-        prompt, _, _, initial_state, vision = self._tokenize(tokenizer, request, args)
+        prompt, _, _, initial_state, vision = owner._tokenize(tokenizer, request, args)
         if vision is not None:
             raise RequestError("images are not supported by mlx_spec.server.")
-        stop_sequences, text_sm = self._make_state_machine(
+        stop_sequences, text_sm = owner._make_state_machine(
             provider.model_key, tokenizer, args.stop_words
         )
 
         # Caches with and without the draft's layers are kept apart.
-        cache_model = (provider.model_key, uses_draft)
-        cache, rest = self.prompt_cache.fetch_nearest_cache(cache_model, prompt)
+        self.cache_model = (provider.model_key, uses_draft)
+        cache, rest = owner.prompt_cache.fetch_nearest_cache(self.cache_model, prompt)
         if cache is None:
             cache = make_prompt_cache(model)
             if uses_draft:
@@ -761,28 +860,31 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         if args.seed is not None:
             mx.random.seed(args.seed)
         cached = prompt[: len(prompt) - len(rest)]
-        keepalive = _PrefillKeepalive(rqueue, len(rest), self.keepalive_seconds)
-        responses = stream_generate(
+        self.keepalive = _PrefillKeepalive(rqueue, len(rest), owner.keepalive_seconds)
+        self.sampler = _sampler(args, tokenizer)
+        self.responses = stream_generate(
             model,
             tokenizer,
             rest,
             draft_model,
             speculative=method,
             max_tokens=args.max_tokens,
-            sampler=_sampler(args, tokenizer),
+            sampler=self.sampler,
             logits_processors=lm_server._make_logits_processors(args),
             prompt_cache=cache,
-            prefill_step_size=self.cli_args.prefill_step_size,
-            kv_bits=self.cli_args.kv_bits,
-            kv_group_size=self.cli_args.kv_group_size,
-            quantized_kv_start=self.cli_args.quantized_kv_start,
-            prompt_progress_callback=keepalive.progress,
+            prefill_step_size=owner.cli_args.prefill_step_size,
+            kv_bits=owner.cli_args.kv_bits,
+            kv_group_size=owner.cli_args.kv_group_size,
+            quantized_kv_start=owner.cli_args.quantized_kv_start,
+            prompt_progress_callback=self.keepalive.progress,
             **history_kwargs(stream_generate, cached),
-            **method_options_of(speculation),
+            **method_options_of(self.speculation),
         )
+        self.cache = cache
+        self.stats = self.responses.stats
         if isinstance(request, SpecCompletionRequest):
-            request.stats = responses.stats
-        ctx = lm_server.GenerationContext(
+            request.stats = self.stats
+        self.ctx = lm_server.GenerationContext(
             has_thinking=tokenizer.has_thinking,
             has_tool_calling=tokenizer.has_tool_calling,
             tool_parser=tokenizer.tool_parser,
@@ -791,39 +893,79 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             prompt=prompt,
             prompt_cache_count=len(cached),
         )
-        rqueue.put(ctx)
+        rqueue.put(self.ctx)
+        self.prompt = prompt
+        self.cached = len(cached)
+        self.stop_sequences = stop_sequences
+        self.matcher = stop_sequences.matcher()
+        self.tokens = list(prompt)
+        self.done = False
+        self.keepalive.start()
 
-        tokens = list(prompt)
-        matcher = stop_sequences.matcher()
-        keepalive.start()
+    @property
+    def sent(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    def step(self) -> bool:
+        """Send the next token; True (and the stream closed) once it is the last."""
         try:
-            for gen in responses:
-                keepalive.stop()
-                finish_reason = gen.finish_reason
-                if matcher.advance(gen.token):
-                    finish_reason = "stop"
-                rqueue.put(
-                    lm_server.Response(
-                        gen.text,
-                        gen.token,
-                        gen.logprobs[gen.token].item(),
-                        finish_reason,
-                        lm_server._format_top_logprobs(
-                            gen.logprobs, args.top_logprobs, tokenizer
-                        ),
-                    )
+            gen = next(self.responses, None)
+            self.keepalive.stop()
+            if gen is None:
+                return self._close()
+            finish_reason = gen.finish_reason
+            if self.matcher.advance(gen.token):
+                finish_reason = "stop"
+            self.rqueue.put(
+                lm_server.Response(
+                    gen.text,
+                    gen.token,
+                    gen.logprobs[gen.token].item(),
+                    finish_reason,
+                    lm_server._format_top_logprobs(
+                        gen.logprobs, self.args.top_logprobs, self.tokenizer
+                    ),
                 )
-                tokens.append(gen.token)
-                if ctx._should_stop or finish_reason is not None:
-                    break
-        finally:
-            keepalive.stop()
-            # Rewinds the caches to the prompt plus the tokens sent.
-            responses.close()
-        rqueue.put(None)
-        self.prompt_cache.insert_cache(cache_model, tokens, cache)
-        if self.index is not None and not getattr(request, "isolation", False):
-            self.index.add(tokens[len(cached) :])
+            )
+            self.tokens.append(gen.token)
+            if self.ctx._should_stop or finish_reason is not None:
+                return self._close()
+            return False
+        except Exception as e:
+            self.keepalive.stop()
+            self.responses.close()
+            self.done = True
+            self.owner._fail(self.rqueue, self.request, e)
+            return True
+
+    def _close(self) -> bool:
+        self.keepalive.stop()
+        self.responses.close()  # rewinds the caches to the prompt plus the tokens sent
+        self.done = True
+        self.rqueue.put(None)
+        owner = self.owner
+        owner.prompt_cache.insert_cache(self.cache_model, self.tokens, self.cache)
+        if owner.index is not None and not getattr(self.request, "isolation", False):
+            owner.index.add(self.tokens[self.cached :])
+        return True
+
+    def handoff(self) -> dict:
+        """Stop here; return what the batch needs to go on with this request."""
+        self.keepalive.stop()
+        self.responses.close()  # the cache holds self.tokens exactly
+        self.done = True
+        detokenizer = self.tokenizer.detokenizer
+        matcher = self.stop_sequences.matcher()
+        for token in self.tokens[len(self.prompt) :]:
+            detokenizer.add_token(token)
+            matcher.advance(token)
+        _ = detokenizer.last_segment  # already sent
+        return {
+            "tokens": list(self.tokens),
+            "cache": self.cache,
+            "detokenizer": detokenizer,
+            "matcher": matcher,
+        }
 
 
 # --------------------------------------------------------------------------- #
