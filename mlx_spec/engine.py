@@ -278,11 +278,11 @@ def _generate(
                 state = RoundState(seq, base, choose)
                 round_tic = time.perf_counter()
                 prefix_len = base + len(seq) - 1
+                target.mark()  # the round may rewind back to here (a queued step's after it)
                 if queued is not None:
                     (proposal, verified), queued = queued, None
                     verify_tic = round_tic
                 else:
-                    target.mark()  # the round may rewind back to here
                     proposal = empty_proposal()
                     if remaining > 1:
                         proposal = drafter.propose(

@@ -254,3 +254,28 @@ def test_sampled_first_three_tokens_follow_the_exact_law(record_property, arch):
         rounds += stats.rounds
     assert rounds > runs  # rejections happened: later rounds ran on rewound caches
     assert_counts_follow_law(counts, law.reshape(-1))
+
+
+def test_queued_plain_rounds_stay_exact_and_keep_no_growing_journal(
+    load_model, monkeypatch
+):
+    """Self-speculation that never drafts runs plain rounds whose target step is
+    queued before the previous sync: still exact, and each round's mark drops
+    the last round's journal (no history piles up)."""
+    from mlx_spec.caches import capture
+
+    def never_drafts(config, target, draft_model, cache, kv, vocab_size):
+        drafter = make_self_drafter(config, target, draft_model, cache, kv, vocab_size)
+        drafter.min_speedup = float("inf")
+        return drafter
+
+    monkeypatch.setitem(DRAFTER_FACTORIES, "self", never_drafts)
+    model, tokenizer = load_model("qwen3_next")
+    ids = tokenizer.encode(PROMPTS[0])
+    got, longest = [], 0
+    for event in _run(model, None, ids, "self", 4, 32):
+        got.append(event.token)
+        journals = list(capture._ACTIVE.values())
+        longest = max([longest] + [len(getattr(j, "calls", [])) for j in journals])
+    assert got == _plain(model, ids, 32)
+    assert longest <= 2
