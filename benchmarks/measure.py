@@ -302,6 +302,18 @@ def bare_costs(timer: ForwardTimer) -> Optional[BareCosts]:
     return BareCosts(target, timer.curve("draft"))
 
 
+def _rewind(cache: list, width: int) -> None:
+    """Trim ``width`` tokens off every cache that can be trimmed.
+
+    Recurrent state (``ArraysCache``) does not grow and is left as it is: a
+    timing does not depend on its values.
+    """
+    for c in cache:
+        trimmable = getattr(c, "is_trimmable", lambda: hasattr(c, "trim"))
+        if hasattr(c, "trim") and trimmable():
+            c.trim(width)
+
+
 def _time_chain(model: nn.Module, cache: list, inputs: mx.array, chain: int) -> float:
     """Seconds per forward of ``model`` on ``cache``; pipelined when ``chain > 1``.
 
@@ -310,14 +322,14 @@ def _time_chain(model: nn.Module, cache: list, inputs: mx.array, chain: int) -> 
     ``mx.async_eval``'d before the host waits for forward ``i``; the result is
     the mean gap between those ``chain`` waits (steady state, ``chain - 1``
     gaps, ``chain + 1`` forwards). The cache is trimmed back after each
-    forward (only its offset moves), so every forward sees the same context.
+    forward (only its offset moves), so every forward sees the same context
+    (see :func:`_rewind`).
     """
     width = inputs.shape[1]
 
     def step(x):
         out = mx.argmax(model(x, cache=cache), axis=-1).astype(mx.uint32)
-        for c in cache:
-            c.trim(width)
+        _rewind(cache, width)
         return out
 
     if chain <= 1:

@@ -134,6 +134,8 @@ def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
     for m in wanted:
         if m == MLX_LM_SPECULATIVE and not has_draft:
             notes[m] = "no draft model"
+        elif m == MLX_LM_SPECULATIVE and m not in drafters:
+            notes.setdefault(m, "not available")
         elif m in registry.METHODS and m not in drafters:
             notes.setdefault(m, "not available")
         elif m not in chosen:
@@ -347,6 +349,22 @@ def _is_head(drafter) -> bool:
     return bool(getattr(drafter, "is_head", False))
 
 
+def _target_mtp(model_path: str, model) -> tuple:
+    """The target's own MTP layers, or ``None`` and why not.
+
+    Read from the checkpoint (``mlx_spec.mtp.load_mtp``) when this version of
+    mlx-spec has MTP support; most families have no MTP layers.
+    """
+    try:
+        from mlx_spec.mtp import load_mtp
+    except ImportError:
+        return None, None
+    try:
+        return load_mtp(model_path, model), None
+    except ValueError as e:
+        return None, str(e).strip().splitlines()[0]
+
+
 def _default_heads(model, progress) -> List[object]:
     """The heads in ``models/`` trained for ``model`` (others are skipped)."""
     heads = _heads_module()
@@ -420,6 +438,11 @@ def benchmark(args) -> dict:
         setup.draft = draft = None
     elif args.model is None and not setup.heads:
         setup.heads = _default_heads(model, progress)
+    no_drafter = {}  # a kind of drafter this target cannot have -> why
+    if not any(getattr(h, "kind", None) == "mtp" for h in setup.heads):
+        mtp, no_drafter["mtp"] = _target_mtp(model_path, model)
+        if mtp is not None:
+            setup.heads.append(mtp)
     for head in setup.heads:
         progress.note(f"draft head: {setup.describe(head)}")
 
@@ -431,6 +454,9 @@ def benchmark(args) -> dict:
         settings["context_note"] = note
         progress.note("note: " + note)
     drafters, skipped = discover_methods(setup, ids[prompts[0].name])
+    for method, why in no_drafter.items():
+        if method in skipped and why:
+            skipped[method] = why
     methods, skipped = _choose_methods(
         args.methods,
         drafters,
@@ -509,7 +535,10 @@ def benchmark(args) -> dict:
             "target_params": param_count(model),
             "draft_params": param_count(draft) if draft is not None else None,
             "method_drafts": method_draft_paths,
-            "heads": [getattr(h, "path", None) for h in setup.heads],
+            "heads": [
+                {"kind": getattr(h, "kind", None), "path": getattr(h, "path", None)}
+                for h in setup.heads
+            ],
             "drafter_of": {
                 m: setup.describe(d) for m, d in drafters.items() if m in methods
             },

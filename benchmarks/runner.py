@@ -482,6 +482,8 @@ def discover_methods(
     registry's (``mlx_spec.drafters.registry.METHODS``, read at call time), so
     a new drafter joins with no change to the harness.
 
+    mlx-lm's speculative mode is tried too, with its draft model.
+
     Returns:
         ``(drafters, skipped)``: method -> the drafter it runs with (``None``
         for none), and method -> why it was skipped.
@@ -490,6 +492,12 @@ def discover_methods(
     saved = setup.max_tokens
     setup.max_tokens = 2
     try:
+        if setup.draft_for(MLX_LM_SPECULATIVE) is not None:
+            try:
+                run_mlx_lm(setup, ids, 0.0, 2, 0, speculative=True)
+                drafters[MLX_LM_SPECULATIVE] = setup.draft_for(MLX_LM_SPECULATIVE)
+            except Exception as e:  # e.g. caches mlx-lm cannot trim
+                skipped[MLX_LM_SPECULATIVE] = _first_line(e)
         for method in registry.METHODS if methods is None else methods:
             for drafter in setup.candidates(method):
                 try:

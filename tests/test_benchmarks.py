@@ -34,6 +34,12 @@ from mlx_spec.loading import default_model_pair
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _chat_default() -> bool:
+    """Whether the default target has a chat template (the chat suite runs)."""
+    config = Path(default_model_pair()[0]) / "tokenizer_config.json"
+    return config.exists() and "chat_template" in config.read_text()
+
+
 def _shipped_default_pair() -> bool:
     """Whether the default pair is the one in models/ (not the test fallback)."""
     return all(
@@ -507,6 +513,8 @@ def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path
             "--temps",
             "0",
             "--no-profile",
+            # Two sets keep it short on a CPU: free prose and copying.
+            *(["--prompt-sets", "chat", "editing"] if _chat_default() else []),
             "--max-tokens",
             "12",
             "--repeats",
@@ -524,13 +532,15 @@ def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path
     )
     results = json.loads((tmp_path / "results.json").read_text())
     ran = {r["method"] for r in results["rows"]}
-    # Head methods run only when a head for the target ships in models/.
-    unavailable = {
-        m
-        for m, why in results["methods_skipped"].items()
-        if "not available" in why or (" head" in why and not results["models"]["heads"])
-    }
-    assert set(METHODS) - unavailable <= ran, results["methods_skipped"]
+    # The methods every pair runs must run; a head or MTP method may be skipped
+    # only when no drafter of its kind was found for the default target.
+    core = {"none", "draft", "tree", "lookup", "self", "auto"}
+    kinds = {h["kind"] for h in results["models"]["heads"]}
+    for method, why in results["methods_skipped"].items():
+        assert method not in core, (method, why)
+        assert not any(method.startswith(k) for k in kinds), (method, why)
+    assert core <= ran
+    assert "mlx_lm_speculative" in ran or not results["models"]["draft"]
     temp0 = [r for r in results["rows"] if r["temp"] == 0]
     assert temp0
     for row in temp0:
@@ -937,3 +947,78 @@ def test_a_head_runs_its_methods(checkpoints, load_model, tmp_path, flag):
         assert results["models"]["draft"] is None
         assert "mlx_lm_speculative" in results["methods_skipped"]
         assert "draft" in results["methods_skipped"]
+
+
+def test_a_target_with_mtp_layers_runs_the_mtp_method(checkpoints, tmp_path):
+    pytest.importorskip("mlx_spec.mtp")
+    names = [n for n in checkpoints if n.endswith("-mtp")]
+    if not names:
+        pytest.skip("no MTP test checkpoint in this version")
+    out = tmp_path / "out"
+    bench.main(
+        [
+            "--model",
+            str(checkpoints[names[0]]),
+            "--methods",
+            "mlx_lm",
+            "mtp",
+            "--quick",
+            "--prompt-sets",
+            "chat",
+            "--temps",
+            "0",
+            "--max-tokens",
+            "6",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-gamma-sweep",
+            "--forward-repeats",
+            "1",
+            "--no-charts",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["models"]["drafter_of"]["mtp"].startswith("mtp head")
+    rows = [r for r in results["rows"] if r["method"] == "mtp"]
+    assert rows and all(r["greedy_identical"] == 1.0 for r in rows)
+
+
+def test_a_target_without_mtp_layers_says_why_mtp_is_skipped(checkpoints, tmp_path):
+    pytest.importorskip("mlx_spec.mtp")
+    out = tmp_path / "out"
+    argv = ["--model", str(checkpoints["llama"]), "--methods", "mlx_lm", "mtp"]
+    bench.main(
+        argv
+        + ["--quick", "--prompt-sets", "chat", "--temps", "0", "--max-tokens", "4"]
+        + ["--repeats", "1", "--warmup", "0", "--no-gamma-sweep", "--no-profile"]
+        + ["--forward-repeats", "1", "--no-charts", "--no-progress", "--out", str(out)]
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert "llama" in results["methods_skipped"]["mtp"]
+
+
+def test_a_hybrid_target_runs_and_skips_what_mlx_lm_cannot_rewind(
+    checkpoints, tmp_path
+):
+    if "qwen3_next-near" not in checkpoints:
+        pytest.skip("no hybrid test checkpoints in this version")
+    out = tmp_path / "out"
+    bench.main(
+        ["--model", str(checkpoints["qwen3_next"])]
+        + ["--draft-model", str(checkpoints["qwen3_next-near"])]
+        + ["--methods", "mlx_lm", "mlx_lm_speculative", "draft", "--quick"]
+        + ["--prompt-sets", "chat", "--temps", "0", "--max-tokens", "6"]
+        + ["--repeats", "1", "--warmup", "0", "--no-gamma-sweep", "--no-profile"]
+        + ["--forward-repeats", "1", "--no-charts", "--no-progress", "--out", str(out)]
+    )
+    results = json.loads((out / "results.json").read_text())
+    # mlx-lm's speculative mode cannot trim recurrent caches: skipped, with why.
+    assert "mlx_lm_speculative" in results["methods_skipped"]
+    draft = [r for r in results["rows"] if r["method"] == "draft"]
+    assert draft and all(r["greedy_identical"] == 1.0 for r in draft)
+    assert results["bare_forward_s"]["target"]
