@@ -107,10 +107,9 @@ class _Stream:
         self.sock.close()
 
 
-def _open_stream(server, prompt, max_tokens) -> _Stream:
-    body = json.dumps(
-        {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
-    ).encode()
+def _open_stream(server, prompt, max_tokens, method="draft") -> _Stream:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    body = json.dumps(dict(body, speculative=method)).encode()
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
     sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
@@ -348,7 +347,18 @@ def test_a_request_running_alone_moves_into_the_batch_when_another_arrives(
 
 
 def test_a_request_alone_on_an_idle_server_runs_the_single_sequence_engine(server):
-    status, body = _post(server, {"prompt": PROMPTS[1], "speculative": "auto"})
+    status, body = _post(server, {"prompt": PROMPTS[1], "speculative": "draft"})
     assert status == 200
     stats = body[STATS_FIELD]
     assert stats["batched"] is False and "no other request" in stats["batch_note"]
+
+
+def test_lookup_alone_drafts_from_earlier_requests_in_the_batch_engine(server):
+    """The single-sequence engine only looks up the request's own context,
+    so with earlier requests indexed, lookup and auto run in the batch."""
+    _post(server, {"prompt": PROMPTS[4], "speculative": "draft"})  # indexed
+    assert len(server.index) > 0
+    for method in ("lookup", "auto"):
+        status, body = _post(server, {"prompt": PROMPTS[4], "speculative": method})
+        assert status == 200 and body[STATS_FIELD]["batched"] is True
+        assert body[STATS_FIELD]["cross_request_accepted"] > 0

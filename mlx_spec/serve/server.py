@@ -447,7 +447,9 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                     continue
                 if reason is None and (not self._busy or key == self._batch_key):
                     pending.popleft()
-                    alone = not self._busy and not pending
+                    alone = not (
+                        self._busy or pending or self._drafts_from_index(request)
+                    )
                     self._admit(rqueue, request, args, key, alone)
                     continue
                 if self._busy:
@@ -466,6 +468,22 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         provider.reset()
         del self.prompt_cache
         gc.collect()
+
+    def _drafts_from_index(self, request) -> bool:
+        """Whether a request would draft from the cross-request index.
+
+        Those run in the batch even alone: the single-sequence engine only
+        looks up the request's own context.
+        """
+        if self.index is None or len(self.index) == 0:
+            return False
+        if getattr(request, "isolation", False):
+            return False
+        speculation = getattr(request, "speculation", None) or {}
+        method, _ = plan_method(
+            speculation.get("speculative"), self.model_provider.draft_model
+        )
+        return method in ("lookup", "auto")
 
     @property
     def _busy(self) -> bool:
