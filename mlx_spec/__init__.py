@@ -16,6 +16,7 @@ from .generation import (  # noqa: E402
     stream_generate,
 )
 from .integration import register, unregister  # noqa: E402
+from .mtp import load_mtp  # noqa: E402
 from .sampling import make_sampler  # noqa: E402
 from .stats import SpecStats  # noqa: E402
 
@@ -26,6 +27,7 @@ __all__ = [
     "SpecResponse",
     "SpecStats",
     "generate",
+    "load_mtp",
     "make_sampler",
     "register",
     "speculative_generate_step",
