@@ -66,9 +66,17 @@ def check_feature_layers(model: nn.Module, layers: Sequence[int]) -> Tuple[int, 
     return layers
 
 
+def _lm_head(model: nn.Module) -> Optional[nn.Module]:
+    """``lm_head``, also inside a vision-language wrapper's ``language_model``."""
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        head = getattr(getattr(model, "language_model", None), "lm_head", None)
+    return head
+
+
 def output_layer(model: nn.Module) -> nn.Module:
     """The module mapping final features to logits (``lm_head`` or tied embedding)."""
-    head = getattr(model, "lm_head", None)
+    head = _lm_head(model)
     if head is not None:
         return head
     return feature_owner(model).embed_tokens
@@ -80,7 +88,7 @@ def feature_logits(model: nn.Module, h: mx.array) -> mx.array:
     Exactly what the model's forward does after its final norm for the
     supported architectures (no soft-capping or logit scaling).
     """
-    head = getattr(model, "lm_head", None)
+    head = _lm_head(model)
     if head is not None:
         return head(h)
     return feature_owner(model).embed_tokens.as_linear(h)
