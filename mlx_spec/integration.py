@@ -54,8 +54,9 @@ _patched: Dict[str, Any] = {}
 
 # Methods whose prompt cache holds the draft model's layers after the target's.
 DRAFT_CACHE_METHODS = ("draft", "tree", "auto")
-# Methods of trained heads: given the head as draft model (its cache part is empty).
-HEAD_METHODS = ("eagle", "eagle-chain", "medusa")
+# Methods of heads (trained, or a checkpoint's MTP layer): given the head as draft
+# model (its cache part is empty).
+HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp")
 
 
 def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:

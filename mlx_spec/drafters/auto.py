@@ -2,12 +2,12 @@
 
 With a draft model the arms are the draft chain, the draft tree and prompt
 lookup falling back to the draft chain when the context has no strong match
-(:class:`LookupThenDraft`); with a trained head, its arms (EAGLE tree and
-chain, or Medusa) and prompt lookup; without either, prompt lookup and
-self-speculation. Each round uses
-one arm; an arm's worth is its tokens per unit of cost (an exponential
-moving average of emitted tokens over the round's cost), and an occasional
-round explores the others. The cost is wall time under greedy decoding and
+(:class:`LookupThenDraft`); with a head, its arms (EAGLE tree and chain,
+Medusa, or the checkpoint's MTP layer) and prompt lookup; without either,
+prompt lookup and self-speculation. Each round uses one arm; an arm's
+worth is its tokens per unit of cost (an exponential moving average of
+emitted tokens over the round's cost), and an occasional round explores
+the others. The cost is wall time under greedy decoding and
 a fixed cost model when sampling (so a seed always gives the same text); see
 ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds, so the output stays exact.
@@ -239,7 +239,11 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
 
 
 def _head_arms(config, target, head, cache, kv, vocab_size) -> Dict[str, object]:
-    """A head's arms: EAGLE tree and chain, or Medusa."""
+    """A head's arms: EAGLE tree and chain, Medusa, or the checkpoint's MTP layer."""
+    if head.kind == "mtp":
+        from .mtp import make_mtp_drafter
+
+        return {"mtp": make_mtp_drafter(config, target, head, cache, kv, vocab_size)}
     if head.kind == "eagle":
         from .eagle import make_eagle_arms
 

@@ -21,6 +21,7 @@ FACTORIES: Dict[str, Union[str, Callable]] = {
     "eagle": "mlx_spec.drafters.eagle:make_eagle_drafter",
     "eagle-chain": "mlx_spec.drafters.eagle:make_eagle_chain_drafter",
     "medusa": "mlx_spec.drafters.medusa:make_medusa_drafter",
+    "mtp": "mlx_spec.drafters.mtp:make_mtp_drafter",
 }
 
 # "none" is plain mlx_lm decoding, which needs no drafter.

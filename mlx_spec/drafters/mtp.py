@@ -1,0 +1,184 @@
+"""``--speculative mtp``: the checkpoint's own MTP layer drafts chains.
+
+The MTP module (:mod:`mlx_spec.mtp`) keeps a KV cache of *pairs*
+``(h_t, x_{t+1})``: the target's final normed hidden state at position
+``t`` and the token that followed. Its output at the last pair predicts
+the token after the pending one, i.e. the first draft token; fed its own
+output and that token, it drafts the next, and so on (the model cards'
+chained use of one MTP layer).
+
+No target forward is added: the engine captures the target's features
+from every forward it runs anyway (the prompt's prefill and each
+verification, see :mod:`mlx_spec.features`) and hands over the rows of
+the accepted tokens. The next round first feeds those pairs (one MTP
+forward), then drafts. Draft entries never stay in the MTP cache: each
+commit trims it back to the pairs built from the target's features. The
+cache covers this call's prompt and output (not earlier turns of a reused
+prompt cache), like the EAGLE head's.
+
+Chains only: the target families with MTP layers (hybrid linear-attention
+Qwen models, MLA DeepSeek) verify trees as chains anyway. Under sampling
+each draft is drawn from the MTP's processed law and the engine's
+rejection sampling keeps the target's law exact.
+"""
+
+from typing import List, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from ..costs import DRAFT_LATENCY, weight_bytes
+from ..features import FINAL, output_layer
+from ..mtp import MTPHead
+from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
+
+
+class MTPContext:
+    """The MTP cache and the target features it has not read yet.
+
+    Pair ``j`` is ``(feature of seq[j], seq[j + 1])``, counted from this
+    call's prompt; it sits at cache slot (and rope position) ``j``.
+    """
+
+    def __init__(self, head: MTPHead):
+        self.head = head
+        self.module = head.module
+        self.cache = KVCache()
+        self.pending: List[mx.array] = []  # (m, H) features of pairs fed.. fed+m-1
+        self.fed = 0  # pairs in the cache, all built from the target's features
+        self.last: Optional[mx.array] = None  # output at the last pair (1, 1, H)
+
+    def add_features(self, features: mx.array, rows: Optional[List[int]]):
+        """Features ``(T, H)`` of a target forward; ``rows`` are the accepted ones.
+
+        ``rows=None`` (the prompt's prefill) keeps every row.
+        """
+        if rows is not None:
+            features = features[mx.array(rows, mx.int32)]
+        self.pending.append(features)
+
+    def catch_up(self, state: RoundState) -> Optional[mx.array]:
+        """Feed the pending pairs; the output at the last pair ``(1, 1, H)``.
+
+        ``None`` when no pair was ever fed (a one-token prompt's first round).
+        """
+        if self.pending:
+            feats = (
+                mx.concatenate(self.pending)
+                if len(self.pending) > 1
+                else self.pending[0]
+            )
+            self.pending = []
+            m = feats.shape[0]
+            tokens = mx.array(state.seq[self.fed + 1 : self.fed + 1 + m], mx.uint32)
+            emb = self.head.embed(tokens)
+            if self.module.mask_first and state.base + self.fed == 0:
+                # DeepSeek's MTP zeroes the embedding at absolute position 0.
+                emb = mx.concatenate([mx.zeros_like(emb[:1]), emb[1:]])
+            out = self.module(feats[None], emb[None], self.cache)
+            self.fed += m
+            self.last = out[:, -1:]
+        return self.last
+
+    def step(self, g: mx.array, token: mx.array) -> mx.array:
+        """One draft step on the pair ``(g, token)``: ``(1, 1, H)``."""
+        return self.module(g, self.head.embed(token.reshape(1, 1)), self.cache)
+
+    def rewind(self):
+        """Drop the draft entries: keep the pairs built from the target's features."""
+        extra = self.cache.offset - self.fed
+        if extra > 0:
+            self.cache.trim(extra)
+
+
+class MTPDrafter:
+    """Chains from a checkpoint's MTP layer (see the module docstring).
+
+    Args:
+        context: The MTP module and its cache (:class:`MTPContext`).
+        step_cost: Modelled cost of one MTP step relative to a target step.
+    """
+
+    name = "mtp"
+    is_tree = False
+    feature_layers = (FINAL,)
+
+    def __init__(self, context: MTPContext, step_cost: float = DRAFT_LATENCY):
+        self.context = context
+        self.step_cost = step_cost
+        self.note = None
+
+    def add_features(self, features, rows):
+        self.context.add_features(features, rows)
+
+    def prefill(self, tokens, step_size: int):
+        """Nothing to do: the prompt's features arrive after the target's prefill."""
+
+    def chain_only(self):
+        """Already chains."""
+
+    def propose(self, state: RoundState, size: int) -> Proposal:
+        g = self.context.catch_up(state)
+        if g is None or size < 1:
+            return empty_proposal()
+        tokens, laws = [], []
+        for i in range(size):
+            logits = self.context.head.logits(g.reshape(1, -1))
+            token, law = state.choose(logits, tokens)
+            mx.async_eval(token)
+            tokens.append(token)
+            laws.append(law)
+            if i + 1 < size:
+                g = self.context.step(g, token)
+        logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
+
+    def commit(self, state, proposal, num_accepted: int, path=None):
+        self.context.rewind()
+
+    def caches(self) -> List:
+        return []  # the MTP cache is rebuilt from each call's prompt
+
+    def sync(self, seq, base: int):
+        """Nothing to keep in the caller's prompt cache."""
+
+    def release(self):
+        self.context.rewind()
+
+
+def mtp_step_cost(head: MTPHead, target) -> float:
+    """Modelled cost of an MTP step: bytes read relative to a target step, plus latency."""
+    read = weight_bytes(head.module) + weight_bytes(output_layer(target))
+    return DRAFT_LATENCY + read / max(weight_bytes(target), 1)
+
+
+def check_mtp_head(draft_model, target) -> MTPHead:
+    """The MTP head passed as ``draft_model``, checked against the target."""
+    if not isinstance(draft_model, MTPHead):
+        got = (
+            "no draft"
+            if draft_model is None
+            else (
+                f"a {draft_model.kind} head"
+                if getattr(draft_model, "is_head", False)
+                else "a draft model"
+            )
+        )
+        raise ValueError(
+            f"--speculative mtp drafts with the model's own MTP layer (got {got}); "
+            "load it with mlx_spec.load_mtp(path, model) (the command line does this "
+            "from --model)."
+        )
+    if draft_model.target is not target.model:
+        raise ValueError(
+            "the MTP layer was loaded for another model object; load it with "
+            "mlx_spec.load_mtp(path, model) for the model you generate with."
+        )
+    return draft_model
+
+
+def make_mtp_drafter(config, target, draft_model, cache, kv, vocab_size):
+    """``--speculative mtp``: chains from the checkpoint's MTP layer."""
+    head = check_mtp_head(draft_model, target)
+    check_no_drafter_cache(cache, "mtp")
+    return MTPDrafter(MTPContext(head), step_cost=mtp_step_cost(head, target.model))
