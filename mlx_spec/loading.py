@@ -89,10 +89,34 @@ def load_draft(path: str, model, tokenizer):
     return draft_model
 
 
-def load_pair(model_path: Optional[str], draft_path: Optional[str], **kwargs):
-    """Load a target and an optional draft (a model or a head), checked against it."""
-    model, tokenizer = load_model(model_path, "model", **kwargs)
-    draft_model = None
+def resolve_draft(
+    method: Optional[str], model_path: str, draft_path: Optional[str], model, tokenizer
+):
+    """The draft (a model, a head, or the checkpoint's MTP layer) a method runs with.
+
+    ``mtp`` reads the MTP layer of ``draft_path`` (say, the original checkpoint
+    of an mlx-community conversion) or else of ``model_path``; ``auto`` (and
+    ``None``) takes the model's own MTP layer when it has one and no draft is
+    given; otherwise ``draft_path`` is loaded by :func:`load_draft`.
+    """
+    from .mtp import has_mtp, load_mtp
+
+    if method == "mtp":
+        return load_mtp(draft_path or model_path, model)
     if draft_path is not None:
-        draft_model = load_draft(draft_path, model, tokenizer)
+        return load_draft(draft_path, model, tokenizer)
+    if method in (None, "auto") and has_mtp(model_path, model):
+        return load_mtp(model_path, model)
+    return None
+
+
+def load_pair(
+    model_path: Optional[str],
+    draft_path: Optional[str],
+    method: Optional[str] = None,
+    **kwargs,
+):
+    """Load a target and the draft ``method`` runs with (see :func:`resolve_draft`)."""
+    model, tokenizer = load_model(model_path, "model", **kwargs)
+    draft_model = resolve_draft(method, model_path, draft_path, model, tokenizer)
     return model, tokenizer, draft_model

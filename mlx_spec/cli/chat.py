@@ -196,6 +196,7 @@ def run(args, out=sys.stdout):
     model, tokenizer, draft_model = load_pair(
         model_path,
         draft_path,
+        args.speculative,
         adapter_path=args.adapter_path,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
     )

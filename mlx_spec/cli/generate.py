@@ -11,7 +11,7 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
-from ..loading import default_model_pair, load_draft, load_model
+from ..loading import default_model_pair, load_model, resolve_draft
 from .options import add_speculative_options, method_options
 
 
@@ -127,9 +127,9 @@ def run(args) -> str:
     )
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)
-    draft_model = None
-    if draft_path is not None:
-        draft_model = load_draft(draft_path, model, tokenizer)
+    draft_model = resolve_draft(
+        args.speculative, model_path, draft_path, model, tokenizer
+    )
     prompt = _build_prompt(args, tokenizer)
     stream = stream_generate(
         model,
