@@ -36,7 +36,7 @@ def _usage() -> str:
         "chat": "interactive terminal chat (like mlx_lm.chat)",
         "bench": "benchmarks of the speculative methods",
         "doctor": "check the platform, the mlx device and the BLAS in use",
-        "convert": "GGUF -> mlx-lm checkpoints; the default SmolLM2 model",
+        "convert": "GGUF or Hugging Face (MTP kept) -> mlx-lm; the default SmolLM2",
         "train-draft": "train a drafter (draft model or head) for a target, with MLX",
     }
     width = max(map(len, SUBCOMMANDS)) + 2

