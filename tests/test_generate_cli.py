@@ -169,7 +169,7 @@ def test_bad_input_one_line_error(checkpoints, capsys, extra, needle):
 
 
 def test_non_trimmable_cache_refused(checkpoints, capsys):
-    # qwen2 honours --max-kv-size with a RotatingKVCache, which cannot be rewound.
+    # qwen2 honours --max-kv-size with a RotatingKVCache keeping sink tokens, refused.
     argv = model_args(checkpoints, "qwen2", "qwen2-near") + [
         "--prompt",
         "x",
