@@ -94,3 +94,16 @@ def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, mess
         main(argv)
     text = str(e.value.code)
     assert message in text and "\n" not in text, text
+
+
+def test_head_kinds_train_on_the_same_completions(trained, checkpoints, tmp_path):
+    out, argv = trained
+    head = tmp_path / "medusa"
+    data = out / "data"
+    head.mkdir()
+    (head / "data").symlink_to(data)  # reuse the completions: no generation
+    argv = [a if a != str(out) else str(head) for a in argv]
+    argv = argv[: argv.index("--layers")] + argv[argv.index("--layers") + 2 :]
+    assert main([*argv, "--kind", "medusa"]) == 0
+    config = json.loads((head / "config.json").read_text())
+    assert config["mlx_spec_head"]["kind"] == "medusa"

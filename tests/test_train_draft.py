@@ -110,6 +110,38 @@ def test_completions_resume_only_missing_shards(target, data, monkeypatch):
             assert again.tokens[i].tolist() == train.tokens[i].tolist()
 
 
+def test_more_prompts_only_add_shards(target, data, monkeypatch, tmp_path):
+    import shutil
+
+    model, tokenizer = target
+    train, _, prompts, folder = data
+    for path in folder.glob("train*"):
+        shutil.copy(path, tmp_path / path.name)
+    calls = []
+    real = C.generate_completions
+
+    def counting(model, tokenizer, chunk, *a, **kw):
+        calls.append(len(chunk))
+        return real(model, tokenizer, chunk, *a, **kw)
+
+    monkeypatch.setattr(C, "generate_completions", counting)
+    more = C.build_completions(
+        model,
+        tokenizer,
+        prompts[:8],
+        tmp_path,
+        "train",
+        max_tokens=16,
+        shard_size=4,
+        progress=False,
+    )
+    assert calls == [4]  # shard 0 kept; shard 1 grew from 2 to 4 prompts
+    assert len(more) == 8
+    assert [t.tolist() for t in more.tokens[:4]] == [
+        t.tolist() for t in train.tokens[:4]
+    ]
+
+
 def test_completions_refuse_other_settings(target, data):
     model, tokenizer = target
     _, _, prompts, folder = data

@@ -44,6 +44,8 @@ def test_a_mix_follows_its_shares_and_seed():
     assert [p.text for p in P.mixed_prompts(400, seed=4)] != [p.text for p in mix]
     counts = P.prompt_counts(mix)
     assert counts == {"chat": 160, "code": 100, "editing": 80, "summarize": 60}
+    # More prompts only add prompts at the end (completions made so far stay valid).
+    assert [p.text for p in P.mixed_prompts(150, seed=3)] == [p.text for p in mix[:150]]
 
 
 def test_code_and_editing_prompts_come_from_the_standard_library(pools):

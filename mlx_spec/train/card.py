@@ -73,7 +73,8 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         f"- held out (no shared topic or module): {data.get('heldout_prompts')} prompts, "
         f"{data.get('heldout_completion_tokens')} completion tokens;",
         f"- soft labels: the target's top-{data.get('top_k')} next-token law at every "
-        "completion token.",
+        "completion token;",
+        f"- generation took {data.get('generation_minutes')} min of wall time.",
         "",
         "## Training",
         "",

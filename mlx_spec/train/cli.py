@@ -5,7 +5,7 @@ Stages, each resumed where it stopped when the command is run again:
 1. prompts: the built-in set (:mod:`.prompts`) or ``--prompts FILE``;
 2. the target's completions of them (:mod:`.completions`), in ``OUT/data``;
 3. training (``--kind draft``: :mod:`.draft`; ``--kind eagle|medusa``:
-   :mod:`.heads` on the same completions), checkpoints in ``OUT/checkpoints``;
+   :mod:`.head_command` on the same completions), resumed from checkpoints;
 4. ``--kind draft``: measurement with mlx-spec's engine and the model card
    (``OUT/README.md``).
 
@@ -50,18 +50,59 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--prompts", help="JSON-lines prompt file (default: built-in prompts)."
     )
-    g.add_argument("--num-prompts", type=int, default=DEFAULT_NUM_PROMPTS)
-    g.add_argument("--heldout-prompts", type=int, default=DEFAULT_HELDOUT_PROMPTS)
-    g.add_argument("--max-tokens", type=int, default=C.DEFAULT_MAX_TOKENS)
-    g.add_argument("--sampled-share", type=float, default=C.DEFAULT_SAMPLED_SHARE)
+    g.add_argument(
+        "--num-prompts",
+        type=int,
+        default=DEFAULT_NUM_PROMPTS,
+        help=f"Training prompts the target answers (default: {DEFAULT_NUM_PROMPTS}).",
+    )
+    g.add_argument(
+        "--heldout-prompts",
+        type=int,
+        default=DEFAULT_HELDOUT_PROMPTS,
+        help=f"Held-out prompts (default: {DEFAULT_HELDOUT_PROMPTS}).",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=C.DEFAULT_MAX_TOKENS,
+        help=f"Longest completion (default: {C.DEFAULT_MAX_TOKENS}).",
+    )
+    g.add_argument(
+        "--sampled-share",
+        type=float,
+        default=C.DEFAULT_SAMPLED_SHARE,
+        help="Share of training completions sampled at --sampled-temp, the rest "
+        f"greedy (default: {C.DEFAULT_SAMPLED_SHARE}).",
+    )
     g.add_argument("--sampled-temp", type=float, default=C.DEFAULT_SAMPLED_TEMP)
-    g.add_argument("--gen-batch", type=int, default=C.DEFAULT_BATCH_SIZE)
-    g.add_argument("--top-k", type=int, default=C.DEFAULT_TOP_K)
+    g.add_argument(
+        "--gen-batch",
+        type=int,
+        default=C.DEFAULT_BATCH_SIZE,
+        help=f"Sequences generated together (default: {C.DEFAULT_BATCH_SIZE}).",
+    )
+    g.add_argument(
+        "--data-only",
+        action="store_true",
+        help="Make (or extend) the completions in OUT/data, then stop.",
+    )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        default=C.DEFAULT_TOP_K,
+        help=f"Size of the kept top of the target's laws (default: {C.DEFAULT_TOP_K}).",
+    )
     g = p.add_argument_group("training")
     g.add_argument(
         "--steps", type=int, help=f"Optimizer steps (draft: {D.DEFAULT_STEPS})."
     )
-    g.add_argument("--batch-tokens", type=int, default=D.DEFAULT_BATCH_TOKENS)
+    g.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=D.DEFAULT_BATCH_TOKENS,
+        help=f"Draft: padded tokens per step (default: {D.DEFAULT_BATCH_TOKENS}).",
+    )
     g.add_argument(
         "--lr", type=float, help=f"Peak learning rate (draft: {D.DEFAULT_LR})."
     )
@@ -75,18 +116,47 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=",".join(map(str, D.DEFAULT_LAYERS)),
         help="Target layers the draft starts from (comma-separated; negative from the end).",
     )
-    g.add_argument("--soft-weight", type=float, default=D.DEFAULT_SOFT_WEIGHT)
-    g.add_argument("--eval-every", type=int, default=D.DEFAULT_EVAL_EVERY)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--soft-weight",
+        type=float,
+        default=D.DEFAULT_SOFT_WEIGHT,
+        help="Draft: weight of the soft (teacher law) loss against the written "
+        f"token's (default: {D.DEFAULT_SOFT_WEIGHT}).",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=int,
+        default=D.DEFAULT_EVAL_EVERY,
+        help=f"Steps between held-out evaluations and checkpoints "
+        f"(default: {D.DEFAULT_EVAL_EVERY}).",
+    )
+    g.add_argument("--seed", type=int, default=0, help="Seed of data and order.")
     g.add_argument(
         "--no-compile", action="store_true", help="Do not mx.compile the step."
     )
     g = p.add_argument_group("evaluation")
-    g.add_argument("--eval-prompts", type=int, default=DEFAULT_EVAL_PROMPTS)
-    g.add_argument("--eval-max-tokens", type=int, default=DEFAULT_EVAL_TOKENS)
-    g.add_argument("--eval-gammas", default=DEFAULT_EVAL_GAMMAS)
+    g.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=DEFAULT_EVAL_PROMPTS,
+        help=f"Held-out chat prompts run through the engine (default: {DEFAULT_EVAL_PROMPTS}).",
+    )
+    g.add_argument(
+        "--eval-max-tokens",
+        type=int,
+        default=DEFAULT_EVAL_TOKENS,
+        help=f"Tokens generated per evaluation prompt (default: {DEFAULT_EVAL_TOKENS}).",
+    )
+    g.add_argument(
+        "--eval-gammas",
+        default=DEFAULT_EVAL_GAMMAS,
+        help=f"Draft lengths measured (default: {DEFAULT_EVAL_GAMMAS}).",
+    )
     g.add_argument("--skip-eval", action="store_true", help="No engine measurement.")
     p.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    from .head_command import add_head_arguments
+
+    add_head_arguments(p)  # the options of --kind eagle|medusa it lacks
     return p
 
 
@@ -198,9 +268,7 @@ def run(args, argv: List[str]) -> int:
         progress=progress,
         log=_log,
     )
-    train = C.build_completions(
-        model, tokenizer, train_prompts, data_dir, "train", **common
-    )
+    # The held-out set is small: made first, so a partial run can be measured.
     heldout = C.build_completions(
         model,
         tokenizer,
@@ -208,6 +276,9 @@ def run(args, argv: List[str]) -> int:
         data_dir,
         "heldout",
         **{**common, "sampled_share": 0.0},
+    )
+    train = C.build_completions(
+        model, tokenizer, train_prompts, data_dir, "train", **common
     )
     timing["data"] = _stage(tic, cpu)
     _log(
@@ -219,6 +290,7 @@ def run(args, argv: List[str]) -> int:
         "train_sets": prompt_counts(train_prompts),
         "train_prompt_tokens": train.prompt_tokens,
         "train_completion_tokens": train.completion_tokens,
+        "generation_minutes": round((train.seconds + heldout.seconds) / 60, 1),
         "heldout_prompts": len(heldout),
         "heldout_completion_tokens": heldout.completion_tokens,
         "sampled_share": args.sampled_share,
@@ -227,8 +299,23 @@ def run(args, argv: List[str]) -> int:
         "top_k": args.top_k,
         "prompt_file": os.path.basename(args.prompts) if args.prompts else None,
     }
+    if args.data_only:
+        return 0
     if args.kind != "draft":
-        return _run_heads(args, model, train, heldout, out, progress, data_record)
+        from .head_command import run_head_training
+
+        info = {**data_record, "model": args.model}
+        run_head_training(
+            args,
+            args.kind,
+            model,
+            train,
+            heldout,
+            command=command_line(argv),
+            data_info=info,
+            log=_log,
+        )
+        return 0
 
     # Stage 3: training (resumed from the last checkpoint).
     config = D.DraftTrainConfig(
@@ -350,38 +437,6 @@ def write_card(out: Path, extra: Dict, evaluation: Optional[Dict], timing: Dict)
     path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     text = model_card(config, extra["command"], evaluation)
     (out / "README.md").write_text(text, encoding="utf-8")
-
-
-def _run_heads(args, model, train, heldout, out, progress, data_record) -> int:
-    """``--kind eagle|medusa``: heads trained on the same completions."""
-    from .head_data import teacher_data
-    from .heads import HeadTrainConfig, train_head
-
-    sequences = [t.tolist() for t in train.tokens + heldout.tokens]
-    starts = train.starts + heldout.starts
-    _log(f"teacher pass over {sum(map(len, sequences))} tokens (features and laws)")
-    data = teacher_data(model, sequences, starts, top_k=args.top_k)
-    defaults = HeadTrainConfig(kind=args.kind)
-    config = HeadTrainConfig(
-        kind=args.kind,
-        steps=_or(args.steps, defaults.steps),
-        lr=_or(args.lr, defaults.lr),
-        draft_vocab=_or(args.draft_vocab, defaults.draft_vocab),
-        heldout=len(heldout),
-        eval_every=args.eval_every,
-        checkpoint_every=args.eval_every,
-        seed=args.seed,
-    )
-    train_head(
-        model,
-        data,
-        config,
-        out,
-        progress=progress,
-        log=_log,
-        extra={"data": data_record},
-    )
-    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -7,10 +7,12 @@ log-probabilities at temperature 1, best first). The tokens are what greedy
 acceptance measures; the laws are the soft labels of distillation.
 
 On disk the data is a folder of shards (``<name>-00000.npz``, ...) and a
-manifest (``<name>.json``) naming the prompts and settings. A shard is
-written atomically once its prompts are done, so an interrupted run
-continues where it stopped; a manifest that disagrees with the requested
-settings is refused rather than mixed.
+manifest (``<name>.json``) of the settings and the target. A shard is
+written atomically once its prompts are done and records a digest of what
+it was made from, so an interrupted run continues where it stopped and a
+longer prompt list (see :func:`mlx_spec.train.prompts.mixed_prompts`) only
+adds shards; a manifest that disagrees with the requested settings is
+refused rather than mixed.
 
 Later kinds of drafter (draft heads) add what they need to these sequences,
 e.g. the target's hidden states from one teacher-forced forward
@@ -31,8 +33,8 @@ import numpy as np
 from .prompts import Prompt
 
 DEFAULT_TOP_K = 8
-DEFAULT_MAX_TOKENS = 192
-DEFAULT_BATCH_SIZE = 32
+DEFAULT_MAX_TOKENS = 160
+DEFAULT_BATCH_SIZE = 48
 DEFAULT_SHARD_SIZE = 64
 DEFAULT_SAMPLED_SHARE = 0.25
 DEFAULT_SAMPLED_TEMP = 0.7
@@ -53,6 +55,7 @@ class Completions:
         teacher_ids: ``(T_i - start_i, K)`` int32: row ``j`` holds the top-K
           of the target's law over completion token ``j``, best first.
         teacher_logp: ``(T_i - start_i, K)`` float16 their log-probabilities.
+        seconds: Wall time spent generating them (summed over shards).
     """
 
     tokens: List[np.ndarray] = field(default_factory=list)
@@ -61,6 +64,7 @@ class Completions:
     prompt_sets: List[str] = field(default_factory=list)
     teacher_ids: List[np.ndarray] = field(default_factory=list)
     teacher_logp: List[np.ndarray] = field(default_factory=list)
+    seconds: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -74,19 +78,19 @@ class Completions:
         return int(sum(self.starts))
 
     def extend(self, other: "Completions"):
-        for name in self.__dataclass_fields__:
+        for name in _LISTS:
             getattr(self, name).extend(getattr(other, name))
+        self.seconds += other.seconds
 
     def subset(self, index: Sequence[int]) -> "Completions":
-        return Completions(
-            **{
-                name: [getattr(self, name)[i] for i in index]
-                for name in self.__dataclass_fields__
-            }
-        )
+        lists = {name: [getattr(self, name)[i] for i in index] for name in _LISTS}
+        return Completions(**lists)
 
-    def save(self, path):
-        """One ``.npz`` file (sequences concatenated, with their lengths)."""
+    def save(self, path, digest: str = ""):
+        """One ``.npz`` file (sequences concatenated, with their lengths).
+
+        ``digest`` names what the shard was made from (see :func:`shard_digest`).
+        """
         lengths = np.array([len(t) for t in self.tokens], np.int64)
         np.savez(
             path,
@@ -97,6 +101,8 @@ class Completions:
             tokens=np.concatenate(self.tokens).astype(np.int32),
             teacher_ids=np.concatenate(self.teacher_ids).astype(np.int32),
             teacher_logp=np.concatenate(self.teacher_logp).astype(np.float16),
+            seconds=np.float64(self.seconds),
+            digest=np.array(digest),
         )
 
     @classmethod
@@ -114,7 +120,11 @@ class Completions:
             [str(s) for s in data["prompt_sets"]],
             np.split(data["teacher_ids"], cuts),
             np.split(data["teacher_logp"], cuts),
+            float(data["seconds"]) if "seconds" in data else 0.0,
         )
+
+
+_LISTS = ("tokens", "starts", "temps", "prompt_sets", "teacher_ids", "teacher_logp")
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> List[int]:
@@ -210,12 +220,20 @@ def generate_completions(
     return data
 
 
-def prompts_digest(prompts: Sequence[Prompt]) -> str:
-    """sha256 of the prompts' messages (so a rerun checks it has the same prompts)."""
-    h = hashlib.sha256()
+def shard_digest(prompts: Sequence[Prompt], temps: Sequence[float], seed: int) -> str:
+    """sha256 of what a shard is made from: its prompts, temperatures and seed."""
+    h = hashlib.sha256(json.dumps([list(temps), seed]).encode())
     for p in prompts:
         h.update(json.dumps(p.as_dict(), sort_keys=True).encode("utf-8"))
     return h.hexdigest()
+
+
+def _stored_digest(path: Path) -> Optional[str]:
+    try:
+        with np.load(path) as data:
+            return str(data["digest"]) if "digest" in data else None
+    except (OSError, ValueError):
+        return None  # unreadable: made again
 
 
 def build_completions(
@@ -261,25 +279,36 @@ def build_completions(
     settings = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
-        "prompts": len(prompts),
-        "prompts_sha256": prompts_digest(prompts),
         "sampled_share": sampled_share,
         "sampled_temp": sampled_temp,
         "max_tokens": max_tokens,
         "top_k": top_k,
         "shard_size": shard_size,
-        "seed": seed,
         "target": target,
     }
     _check_manifest(folder / f"{name}.json", settings)
     shards = range(0, len(prompts), shard_size)
     paths = [folder / f"{name}-{i // shard_size:05d}.npz" for i in shards]
-    todo = [(i, p) for i, p in zip(shards, paths) if not p.exists()]
+    # A shard is kept if it was made from the same prompts (a longer prompt
+    # list only adds shards; a changed last shard is made again).
+    digests = [
+        shard_digest(
+            prompts[i : i + shard_size],
+            temps[i : i + shard_size],
+            seed + i // shard_size,
+        )
+        for i in shards
+    ]
+    todo = [
+        (i, p, d)
+        for i, p, d in zip(shards, paths, digests)
+        if not p.exists() or _stored_digest(p) != d
+    ]
     bar = None
     if progress and todo:
         from tqdm import tqdm
 
-        done = len(prompts) - sum(len(prompts[i : i + shard_size]) for i, _ in todo)
+        done = len(prompts) - sum(len(prompts[i : i + shard_size]) for i, _, _ in todo)
         bar = tqdm(
             total=len(prompts), initial=done, desc=f"generate {name}", unit="prompt"
         )
@@ -292,9 +321,10 @@ def build_completions(
             rate = tokens_made / (time.perf_counter() - tic)
             bar.set_postfix(tok_s=round(rate, 1), refresh=False)
 
-    for i, path in todo:
+    for i, path, digest in todo:
         mx.random.seed(seed + i // shard_size)
         chunk = prompts[i : i + shard_size]
+        started = time.perf_counter()
         data = generate_completions(
             model,
             tokenizer,
@@ -305,8 +335,9 @@ def build_completions(
             batch_size=batch_size,
             progress=count,
         )
+        data.seconds = time.perf_counter() - started
         tmp = path.with_suffix(".tmp.npz")
-        data.save(tmp)
+        data.save(tmp, digest)
         tmp.replace(path)
         if bar is not None:
             bar.update(len(chunk))
@@ -318,17 +349,21 @@ def build_completions(
         mx.clear_cache()
     if bar is not None:
         bar.close()
-    return read_completions(folder, name)
+    data = Completions()
+    for path in paths:
+        data.extend(Completions.load(path))
+    return data
 
 
 def _check_manifest(path: Path, settings: Dict):
     if path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        differ = [k for k in settings if k != "target" and saved.get(k) != settings[k]]
+        differ = [k for k in settings if saved.get(k) != settings[k]]
         if differ:
             raise ValueError(
                 f"the completions in '{path.parent}' were made with other "
-                f"{', '.join(differ)}; delete that folder or use the same options."
+                f"{', '.join(differ)}; delete that folder or use the same options "
+                "and target."
             )
         return
     tmp = path.with_suffix(".tmp")

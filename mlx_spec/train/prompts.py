@@ -809,24 +809,37 @@ def mixed_prompts(
     seed: int = 0,
     shares: Optional[Dict[str, float]] = None,
 ) -> List[Prompt]:
-    """A seeded sample of ``count`` prompts, mixed by ``shares`` and interleaved.
+    """A seeded mix of ``count`` prompts, the sets interleaved by ``shares``.
+
+    Each set's pool is shuffled with the seed, and the sets take turns in
+    proportion to their shares (the set furthest behind its share goes
+    next), so the first ``n`` prompts of a longer mix are the mix of ``n``:
+    asking for more prompts only adds prompts at the end.
 
     Args:
-        count: Number of prompts (fewer if the pool is smaller).
+        count: Number of prompts (fewer if the pools run out).
         split: ``"train"`` or ``"heldout"``. Default: ``"train"``.
-        seed: Sampling seed. Default: ``0``.
+        seed: Shuffling seed. Default: ``0``.
         shares: Prompt set -> weight. Default: :data:`DEFAULT_SHARES`.
     """
     shares = dict(DEFAULT_SHARES if shares is None else shares)
     total = sum(shares.values())
-    rng = random.Random(seed)
-    picked = []
+    pools = {}
     for name in sorted(shares):
-        pool = builtin_prompts(split, (name,))
-        want = min(len(pool), round(count * shares[name] / total))
-        picked.extend(rng.sample(pool, want))
-    rng.shuffle(picked)
-    return picked[:count]
+        pool = list(builtin_prompts(split, (name,)))
+        random.Random(f"{seed}:{name}").shuffle(pool)
+        pools[name] = pool
+    taken = {name: 0 for name in pools}
+    picked: List[Prompt] = []
+    while len(picked) < count:
+        open_sets = [n for n in sorted(pools) if taken[n] < len(pools[n])]
+        if not open_sets:
+            break
+        turn = len(picked) + 1
+        name = max(open_sets, key=lambda n: turn * shares[n] / total - taken[n])
+        picked.append(pools[name][taken[name]])
+        taken[name] += 1
+    return picked
 
 
 def load_prompt_file(path: str) -> List[Prompt]:
