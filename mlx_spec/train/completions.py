@@ -192,10 +192,17 @@ def generate_completions(
         completion_batch_size=batch_size,
         prefill_batch_size=min(batch_size, 8),
     )
+    # Prompts go in shortest first: prefill batches pad to their longest prompt.
+    order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
     try:
-        uids = gen.insert(
-            ids, [max_tokens] * len(ids), samplers=[samplers[t] for t in temps]
+        inserted = gen.insert(
+            [ids[i] for i in order],
+            [max_tokens] * len(ids),
+            samplers=[samplers[temps[i]] for i in order],
         )
+        uids = [None] * len(ids)
+        for i, uid in zip(order, inserted):
+            uids[i] = uid
         out = {u: ([], [], []) for u in uids}
         while responses := gen.next_generated():
             top, values = _top_k([r.logprobs for r in responses], top_k)
