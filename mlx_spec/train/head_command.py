@@ -4,10 +4,10 @@ The run, given the target and self-distilled sequences (prompt + the
 target's own completion, token ids):
 
 1. teacher data from one teacher-forced pass of the target (features and
-   top-K next-token laws), cached in ``OUT/teacher.npz`` so a resumed run
-   skips it;
+   top-K next-token laws), cached by chunk in ``OUT/data`` so a resumed run
+   skips what it has;
 2. training (:func:`mlx_spec.train.heads.train_head`) with a progress bar,
-   held-out acceptance and checkpoints in ``OUT/checkpoint``;
+   held-out acceptance and checkpoints in ``OUT/checkpoints``;
 3. the head directory ``OUT`` (``config.json`` + ``head.safetensors``),
    which ``--draft-model OUT`` loads as the right kind of drafter, and a
    model card ``OUT/README.md``.
@@ -35,7 +35,8 @@ from .heads import (
 )
 
 HEAD_KINDS = ("eagle", "medusa")
-TEACHER_FILE = "teacher.npz"
+TEACHER_DIR = "data"
+TEACHER_CHUNK = 64
 DEFAULT_STEPS = {"eagle": 3000, "medusa": 2000}
 DEFAULT_LR = {"eagle": 1e-3, "medusa": 2e-3}
 
@@ -143,13 +144,13 @@ def head_config(args, kind: str) -> HeadTrainConfig:
     return config
 
 
-def _fingerprint_of(sequences: Sequence[Sequence[int]], starts, layers) -> str:
+def _digest(sequences, starts, layers) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps(list(layers)).encode())
     for seq, start in zip(sequences, starts):
         digest.update(np.asarray(seq, np.int32).tobytes())
         digest.update(str(start).encode())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:20]
 
 
 def cached_teacher_data(
@@ -159,32 +160,57 @@ def cached_teacher_data(
     out_dir,
     feature_layers: Sequence[int],
     log: Optional[Callable[[str], None]] = None,
+    laws: Optional[tuple] = None,
+    chunk: Optional[int] = None,
 ) -> HeadData:
-    """Teacher data for ``sequences``, computed once and kept in ``OUT/teacher.npz``."""
-    path = Path(out_dir) / TEACHER_FILE
-    key = _fingerprint_of(sequences, starts, feature_layers)
-    meta = path.with_suffix(".json")
-    if (
-        path.exists()
-        and meta.exists()
-        and json.loads(meta.read_text()).get("key") == key
-    ):
-        if log:
-            log(f"teacher data: reusing {path}")
-        return HeadData.load(path)
-    total = sum(len(s) for s in sequences)
-    from tqdm import tqdm
+    """Teacher data for ``sequences``, kept in ``OUT/data/teacher-*.npz`` by chunk.
 
-    tic = time.perf_counter()
-    with tqdm(total=total, desc="teacher pass", unit="tok") as bar:
-        data = teacher_data(
-            model, sequences, starts, feature_layers=feature_layers, progress=bar.update
-        )
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    data.save(path)
-    meta.write_text(
-        json.dumps({"key": key, "tokens": total, "seconds": time.perf_counter() - tic})
-    )
+    Each chunk of ``chunk`` sequences is computed once (named by a hash of
+    its sequences), so a resumed run, or one with more sequences appended,
+    only runs the target over what is new. ``laws`` are the target's laws
+    over the completions when already known (see
+    :func:`mlx_spec.train.head_data.teacher_data`).
+    """
+    chunk = chunk or TEACHER_CHUNK
+    folder = Path(out_dir) / TEACHER_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    parts, todo = [], []
+    for i in range(0, len(sequences), chunk):
+        key = _digest(sequences[i : i + chunk], starts[i : i + chunk], feature_layers)
+        path = folder / f"teacher-{key}.npz"
+        parts.append(path)
+        if not path.exists():
+            todo.append((i, path))
+    if todo:
+        from tqdm import tqdm
+
+        total = sum(len(s) for i, _ in todo for s in sequences[i : i + chunk])
+        tic = time.perf_counter()
+        with tqdm(total=total, desc="teacher pass", unit="tok") as bar:
+            for i, path in todo:
+                part_laws = None
+                if laws is not None:
+                    part_laws = (laws[0][i : i + chunk], laws[1][i : i + chunk])
+                data = teacher_data(
+                    model,
+                    sequences[i : i + chunk],
+                    starts[i : i + chunk],
+                    feature_layers=feature_layers,
+                    progress=bar.update,
+                    laws=part_laws,
+                )
+                tmp = path.with_suffix(".tmp.npz")
+                data.save(tmp)
+                tmp.replace(path)
+        if log:
+            log(f"teacher pass: {total} tokens in {time.perf_counter() - tic:.0f} s")
+    elif log:
+        log(f"teacher data: reusing {len(parts)} chunks in {folder}")
+    data = HeadData([], [], [], [], [])
+    for path in parts:
+        part = HeadData.load(path)
+        for name in ("tokens", "starts", "features", "teacher_ids", "teacher_logp"):
+            getattr(data, name).extend(getattr(part, name))
     return data
 
 
@@ -214,13 +240,23 @@ def run_head_training(
     """
     config = head_config(args, kind)
     out = Path(args.out)
-    tokens = list(train.tokens) + list(heldout.tokens)
-    sequences = [np.asarray(t, np.int32).tolist() for t in tokens]
-    starts = list(train.starts) + list(heldout.starts)
-    heldout_index = list(range(len(train.tokens), len(sequences)))
-    data = cached_teacher_data(
-        model, sequences, starts, out, config.feature_layers, log
+    heldout_index = list(
+        range(len(train.tokens), len(train.tokens) + len(heldout.tokens))
     )
+    data = HeadData([], [], [], [], [])
+    for part in (
+        train,
+        heldout,
+    ):  # chunked apart: more training data keeps held-out chunks
+        laws = None
+        if hasattr(part, "teacher_ids"):
+            laws = (list(part.teacher_ids), list(part.teacher_logp))
+        seqs = [np.asarray(t, np.int32).tolist() for t in part.tokens]
+        got = cached_teacher_data(
+            model, seqs, list(part.starts), out, config.feature_layers, log, laws
+        )
+        for name in ("tokens", "starts", "features", "teacher_ids", "teacher_logp"):
+            getattr(data, name).extend(getattr(got, name))
     log(
         f"{kind}: {len(data)} sequences, {data.num_tokens} tokens; "
         f"{config.steps} steps of {config.batch_size} x {config.window} tokens"

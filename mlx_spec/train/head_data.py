@@ -118,6 +118,7 @@ def teacher_data(
     top_k: int = DEFAULT_TEACHER_TOP_K,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     progress: Optional[Callable[[int], None]] = None,
+    laws: Optional[tuple] = None,
 ) -> HeadData:
     """Run the target over ``sequences`` and keep what a head learns from.
 
@@ -129,6 +130,10 @@ def teacher_data(
         top_k: Teacher ids and log-probabilities kept per position.
         batch_tokens: Padded tokens per target forward.
         progress: Called with the number of tokens done after each batch.
+        laws: The target's laws over the completion tokens when already
+          known (e.g. kept while generating them): ``(ids, logp)``, per
+          sequence ``(T_i - start_i, K)`` arrays. The pass then skips the
+          output layer; the prompt's rows are left empty (never supervised).
 
     Returns:
         The :class:`HeadData`, in the order of ``sequences``.
@@ -142,20 +147,35 @@ def teacher_data(
         ids = np.zeros((len(batch), width), np.int32)
         for row, i in enumerate(batch):
             ids[row, : lengths[i]] = sequences[i]
-        with capture.capturing():
-            logits = model(mx.array(ids))
-        feats = capture.take(batched=True).astype(mx.float16)
-        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        top = mx.argpartition(-logp, kth=top_k - 1, axis=-1)[..., :top_k]
-        values = mx.take_along_axis(logp, top, axis=-1)
-        order = mx.argsort(-values, axis=-1)
-        top = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
-        values = mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
-        mx.eval(feats, top, values)
-        feats, top, values = np.array(feats), np.array(top), np.array(values)
-        for row, i in enumerate(batch):
-            L = lengths[i]
-            out[i] = (feats[row, :L], top[row, :L], values[row, :L])
+        if laws is not None:  # features only: the inner model, no output layer
+            with capture.capturing():
+                model.model(mx.array(ids))
+            feats = capture.take(batched=True).astype(mx.float16)
+            feats = np.array(feats)
+            for row, i in enumerate(batch):
+                L, start = lengths[i], starts[i]
+                K = laws[0][i].shape[1]
+                top = np.zeros((L, K), np.int32)
+                values = np.full((L, K), -np.inf, np.float16)
+                rows = min(L - start, laws[0][i].shape[0])
+                top[start - 1 : start - 1 + rows] = laws[0][i][:rows]
+                values[start - 1 : start - 1 + rows] = laws[1][i][:rows]
+                out[i] = (feats[row, :L], top, values)
+        else:
+            with capture.capturing():
+                logits = model(mx.array(ids))
+            feats = capture.take(batched=True).astype(mx.float16)
+            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            top = mx.argpartition(-logp, kth=top_k - 1, axis=-1)[..., :top_k]
+            values = mx.take_along_axis(logp, top, axis=-1)
+            order = mx.argsort(-values, axis=-1)
+            top = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
+            values = mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
+            mx.eval(feats, top, values)
+            feats, top, values = np.array(feats), np.array(top), np.array(values)
+            for row, i in enumerate(batch):
+                L = lengths[i]
+                out[i] = (feats[row, :L], top[row, :L], values[row, :L])
         if progress is not None:
             progress(sum(lengths[i] for i in batch))
         mx.clear_cache()

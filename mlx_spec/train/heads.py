@@ -34,7 +34,7 @@ from . import eagle as eagle_train
 from . import medusa as medusa_train
 from .head_data import HeadData, coverage, draft_vocabulary, token_counts
 
-CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_DIR = "checkpoints"
 DEFAULT_STEPS = 2000
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_WINDOW = 256
@@ -131,19 +131,12 @@ class HeadTrainer:
             self.eval_index = sorted(held)
             self.train_index = [i for i in range(len(data)) if i not in held]
         self.data = data
-        vocab_size = int(feature_owner(model).embed_tokens.weight.shape[0])
-        counts = token_counts(data.subset(self.train_index), vocab_size)
-        if config.draft_vocab and config.draft_vocab < vocab_size:
-            self.draft_ids = draft_vocabulary(counts, config.draft_vocab)
-        else:
-            self.draft_ids = None
-        ids = self.draft_ids if self.draft_ids is not None else np.arange(vocab_size)
-        self.coverage = coverage(counts, ids)
-        to_draft = np.full(vocab_size, -1, np.int32)
-        to_draft[ids] = np.arange(len(ids), dtype=np.int32)
-        self.to_draft = to_draft
-        self.draft_ids_mx = mx.array(ids.astype(np.int32))
-        self.vocab_weight = output_weight(model, self.draft_ids)
+        self.vocab_size = int(feature_owner(model).embed_tokens.weight.shape[0])
+        self.counts = token_counts(data.subset(self.train_index), self.vocab_size)
+        draft_ids = None
+        if config.draft_vocab and config.draft_vocab < self.vocab_size:
+            draft_ids = draft_vocabulary(self.counts, config.draft_vocab)
+        self.set_draft_vocab(draft_ids)
         mx.random.seed(config.seed)
         options = {}
         if config.kind == "eagle":
@@ -170,6 +163,17 @@ class HeadTrainer:
         self.tokens_seen = 0
         self.train_time = 0.0
         self._grad = nn.value_and_grad(self.head, self._loss)
+
+    def set_draft_vocab(self, draft_ids: Optional[np.ndarray]):
+        """Use ``draft_ids`` (target ids, ascending; ``None`` = all) as the draft vocabulary."""
+        self.draft_ids = draft_ids
+        ids = draft_ids if draft_ids is not None else np.arange(self.vocab_size)
+        self.coverage = coverage(self.counts, ids)
+        to_draft = np.full(self.vocab_size, -1, np.int32)
+        to_draft[ids] = np.arange(len(ids), dtype=np.int32)
+        self.to_draft = to_draft
+        self.draft_ids_mx = mx.array(ids.astype(np.int32))
+        self.vocab_weight = output_weight(self.model, draft_ids)
 
     def _loss(self, batch):
         if self.config.kind == "eagle":
@@ -263,6 +267,8 @@ class HeadTrainer:
         )
         state = dict(tree_flatten(self.optimizer.state))
         mx.save_safetensors(str(path / "optimizer.safetensors"), state)
+        if self.draft_ids is not None:  # fixed for the run, even if data grows
+            np.save(path / "draft_vocab.npy", self.draft_ids)
         meta = {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -294,6 +300,8 @@ class HeadTrainer:
                 f"the checkpoint in '{out_dir}' was trained with other {', '.join(differ)}; "
                 "use another --out directory or the same options."
             )
+        if (path / "draft_vocab.npy").exists():
+            self.set_draft_vocab(np.load(path / "draft_vocab.npy"))
         self.head.load_weights(list(mx.load(str(path / "head.safetensors")).items()))
         state = mx.load(str(path / "optimizer.safetensors"))
         self.optimizer.state = tree_unflatten(list(state.items()))

@@ -1,0 +1,187 @@
+"""Training draft heads: teacher data, the unrolled EAGLE loss, resume, head files.
+
+Everything runs on a tiny 1-layer llama over 8 tokens, whose greedy text a
+head learns in seconds.
+"""
+
+import argparse
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_spec import SpecConfig, SpecStats
+from mlx_spec.drafters.heads import load_head, read_head_config
+from mlx_spec.engine import speculative_events
+from mlx_spec.features import FeatureCapture
+from mlx_spec.train import eagle as eagle_train
+from mlx_spec.train.head_command import (
+    add_head_arguments,
+    head_config,
+    run_head_training,
+)
+from mlx_spec.train.head_data import teacher_data
+from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer, train_head
+from mlx_spec.train.medusa import calibrated_choices
+
+VOCAB = 8
+
+
+def _tiny_llama() -> llama.Model:
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB,
+        tie_word_embeddings=False,
+    )
+    mx.random.seed(0)
+    model = llama.Model(args)
+    model.lm_head.weight = 0.2 * mx.random.normal(model.lm_head.weight.shape)
+    mx.eval(model.parameters())
+    return model
+
+
+def _greedy(model, prompt, n):
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    out = []
+    for _ in range(n):
+        out.append(int(mx.argmax(logits).item()))
+        logits = model(mx.array([[out[-1]]]), cache=cache)[0, -1]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _tiny_llama()
+
+
+@pytest.fixture(scope="module")
+def sequences(tiny):
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(20):
+        prompt = rng.integers(0, VOCAB, size=5).tolist()
+        out.append(prompt + _greedy(tiny, prompt, 30))
+    return out
+
+
+def test_teacher_data_holds_features_and_laws_of_a_full_forward(tiny, sequences):
+    data = teacher_data(tiny, sequences[:3], [5, 5, 5], batch_tokens=40)
+    for seq, feats, ids, logp in zip(
+        sequences[:3], data.features, data.teacher_ids, data.teacher_logp
+    ):
+        capture = FeatureCapture(tiny)
+        with capture.capturing():
+            logits = tiny(mx.array([seq]))[0]
+        assert np.allclose(feats, np.array(capture.take()), atol=1e-2)
+        assert (ids[:, 0] == np.array(mx.argmax(logits, -1))).all()
+        law = np.array(logits - mx.logsumexp(logits, -1, keepdims=True))
+        assert np.allclose(logp[:, 0], law.max(-1), atol=1e-2)
+    # Laws given (kept while generating): the same features, laws on completions.
+    laws = ([d[4:-1] for d in data.teacher_ids], [d[4:-1] for d in data.teacher_logp])
+    again = teacher_data(tiny, sequences[:3], [5, 5, 5], laws=laws)
+    for a, b, ids in zip(again.features, data.features, again.teacher_ids):
+        assert np.allclose(a, b, atol=1e-2)
+    assert (again.teacher_ids[0][4:-1] == data.teacher_ids[0][4:-1]).all()
+
+
+def test_unrolled_masks_see_true_pairs_then_own_drafts():
+    """Step s at query q sees step-1 entries <= q - s + 1 and step-k entries at q - s + k."""
+    masks = eagle_train.unrolled_masks(6, 3)
+    m = np.array(masks[2])  # step 3: keys are [step 1 | step 2 | step 3]
+    q = 4
+    assert m[q, :6].tolist() == [True, True, True, False, False, False]
+    assert np.flatnonzero(m[q, 6:12]).tolist() == [3]
+    assert np.flatnonzero(m[q, 12:]).tolist() == [4]
+    assert np.array(masks[0]).tolist() == np.tril(np.ones((6, 6), bool)).tolist()
+
+
+def test_training_raises_held_out_acceptance_and_resumes(tiny, sequences, tmp_path):
+    config = HeadTrainConfig(
+        kind="eagle",
+        steps=40,
+        batch_size=8,
+        window=40,
+        lr=1e-2,
+        draft_vocab=0,
+        heldout=4,
+        eval_every=20,
+        checkpoint_every=20,
+    )
+    data = teacher_data(tiny, sequences, [5] * len(sequences))
+    start = HeadTrainer(tiny, data, config).evaluate()["tokens_per_round"]
+    trainer = train_head(tiny, data, config, tmp_path, progress=False)
+    evals = [e["tokens_per_round"] for e in trainer.evals]
+    assert evals[-1] > start + 0.5, (start, evals)
+    # Resume: a longer run continues from the saved step.
+    longer = HeadTrainConfig(**{**config.__dict__, "steps": 60})
+    resumed = train_head(tiny, data, longer, tmp_path, progress=False)
+    assert resumed.history[40]["step"] == 41 and resumed.step == 60
+    with pytest.raises(ValueError, match="other draft_vocab"):
+        other = HeadTrainConfig(**{**config.__dict__, "draft_vocab": 4})
+        train_head(tiny, data, other, tmp_path, progress=False)
+    head = load_head(tmp_path, tiny)
+    stats = SpecStats()
+    prompt = sequences[0][:5]
+    spec = SpecConfig(method="eagle-chain", max_tokens=30, adaptive=False)
+    out = [
+        e.token
+        for e in speculative_events(
+            mx.array(prompt), tiny, head, config=spec, stats=stats
+        )
+    ]
+    assert out == _greedy(tiny, prompt, 30)
+    assert stats.tokens_per_target_forward > 1.5
+
+
+def test_head_command_caches_the_teacher_pass_by_chunk(
+    tiny, sequences, tmp_path, monkeypatch
+):
+    from mlx_spec.train import head_command
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--draft-vocab", type=int)  # train-draft's own flag is kept
+    add_head_arguments(parser)
+    args = parser.parse_args(
+        ["--window", "40", "--eval-every", "5", "--batch-size", "4"]
+    )
+    args.out, args.steps, args.lr, args.no_progress = str(tmp_path), 5, 1e-2, True
+    assert head_config(args, "medusa").draft_vocab == head_command.DEFAULT_DRAFT_VOCAB
+    monkeypatch.setattr(head_command, "TEACHER_CHUNK", 8)
+    train = SimpleNamespace(tokens=sequences[:16], starts=[5] * 16)
+    heldout = SimpleNamespace(tokens=sequences[16:], starts=[5] * 4)
+    args.draft_vocab = 0
+    run_head_training(args, "medusa", tiny, train, heldout, log=lambda _: None)
+    chunks = sorted(p.name for p in (tmp_path / "data").iterdir())
+    assert len(chunks) == 3  # two training chunks, one held-out chunk
+    assert read_head_config(tmp_path)["training"]["heldout_sequences"] == 4
+    assert (tmp_path / "README.md").exists()
+    # More training data: the held-out chunk and the first chunks are reused.
+    calls = []
+    real = head_command.teacher_data
+    monkeypatch.setattr(
+        head_command,
+        "teacher_data",
+        lambda *a, **k: calls.append(len(a[1])) or real(*a, **k),
+    )
+    args.steps = 6
+    more = SimpleNamespace(tokens=sequences[:16] + sequences[:4], starts=[5] * 20)
+    run_head_training(args, "medusa", tiny, more, heldout, log=lambda _: None)
+    assert calls == [4]
+
+
+def test_calibrated_tree_keeps_every_prefix_and_the_best_paths():
+    acc = np.array([[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.4, 0.1, 0.1]])
+    choices = calibrated_choices(acc, 5)
+    # Path values: (0,) .6, (0, 0) .3, (1,) .2, (0, 0, 0) .12, (0, 1) .12, then <= .1.
+    assert choices == [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
+    assert all(c[:-1] in choices for c in choices if len(c) > 1)
