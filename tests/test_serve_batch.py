@@ -16,7 +16,13 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_spec.acceptance import match_accept, rejection_accept
 from mlx_spec.config import SpecConfig
 from mlx_spec.sampling import SamplingParams
-from mlx_spec.serve.batch import AcceptanceEma, SeqSpec, SpecBatchGenerator
+from mlx_spec.costs import best_gamma
+from mlx_spec.serve.batch import (
+    AcceptanceEma,
+    SeqSpec,
+    SpecBatchGenerator,
+    batch_gamma,
+)
 from mlx_spec.serve.batch_accept import (
     greedy_accept_rows,
     point_mass_law,
@@ -327,6 +333,17 @@ def test_each_row_sizes_its_drafts_from_its_own_acceptance():
     assert good.rate > 0.9 and bad.rate < 0.25
     assert good.gamma(0.05, 16) > 4
     assert bad.gamma(0.05, 16) == 1
+
+
+@pytest.mark.parametrize("alpha, step", [(0.9, 0.0), (0.8, 0.15), (0.4, 0.3)])
+def test_drafts_get_shorter_as_the_batch_grows(alpha, step):
+    """A batch of one prices drafts like the single-sequence cost model; more
+    rows sharing the verify forward make each extra column dearer."""
+    single = batch_gamma(alpha, step, 1, 16)
+    assert single == best_gamma(alpha, step, range(1, 17))[0]
+    lengths = [batch_gamma(alpha, step, b, 16) for b in (1, 2, 4, 8, 16)]
+    assert lengths == sorted(lengths, reverse=True)
+    assert lengths[-1] < lengths[0] or lengths[0] == 1
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])

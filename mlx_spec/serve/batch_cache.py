@@ -27,6 +27,7 @@ or when the frame outgrows the longest row by :data:`SLACK` slots, the rows
 are gathered back into a tight right-aligned frame.
 """
 
+import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
@@ -65,12 +66,13 @@ class RaggedKVCache(BatchKVCache):
 
     def __init__(self, batch: "RaggedBatch"):
         super().__init__([0] * batch.size)
-        self.batch = batch
+        # A weak reference: no cycle, so a dropped batch frees its arrays at once.
+        self._batch = weakref.ref(batch)
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs):
         if kwargs.get("window_size") is not None:
             raise ValueError("sliding-window attention is not batched here.")
-        return self.batch.mask(N, return_array)
+        return self._batch().mask(N, return_array)
 
     def filter(self, batch_indices):
         raise NotImplementedError("use RaggedBatch.select on the whole batch.")
