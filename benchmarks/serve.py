@@ -1,0 +1,856 @@
+"""Load benchmark of the servers: concurrent clients, an agent loop, memory.
+
+Usage::
+
+    python -m benchmarks.serve --out bench_out/serve
+    python -m benchmarks.serve --model models/smollm2-135m-instruct \\
+        --draft-model models/DRAFT --out bench_out/serve
+    python -m benchmarks.serve --quick --out bench_out/serve_quick
+
+Every server is a real process on a loopback port, started from this
+command (OpenBLAS loaded first on Linux, as ``import mlx_spec`` does; the
+mlx_lm hook disabled in the baselines with ``MLX_SPEC_DISABLE=1``, so they
+are mlx-lm's own code):
+
+==================  ====================================================
+``mlx_lm``          ``mlx_lm.server --model T`` (continuous batching,
+                    plain decoding)
+``mlx_lm_draft``    ``mlx_lm.server --model T --draft-model D`` (mlx-lm
+                    turns batching off with a draft: one request at a time)
+``mlx_spec``        ``mlx_spec.server --model T --draft-model D``
+                    (continuous batching with speculation)
+``mlx_spec_alone``  ``mlx_spec.server ... --no-batching`` (one request at a
+                    time: the server before batching, for the 1-client goal)
+==================  ====================================================
+
+Workloads (greedy, streamed, chat completions when the model has a chat
+template, else text completions):
+
+* **clients**: N concurrent clients (1, 2, 4, 8), each sending its requests
+  back to back from the benchmark prompt suite. The servers take turns per
+  N (order rotating), so slow drifts of a shared machine hit them alike.
+  Reported: aggregate tokens/s (all completion tokens over the wall time
+  from the first request to the last answer), per-request latency and time
+  to first token (p50, p95), and how many answers equal ``mlx_lm``'s text.
+* **agent**: a repeated agent loop. Episodes run the same tool-using task
+  with a different file name each: a fixed system prompt with tool
+  definitions, then steps whose tool outputs recur across episodes and whose
+  earlier replies are the server's own. One client, sequential. Reported:
+  decode tokens/s per request (tokens after the first / time from first to
+  last token) on ``mlx_lm`` and on ``mlx_spec`` with the cross-request index
+  (method ``lookup``) and without it (``speculative_isolation``).
+* **memory**: server RSS over ``--rss-requests`` sequential requests after a
+  warm-up, sampled every ``--rss-every`` requests (prompts made distinct
+  so the prompt cache and the cross-request index keep filling and evicting).
+
+Results go to ``OUT/serve.json`` and ``OUT/serve.md``; the goals of issue 19
+are printed with the measured value next to each, never estimated.
+"""
+
+# isort: off
+import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
+
+# isort: on
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from mlx_spec.loading import default_model_pair
+
+from .machine import machine_info
+from .prompts import prompt_suite
+
+CLIENTS = (1, 2, 4, 8)
+SERVERS = ("mlx_lm", "mlx_lm_draft", "mlx_spec", "mlx_spec_alone")
+AGENT_SERVERS = ("mlx_lm", "mlx_spec", "mlx_spec_isolated")
+DEFAULT_MAX_TOKENS = 96
+DEFAULT_REQUESTS_PER_CLIENT = 2
+DEFAULT_RSS_REQUESTS = 500
+START_TIMEOUT = 300.0
+REQUEST_TIMEOUT = 900.0
+# Goals of issue 19: (text, measured key, threshold).
+GOALS = (
+    (
+        "4 clients: aggregate tokens/s >= 1.3x mlx_lm.server batched plain",
+        "clients4_vs_mlx_lm",
+        1.3,
+    ),
+    (
+        "4 clients: aggregate tokens/s >= 2.5x mlx_lm.server --draft-model",
+        "clients4_vs_mlx_lm_draft",
+        2.5,
+    ),
+    (
+        "1 client: >= 0.97x today's single-request speed (mlx_spec.server --no-batching)",
+        "clients1_vs_alone",
+        0.97,
+    ),
+    ("agent loop: >= 2x plain mlx_lm tokens/s per request", "agent_vs_mlx_lm", 2.0),
+    (
+        "memory: server RSS flat within 10% over the requests after warm-up",
+        "rss_max_over_min",
+        None,
+    ),
+)
+
+LAUNCH = (
+    "import mlx_spec, runpy, sys; sys.argv = [sys.argv[1]] + sys.argv[2:]; "
+    "runpy.run_module(sys.argv[0], run_name='__main__')"
+)
+
+
+# --------------------------------------------------------------------------- #
+# Servers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """One server in a subprocess on a loopback port; its log in ``log_path``."""
+
+    def __init__(self, name: str, module: str, args: Sequence[str], log_dir: Path):
+        self.name = name
+        self.port = free_port()
+        argv = [sys.executable, "-c", LAUNCH, module, *args]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port)]
+        env = dict(os.environ)
+        if module.startswith("mlx_lm"):
+            env["MLX_SPEC_DISABLE"] = "1"  # mlx-lm's own server, not the hook's
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
+        self.argv = argv
+
+    def wait_ready(self, timeout: float = START_TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited; see {self.log_path}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} did not start; see {self.log_path}")
+
+    def rss_mb(self) -> Optional[float]:
+        """Resident memory of the server process, in MB."""
+        status = Path(f"/proc/{self.process.pid}/status")
+        if status.exists():
+            for line in status.read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        out = subprocess.run(
+            ["ps", "-o", "rss=", "-p", str(self.process.pid)],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return int(out) / 1024 if out else None
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._log.close()
+
+
+def server_command(name: str, target: str, draft: Optional[str], method: str, extra=()):
+    """``(module, args)`` of a named server configuration."""
+    if name == "mlx_lm":
+        return "mlx_lm.server", ["--model", target, *extra]
+    if name == "mlx_lm_draft":
+        return "mlx_lm.server", ["--model", target, "--draft-model", draft, *extra]
+    args = ["--model", target, "--speculative", method]
+    if draft is not None:
+        args += ["--draft-model", draft]
+    if name == "mlx_spec_alone":
+        args.append("--no-batching")
+    return "mlx_spec.serve.server", [*args, *extra]
+
+
+# --------------------------------------------------------------------------- #
+# Requests
+
+
+@dataclass
+class Result:
+    """One request as a client saw it. Times are ``time.perf_counter`` seconds."""
+
+    server: str
+    prompt: str
+    start: float
+    first: Optional[float] = None
+    end: Optional[float] = None
+    tokens: int = 0
+    text: str = ""
+    stats: Optional[dict] = None
+    error: Optional[str] = None
+
+    @property
+    def latency(self) -> Optional[float]:
+        return None if self.end is None else self.end - self.start
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return None if self.first is None else self.first - self.start
+
+    @property
+    def decode_tps(self) -> Optional[float]:
+        if self.first is None or self.end is None or self.tokens < 2:
+            return None
+        return (self.tokens - 1) / max(self.end - self.first, 1e-9)
+
+
+def request_body(prompt, chat: bool, max_tokens: int, extra=None) -> dict:
+    body = {
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if chat:
+        body["messages"] = prompt
+    else:
+        body["prompt"] = prompt
+    body.update(extra or {})
+    return body
+
+
+def send(server: ServerProcess, body: dict, label: str) -> Result:
+    """POST one streamed request; time its first token and its end."""
+    chat = "messages" in body
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    data = json.dumps(body).encode()
+    result = Result(server.name, label, time.perf_counter())
+    try:
+        conn = http.client.HTTPConnection(
+            "127.0.0.1", server.port, timeout=REQUEST_TIMEOUT
+        )
+        conn.request("POST", path, data, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            result.error = f"HTTP {response.status}: {response.read()[:200]!r}"
+            return result
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices") or []:
+                if chat:
+                    piece = (choice.get("delta") or {}).get("content")
+                else:
+                    piece = choice.get("text")
+                if piece:
+                    if result.first is None:
+                        result.first = time.perf_counter()
+                    result.text += piece
+            if event.get("usage"):
+                result.tokens = event["usage"]["completion_tokens"]
+            if event.get("speculative_stats"):
+                result.stats = event["speculative_stats"]
+        result.end = time.perf_counter()
+        conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        result.error = f"{type(e).__name__}: {e}"
+    if result.first is None and result.end is not None:
+        result.first = result.end
+    return result
+
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """The ``q`` quantile (0..1) by linear interpolation; ``None`` if empty."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    pos = q * (len(values) - 1)
+    low = int(pos)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (pos - low)
+
+
+# --------------------------------------------------------------------------- #
+# Workloads
+
+
+def suite_prompts(chat: bool) -> List[tuple]:
+    """``(label, prompt)`` pairs of the benchmark suite, messages or text."""
+    out = []
+    for p in prompt_suite(chat=chat):
+        if chat:
+            messages = p.messages or (("user", p.text),)
+            out.append((p.name, [{"role": r, "content": c} for r, c in messages]))
+        else:
+            out.append((p.name, p.text))
+    return out
+
+
+def run_clients(server, prompts, n_clients, per_client, chat, max_tokens, offset=0):
+    """``n_clients`` threads, each sending ``per_client`` requests back to back."""
+    results: List[Result] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(n_clients)
+
+    def client(c: int):
+        barrier.wait()
+        for r in range(per_client):
+            label, prompt = prompts[(offset + c * per_client + r) % len(prompts)]
+            res = send(server, request_body(prompt, chat, max_tokens), label)
+            with lock:
+                results.append(res)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def summarize(results: Sequence[Result]) -> dict:
+    ok = [r for r in results if r.error is None]
+    wall = None
+    if ok:
+        wall = max(r.end for r in ok) - min(r.start for r in ok)
+    tokens = sum(r.tokens for r in ok)
+    batch = [r.stats.get("mean_batch_size") for r in ok if r.stats]
+    batch = [b for b in batch if b is not None]
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "tokens": tokens,
+        "wall_s": wall,
+        "aggregate_tokens_per_s": tokens / wall if wall else None,
+        "latency_p50_s": percentile([r.latency for r in ok], 0.5),
+        "latency_p95_s": percentile([r.latency for r in ok], 0.95),
+        "ttft_p50_s": percentile([r.ttft for r in ok], 0.5),
+        "ttft_p95_s": percentile([r.ttft for r in ok], 0.95),
+        "decode_tokens_per_s_mean": _mean([r.decode_tps for r in ok]),
+        "mean_batch_size": _mean(batch),
+    }
+
+
+def _mean(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+AGENT_SYSTEM = (
+    "You are a coding agent. You work in a repository through tools and answer "
+    "with exactly one tool call per turn, as JSON on one line.\n"
+    "Tools:\n"
+    '- read_file {"path": str}: returns the file.\n'
+    '- replace {"path": str, "old": str, "new": str}: edits the file.\n'
+    '- run_tests {"path": str}: runs the tests of a file.\n'
+    '- done {"summary": str}: ends the task.\n'
+    "Rules: read a file before editing it; keep edits small; run the tests "
+    "after every edit; stop when the tests pass."
+)
+AGENT_FILE = (
+    "def {name}(values):\n"
+    "    total = 0\n"
+    "    for value in values:\n"
+    "        total = total + value\n"
+    "    return total / len(values)\n"
+)
+AGENT_STEPS = (
+    "read_file returned:\n{file}",
+    'replace returned: {{"ok": true, "path": "{path}"}}',
+    'run_tests returned: {{"passed": 3, "failed": 0, "path": "{path}"}}',
+)
+AGENT_TASK = (
+    "Task: in {path}, make {name} return 0.0 for an empty list instead of "
+    "raising ZeroDivisionError."
+)
+
+
+def agent_messages(episode: int, replies: List[str], steps: int) -> List[dict]:
+    """The conversation of one agent step: earlier replies are the server's own."""
+    name = f"mean_{episode}"
+    path = f"src/stats_{episode}.py"
+    messages = [
+        {"role": "system", "content": AGENT_SYSTEM},
+        {"role": "user", "content": AGENT_TASK.format(path=path, name=name)},
+    ]
+    for s in range(steps):
+        messages.append({"role": "assistant", "content": replies[s]})
+        tool = AGENT_STEPS[s % len(AGENT_STEPS)]
+        text = tool.format(file=AGENT_FILE.format(name=name), path=path)
+        messages.append({"role": "user", "content": text})
+    return messages
+
+
+def agent_text(messages: List[dict]) -> str:
+    """The agent conversation as plain text (a model without a chat template)."""
+    parts = [f"{m['role']}: {m['content']}" for m in messages]
+    return "\n".join(parts) + "\nassistant:"
+
+
+def run_agent(servers, variant_args, episodes, steps, chat, max_tokens):
+    """Episodes of the agent loop on each server; the servers alternate."""
+    results: Dict[str, List[Result]] = {name: [] for name in variant_args}
+    for e in range(episodes):
+        for name, (server, extra) in variant_args.items():
+            replies: List[str] = []
+            for s in range(steps):
+                messages = agent_messages(e, replies, s)
+                prompt = messages if chat else agent_text(messages)
+                body = request_body(prompt, chat, max_tokens, extra)
+                res = send(server, body, f"agent e{e} s{s}")
+                res.server = name
+                results[name].append(res)
+                replies.append(res.text)
+    return results
+
+
+def run_memory(server, prompts, chat, max_tokens, total, every, warmup):
+    """Sequential requests with distinct prompts; RSS sampled every ``every``."""
+    samples = []
+
+    def distinct(i):
+        label, prompt = prompts[i % len(prompts)]
+        tag = f"Request {i}."
+        if chat:
+            prompt = [dict(m) for m in prompt]
+            prompt[-1]["content"] = f"{tag} {prompt[-1]['content']}"
+        else:
+            prompt = f"# {tag}\n{prompt}"
+        return label, prompt
+
+    for i in range(warmup):
+        label, prompt = distinct(i)
+        send(server, request_body(prompt, chat, max_tokens), label)
+    errors = 0
+    for i in range(total):
+        label, prompt = distinct(warmup + i)
+        res = send(server, request_body(prompt, chat, max_tokens), label)
+        errors += res.error is not None
+        if i % every == 0 or i == total - 1:
+            samples.append((i, server.rss_mb()))
+    rss = [mb for _, mb in samples if mb is not None]
+    return {
+        "requests": total,
+        "errors": errors,
+        "warmup": warmup,
+        "samples": samples,
+        "rss_first_mb": rss[0] if rss else None,
+        "rss_last_mb": rss[-1] if rss else None,
+        "rss_min_mb": min(rss) if rss else None,
+        "rss_max_mb": max(rss) if rss else None,
+        "rss_max_over_min": max(rss) / min(rss) if rss else None,
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Driver
+
+
+def has_chat_template(model_path: str) -> bool:
+    path = Path(model_path)
+    if (path / "chat_template.jinja").exists():
+        return True
+    config = path / "tokenizer_config.json"
+    if config.exists():
+        return bool(json.loads(config.read_text()).get("chat_template"))
+    return False
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.serve",
+        description="Load benchmark: mlx_lm.server against mlx_spec.server.",
+    )
+    parser.add_argument("--model", help="Target model (default: the embedded pair).")
+    parser.add_argument(
+        "--draft-model",
+        help="Draft model (default: the pair's; 'none': no draft, mlx_spec "
+        "drafts by lookup and mlx_lm_draft is left out).",
+    )
+    parser.add_argument(
+        "--method",
+        default="auto",
+        help="mlx_spec.server --speculative (default: auto).",
+    )
+    parser.add_argument("--clients", type=int, nargs="+", default=list(CLIENTS))
+    parser.add_argument(
+        "--requests-per-client", type=int, default=DEFAULT_REQUESTS_PER_CLIENT
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="Runs of each (server, clients) pair; rows report the median.",
+    )
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
+    parser.add_argument("--agent-episodes", type=int, default=6)
+    parser.add_argument("--agent-steps", type=int, default=3)
+    parser.add_argument("--rss-requests", type=int, default=DEFAULT_RSS_REQUESTS)
+    parser.add_argument("--rss-every", type=int, default=25)
+    parser.add_argument("--rss-warmup", type=int, default=20)
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["clients", "agent", "memory"],
+        choices=["clients", "agent", "memory"],
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="Clients 1 and 4, fewer requests."
+    )
+    parser.add_argument("--out", default="bench_out/serve")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None):
+    args = setup_arg_parser().parse_args(argv)
+    if args.quick:
+        args.clients = [c for c in args.clients if c in (1, 4)] or [1]
+        args.requests_per_client = 1
+        args.repeats = 1
+        args.agent_episodes = min(args.agent_episodes, 3)
+        args.rss_requests = min(args.rss_requests, 50)
+        args.rss_every = min(args.rss_every, 10)
+        args.rss_warmup = min(args.rss_warmup, 5)
+    target, draft = args.model, args.draft_model
+    if target is None:
+        target, pair_draft = default_model_pair()
+        draft = draft or pair_draft
+    if draft in (None, "none"):
+        draft = None  # no draft model: mlx_lm_draft is left out
+        args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
+        if args.method in ("draft", "tree"):
+            raise SystemExit(f"--method {args.method} needs a --draft-model.")
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    chat = has_chat_template(target)
+    report = {
+        "machine": machine_info(),
+        "model": target,
+        "draft_model": draft,
+        "method": args.method,
+        "chat": chat,
+        "max_tokens": args.max_tokens,
+        "command": " ".join(sys.argv),
+    }
+    if "clients" in args.workloads:
+        report["clients"] = clients_workload(args, target, draft, chat, out)
+    if "agent" in args.workloads:
+        report["agent"] = agent_workload(args, target, draft, chat, out)
+    if "memory" in args.workloads:
+        report["memory"] = memory_workload(args, target, draft, chat, out)
+    report["goals"] = check_goals(report)
+    (out / "serve.json").write_text(json.dumps(report, indent=2))
+    (out / "serve.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def _start_all(names, target, draft, method, out, extra=()):
+    servers = {}
+    try:
+        for name in names:
+            module, sargs = server_command(name, target, draft, method, extra)
+            servers[name] = ServerProcess(name, module, sargs, out / "logs")
+        for server in servers.values():
+            server.wait_ready()
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+def clients_workload(args, target, draft, chat, out) -> dict:
+    """Every client count on every server, ``--repeats`` times, order rotating.
+
+    A row's aggregate tokens/s is the median over its repeats (the spread is
+    kept); latencies and times to first token pool the requests of all
+    repeats.
+    """
+    prompts = suite_prompts(chat)
+    servers = _start_all(args.servers, target, draft, args.method, out)
+    runs, results = [], {}
+    try:
+        for server in servers.values():  # warm-up
+            send(server, request_body(prompts[0][1], chat, 8), "warmup")
+        turn = 0
+        for rep in range(args.repeats):
+            for n in args.clients:
+                names = list(servers)
+                names = names[turn % len(names) :] + names[: turn % len(names)]
+                turn += 1
+                for name in names:
+                    res = run_clients(
+                        servers[name],
+                        prompts,
+                        n,
+                        args.requests_per_client,
+                        chat,
+                        args.max_tokens,
+                        offset=turn,
+                    )
+                    run = {
+                        "server": name,
+                        "clients": n,
+                        "repeat": rep,
+                        **summarize(res),
+                    }
+                    runs.append(run)
+                    results.setdefault((name, n), []).extend(res)
+                    print(_row_line(run), flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    rows = []
+    for (name, n), res in results.items():
+        tps = [
+            r["aggregate_tokens_per_s"]
+            for r in runs
+            if (r["server"], r["clients"]) == (name, n) and r["aggregate_tokens_per_s"]
+        ]
+        row = {"server": name, "clients": n, **summarize(res)}
+        row["aggregate_tokens_per_s"] = statistics.median(tps) if tps else None
+        row["aggregate_tokens_per_s_runs"] = tps
+        row["wall_s"] = None  # pooled over repeats: see the runs
+        ref = {r.prompt: r.text for r in results.get(("mlx_lm", n), []) if not r.error}
+        mine = [r for r in res if not r.error and r.prompt in ref]
+        if ref:  # greedy answers equal to mlx_lm's (near-ties may differ)
+            same = sum(r.text == ref[r.prompt] for r in mine)
+            row["same_text_as_mlx_lm"] = f"{same}/{len(mine)}"
+        rows.append(row)
+    rows.sort(key=lambda r: (r["clients"], SERVERS.index(r["server"])))
+    return {"rows": rows, "runs": runs, "repeats": args.repeats}
+
+
+def _row_line(row) -> str:
+    tps = row["aggregate_tokens_per_s"]
+    return (
+        f"{row['server']:>15} clients={row['clients']} tokens={row['tokens']} "
+        f"agg={tps if tps is None else round(tps, 1)} tok/s errors={row['errors']}"
+    )
+
+
+def agent_workload(args, target, draft, chat, out) -> dict:
+    names = ["mlx_lm", "mlx_spec"]
+    servers = _start_all(names, target, draft, "lookup", out)
+    try:
+        variants = {
+            "mlx_lm": (servers["mlx_lm"], None),
+            "mlx_spec": (servers["mlx_spec"], None),
+            "mlx_spec_isolated": (servers["mlx_spec"], {"speculative_isolation": True}),
+        }
+        results = run_agent(
+            servers,
+            variants,
+            args.agent_episodes,
+            args.agent_steps,
+            chat,
+            args.max_tokens,
+        )
+    finally:
+        for server in servers.values():
+            server.stop()
+    rows, requests = [], []
+    for name, res in results.items():
+        requests += [
+            {
+                "server": name,
+                "request": r.prompt,
+                "tokens": r.tokens,
+                "text": r.text,
+                "decode_tokens_per_s": r.decode_tps,
+                "stats": r.stats,
+                "error": r.error,
+            }
+            for r in res
+        ]
+        ok = [r for r in res if r.error is None]
+        later = [r for r in ok if not r.prompt.startswith("agent e0 ")]
+        cross = [r.stats.get("cross_request_accepted", 0) for r in ok if r.stats]
+        rows.append(
+            {
+                "server": name,
+                "requests": len(res),
+                "errors": len(res) - len(ok),
+                "decode_tokens_per_s_mean": _mean([r.decode_tps for r in ok]),
+                "decode_tokens_per_s_after_first_episode": _mean(
+                    [r.decode_tps for r in later]
+                ),
+                "tokens_mean": _mean([r.tokens for r in ok]),
+                "cross_request_accepted": sum(cross) if cross else None,
+            }
+        )
+    return {
+        "method": "lookup",
+        "episodes": args.agent_episodes,
+        "steps": args.agent_steps,
+        "rows": rows,
+    }
+
+
+def memory_workload(args, target, draft, chat, out) -> dict:
+    prompts = suite_prompts(chat)
+    servers = _start_all(["mlx_spec"], target, draft, args.method, out)
+    try:
+        result = run_memory(
+            servers["mlx_spec"],
+            prompts,
+            chat,
+            min(args.max_tokens, 32),
+            args.rss_requests,
+            args.rss_every,
+            args.rss_warmup,
+        )
+    finally:
+        for server in servers.values():
+            server.stop()
+    return {"server": "mlx_spec", **result}
+
+
+def _clients_row(report, server, n) -> Optional[dict]:
+    for row in report.get("clients", {}).get("rows", []):
+        if row["server"] == server and row["clients"] == n:
+            return row
+    return None
+
+
+def _ratio(a, b) -> Optional[float]:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def measured_goals(report) -> Dict[str, Optional[float]]:
+    agg = lambda s, n: (_clients_row(report, s, n) or {}).get("aggregate_tokens_per_s")
+    values = {
+        "clients4_vs_mlx_lm": _ratio(agg("mlx_spec", 4), agg("mlx_lm", 4)),
+        "clients4_vs_mlx_lm_draft": _ratio(agg("mlx_spec", 4), agg("mlx_lm_draft", 4)),
+        "clients1_vs_alone": _ratio(agg("mlx_spec", 1), agg("mlx_spec_alone", 1)),
+        "agent_vs_mlx_lm": None,
+        "rss_max_over_min": report.get("memory", {}).get("rss_max_over_min"),
+    }
+    agent = {r["server"]: r for r in report.get("agent", {}).get("rows", [])}
+    if "mlx_spec" in agent and "mlx_lm" in agent:
+        values["agent_vs_mlx_lm"] = _ratio(
+            agent["mlx_spec"]["decode_tokens_per_s_mean"],
+            agent["mlx_lm"]["decode_tokens_per_s_mean"],
+        )
+    return values
+
+
+def check_goals(report) -> List[dict]:
+    values = measured_goals(report)
+    out = []
+    for text, key, threshold in GOALS:
+        value = values.get(key)
+        if value is None:
+            verdict = "not run"
+        elif threshold is None:  # RSS: max/min within 10%
+            verdict = "met" if value <= 1.10 else "missed"
+        else:
+            verdict = "met" if value >= threshold else "missed"
+        out.append({"goal": text, "measured": value, "verdict": verdict})
+    return out
+
+
+def _fmt(value, digits=2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(report) -> str:
+    lines = [
+        "# Serving benchmark",
+        "",
+        f"Model `{report['model']}`, draft `{report['draft_model']}`, mlx_spec "
+        f"method `{report['method']}`, greedy, max_tokens {report['max_tokens']}, "
+        f"{'chat' if report['chat'] else 'text'} completions, streamed.",
+        f"Command: `{report['command']}`",
+        "",
+    ]
+    if "clients" in report:
+        lines += [
+            "## Concurrent clients",
+            "",
+            f"Median of {report['clients']['repeats']} runs per row (min-max in "
+            "brackets); latencies pool every run's requests.",
+            "",
+            "| server | clients | requests | tokens | aggregate tok/s | latency p50 / p95 s | TTFT p50 / p95 s | mean batch | same text as mlx_lm |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in report["clients"]["rows"]:
+            spread = r.get("aggregate_tokens_per_s_runs") or []
+            spread = (
+                f" [{min(spread):.1f}-{max(spread):.1f}]" if len(spread) > 1 else ""
+            )
+            lines.append(
+                f"| {r['server']} | {r['clients']} | {r['requests']} | {r['tokens']} "
+                f"| {_fmt(r['aggregate_tokens_per_s'], 1)}{spread} "
+                f"| {_fmt(r['latency_p50_s'])} / {_fmt(r['latency_p95_s'])} "
+                f"| {_fmt(r['ttft_p50_s'])} / {_fmt(r['ttft_p95_s'])} "
+                f"| {_fmt(r.get('mean_batch_size'))} | {r.get('same_text_as_mlx_lm', '-')} |"
+            )
+        lines.append("")
+    if "agent" in report:
+        a = report["agent"]
+        lines += [
+            f"## Agent loop ({a['episodes']} episodes x {a['steps']} steps, mlx_spec method `{a['method']}`)",
+            "",
+            "| server | requests | decode tok/s per request | after the first episode | tokens per reply | cross-request accepted |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in a["rows"]:
+            lines.append(
+                f"| {r['server']} | {r['requests']} | {_fmt(r['decode_tokens_per_s_mean'], 1)} "
+                f"| {_fmt(r['decode_tokens_per_s_after_first_episode'], 1)} "
+                f"| {_fmt(r['tokens_mean'], 1)} | {_fmt(r['cross_request_accepted'])} |"
+            )
+        lines.append("")
+    if "memory" in report:
+        m = report["memory"]
+        lines += [
+            f"## Memory ({m['requests']} sequential requests after {m['warmup']} warm-up, mlx_spec.server)",
+            "",
+            f"RSS first {_fmt(m['rss_first_mb'], 0)} MB, last {_fmt(m['rss_last_mb'], 0)} MB, "
+            f"min {_fmt(m['rss_min_mb'], 0)} MB, max {_fmt(m['rss_max_mb'], 0)} MB, "
+            f"max/min {_fmt(m['rss_max_over_min'], 3)}; errors {m['errors']}.",
+            "",
+        ]
+    lines += [
+        "## Goals (issue 19)",
+        "",
+        "| goal | measured | verdict |",
+        "|---|---|---|",
+    ]
+    for g in report["goals"]:
+        lines.append(f"| {g['goal']} | {_fmt(g['measured'])} | {g['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""benchmarks/serve.py: its statistics, goal verdicts and one tiny real run."""
+
+import json
+
+import pytest
+
+from benchmarks import serve as bench
+
+
+def _result(start, first, end, tokens, stats=None):
+    return bench.Result("s", "p", start, first, end, tokens, "", stats)
+
+
+def test_percentiles_interpolate_and_skip_missing_values():
+    assert bench.percentile([3.0, 1.0, 2.0, None], 0.5) == 2.0
+    assert bench.percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
+    assert bench.percentile([], 0.5) is None
+
+
+def test_summary_counts_tokens_over_the_wall_time_of_all_requests():
+    results = [
+        _result(0.0, 0.5, 2.0, 10, {"mean_batch_size": 2.0}),
+        _result(1.0, 1.2, 4.0, 30, {"mean_batch_size": 3.0}),
+    ]
+    row = bench.summarize(results)
+    assert row["tokens"] == 40 and row["wall_s"] == 4.0
+    assert row["aggregate_tokens_per_s"] == 10.0
+    assert row["ttft_p50_s"] == pytest.approx(0.35)
+    assert row["mean_batch_size"] == 2.5
+    assert row["decode_tokens_per_s_mean"] == pytest.approx((9 / 1.5 + 29 / 2.8) / 2)
+
+
+def test_goals_report_measured_values_and_never_invent_missing_ones():
+    report = {
+        "clients": {
+            "rows": [
+                {"server": "mlx_lm", "clients": 4, "aggregate_tokens_per_s": 100.0},
+                {"server": "mlx_spec", "clients": 4, "aggregate_tokens_per_s": 150.0},
+            ]
+        },
+        "memory": {"rss_max_over_min": 1.04},
+    }
+    goals = {g["goal"][:30]: g for g in bench.check_goals(report)}
+    verdicts = [g["verdict"] for g in bench.check_goals(report)]
+    assert verdicts == ["met", "not run", "not run", "not run", "met"]
+    assert bench.check_goals(report)[0]["measured"] == 1.5
+    assert all(
+        g["measured"] is None for g in goals.values() if g["verdict"] == "not run"
+    )
+
+
+def test_agent_conversations_recur_across_episodes_with_the_servers_replies():
+    first = bench.agent_messages(0, ["call A", "call B"], 2)
+    second = bench.agent_messages(1, ["call A", "call B"], 2)
+    assert first[0] == second[0]  # the same system prompt
+    roles = ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [m["role"] for m in first] == roles
+    assert first[2]["content"] == "call A" and "mean_0" in first[3]["content"]
+
+
+def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
+    bench.main(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--servers",
+            "mlx_lm",
+            "mlx_spec",
+            "--clients",
+            "2",
+            "--requests-per-client",
+            "1",
+            "--repeats",
+            "2",
+            "--max-tokens",
+            "8",
+            "--workloads",
+            "clients",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    report = json.loads((tmp_path / "serve.json").read_text())
+    rows = report["clients"]["rows"]
+    assert {r["server"] for r in rows} == {"mlx_lm", "mlx_spec"}
+    assert all(r["errors"] == 0 and r["tokens"] > 0 for r in rows)
+    assert all(r["same_text_as_mlx_lm"] == "4/4" for r in rows)  # 2 clients x 2 runs
+    assert all(len(r["aggregate_tokens_per_s_runs"]) == 2 for r in rows)
+    assert "| mlx_spec | 2 |" in (tmp_path / "serve.md").read_text()
