@@ -52,6 +52,7 @@ DEFAULT_SOFT_WEIGHT = 0.5
 DEFAULT_EVAL_EVERY = 250
 DEFAULT_MAX_LENGTH = 768
 LENGTH_STEP = 64  # sequences are padded to a multiple of this (few compiled shapes)
+ROW_STEP = 256  # supervised rows are padded to a multiple of this
 EVAL_GAMMAS = (1, 2, 3, 4, 5, 6)
 EVAL_POSITIONS = 8
 
@@ -102,32 +103,45 @@ _RESUME_KEYS = ("draft_vocab", "layers", "batch_tokens", "max_length", "seed", "
 
 @dataclass
 class Batch:
-    """A padded batch of sequences (numpy until :meth:`arrays`).
+    """A padded batch of sequences and its supervised positions (numpy until :meth:`arrays`).
+
+    Only positions whose next token is a completion token are supervised;
+    they are gathered (``rows``) before the output layer, so prompt
+    positions cost the layers only. ``R`` is padded to a multiple of
+    :data:`ROW_STEP` with masked rows, for few compiled shapes.
 
     Attributes:
         tokens: ``(B, T)`` input token ids.
-        soft_ids: ``(B, T, K)`` draft index of the teacher's top-K tokens for
+        rows: ``(R,)`` flat index ``b * T + t`` of each supervised position.
+        soft_ids: ``(R, K)`` draft index of the teacher's top-K tokens for
           the next token (``-1``: outside the draft vocabulary).
-        soft_p: ``(B, T, K)`` their probabilities.
-        hard: ``(B, T)`` draft index of the next token (``-1``: outside).
-        mask: ``(B, T)`` 1.0 where the next token is a completion token.
-        target: ``(B, T)`` the next token's target id (``-1`` where masked).
+        soft_p: ``(R, K)`` their probabilities.
+        hard: ``(R,)`` draft index of the next token (``-1``: outside).
+        mask: ``(R,)`` 1.0 for real rows, 0.0 for padding.
+        target: ``(R,)`` the next token's target id.
+        counts: Supervised rows of each sequence, in order.
     """
 
     tokens: np.ndarray
+    rows: np.ndarray
     soft_ids: np.ndarray
     soft_p: np.ndarray
     hard: np.ndarray
     mask: np.ndarray
     target: np.ndarray
+    counts: List[int]
 
     def arrays(self):
-        return (
-            mx.array(self.tokens),
-            mx.array(self.soft_ids),
-            mx.array(self.soft_p),
-            mx.array(self.hard),
-            mx.array(self.mask),
+        return tuple(
+            mx.array(a)
+            for a in (
+                self.tokens,
+                self.rows,
+                self.soft_ids,
+                self.soft_p,
+                self.hard,
+                self.mask,
+            )
         )
 
 
@@ -161,30 +175,36 @@ def make_batch(
 ) -> Batch:
     """Pad the sequences ``index`` into a :class:`Batch` (see its fields)."""
     width = max(padded_length(len(data.tokens[i]), max_length) for i in index)
-    B = len(index)
     K = data.teacher_ids[index[0]].shape[1]
-    tokens = np.zeros((B, width), np.int32)
-    soft_ids = np.full((B, width, K), -1, np.int32)
-    soft_p = np.zeros((B, width, K), np.float32)
-    hard = np.full((B, width), -1, np.int32)
-    mask = np.zeros((B, width), np.float32)
-    target = np.full((B, width), -1, np.int32)
-    for row, i in enumerate(index):
+    tokens = np.zeros((len(index), width), np.int32)
+    rows, ids, logp, nxt, counts = [], [], [], [], []
+    for b, i in enumerate(index):
         seq = data.tokens[i][:max_length]
         n, start = len(seq), data.starts[i]
-        tokens[row, :n] = seq
-        if start >= n:
-            continue
-        # Position p predicts token p + 1; completion rows j = p + 1 - start.
-        rows = n - start
-        span = slice(start - 1, n - 1)
-        soft_ids[row, span] = to_draft[data.teacher_ids[i][:rows]]
-        soft_p[row, span] = np.exp(data.teacher_logp[i][:rows].astype(np.float32))
-        nxt = seq[start:n]
-        hard[row, span] = to_draft[nxt]
-        target[row, span] = nxt
-        mask[row, span] = 1.0
-    return Batch(tokens, soft_ids, soft_p, hard, mask, target)
+        tokens[b, :n] = seq
+        count = max(n - start, 0)
+        counts.append(count)
+        if count:
+            # Position p predicts token p + 1, which is completion token p + 1 - start.
+            rows.append(b * width + np.arange(start - 1, n - 1))
+            ids.append(data.teacher_ids[i][:count])
+            logp.append(data.teacher_logp[i][:count])
+            nxt.append(seq[start:n])
+    real = sum(counts)
+    R = max(-(-real // ROW_STEP) * ROW_STEP, ROW_STEP)
+    flat = np.zeros(R, np.int32)
+    soft_ids = np.full((R, K), -1, np.int32)
+    soft_p = np.zeros((R, K), np.float32)
+    target = np.full(R, -1, np.int32)
+    mask = np.zeros(R, np.float32)
+    if real:
+        flat[:real] = np.concatenate(rows)
+        soft_ids[:real] = to_draft[np.concatenate(ids)]
+        soft_p[:real] = np.exp(np.concatenate(logp).astype(np.float32))
+        target[:real] = np.concatenate(nxt)
+        mask[:real] = 1.0
+    hard = np.where(target >= 0, to_draft[np.maximum(target, 0)], -1).astype(np.int32)
+    return Batch(tokens, flat, soft_ids, soft_p, hard, mask, target, counts)
 
 
 # --------------------------------------------------------------------------- #
@@ -192,30 +212,43 @@ def make_batch(
 # --------------------------------------------------------------------------- #
 
 
+def supervised_logits(
+    draft: DistilledDraft, tokens: mx.array, rows: mx.array
+) -> mx.array:
+    """Draft logits over its vocabulary at the supervised positions: ``(R, k)``."""
+    h = draft.hidden(tokens)  # (B, T, H)
+    h = h.reshape(-1, h.shape[-1])[rows]
+    return draft.lm_head.subset_logits(h)
+
+
 def draft_loss(
-    draft: DistilledDraft, tokens, soft_ids, soft_p, hard, mask, soft_weight: float
+    draft: DistilledDraft,
+    tokens,
+    rows,
+    soft_ids,
+    soft_p,
+    hard,
+    mask,
+    soft_weight: float,
 ):
-    """Mean distillation loss over masked positions, and the top-1 accuracy.
+    """Mean distillation loss over the supervised rows, and the top-1 accuracy.
 
     Returns:
-        ``(loss, accuracy)`` scalars; accuracy is the share of positions whose
+        ``(loss, accuracy)`` scalars; accuracy is the share of rows whose
         draft argmax is the next token.
     """
-    logits = draft.lm_head.subset_logits(draft.hidden(tokens))  # (B, T, k)
+    logits = supervised_logits(draft, tokens, rows)  # (R, k)
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    inside = soft_ids >= 0
-    weights = mx.where(inside, soft_p, 0.0)
+    weights = mx.where(soft_ids >= 0, soft_p, 0.0)
     weights = weights / mx.maximum(weights.sum(axis=-1, keepdims=True), 1e-9)
     gathered = mx.take_along_axis(logq, mx.maximum(soft_ids, 0), axis=-1)
     soft = -(weights * gathered).sum(axis=-1)
     has_hard = hard >= 0
-    hard_logq = mx.take_along_axis(logq, mx.maximum(hard, 0)[..., None], axis=-1)[
-        ..., 0
-    ]
-    hard_loss = mx.where(has_hard, -hard_logq, 0.0)
-    per_token = soft_weight * soft + (1.0 - soft_weight) * hard_loss
+    picked = mx.take_along_axis(logq, mx.maximum(hard, 0)[:, None], axis=-1)[:, 0]
+    hard_loss = mx.where(has_hard, -picked, 0.0)
+    per_row = soft_weight * soft + (1.0 - soft_weight) * hard_loss
     count = mx.maximum(mask.sum(), 1.0)
-    loss = (per_token * mask).sum() / count
+    loss = (per_row * mask).sum() / count
     correct = (mx.argmax(logits, axis=-1) == hard) & has_hard
     accuracy = (correct * mask).sum() / count
     return loss, accuracy
@@ -377,15 +410,11 @@ class DraftTrainer:
             if not index:
                 continue
             batch = make_batch(data, index, self.to_draft, self.config.max_length)
-            logits = self.draft.lm_head.subset_logits(
-                self.draft.hidden(mx.array(batch.tokens))
-            )
-            guess = ids[np.array(mx.argmax(logits, axis=-1))]
-            for row, i in enumerate(index):
-                n = min(len(data.tokens[i]), self.config.max_length)
-                span = slice(data.starts[i] - 1, n - 1)
-                if data.starts[i] < n:
-                    out.append(guess[row, span] == batch.target[row, span])
+            tokens, rows = mx.array(batch.tokens), mx.array(batch.rows)
+            best = mx.argmax(supervised_logits(self.draft, tokens, rows), axis=-1)
+            hit = ids[np.array(best)] == batch.target
+            cuts = np.cumsum(batch.counts)[:-1]
+            out.extend(m for m in np.split(hit[: sum(batch.counts)], cuts) if len(m))
         return out
 
     def evaluate(self) -> Dict:
