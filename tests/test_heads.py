@@ -370,3 +370,38 @@ def test_head_of_another_kind_one_line_error(tiny):
     config = SpecConfig(method="medusa", max_tokens=4)
     with pytest.raises(ValueError, match="needs a trained medusa head .*got no draft"):
         list(speculative_events(mx.array(PROMPT), tiny, None, config=config))
+
+
+def test_generate_and_chat_commands_run_a_head_directory(checkpoints, tmp_path, capsys):
+    """``--draft-model HEAD_DIR``: the command line runs the head's method, exactly."""
+    from mlx_spec.cli.chat import Chat, setup_arg_parser
+    from mlx_spec.cli.generate import main
+
+    model, tokenizer, _ = load_pair(str(checkpoints["llama"]), None)
+    head = random_head("eagle", model, seed=9)
+    save_head(
+        tmp_path / "eagle",
+        "eagle",
+        head.module,
+        target_fingerprint=model_fingerprint(model),
+    )
+    texts = {}
+    for method in ("none", "eagle", "auto"):
+        argv = ["--model", str(checkpoints["llama"]), "--draft-model"]
+        argv += [str(tmp_path / "eagle"), "--speculative", method]
+        argv += ["--prompt", "def fibonacci(n):", "--max-tokens", "20", "--temp", "0"]
+        main(argv)
+        texts[method] = capsys.readouterr().out.split("==========")[1]
+    assert texts["eagle"] == texts["none"] == texts["auto"]
+    model, tokenizer, loaded = load_pair(
+        str(checkpoints["llama"]), str(tmp_path / "eagle")
+    )
+    replies = {}
+    for method in ("none", "eagle"):
+        args = setup_arg_parser().parse_args(
+            ["--speculative", method, "--max-tokens", "8"]
+        )
+        with open(tmp_path / "chat.txt", "w") as out:
+            chat = Chat(model, tokenizer, loaded, args, out=out)
+            replies[method] = [chat.reply(q).tokens for q in ("hello", "more")]
+    assert replies["eagle"] == replies["none"]

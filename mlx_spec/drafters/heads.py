@@ -125,7 +125,7 @@ class HeadBlock(nn.Module):
 
 
 class EagleHead(nn.Module):
-    """EAGLE-style head: ``g_{t+1} = layer(fc([embed(x_{t+1}), f_t]))``.
+    """EAGLE-style head: ``g_{t+1} = layer(fc([norm(embed(x_{t+1})), norm(f_t)]))``.
 
     ``f_t`` is the target's feature at ``t`` (width ``H``; several feature
     layers are first projected to ``H``) or the head's own previous output
@@ -140,6 +140,10 @@ class EagleHead(nn.Module):
         width = H * len(args.feature_layers)
         if width != H:
             self.proj = nn.Linear(width, H, bias=False)
+        # Both inputs are normed first: the target's features have outlier
+        # dimensions far larger than its embeddings.
+        self.embed_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
+        self.feature_norm = nn.RMSNorm(H, eps=args.rms_norm_eps)
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.block = HeadBlock(args)
 
@@ -155,8 +159,10 @@ class EagleHead(nn.Module):
             embeddings: ``(B, L, H)`` target embeddings of the next tokens.
             positions, mask, cache, past: As in :class:`HeadBlock`.
         """
-        x = self.fc(mx.concatenate([embeddings, features], axis=-1))
-        return self.block(x, positions, mask, cache, past)
+        x = mx.concatenate(
+            [self.embed_norm(embeddings), self.feature_norm(features)], axis=-1
+        )
+        return self.block(self.fc(x), positions, mask, cache, past)
 
 
 class ResBlock(nn.Module):

@@ -62,9 +62,10 @@ from ..cli.options import (
     method_options,
 )
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
+from ..drafters.heads import read_head_config
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
-from ..loading import check_draft_tokenizer, default_model_pair, load_model
+from ..loading import check_draft_tokenizer, default_model_pair, load_draft, load_model
 from ..sampling import make_sampler
 from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator, seq_info
@@ -327,7 +328,10 @@ class SpecModelProvider(lm_server.ModelProvider):
         if self.cli_args.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
         draft_model = None
-        if draft_model_path is not None:
+        if draft_model_path is not None and read_head_config(draft_model_path):
+            # A trained head, bound to this target after checking it fits.
+            draft_model = load_draft(draft_model_path, model, tokenizer)
+        elif draft_model_path is not None:
             draft_model, draft_tokenizer = load_model(
                 draft_model_path,
                 "draft model",
@@ -542,7 +546,9 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         if provider.model_key in self._model_reasons:
             return self._model_reasons[provider.model_key]
         reason = batchable(provider.model)
-        if reason is None and provider.draft_model is not None:
+        if reason is None and getattr(provider.draft_model, "is_head", False):
+            reason = "a draft head drafts for one request at a time"
+        elif reason is None and provider.draft_model is not None:
             reason = batchable(provider.draft_model)
             reason = reason and f"the draft model: {reason}"
         if reason is not None:
