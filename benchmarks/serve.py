@@ -27,8 +27,10 @@ Workloads (greedy, streamed, chat completions when the model has a chat
 template, else text completions):
 
 * **clients**: N concurrent clients (1, 2, 4, 8), each sending its requests
-  back to back from the benchmark prompt suite. The servers take turns per
-  N (order rotating), so slow drifts of a shared machine hit them alike.
+  back to back from the benchmark prompt suite, ``--repeats`` times. The
+  servers take turns per N (order rotating), so slow drifts of a shared
+  machine hit them alike. The cross-request index is off here
+  (``--cross-request-tokens 0``): repeats resend the same prompts.
   Reported: aggregate tokens/s (all completion tokens over the wall time
   from the first request to the last answer), per-request latency and time
   to first token (p50, p95), and how many answers equal ``mlx_lm``'s text.
@@ -177,18 +179,23 @@ class ServerProcess:
         self._log.close()
 
 
-def server_command(name: str, target: str, draft: Optional[str], method: str, extra=()):
-    """``(module, args)`` of a named server configuration."""
+def server_command(
+    name: str, target: str, draft: Optional[str], method: str, spec_extra=()
+):
+    """``(module, args)`` of a named server configuration.
+
+    ``spec_extra`` are further flags of the mlx_spec servers.
+    """
     if name == "mlx_lm":
-        return "mlx_lm.server", ["--model", target, *extra]
+        return "mlx_lm.server", ["--model", target]
     if name == "mlx_lm_draft":
-        return "mlx_lm.server", ["--model", target, "--draft-model", draft, *extra]
+        return "mlx_lm.server", ["--model", target, "--draft-model", draft]
     args = ["--model", target, "--speculative", method]
     if draft is not None:
         args += ["--draft-model", draft]
     if name == "mlx_spec_alone":
         args.append("--no-batching")
-    return "mlx_spec.serve.server", [*args, *extra]
+    return "mlx_spec.serve.server", [*args, *spec_extra]
 
 
 # --------------------------------------------------------------------------- #
@@ -567,11 +574,11 @@ def main(argv: Optional[Sequence[str]] = None):
     print(markdown(report))
 
 
-def _start_all(names, target, draft, method, out, extra=()):
+def _start_all(names, target, draft, method, out, spec_extra=()):
     servers = {}
     try:
         for name in names:
-            module, sargs = server_command(name, target, draft, method, extra)
+            module, sargs = server_command(name, target, draft, method, spec_extra)
             servers[name] = ServerProcess(name, module, sargs, out / "logs")
         for server in servers.values():
             server.wait_ready()
@@ -590,7 +597,16 @@ def clients_workload(args, target, draft, chat, out) -> dict:
     repeats.
     """
     prompts = suite_prompts(chat)
-    servers = _start_all(args.servers, target, draft, args.method, out)
+    # Repeats resend the same prompts: the cross-request index would draft
+    # them from the first run. Its effect is the agent workload's subject.
+    servers = _start_all(
+        args.servers,
+        target,
+        draft,
+        args.method,
+        out,
+        spec_extra=["--cross-request-tokens", "0"],
+    )
     runs, results = [], {}
     try:
         for server in servers.values():  # warm-up
