@@ -78,6 +78,11 @@ def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
             "8",
             "--workloads",
             "clients",
+            "agent",
+            "--agent-episodes",
+            "2",
+            "--agent-steps",
+            "2",
             "--out",
             str(tmp_path),
         ]
@@ -89,3 +94,7 @@ def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
     assert all(r["same_text_as_mlx_lm"] == "4/4" for r in rows)  # 2 clients x 2 runs
     assert all(len(r["aggregate_tokens_per_s_runs"]) == 2 for r in rows)
     assert "| mlx_spec | 2 |" in (tmp_path / "serve.md").read_text()
+    agent = {r["server"]: r for r in report["agent"]["rows"]}
+    assert set(agent) == {"mlx_lm", "mlx_spec", "mlx_spec_isolated"}
+    assert all(r["errors"] == 0 and r["requests"] == 4 for r in agent.values())
+    assert agent["mlx_spec_isolated"]["cross_request_accepted"] in (0, None)
