@@ -53,7 +53,6 @@ def _spec(tokenizer, prompt, method, max_tokens, **kw):
     return SeqSpec(
         tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
         SpecConfig(method=method, max_tokens=max_tokens),
-        method=method,
         stop_tokens=frozenset(tokenizer.eos_token_ids),
         **kw,
     )

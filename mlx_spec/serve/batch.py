@@ -128,8 +128,9 @@ class SeqSpec:
 
     Attributes:
         prompt: Every prompt token (those in ``cache`` included).
-        config: Method options; ``config.max_tokens`` bounds the output.
-        method: ``"none"``, ``"lookup"``, ``"draft"`` or ``"auto"``.
+        config: The method (``config.method``: ``"none"``, ``"lookup"``,
+          ``"draft"`` or ``"auto"``) and its options; ``config.max_tokens``
+          bounds the output.
         params: The sampling law (``None``: greedy).
         cache: A prompt cache (target caches, then the draft's for a method
           that uses the draft model) holding ``prompt[:cached]``.
@@ -143,7 +144,6 @@ class SeqSpec:
 
     prompt: List[int]
     config: SpecConfig
-    method: str = "auto"
     params: Optional[SamplingParams] = None
     cache: Optional[List[Any]] = None
     cached: int = 0
@@ -151,6 +151,10 @@ class SeqSpec:
     isolation: bool = False
     top_logprobs: int = 0
     index_from: Optional[int] = None
+
+    @property
+    def method(self) -> str:
+        return self.config.method
 
 
 @dataclass
@@ -214,10 +218,6 @@ class _Seq:
         self.size = 0
         self.proposal: List[int] = []
         self.from_index = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.spec.params is None or self.spec.params.greedy
 
     def controller(self, arm: str) -> AcceptanceEma:
         if arm not in self.ema:

@@ -630,7 +630,6 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 SeqSpec(
                     prompt,
                     config,
-                    method=method,
                     params=sampler.sampling_params,
                     cache=cache,
                     cached=cached,
@@ -698,7 +697,6 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 SeqSpec(
                     tokens,
                     config,
-                    method=run.method,
                     params=run.sampler.sampling_params,
                     cache=state["cache"],
                     cached=len(tokens),
