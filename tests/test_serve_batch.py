@@ -22,6 +22,7 @@ from mlx_spec.serve.batch import (
     SeqSpec,
     SpecBatchGenerator,
     batch_gamma,
+    batch_width,
 )
 from mlx_spec.serve.batch_accept import (
     greedy_accept_rows,
@@ -49,13 +50,17 @@ def _reference(model, tokenizer, prompt, max_tokens):
     ]
 
 
-def _spec(tokenizer, prompt, method, max_tokens, **kw):
+def _spec(tokenizer, prompt, method, max_tokens, config=None, **kw):
     return SeqSpec(
         tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
-        SpecConfig(method=method, max_tokens=max_tokens),
+        SpecConfig(method=method, max_tokens=max_tokens, **(config or {})),
         stop_tokens=frozenset(tokenizer.eos_token_ids),
         **kw,
     )
+
+
+# Fixed draft lengths: the law tests draft every round they can.
+FIXED = dict(adaptive=False, num_draft_tokens=3)
 
 
 def _run(gen, outputs=None, steps=None):
@@ -169,7 +174,7 @@ def test_sampled_rows_follow_the_target_law_while_batched(load_model):
     prompt = "def fibonacci(n):\n    return fibonacci(n - 1)"
     for method, temp in setups:
         params = SamplingParams(temp=temp) if temp else None
-        spec = _spec(tokenizer, prompt, method, 240, params=params)
+        spec = _spec(tokenizer, prompt, method, 240, FIXED, params=params)
         spec.stop_tokens = frozenset()
         stats = SpecStats()
         rows[gen.insert(spec, stats)] = (method, temp, stats)
@@ -202,7 +207,7 @@ def test_first_tokens_of_many_batched_sampled_requests_follow_the_target_law(
     stats = [SpecStats() for _ in range(320)]
     for i, st in enumerate(stats):
         method = ("draft", "lookup")[i % 2]
-        spec = _spec(tokenizer, ids, method, 3, params=SamplingParams(temp=temp))
+        spec = _spec(tokenizer, ids, method, 3, FIXED, params=SamplingParams(temp=temp))
         gen.insert(spec, st)
     outputs = _run(gen)
     first = np.array([out["tokens"][0] for out in outputs.values()])
@@ -343,6 +348,19 @@ def test_drafts_get_shorter_as_the_batch_grows(alpha, step):
     lengths = [batch_gamma(alpha, step, b, 16) for b in (1, 2, 4, 8, 16)]
     assert lengths == sorted(lengths, reverse=True)
     assert lengths[-1] < lengths[0] or lengths[0] == 1
+
+
+def test_one_rows_match_does_not_widen_a_batch_that_gains_nothing_else():
+    """The width is chosen for the whole batch: a lone match pays alone, and
+    not in a batch of eight where every other row would verify filler."""
+    lone = [(0.6, 6)]
+    assert batch_width(lone, 0, 0.0, 6) > 0
+    crowd = lone + [(0.0, 0)] * 7
+    assert batch_width(crowd, 0, 0.0, 6) == 0
+    everyone = [(0.9, 6)] * 8
+    assert batch_width(everyone, 8, 0.1, 6) > 0
+    # A costlier draft step shortens the round.
+    assert batch_width(everyone, 8, 1.0, 6) <= batch_width(everyone, 8, 0.1, 6)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])

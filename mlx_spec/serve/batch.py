@@ -59,6 +59,9 @@ BATCH_METHODS = ("none", "lookup", "draft", "auto")
 DEFAULT_MAX_BATCH = 32
 # ``auto`` drafts by lookup when its match is at least this long.
 STRONG_MATCH = 2
+# After this many plain rounds that had drafts on offer, draft once anyway
+# (two tokens), so the acceptance estimates keep being measured.
+EXPLORE_EVERY = 16
 ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
 
 
@@ -96,6 +99,12 @@ class AcceptanceEma:
         self.accepted = self.decay * self.accepted + accepted
         self.trials = self.decay * self.trials + accepted + rejected
 
+    def forget(self, keep: float = 0.95):
+        """A round without drafts: drift back towards the prior, so an arm
+        paused for low acceptance is tried again later."""
+        self.accepted *= keep
+        self.trials *= keep
+
     def gamma(self, step_cost: float, gamma_max: int, batch: int = 1) -> int:
         """The draft length for a row of a batch of ``batch`` rows (see :func:`batch_gamma`)."""
         return batch_gamma(min(self.rate, 0.999), step_cost, batch, gamma_max)
@@ -119,6 +128,44 @@ def batch_gamma(alpha: float, step_cost: float, batch: int, gamma_max: int) -> i
         rate = tokens / (1.0 + slope * gamma)
         if rate > best_rate:
             best, best_rate = gamma, rate
+    return best
+
+
+def expected_tokens(alpha: float, drafts: int) -> float:
+    """Tokens a round emits for a row verifying ``drafts`` tokens: ``sum alpha**i``."""
+    return sum(alpha**i for i in range(drafts + 1))
+
+
+def batch_width(
+    rows: Sequence[Tuple[float, int]],
+    draft_rows: int,
+    step_cost: float,
+    max_width: int,
+) -> int:
+    """The round's draft width ``K`` (0: a plain round), for the whole batch.
+
+    Every row pays for the widest row: the verify forward holds ``B * (K + 1)``
+    tokens, and ``K`` draft steps run for the ``draft_rows`` rows that use the
+    draft model. ``K`` maximises the batch's expected tokens over the round's
+    modelled cost, so one row's long match does not widen a batch whose
+    other rows would gain nothing (which costs more, the larger the batch).
+
+    Args:
+        rows: ``(alpha, available)`` per row: its acceptance and the drafts
+          it can verify this round (``0``: none).
+        draft_rows: Rows whose drafts come from the draft model.
+        step_cost: One draft forward, relative to one target forward.
+        max_width: The largest ``K`` to consider.
+    """
+    B = len(rows)
+    base = 1.0 - VERIFY_SLOPE + VERIFY_SLOPE * B
+    step = step_cost * (1.0 - VERIFY_SLOPE + VERIFY_SLOPE * draft_rows)
+    best, best_rate = 0, 0.0
+    for K in range(max_width + 1):
+        tokens = sum(expected_tokens(a, min(K, n)) for a, n in rows)
+        cost = base + VERIFY_SLOPE * B * K + (step * K if draft_rows else 0.0)
+        if tokens / cost > best_rate * (1 + 1e-9):
+            best, best_rate = K, tokens / cost
     return best
 
 
@@ -218,6 +265,7 @@ class _Seq:
         self.size = 0
         self.proposal: List[int] = []
         self.from_index = False
+        self.cap = 0  # drafts it can verify this round
 
     def controller(self, arm: str) -> AcceptanceEma:
         if arm not in self.ema:
@@ -271,6 +319,7 @@ class SpecBatchGenerator:
         self.target = RaggedBatch(self.num_target_caches, 0)
         self.draft: Optional[RaggedBatch] = None
         self.rounds = 0
+        self.idle = 0  # plain rounds in a row that had drafts on offer
 
     # ------------------------------------------------------------------ #
     # Requests
@@ -444,19 +493,22 @@ class SpecBatchGenerator:
     # ------------------------------------------------------------------ #
     # A round
 
-    def _plan(self, seqs: List[_Seq]):
-        """Choose each row's arm and drafts for this round.
+    def _plan(self, seqs: List[_Seq]) -> int:
+        """Choose each row's arm and drafts for this round; return the draft steps.
 
-        Each row picks its arm and its own draft length from its acceptance
-        (:class:`AcceptanceEma`, priced for this batch size). The round's
-        width is the longest; the verify columns up to it are computed for
-        every row anyway, so adaptive rows fill them for free: lookup rows
-        with the rest of their match, draft-model rows with the drafts the
-        batched draft steps make for the longest draft row.
+        Each row picks its arm and its own draft length ``γ`` from its own
+        acceptance (:class:`AcceptanceEma`, priced for this batch size); a
+        row with a lookup match can verify up to its match's length. The
+        round's width ``K <= max γ`` is then chosen for the whole batch
+        (:func:`batch_width`): every row pays for the widest one. Rows
+        verify up to ``K`` drafts (columns the batch computes anyway): a
+        lookup row the rest of its match, a draft-model row the drafts the
+        batched draft steps make.
         """
         B = len(seqs)
         for s in seqs:
             s.arm, s.size, s.proposal, s.from_index = None, 0, [], False
+            s.cap = 0
             limit = s.config.max_tokens - s.generated - 1
             if s.spec.method == "none" or limit < 1:
                 continue
@@ -466,22 +518,29 @@ class SpecBatchGenerator:
                 strong = match >= STRONG_MATCH or not s.uses_draft
                 if s.spec.method == "lookup" or strong:
                     if proposal:
-                        gamma = self._gamma(s, "lookup", 0.0, B, cap)
                         s.arm, s.proposal, s.from_index = "lookup", proposal, from_index
-                        s.size = min(gamma, len(proposal))
+                        s.size = self._gamma(s, "lookup", 0.0, B, len(proposal))
+                        s.cap = len(proposal) if s.config.adaptive else s.size
                     continue
             s.arm = "draft"
             s.size = self._gamma(s, "draft", self.draft_step_cost, B, cap)
-        steps = max((s.size for s in seqs if s.arm == "draft"), default=0)
-        width = max((s.size for s in seqs), default=0)
+            s.cap = cap if s.config.adaptive else s.size
+        widest = max((s.size for s in seqs), default=0)
+        rows = [(s.controller(s.arm).rate if s.arm else 0.0, s.cap) for s in seqs]
+        draft_rows = sum(1 for s in seqs if s.arm == "draft")
+        width = batch_width(rows, draft_rows, self.draft_step_cost, widest)
+        fixed = [s.size for s in seqs if s.arm and not s.config.adaptive]
+        width = max([width] + fixed)  # fixed draft lengths are kept
+        self.idle = self.idle + 1 if widest and not width else 0
+        if self.idle >= EXPLORE_EVERY:
+            width, self.idle = min(widest, 2), 0
         for s in seqs:
-            if s.arm is not None and s.config.adaptive:
-                limit = s.config.max_tokens - s.generated - 1
-                cap = min(s.config.max_draft_tokens, limit)
-                fill = steps if s.arm == "draft" else min(len(s.proposal), width)
-                s.size = min(fill, cap)
+            if s.arm is not None and width == 0:
+                s.controller(s.arm).forget()
+                s.arm = None
+            s.size = min(width, s.cap) if s.arm is not None else 0
             s.proposal = s.proposal[: s.size]
-        return steps
+        return width if draft_rows and width else 0
 
     def _gamma(self, s, arm, step_cost, batch, cap) -> int:
         if s.config.adaptive:
