@@ -5,12 +5,13 @@ A round of :class:`SpecBatchGenerator`:
 1. each sequence plans its arm and draft length ``γ`` from its own
    acceptance (:class:`AcceptanceEma`): prompt lookup over its own context
    and the server's earlier requests (:mod:`.index`), the draft model, or
-   nothing (a plain step);
+   nothing (a plain step); the round's width ``K <= max γ`` is chosen for
+   the whole batch (:func:`batch_width`), since every row pays for it;
 2. the sequences that draft with the draft model do so together: one
-   batched draft forward per step, ``max γ`` steps;
-3. the target verifies every sequence in ONE forward of width
-   ``1 + max γ`` (row ``b`` holds its pending token, its drafts, then
-   filler), and acceptance runs per row on device (:mod:`.batch_accept`);
+   batched draft forward per step, ``K`` steps;
+3. the target verifies every sequence in ONE forward of width ``1 + K``
+   (row ``b`` holds its pending token, its drafts, then filler), and
+   acceptance runs per row on device (:mod:`.batch_accept`);
 4. one host sync reads every row's accepted count, next token and drafts;
 5. each row's caches keep only its own accepted tokens
    (:class:`~.batch_cache.RaggedBatch`: the rest become masked gaps).
