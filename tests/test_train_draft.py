@@ -87,13 +87,13 @@ def test_completions_resume_only_missing_shards(target, data, monkeypatch):
     train, _, prompts, folder = data
     (folder / "train-00001.npz").unlink()
     calls = []
-    real = C.generate_completions
+    real = C.stream_completions
 
-    def counting(model, tokenizer, chunk, *a, **kw):
-        calls.append(len(chunk))
-        return real(model, tokenizer, chunk, *a, **kw)
+    def counting(model, tokenizer, chunks, **kw):
+        calls.append([len(prompts) for prompts, _ in chunks])
+        return real(model, tokenizer, chunks, **kw)
 
-    monkeypatch.setattr(C, "generate_completions", counting)
+    monkeypatch.setattr(C, "stream_completions", counting)
     again = C.build_completions(
         model,
         tokenizer,
@@ -104,7 +104,7 @@ def test_completions_resume_only_missing_shards(target, data, monkeypatch):
         shard_size=4,
         progress=False,
     )
-    assert calls == [2]  # only the missing shard's prompts
+    assert calls == [[2]]  # only the missing shard's prompts
     for i in range(6):
         if train.temps[i] == 0.0:
             assert again.tokens[i].tolist() == train.tokens[i].tolist()
@@ -118,13 +118,13 @@ def test_more_prompts_only_add_shards(target, data, monkeypatch, tmp_path):
     for path in folder.glob("train*"):
         shutil.copy(path, tmp_path / path.name)
     calls = []
-    real = C.generate_completions
+    real = C.stream_completions
 
-    def counting(model, tokenizer, chunk, *a, **kw):
-        calls.append(len(chunk))
-        return real(model, tokenizer, chunk, *a, **kw)
+    def counting(model, tokenizer, chunks, **kw):
+        calls.append([len(prompts) for prompts, _ in chunks])
+        return real(model, tokenizer, chunks, **kw)
 
-    monkeypatch.setattr(C, "generate_completions", counting)
+    monkeypatch.setattr(C, "stream_completions", counting)
     more = C.build_completions(
         model,
         tokenizer,
@@ -135,7 +135,7 @@ def test_more_prompts_only_add_shards(target, data, monkeypatch, tmp_path):
         shard_size=4,
         progress=False,
     )
-    assert calls == [4]  # shard 0 kept; shard 1 grew from 2 to 4 prompts
+    assert calls == [[4]]  # shard 0 kept; shard 1 grew from 2 to 4 prompts
     assert len(more) == 8
     assert [t.tolist() for t in more.tokens[:4]] == [
         t.tolist() for t in train.tokens[:4]
@@ -248,6 +248,34 @@ def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(
         )
         assert [r.token for r in stream] == plain, method
         assert stream.stats.accepted_tokens > 0
+
+
+def test_mlx_lm_speculative_decoding_runs_the_draft_unchanged(target, trained, data):
+    import mlx_lm
+
+    from mlx_spec.costs import weight_bytes
+
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    prompt = C.encode_prompt(tokenizer, data[2][6])
+    plain = [
+        r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=30)
+    ]
+    spec = list(
+        mlx_lm.stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=30,
+            draft_model=draft,
+            num_draft_tokens=3,
+        )
+    )
+    assert [r.token for r in spec] == plain
+    assert any(r.from_draft for r in spec)
+    # Its step cost counts its own weights, not the shared embedding table.
+    own = sum(v.nbytes for v in draft.trainable_state().values())
+    assert weight_bytes(draft) == own < weight_bytes(model)
 
 
 def test_draft_proposes_only_its_vocabulary(target, trained):

@@ -25,7 +25,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -34,7 +34,7 @@ from .prompts import Prompt
 
 DEFAULT_TOP_K = 8
 DEFAULT_MAX_TOKENS = 160
-DEFAULT_BATCH_SIZE = 48
+DEFAULT_BATCH_SIZE = 64
 DEFAULT_SHARD_SIZE = 64
 DEFAULT_SAMPLED_SHARE = 0.25
 DEFAULT_SAMPLED_TEMP = 0.7
@@ -154,37 +154,39 @@ def _top_k(logprobs: List[mx.array], k: int):
     return np.array(top), np.array(values)
 
 
-def generate_completions(
+def stream_completions(
     model,
     tokenizer,
-    prompts: Sequence[Prompt],
-    temps: Sequence[float],
+    chunks: Sequence[Tuple[Sequence[Prompt], Sequence[float]]],
     *,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     top_k: int = DEFAULT_TOP_K,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: Optional[Callable[[int], None]] = None,
-) -> Completions:
-    """The target's completions of ``prompts`` by batched generation.
+) -> Iterator[Tuple[int, Completions]]:
+    """The target's completions of several chunks of prompts, by batched generation.
+
+    All chunks share one ``BatchGenerator``, so the decode batch stays full
+    across chunk boundaries (a chunk's last sequences do not decode alone).
 
     Args:
         model: The target (an mlx-lm model).
         tokenizer: Its tokenizer (mlx-lm ``TokenizerWrapper``).
-        prompts: The prompts.
-        temps: Temperature of each prompt's completion (``0`` = greedy).
-        max_tokens: Completion length limit. Default: ``192``.
-        top_k: Size of the kept top of each law. Default: ``8``.
-        batch_size: Sequences decoded together. Default: ``32``.
+        chunks: ``(prompts, temps)`` pairs; ``temps`` is each prompt's
+          temperature (``0`` = greedy).
+        max_tokens: Completion length limit.
+        top_k: Size of the kept top of each law.
+        batch_size: Sequences decoded together.
         progress: Called with the number of tokens of each generation step.
 
-    Returns:
-        :class:`Completions` in the order of ``prompts``.
+    Yields:
+        ``(chunk index, Completions in the chunk's prompt order)``, as each
+        chunk finishes.
     """
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
 
-    ids = [encode_prompt(tokenizer, p) for p in prompts]
-    samplers = {t: make_sampler(temp=t) for t in set(temps)}
+    samplers = {}
     gen = BatchGenerator(
         model,
         max_tokens=max_tokens,
@@ -192,18 +194,22 @@ def generate_completions(
         completion_batch_size=batch_size,
         prefill_batch_size=min(batch_size, 8),
     )
-    # Prompts go in shortest first: prefill batches pad to their longest prompt.
-    order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
     try:
-        inserted = gen.insert(
-            [ids[i] for i in order],
-            [max_tokens] * len(ids),
-            samplers=[samplers[temps[i]] for i in order],
-        )
-        uids = [None] * len(ids)
-        for i, uid in zip(order, inserted):
-            uids[i] = uid
-        out = {u: ([], [], []) for u in uids}
+        owner, ids, remaining = {}, [], []
+        for c, (prompts, temps) in enumerate(chunks):
+            ids.append([encode_prompt(tokenizer, p) for p in prompts])
+            remaining.append(len(prompts))
+            for t in temps:
+                samplers.setdefault(t, make_sampler(temp=t))
+            # Shortest first: prefill batches pad to their longest prompt.
+            order = sorted(range(len(prompts)), key=lambda i: (len(ids[c][i]), i))
+            uids = gen.insert(
+                [ids[c][i] for i in order],
+                [max_tokens] * len(order),
+                samplers=[samplers[temps[i]] for i in order],
+            )
+            owner.update({u: (c, i) for u, i in zip(uids, order)})
+        out = {u: ([], [], []) for u in owner}
         while responses := gen.next_generated():
             top, values = _top_k([r.logprobs for r in responses], top_k)
             for row, r in enumerate(responses):
@@ -211,13 +217,23 @@ def generate_completions(
                 tokens.append(r.token)
                 tops.append(top[row])
                 vals.append(values[row])
+                if r.finish_reason is not None:
+                    c = owner[r.uid][0]
+                    remaining[c] -= 1
+                    if remaining[c] == 0:
+                        yield c, _assemble(chunks[c], ids[c], c, owner, out)
             if progress is not None:
                 progress(len(responses))
     finally:
         gen.close()
+
+
+def _assemble(chunk, ids, c, owner, out) -> Completions:
+    prompts, temps = chunk
+    by_index = {i: u for u, (cc, i) in owner.items() if cc == c}
     data = Completions()
-    for prompt, prompt_ids, temp, uid in zip(prompts, ids, temps, uids):
-        tokens, tops, vals = out[uid]
+    for i, (prompt, prompt_ids, temp) in enumerate(zip(prompts, ids, temps)):
+        tokens, tops, vals = out.pop(by_index[i])
         data.tokens.append(np.array(prompt_ids + tokens, np.int32))
         data.starts.append(len(prompt_ids))
         data.temps.append(float(temp))
@@ -225,6 +241,19 @@ def generate_completions(
         data.teacher_ids.append(np.stack(tops).astype(np.int32))
         data.teacher_logp.append(np.stack(vals).astype(np.float16))
     return data
+
+
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    temps: Sequence[float],
+    **options,
+) -> Completions:
+    """The target's completions of ``prompts`` (see :func:`stream_completions`)."""
+    for _, data in stream_completions(model, tokenizer, [(prompts, temps)], **options):
+        return data
+    return Completions()
 
 
 def shard_digest(prompts: Sequence[Prompt], temps: Sequence[float], seed: int) -> str:
@@ -328,32 +357,37 @@ def build_completions(
             rate = tokens_made / (time.perf_counter() - tic)
             bar.set_postfix(tok_s=round(rate, 1), refresh=False)
 
-    for i, path, digest in todo:
-        mx.random.seed(seed + i // shard_size)
-        chunk = prompts[i : i + shard_size]
-        started = time.perf_counter()
-        data = generate_completions(
-            model,
-            tokenizer,
-            chunk,
-            temps[i : i + shard_size],
-            max_tokens=max_tokens,
-            top_k=top_k,
-            batch_size=batch_size,
-            progress=count,
-        )
-        data.seconds = time.perf_counter() - started
+    if todo:
+        # One generator for every missing shard; shard i's sampled completions
+        # depend on the seed and on which shards are generated together.
+        mx.random.seed(seed + todo[0][0] // shard_size)
+    chunks = [
+        (prompts[i : i + shard_size], temps[i : i + shard_size]) for i, _, _ in todo
+    ]
+    started = time.perf_counter()
+    stream = stream_completions(
+        model,
+        tokenizer,
+        chunks,
+        max_tokens=max_tokens,
+        top_k=top_k,
+        batch_size=batch_size,
+        progress=count,
+    )
+    for c, data in stream:
+        _, path, digest = todo[c]
+        now = time.perf_counter()
+        data.seconds, started = now - started, now
         tmp = path.with_suffix(".tmp.npz")
         data.save(tmp, digest)
         tmp.replace(path)
         if bar is not None:
-            bar.update(len(chunk))
+            bar.update(len(chunks[c][0]))
         if log is not None:
             log(
-                f"{path.name}: {len(chunk)} prompts, {data.completion_tokens} tokens, "
-                f"{tokens_made / (time.perf_counter() - tic):.1f} tok/s"
+                f"{path.name}: {len(chunks[c][0])} prompts, {data.completion_tokens} "
+                f"tokens, {tokens_made / (time.perf_counter() - tic):.1f} tok/s"
             )
-        mx.clear_cache()
     if bar is not None:
         bar.close()
     data = Completions()
