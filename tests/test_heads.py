@@ -405,3 +405,19 @@ def test_generate_and_chat_commands_run_a_head_directory(checkpoints, tmp_path, 
             chat = Chat(model, tokenizer, loaded, args, out=out)
             replies[method] = [chat.reply(q).tokens for q in ("hello", "more")]
     assert replies["eagle"] == replies["none"]
+
+
+def test_draft_vocabulary_takes_the_prompts_tokens_for_one_call(tiny):
+    head = random_head("eagle", tiny, seed=10, draft_ids=mx.array([1, 3]))
+    extended = head.vocab.with_tokens([3, 5, 5, 7])
+    assert head.vocab.all_ids.tolist() == [1, 3]  # the head's own is unchanged
+    assert extended.all_ids.tolist() == [1, 3, 5, 7]
+    h = mx.random.normal((2, 32), key=mx.random.key(0))
+    logits = extended.logits(h)
+    finite = mx.isfinite(logits[0]).tolist()
+    assert [i for i, f in enumerate(finite) if f] == [1, 3, 5, 7]
+    full = feature_logits(tiny, h)
+    assert mx.allclose(
+        logits[:, mx.array([1, 3, 5, 7])], full[:, mx.array([1, 3, 5, 7])]
+    )
+    assert extended.with_tokens([7, 1]) is extended

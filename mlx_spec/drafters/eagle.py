@@ -43,10 +43,15 @@ class EagleContext:
     def __init__(self, head: LoadedHead):
         self.head = head
         self.module = head.module
+        self.vocab = head.vocab  # this call's: plus the context's tokens
         self.cache = KVCache()
         self.pending: List[mx.array] = []  # (m, F) features of pairs fed.. fed+m-1
         self.fed = 0  # pairs in the cache, built from the target's features
         self.last: Optional[mx.array] = None  # head output at the last pair (1, 1, H)
+
+    def add_tokens(self, tokens):
+        """Let the head propose ``tokens`` too (the prompt's: names, code to copy)."""
+        self.vocab = self.vocab.with_tokens(tokens)
 
     def add_features(self, features: mx.array, rows: Optional[List[int]]):
         """Features ``(T, F)`` of a target forward; ``rows`` are the accepted ones.
@@ -147,10 +152,14 @@ class EagleDrafter(TreeDrafter):
         self.name = "eagle-chain"
 
     def prefill(self, tokens, step_size: int):
-        """Nothing to do: the prompt's features arrive after the target's prefill."""
+        """The prompt's tokens join the draft vocabulary (its features come later)."""
+        self.context.add_tokens(tokens.tolist())
+
+    def add_history(self, tokens):
+        self.context.add_tokens(tokens)
 
     def _logits(self, g: mx.array) -> mx.array:
-        return self.head.vocab.logits(g.reshape(-1, g.shape[-1]))
+        return self.context.vocab.logits(g.reshape(-1, g.shape[-1]))
 
     def propose(self, state: RoundState, size: int) -> Proposal:
         g = self.context.catch_up(state)

@@ -256,29 +256,67 @@ class DraftVocab:
         self.layer = None
         if self.ids is not None:
             self.layer = _output_rows(output_layer(target), self.ids)
+        self.extra_ids: Optional[mx.array] = None  # see :meth:`with_tokens`
+        self.extra_layer = None
 
     @property
     def size(self) -> int:
-        return self.vocab_size if self.ids is None else int(self.ids.shape[0])
+        if self.ids is None:
+            return self.vocab_size
+        extra = 0 if self.extra_ids is None else int(self.extra_ids.shape[0])
+        return int(self.ids.shape[0]) + extra
+
+    def with_tokens(self, tokens: Sequence[int]) -> "DraftVocab":
+        """This vocabulary plus ``tokens`` (e.g. a prompt's), as a new object.
+
+        The output layer is the target's own, so any of its rows can score a
+        head's features: a prompt's rare tokens (names, code it may copy)
+        become proposable for that call. ``self`` is left unchanged.
+        """
+        if self.ids is None:
+            return self
+        have = set(self.ids.tolist())
+        if self.extra_ids is not None:
+            have.update(self.extra_ids.tolist())
+        new = sorted({int(t) for t in tokens if 0 <= int(t) < self.vocab_size} - have)
+        if not new:
+            return self
+        out = object.__new__(DraftVocab)
+        out.__dict__.update(self.__dict__)
+        old = [] if self.extra_ids is None else self.extra_ids.tolist()
+        out.extra_ids = mx.array(old + new, mx.int32)
+        out.extra_layer = _output_rows(output_layer(self.target), out.extra_ids)
+        return out
 
     def small_logits(self, h: mx.array) -> mx.array:
         """``(..., H) -> (..., k)``: logits over the draft vocabulary only."""
         if self.layer is None:
             return feature_logits(self.target, h)
-        return self.layer(h)
+        if self.extra_layer is None:
+            return self.layer(h)
+        return mx.concatenate([self.layer(h), self.extra_layer(h)], axis=-1)
+
+    @property
+    def all_ids(self) -> Optional[mx.array]:
+        """Target id of each column of :meth:`small_logits` (``None``: all)."""
+        if self.ids is None or self.extra_ids is None:
+            return self.ids
+        return mx.concatenate([self.ids, self.extra_ids])
 
     def logits(self, h: mx.array) -> mx.array:
         """``(R, H) -> (R, V)``: target-width logits, ``-inf`` outside the draft vocabulary."""
         small = self.small_logits(h)
-        if self.ids is None:
+        ids = self.all_ids
+        if ids is None:
             return small
         full = mx.full((small.shape[0], self.vocab_size), -mx.inf, small.dtype)
-        full[:, self.ids] = small
+        full[:, ids] = small
         return full
 
     def to_target(self, index: mx.array) -> mx.array:
         """Draft-vocabulary indices -> target token ids."""
-        return index if self.ids is None else self.ids[index]
+        ids = self.all_ids
+        return index if ids is None else ids[index]
 
 
 class _QuantizedRows(nn.Module):

@@ -64,6 +64,7 @@ class MedusaDrafter(TreeDrafter):
         self.step_cost = step_cost
         self.note = None
         self.last: Optional[mx.array] = None  # (1, H) the last accepted feature
+        self.vocab = head.vocab  # this call's: plus the context's tokens
 
     def add_features(self, features: mx.array, rows: Optional[List[int]]):
         """Keep the feature of the last accepted position (it chose the pending token)."""
@@ -74,12 +75,16 @@ class MedusaDrafter(TreeDrafter):
         self.is_tree = False
 
     def prefill(self, tokens, step_size: int):
-        """Nothing to do: the prompt's features arrive after the target's prefill."""
+        """The prompt's tokens join the draft vocabulary (its features come later)."""
+        self.vocab = self.vocab.with_tokens(tokens.tolist())
+
+    def add_history(self, tokens):
+        self.vocab = self.vocab.with_tokens(tokens)
 
     def _head_logprobs(self) -> mx.array:
         """All heads in one step: ``(K, V)`` normalized logits."""
         hidden = self.head.module(self.last)[0]  # (K, H)
-        return normalize(self.head.vocab.logits(hidden))
+        return normalize(self.vocab.logits(hidden))
 
     def propose(self, state: RoundState, size: int) -> Proposal:
         if self.last is None:
