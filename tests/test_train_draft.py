@@ -34,7 +34,7 @@ def data(target, tmp_path_factory):
     prompts = mixed_prompts(8, "heldout", seed=0, shares=CHAT_ONLY)
     options = dict(max_tokens=16, shard_size=4, progress=False)
     train = C.build_completions(
-        model, tokenizer, prompts[:6], folder, "train", **options
+        model, tokenizer, prompts[:6], folder, "train", with_prompt_laws=True, **options
     )
     heldout = C.build_completions(
         model, tokenizer, prompts[6:], folder, "heldout", sampled_share=0.0, **options
@@ -80,6 +80,20 @@ def test_completions_hold_prompt_completion_and_teacher_laws(target, data):
         assert (np.diff(logp, axis=1) <= 0).all()  # best first
         if train.temps[i] == 0.0:  # greedy: the written token is the law's top
             assert (train.teacher_ids[i][:, 0] == tokens[start:]).all()
+
+
+def test_prompt_laws_are_the_targets_laws_over_the_prompt(target, data):
+    model, _ = target
+    train = data[0]
+    assert train.prompt_ids is not None
+    for i in (0, 3):
+        start = train.starts[i]
+        logits = model(mx.array(train.tokens[i][None, :start]))[0]
+        best = np.array(mx.argmax(logits, axis=-1))[: start - 1]
+        assert train.prompt_ids[i].shape == (start - 1, C.DEFAULT_TOP_K)
+        assert (
+            train.prompt_ids[i][:, 0] == best
+        ).mean() > 0.99  # float near-ties aside
 
 
 def test_completions_resume_only_missing_shards(target, data, monkeypatch):

@@ -124,6 +124,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         f"token's (default: {D.DEFAULT_SOFT_WEIGHT}).",
     )
     g.add_argument(
+        "--prompt-weight",
+        type=float,
+        default=D.DEFAULT_PROMPT_WEIGHT,
+        help="Draft: weight of the target's laws over prompt tokens (one extra "
+        "teacher-forced pass over the prompts); 0 skips them "
+        f"(default: {D.DEFAULT_PROMPT_WEIGHT}).",
+    )
+    g.add_argument(
         "--eval-every",
         type=int,
         default=D.DEFAULT_EVAL_EVERY,
@@ -188,6 +196,8 @@ def _check_args(args):
         raise ValueError("--sampled-share must be between 0 and 1.")
     if not 0 <= args.soft_weight <= 1:
         raise ValueError("--soft-weight must be between 0 and 1.")
+    if args.prompt_weight < 0:
+        raise ValueError("--prompt-weight must be at least 0.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
 
@@ -277,8 +287,15 @@ def run(args, argv: List[str]) -> int:
         "heldout",
         **{**common, "sampled_share": 0.0},
     )
+    laws = args.kind == "draft" and args.prompt_weight > 0
     train = C.build_completions(
-        model, tokenizer, train_prompts, data_dir, "train", **common
+        model,
+        tokenizer,
+        train_prompts,
+        data_dir,
+        "train",
+        with_prompt_laws=laws,
+        **common,
     )
     timing["data"] = _stage(tic, cpu)
     _log(
@@ -325,6 +342,7 @@ def run(args, argv: List[str]) -> int:
         draft_vocab=_or(args.draft_vocab, D.DEFAULT_DRAFT_VOCAB),
         layers=layers,
         soft_weight=args.soft_weight,
+        prompt_weight=args.prompt_weight,
         eval_every=args.eval_every,
         checkpoint_every=args.eval_every,
         seed=args.seed,

@@ -56,6 +56,10 @@ class Completions:
           of the target's law over completion token ``j``, best first.
         teacher_logp: ``(T_i - start_i, K)`` float16 their log-probabilities.
         seconds: Wall time spent generating them (summed over shards).
+        prompt_ids: Optional ``(start_i - 1, K)`` int32: row ``p`` holds the
+          top-K of the target's law over prompt token ``p + 1`` (from one
+          teacher-forced forward, :func:`add_prompt_laws`); ``None`` if absent.
+        prompt_logp: Optional ``(start_i - 1, K)`` float16 their log-probabilities.
     """
 
     tokens: List[np.ndarray] = field(default_factory=list)
@@ -65,6 +69,8 @@ class Completions:
     teacher_ids: List[np.ndarray] = field(default_factory=list)
     teacher_logp: List[np.ndarray] = field(default_factory=list)
     seconds: float = 0.0
+    prompt_ids: Optional[List[np.ndarray]] = None
+    prompt_logp: Optional[List[np.ndarray]] = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -78,12 +84,21 @@ class Completions:
         return int(sum(self.starts))
 
     def extend(self, other: "Completions"):
+        has_laws = self.prompt_ids is not None or not self.tokens
         for name in _LISTS:
             getattr(self, name).extend(getattr(other, name))
         self.seconds += other.seconds
+        if has_laws and other.prompt_ids is not None:
+            self.prompt_ids = (self.prompt_ids or []) + list(other.prompt_ids)
+            self.prompt_logp = (self.prompt_logp or []) + list(other.prompt_logp)
+        else:
+            self.prompt_ids = self.prompt_logp = None
 
     def subset(self, index: Sequence[int]) -> "Completions":
         lists = {name: [getattr(self, name)[i] for i in index] for name in _LISTS}
+        if self.prompt_ids is not None:
+            lists["prompt_ids"] = [self.prompt_ids[i] for i in index]
+            lists["prompt_logp"] = [self.prompt_logp[i] for i in index]
         return Completions(**lists)
 
     def save(self, path, digest: str = ""):
@@ -107,13 +122,14 @@ class Completions:
 
     @classmethod
     def load(cls, path) -> "Completions":
+        """A shard, with its prompt laws if a matching ``.laws.npz`` is beside it."""
         data = np.load(path)
         lengths = data["lengths"]
         starts = data["starts"]
         rows = lengths - starts
         tokens = np.split(data["tokens"], np.cumsum(lengths)[:-1])
         cuts = np.cumsum(rows)[:-1]
-        return cls(
+        out = cls(
             tokens,
             [int(s) for s in starts],
             [round(float(t), 6) for t in data["temps"]],
@@ -122,6 +138,14 @@ class Completions:
             np.split(data["teacher_logp"], cuts),
             float(data["seconds"]) if "seconds" in data else 0.0,
         )
+        laws = laws_path(path)
+        digest = str(data["digest"]) if "digest" in data else None
+        if laws.exists() and _stored_digest(laws) == digest:
+            with np.load(laws) as extra:
+                cuts = np.cumsum(np.maximum(starts - 1, 0))[:-1]
+                out.prompt_ids = np.split(extra["prompt_ids"], cuts)
+                out.prompt_logp = np.split(extra["prompt_logp"], cuts)
+        return out
 
 
 _LISTS = ("tokens", "starts", "temps", "prompt_sets", "teacher_ids", "teacher_logp")
@@ -144,7 +168,12 @@ def sampled_temps(count: int, share: float, temp: float) -> List[float]:
 
 def _top_k(logprobs: List[mx.array], k: int):
     """Top-``k`` ids and values of each row, best first: ``(n, k)`` numpy arrays."""
-    lp = mx.stack(logprobs)
+    return _top_k_rows(mx.stack(logprobs), k)
+
+
+def _top_k_rows(lp: mx.array, k: int):
+    """:func:`_top_k` of a ``(n, V)`` array of logits or log-probabilities."""
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
     top = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, :k]
     values = mx.take_along_axis(lp, top, axis=-1)
     order = mx.argsort(-values, axis=-1)
@@ -272,6 +301,111 @@ def _stored_digest(path: Path) -> Optional[str]:
         return None  # unreadable: made again
 
 
+def laws_path(shard) -> Path:
+    """Where a shard's prompt laws are kept (``<shard>.laws.npz``)."""
+    shard = Path(shard)
+    return shard.with_name(shard.name.replace(".npz", ".laws.npz"))
+
+
+def prompt_laws(
+    model,
+    prompts: Sequence[np.ndarray],
+    *,
+    top_k: int = DEFAULT_TOP_K,
+    batch_tokens: int = 2048,
+    progress: Optional[Callable[[int], None]] = None,
+) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The target's top-K laws over each prompt's tokens, by teacher forcing.
+
+    Args:
+        model: The target.
+        prompts: Token ids of each prompt, ``(P_i,)``.
+        top_k: Size of the kept top of each law.
+        batch_tokens: Padded tokens per forward.
+        progress: Called with the tokens of each forward.
+
+    Returns:
+        Per prompt ``(ids, logp)``, each ``(P_i - 1, K)``: the law over token
+        ``p + 1`` at position ``p``, best first.
+    """
+    lengths = [len(p) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: lengths[i])
+    out: List[Optional[Tuple[np.ndarray, np.ndarray]]] = [None] * len(prompts)
+    batch: List[int] = []
+
+    def run(batch):
+        width = max(lengths[i] for i in batch)
+        ids = np.zeros((len(batch), width), np.int32)
+        for row, i in enumerate(batch):
+            ids[row, : lengths[i]] = prompts[i]
+        logits = model(mx.array(ids))
+        rows = logits.reshape(-1, logits.shape[-1])
+        top, values = _top_k_rows(rows, top_k)
+        top = top.reshape(len(batch), width, top_k)
+        values = values.reshape(len(batch), width, top_k)
+        for row, i in enumerate(batch):
+            n = max(lengths[i] - 1, 0)
+            out[i] = (top[row, :n], values[row, :n])
+        if progress is not None:
+            progress(sum(lengths[i] for i in batch))
+        mx.clear_cache()
+
+    for i in order:
+        if (
+            batch
+            and max(lengths[j] for j in batch + [i]) * (len(batch) + 1) > batch_tokens
+        ):
+            run(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        run(batch)
+    return out
+
+
+def add_prompt_laws(
+    model,
+    paths: Sequence[Path],
+    *,
+    top_k: int = DEFAULT_TOP_K,
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+):
+    """Write each shard's prompt laws (``.laws.npz``) where they are missing."""
+    todo = []
+    for path in paths:
+        digest = _stored_digest(path)
+        if _stored_digest(laws_path(path)) != digest:
+            todo.append((path, digest))
+    if not todo:
+        return
+    bar = None
+    shards = [Completions.load(path) for path, _ in todo]
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(d.prompt_tokens for d in shards)
+        bar = tqdm(total=total, desc="prompt laws", unit="tok")
+    tic = time.perf_counter()
+    for (path, digest), data in zip(todo, shards):
+        prompts = [t[:s] for t, s in zip(data.tokens, data.starts)]
+        laws = prompt_laws(
+            model, prompts, top_k=top_k, progress=bar.update if bar else None
+        )
+        tmp = laws_path(path).with_suffix(".tmp.npz")
+        np.savez(
+            tmp,
+            prompt_ids=np.concatenate([l[0] for l in laws]).astype(np.int32),
+            prompt_logp=np.concatenate([l[1] for l in laws]).astype(np.float16),
+            digest=np.array(digest),
+        )
+        tmp.replace(laws_path(path))
+    if bar is not None:
+        bar.close()
+    if log is not None:
+        log(f"prompt laws of {len(todo)} shards in {time.perf_counter() - tic:.0f} s")
+
+
 def build_completions(
     model,
     tokenizer,
@@ -287,6 +421,7 @@ def build_completions(
     shard_size: int = DEFAULT_SHARD_SIZE,
     seed: int = 0,
     target: Optional[Dict] = None,
+    with_prompt_laws: bool = False,
     progress: bool = True,
     log: Optional[Callable[[str], None]] = None,
 ) -> Completions:
@@ -303,6 +438,8 @@ def build_completions(
         shard_size: Prompts per shard (the unit of resumption).
         seed: Seed of the sampled completions (shard ``i`` uses ``seed + i``).
         target: A record of the target (e.g. its fingerprint) for the manifest.
+        with_prompt_laws: Also keep the target's laws over the prompt tokens
+          (one teacher-forced forward per shard, :func:`add_prompt_laws`).
         progress: Show a progress bar (tqdm).
         log: Called with one line per finished shard.
 
@@ -390,6 +527,8 @@ def build_completions(
             )
     if bar is not None:
         bar.close()
+    if with_prompt_laws:
+        add_prompt_laws(model, paths, top_k=top_k, progress=progress, log=log)
     data = Completions()
     for path in paths:
         data.extend(Completions.load(path))

@@ -49,6 +49,7 @@ DEFAULT_WARMUP = 100
 DEFAULT_DRAFT_VOCAB = 8192
 DEFAULT_LAYERS = (0, 29)
 DEFAULT_SOFT_WEIGHT = 0.5
+DEFAULT_PROMPT_WEIGHT = 0.3
 DEFAULT_EVAL_EVERY = 250
 DEFAULT_MAX_LENGTH = 768
 LENGTH_STEP = 64  # sequences are padded to a multiple of this (few compiled shapes)
@@ -71,6 +72,8 @@ class DraftTrainConfig:
         layers: Target layers the draft starts from, in order.
         soft_weight: Weight of the soft (top-K law) loss; the rest is the
           hard (written token) loss.
+        prompt_weight: Weight of prompt positions (where the data has the
+          target's laws over the prompt), relative to completion positions.
         max_length: Sequences are cut to this many tokens.
         eval_every: Steps between held-out evaluations.
         checkpoint_every: Steps between checkpoints.
@@ -85,6 +88,7 @@ class DraftTrainConfig:
     draft_vocab: int = DEFAULT_DRAFT_VOCAB
     layers: List[int] = field(default_factory=lambda: list(DEFAULT_LAYERS))
     soft_weight: float = DEFAULT_SOFT_WEIGHT
+    prompt_weight: float = DEFAULT_PROMPT_WEIGHT
     max_length: int = DEFAULT_MAX_LENGTH
     eval_every: int = DEFAULT_EVAL_EVERY
     checkpoint_every: int = DEFAULT_EVAL_EVERY
@@ -105,10 +109,11 @@ _RESUME_KEYS = ("draft_vocab", "layers", "batch_tokens", "max_length", "seed", "
 class Batch:
     """A padded batch of sequences and its supervised positions (numpy until :meth:`arrays`).
 
-    Only positions whose next token is a completion token are supervised;
-    they are gathered (``rows``) before the output layer, so prompt
-    positions cost the layers only. ``R`` is padded to a multiple of
-    :data:`ROW_STEP` with masked rows, for few compiled shapes.
+    Positions whose next token is a completion token are supervised, and
+    with prompt laws (and ``prompt_weight > 0``) prompt positions too, with
+    that weight. They are gathered (``rows``) before the output layer.
+    ``R`` is padded to a multiple of :data:`ROW_STEP` with weight-0 rows,
+    for few compiled shapes. Completion rows come first in each sequence.
 
     Attributes:
         tokens: ``(B, T)`` input token ids.
@@ -117,9 +122,11 @@ class Batch:
           the next token (``-1``: outside the draft vocabulary).
         soft_p: ``(R, K)`` their probabilities.
         hard: ``(R,)`` draft index of the next token (``-1``: outside).
-        mask: ``(R,)`` 1.0 for real rows, 0.0 for padding.
+        weight: ``(R,)`` loss weight: 1 for completion rows, ``prompt_weight``
+          for prompt rows, 0 for padding.
+        completion: ``(R,)`` 1.0 for completion rows (what accuracy counts).
         target: ``(R,)`` the next token's target id.
-        counts: Supervised rows of each sequence, in order.
+        counts: Completion rows of each sequence, in order.
     """
 
     tokens: np.ndarray
@@ -127,22 +134,14 @@ class Batch:
     soft_ids: np.ndarray
     soft_p: np.ndarray
     hard: np.ndarray
-    mask: np.ndarray
+    weight: np.ndarray
+    completion: np.ndarray
     target: np.ndarray
     counts: List[int]
 
     def arrays(self):
-        return tuple(
-            mx.array(a)
-            for a in (
-                self.tokens,
-                self.rows,
-                self.soft_ids,
-                self.soft_p,
-                self.hard,
-                self.mask,
-            )
-        )
+        names = ("tokens", "rows", "soft_ids", "soft_p", "hard", "weight", "completion")
+        return tuple(mx.array(getattr(self, n)) for n in names)
 
 
 def plan_batches(
@@ -171,13 +170,24 @@ def padded_length(n: int, max_length: int) -> int:
 
 
 def make_batch(
-    data: Completions, index: Sequence[int], to_draft: np.ndarray, max_length: int
+    data: Completions,
+    index: Sequence[int],
+    to_draft: np.ndarray,
+    max_length: int,
+    prompt_weight: float = 0.0,
 ) -> Batch:
     """Pad the sequences ``index`` into a :class:`Batch` (see its fields)."""
     width = max(padded_length(len(data.tokens[i]), max_length) for i in index)
     K = data.teacher_ids[index[0]].shape[1]
+    use_prompts = prompt_weight > 0 and data.prompt_ids is not None
     tokens = np.zeros((len(index), width), np.int32)
-    rows, ids, logp, nxt, counts = [], [], [], [], []
+    parts = {"rows": [], "ids": [], "logp": [], "next": [], "weight": [], "done": []}
+    counts = []
+
+    def add(rows, ids, logp, nxt, weight, done):
+        for key, value in zip(parts, (rows, ids, logp, nxt, weight, done)):
+            parts[key].append(value)
+
     for b, i in enumerate(index):
         seq = data.tokens[i][:max_length]
         n, start = len(seq), data.starts[i]
@@ -186,25 +196,44 @@ def make_batch(
         counts.append(count)
         if count:
             # Position p predicts token p + 1, which is completion token p + 1 - start.
-            rows.append(b * width + np.arange(start - 1, n - 1))
-            ids.append(data.teacher_ids[i][:count])
-            logp.append(data.teacher_logp[i][:count])
-            nxt.append(seq[start:n])
-    real = sum(counts)
+            ones = np.ones(count, np.float32)
+            add(
+                b * width + np.arange(start - 1, n - 1),
+                data.teacher_ids[i][:count],
+                data.teacher_logp[i][:count],
+                seq[start:n],
+                ones,
+                ones,
+            )
+        m = min(start, n) - 1  # prompt positions 0 .. m - 1 predict prompt tokens
+        if use_prompts and m > 0:
+            add(
+                b * width + np.arange(m),
+                data.prompt_ids[i][:m],
+                data.prompt_logp[i][:m],
+                seq[1 : m + 1],
+                np.full(m, prompt_weight, np.float32),
+                np.zeros(m, np.float32),
+            )
+    real = sum(len(r) for r in parts["rows"])
     R = max(-(-real // ROW_STEP) * ROW_STEP, ROW_STEP)
     flat = np.zeros(R, np.int32)
     soft_ids = np.full((R, K), -1, np.int32)
     soft_p = np.zeros((R, K), np.float32)
     target = np.full(R, -1, np.int32)
-    mask = np.zeros(R, np.float32)
+    weight = np.zeros(R, np.float32)
+    completion = np.zeros(R, np.float32)
     if real:
-        flat[:real] = np.concatenate(rows)
-        soft_ids[:real] = to_draft[np.concatenate(ids)]
-        soft_p[:real] = np.exp(np.concatenate(logp).astype(np.float32))
-        target[:real] = np.concatenate(nxt)
-        mask[:real] = 1.0
+        flat[:real] = np.concatenate(parts["rows"])
+        soft_ids[:real] = to_draft[np.concatenate(parts["ids"])]
+        soft_p[:real] = np.exp(np.concatenate(parts["logp"]).astype(np.float32))
+        target[:real] = np.concatenate(parts["next"])
+        weight[:real] = np.concatenate(parts["weight"])
+        completion[:real] = np.concatenate(parts["done"])
     hard = np.where(target >= 0, to_draft[np.maximum(target, 0)], -1).astype(np.int32)
-    return Batch(tokens, flat, soft_ids, soft_p, hard, mask, target, counts)
+    return Batch(
+        tokens, flat, soft_ids, soft_p, hard, weight, completion, target, counts
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -228,14 +257,15 @@ def draft_loss(
     soft_ids,
     soft_p,
     hard,
-    mask,
+    weight,
+    completion,
     soft_weight: float,
 ):
-    """Mean distillation loss over the supervised rows, and the top-1 accuracy.
+    """Weighted mean distillation loss over the supervised rows, and the accuracy.
 
     Returns:
-        ``(loss, accuracy)`` scalars; accuracy is the share of rows whose
-        draft argmax is the next token.
+        ``(loss, accuracy)`` scalars; accuracy is the share of completion rows
+        whose draft argmax is the next token.
     """
     logits = supervised_logits(draft, tokens, rows)  # (R, k)
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -247,10 +277,9 @@ def draft_loss(
     picked = mx.take_along_axis(logq, mx.maximum(hard, 0)[:, None], axis=-1)[:, 0]
     hard_loss = mx.where(has_hard, -picked, 0.0)
     per_row = soft_weight * soft + (1.0 - soft_weight) * hard_loss
-    count = mx.maximum(mask.sum(), 1.0)
-    loss = (per_row * mask).sum() / count
+    loss = (per_row * weight).sum() / mx.maximum(weight.sum(), 1e-9)
     correct = (mx.argmax(logits, axis=-1) == hard) & has_hard
-    accuracy = (correct * mask).sum() / count
+    accuracy = (correct * completion).sum() / mx.maximum(completion.sum(), 1.0)
     return loss, accuracy
 
 
@@ -328,7 +357,11 @@ class DraftTrainer:
             dict(enumerate(counts.tolist())), config.draft_vocab, always
         )
         ids = np.array(self.token_ids)
-        self.coverage = float(counts[ids].sum() / max(counts.sum(), 1))
+        written = np.zeros(vocab_size, np.int64)
+        for tokens, start in zip(train.tokens, train.starts):
+            np.add.at(written, tokens[start:], 1)
+        # Share of the training completions' tokens the draft can propose.
+        self.coverage = float(written[ids].sum() / max(written.sum(), 1))
         self.to_draft = np.full(vocab_size, -1, np.int32)
         self.to_draft[ids] = np.arange(len(ids), dtype=np.int32)
         self.draft = build_draft(target, self.token_ids, config.layers)
@@ -386,13 +419,19 @@ class DraftTrainer:
 
     def train_step(self) -> Dict:
         index = self.batch_of_step(self.step)
-        batch = make_batch(self.train, index, self.to_draft, self.config.max_length)
+        batch = make_batch(
+            self.train,
+            index,
+            self.to_draft,
+            self.config.max_length,
+            self.config.prompt_weight,
+        )
         tic = time.perf_counter()
         loss, accuracy = self._step_fn(*batch.arrays())
         mx.eval(loss, accuracy, self.draft.state, self.optimizer.state)
         self.train_time += time.perf_counter() - tic
         self.step += 1
-        self.tokens_seen += int(batch.mask.sum())
+        self.tokens_seen += int(batch.completion.sum())
         record = {
             "step": self.step,
             "loss": round(float(loss.item()), 4),
@@ -427,7 +466,7 @@ class DraftTrainer:
             loss, accuracy = draft_loss(
                 self.draft, *batch.arrays(), self.config.soft_weight
             )
-            n = float(batch.mask.sum())
+            n = float(batch.completion.sum())
             loss_sum += float(loss.item()) * n
             acc_sum += float(accuracy.item()) * n
             count += n
@@ -531,10 +570,15 @@ class DraftTrainer:
 
 
 def token_counts(data: Completions, vocab_size: int) -> np.ndarray:
-    """How often each token is written in the completions ``(V,)``."""
+    """Frequency of each token for the draft vocabulary ``(V,)``.
+
+    Completion tokens count 4, prompt tokens 1 (answers often copy from the
+    prompt); unseen tokens keep 0 and are taken by lowest id (BPE merge order).
+    """
     counts = np.zeros(vocab_size, np.int64)
     for tokens, start in zip(data.tokens, data.starts):
-        np.add.at(counts, tokens[start:], 1)
+        np.add.at(counts, tokens[start:], 4)
+        np.add.at(counts, tokens[:start], 1)
     return counts
 
 
