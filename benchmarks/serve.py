@@ -79,6 +79,7 @@ AGENT_SERVERS = ("mlx_lm", "mlx_spec", "mlx_spec_isolated")
 DEFAULT_MAX_TOKENS = 96
 DEFAULT_REQUESTS_PER_CLIENT = 2
 DEFAULT_RSS_REQUESTS = 500
+MIN_REQUESTS = 4  # per (server, clients) run
 START_TIMEOUT = 300.0
 REQUEST_TIMEOUT = 900.0
 # Goals of issue 19: (text, measured key, threshold).
@@ -617,12 +618,14 @@ def clients_workload(args, target, draft, chat, out) -> dict:
                 names = list(servers)
                 names = names[turn % len(names) :] + names[: turn % len(names)]
                 turn += 1
+                # At least MIN_REQUESTS per run: one client's run is short.
+                per_client = max(args.requests_per_client, -(-MIN_REQUESTS // n))
                 for name in names:
                     res = run_clients(
                         servers[name],
                         prompts,
                         n,
-                        args.requests_per_client,
+                        per_client,
                         chat,
                         args.max_tokens,
                         offset=turn,
