@@ -156,7 +156,27 @@ def test_registered_verbose_generate_prints_stats_line(registered, pair, capsys)
     assert f"Speculation: {DEFAULT_METHOD}" in out
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS])
+# Methods that draft with a trained head or the model's own MTP layer; their
+# greedy identity is tested with real heads in test_heads.py and test_mtp.py.
+HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp")
+
+
+@pytest.mark.parametrize("method", HEAD_METHODS)
+def test_head_methods_without_their_head_are_refused_in_one_line(
+    registered, pair, method
+):
+    model, tokenizer, _ = pair
+    with pytest.raises(ValueError) as err:
+        list(
+            mlx_lm.stream_generate(
+                model, tokenizer, PROMPTS[1], max_tokens=4, speculative=method
+            )
+        )
+    message = str(err.value)
+    assert "\n" not in message and f"--speculative {method}" in message
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m not in HEAD_METHODS])
 def test_every_method_through_mlx_lm_equals_greedy(
     registered, pair, references, method
 ):
