@@ -167,6 +167,16 @@ def test_a_trained_head_as_draft_model_runs_its_own_method(models, plain, tmp_pa
     assert stats_line(result.stdout).startswith("Speculation: eagle")
 
 
+def test_a_checkpoint_with_an_mtp_layer_drafts_with_it(checkpoints):
+    target = str(checkpoints["qwen3_next-mtp"])
+    argv = [BIN / "mlx_lm.generate", "--model", target, *GENERATE_ARGS]
+    off = run([*argv, "--verbose", "True"], {mlx_spec_hook.DISABLE_ENV: "1"})
+    result = run([*argv, "--speculative", "mtp"])
+    assert off.returncode == 0 and result.returncode == 0, result.stderr
+    assert generated_text(result.stdout) == generated_text(off.stdout)
+    assert stats_line(result.stdout).startswith("Speculation: mtp")
+
+
 def test_quiet_speculative_output_is_byte_identical_to_mlx_lm(models, plain):
     target, draft = models
     argv = [BIN / "mlx_lm.generate", "--model", target, *GENERATE_ARGS]

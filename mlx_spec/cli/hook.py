@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional
 from .. import integration
 from ..config import METHODS, SpecConfig
 from ..generation import collect_text, stream_generate
-from ..loading import load_draft
+from ..loading import load_draft, resolve_draft
 from .options import add_speculative_options, method_options
 
 # Methods that need a draft model.
@@ -201,6 +201,11 @@ def _generate_runner() -> Runner:
 
         def generate(model, tokenizer, prompt, **kwargs):
             kwargs.update(options, speculative=method)
+            if kwargs.get("draft_model") is None and method in ("mtp", "auto"):
+                # The checkpoint's own MTP layer, which mlx_lm.load drops.
+                kwargs["draft_model"] = resolve_draft(
+                    method, args.model, None, model, tokenizer
+                )
             return speculative_generate(model, tokenizer, prompt, **kwargs)
 
         lm_load = lm.load
