@@ -1,6 +1,6 @@
 # mlx-spec: every target creates or refreshes .venv first (scripts/setup.sh).
 PY := .venv/bin/python
-PROMPT ?= def binary_search(items, target):\n    """Return the index of target in the sorted list items."""\n
+PROMPT ?= Write a Python function that checks whether a string is a palindrome, then explain it in two sentences.
 ARGS ?=
 
 .PHONY: demo test setup setup-dev ui bench bench-quick doctor clean
@@ -11,9 +11,10 @@ setup:
 setup-dev:
 	@scripts/setup.sh --dev
 
-## The main job: speculative generation on the embedded default pair, with stats.
+## The main job: speculative generation on the default pair (SmolLM2-135M-Instruct
+## and its distilled draft), through the chat template, with stats.
 demo: setup
-	$(PY) -m mlx_spec.generate --prompt '$(PROMPT)' --max-tokens 200 --ignore-chat-template $(ARGS)
+	$(PY) -m mlx_spec.generate --prompt '$(PROMPT)' --max-tokens 200 $(ARGS)
 
 ## The test suite (about 5 minutes on a 2-core CPU).
 test: setup-dev

@@ -19,8 +19,7 @@ None of these prompts may appear among the drafter training prompts
 distilled draft is measured on requests it never saw.
 
 **Base suite** (models without a chat template): raw text to continue, four
-sets of excerpts of Python standard-library modules that the old stdlib
-pair's trainer holds out (``HELDOUT_MODULES`` in ``models/data.py``):
+sets of excerpts of Python standard-library modules:
 
 * ``code_completion``: a function cut off partway through its body.
 * ``docstring_to_code``: a signature and docstring; the model writes the body.
@@ -53,7 +52,7 @@ class Prompt:
         text: Raw text, tokenized as it is (no chat template).
         messages: ``((role, content), ...)``, applied through the chat template
             with the generation prompt added.
-        module: Base suite only: the held-out stdlib module the text comes from.
+        module: Base suite only: the stdlib module the text comes from.
     """
 
     name: str

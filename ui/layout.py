@@ -23,6 +23,10 @@ METHOD_LABELS = {
     "lookup": "lookup (prompt lookup)",
     "self": "self (self-speculation)",
     "auto": "auto (keeps the fastest)",
+    "eagle": "eagle (EAGLE head, tree)",
+    "eagle-chain": "eagle-chain (EAGLE head, chain)",
+    "medusa": "medusa (Medusa heads)",
+    "mtp": "mtp (the model's MTP layer)",
 }
 
 METHOD_HELP = {
@@ -33,6 +37,12 @@ METHOD_HELP = {
     "self": "the target drafts with a subset of its own layers",
     "auto": "tries the methods your models allow (draft, tree, lookup; lookup and self "
     "without a draft) and keeps the fastest, measured round by round",
+    "eagle": "a trained EAGLE head (chosen as the draft model) grows a token tree "
+    "from the target's own features",
+    "eagle-chain": "a trained EAGLE head (chosen as the draft model) drafts a chain",
+    "medusa": "trained Medusa heads (chosen as the draft model) propose a tree of "
+    "next tokens in one step",
+    "mtp": "the model's own multi-token-prediction layer drafts (checkpoints that ship one)",
 }
 
 # No trailing newline: the model's own newline and indent tokens come first.

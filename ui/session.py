@@ -35,8 +35,8 @@ from mlx_spec.generate import stream_generate
 from mlx_spec.integration import history_kwargs, plan_method
 from mlx_spec.loading import (
     REPO_ROOT,
-    check_draft_tokenizer,
     default_model_pair,
+    load_draft,
     load_model,
 )
 
@@ -179,6 +179,16 @@ class ModelStore:
             self._models.popitem(last=False)
         return loaded
 
+    def _load_draft(self, path: str, target_path: str, model, tokenizer):
+        # A trained drafter directory is bound to its target: cache it per pair.
+        key = f"{path}\0{target_path}"
+        if key not in self._models:
+            self._models[key] = (load_draft(path, model, tokenizer), None)
+        self._models.move_to_end(key)
+        while len(self._models) > self._max:
+            self._models.popitem(last=False)
+        return self._models[key][0]
+
     def get(self, target_path: str, draft_path: Optional[str]) -> Pair:
         target_path = _clean_path(target_path)
         draft_path = _clean_path(draft_path)
@@ -189,8 +199,7 @@ class ModelStore:
         model, tokenizer = self._load(target_path, "model")
         draft_model = None
         if draft_path:
-            draft_model, draft_tokenizer = self._load(draft_path, "draft model")
-            check_draft_tokenizer(tokenizer, draft_tokenizer)
+            draft_model = self._load_draft(draft_path, target_path, model, tokenizer)
         return Pair(target_path, draft_path or None, model, tokenizer, draft_model)
 
 
@@ -521,7 +530,10 @@ def known_models(target: str, draft: Optional[str]) -> List[Tuple[str, str]]:
     The app's starting pair first, then the embedded default pair, the
     models in ``models/`` and the repos in the Hugging Face cache.
     """
-    embedded = default_model_pair()
+    try:
+        embedded = default_model_pair()
+    except ValueError:  # the default target was not built; offer the rest
+        embedded = ()
     found, seen = [], set()
     for path, role in (
         (target, "target"),
