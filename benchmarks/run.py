@@ -246,11 +246,15 @@ def _profiled_runs(setup, configs, prompts, ids, settings, drafters, progress):
     """Each mlx-spec method's default configuration once per prompt, profiled.
 
     A separate pass: profiling adds a sync per round, so its timings stay out
-    of the timed blocks. Returns one dict per generation (see
+    of the timed blocks. ``--quick`` profiles the first temperature only. Returns one dict per generation (see
     :func:`benchmarks.rows.add_time_split`).
     """
     chosen = [
-        c for c in configs if c.method not in BASELINES + PLAIN_METHODS and not c.fixed
+        c
+        for c in configs
+        if c.method not in BASELINES + PLAIN_METHODS
+        and not c.fixed
+        and not (settings["quick"] and c.temp != settings["temps"][0])
     ]
     progress.start(len(chosen) * len(prompts), "profiled pass")
     out = []
