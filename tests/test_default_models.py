@@ -132,3 +132,32 @@ def test_real_pair_is_greedy_identical_to_mlx_lm_on_chat_prompts(
         responses = list(stream)
         assert [r.token for r in responses] == expected, (method, prompt)
     assert responses[-1].stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("drafter", ["smollm2-135m-draft", "smollm2-135m-eagle"])
+def test_a_drafter_loaded_on_one_thread_decodes_on_another(
+    pair, chat_prompts, plain_greedy, drafter
+):
+    """As in the server: models load on the main thread, decoding runs on its own."""
+    import threading
+
+    from mlx_spec import stream_generate
+
+    model, tokenizer, _ = pair
+    draft = load_draft(str(MODELS / drafter), model, tokenizer)
+    out = {}
+
+    def decode():
+        try:
+            stream = stream_generate(
+                model, tokenizer, chat_prompts[0], draft, max_tokens=GREEDY_TOKENS
+            )
+            out["tokens"] = [r.token for r in stream]
+        except Exception as e:  # reported below, in the test's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=decode)
+    thread.start()
+    thread.join()
+    assert "error" not in out, out.get("error")
+    assert out["tokens"] == plain_greedy[0]

@@ -64,6 +64,9 @@ class VocabHead(nn.Module):
         inverse[ids] = mx.arange(len(token_ids), dtype=mx.int32)
         self._inverse = inverse
         self._vocab_size = vocab_size
+        # Evaluated now: a lazy array is tied to the stream of the thread that
+        # built it, and a server decodes on a thread of its own.
+        mx.eval(self._token_ids, self._inverse)
 
     @property
     def token_ids(self) -> mx.array:

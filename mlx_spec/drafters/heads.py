@@ -258,6 +258,8 @@ class DraftVocab:
             self.layer = _output_rows(output_layer(target), self.ids)
         self.extra_ids: Optional[mx.array] = None  # see :meth:`with_tokens`
         self.extra_layer = None
+        if self.ids is not None:  # not lazy: a server decodes on another thread
+            mx.eval(self.ids, self.layer.parameters())
 
     @property
     def size(self) -> int:
