@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from mlx_spec.drafters.heads import read_head_config
 from mlx_spec.loading import default_model_pair
 
 from .machine import machine_info
@@ -551,6 +552,14 @@ def main(argv: Optional[Sequence[str]] = None):
         args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
         if args.method in ("draft", "tree"):
             raise SystemExit(f"--method {args.method} needs a --draft-model.")
+    notes = []
+    if draft is not None and read_head_config(draft) is not None:
+        # A distilled draft or head directory: mlx_lm.server cannot load it.
+        args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
+        notes.append(
+            f"mlx_lm_draft not run: `{draft}` is an mlx-spec drafter directory "
+            "(distilled draft or head), which mlx_lm.server cannot load."
+        )
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     chat = has_chat_template(target)
@@ -562,6 +571,7 @@ def main(argv: Optional[Sequence[str]] = None):
         "chat": chat,
         "max_tokens": args.max_tokens,
         "command": " ".join(sys.argv),
+        "notes": notes,
     }
     if "clients" in args.workloads:
         report["clients"] = clients_workload(args, target, draft, chat, out)
@@ -815,6 +825,8 @@ def markdown(report) -> str:
         f"{'chat' if report['chat'] else 'text'} completions, streamed.",
         f"Command: `{report['command']}`",
         "",
+        *[f"- {note}" for note in report.get("notes", [])],
+        *([""] if report.get("notes") else []),
     ]
     if "clients" in report:
         lines += [

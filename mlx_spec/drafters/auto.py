@@ -1,8 +1,8 @@
 """``--speculative auto``: pick the best method online.
 
-With a draft model the arms are the draft chain, the draft tree and prompt
-lookup falling back to the draft chain when the context has no strong match
-(:class:`LookupThenDraft`); with a head, its arms (EAGLE tree and chain,
+With a draft model the arms are the draft chain, the draft tree, prompt
+lookup alone, and prompt lookup falling back to the draft chain when the
+context has no strong match (:class:`LookupThenDraft`); with a head, its arms (EAGLE tree and chain,
 Medusa, or the checkpoint's MTP layer) and prompt lookup; without either,
 prompt lookup and self-speculation. Each round uses one arm; an arm's
 worth is its tokens per unit of cost (an exponential moving average of
@@ -225,6 +225,11 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
         lookup = make_lookup_drafter(config, target, None, None, kv, vocab_size)
         lookup.chain_only()
         arms["lookup+draft"] = LookupThenDraft(lookup, chain)
+        # Lookup alone: a round without a match is a plain step, so auto has
+        # an arm that costs no more than plain decoding when the draft is weak.
+        alone = make_lookup_drafter(config, target, None, None, kv, vocab_size)
+        alone.chain_only()
+        arms["lookup"] = alone
     else:
         from .self_spec import make_self_drafter
 
