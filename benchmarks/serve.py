@@ -181,6 +181,33 @@ class ServerProcess:
         self._log.close()
 
 
+def mlx_lm_draft_model(target: str, draft: str, out: Path):
+    """``(path, note)``: an mlx-spec drafter directory as mlx_lm.server can load it.
+
+    A distilled draft is written as a plain mlx-lm checkpoint in
+    ``OUT/mlx_lm_draft_model`` (full-width output layer); a head has no
+    mlx-lm form, so the path is ``None``.
+    """
+    from mlx_lm import load
+
+    from mlx_spec.drafters.distilled import is_draft_dir, save_as_mlx_lm
+    from mlx_spec.loading import load_draft
+
+    if not is_draft_dir(draft):
+        return None, (
+            f"mlx_lm_draft not run: `{draft}` is a head, which mlx_lm.server "
+            "cannot load."
+        )
+    model, tokenizer = load(target)
+    path = save_as_mlx_lm(
+        load_draft(draft, model, tokenizer), target, out / "mlx_lm_draft_model"
+    )
+    return str(path), (
+        f"mlx_lm_draft runs `{draft}` written as a plain mlx-lm checkpoint "
+        "(its output layer widened to the full vocabulary, as mlx-lm needs)."
+    )
+
+
 def server_command(
     name: str, target: str, draft: Optional[str], method: str, spec_extra=()
 ):
@@ -552,16 +579,15 @@ def main(argv: Optional[Sequence[str]] = None):
         args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
         if args.method in ("draft", "tree"):
             raise SystemExit(f"--method {args.method} needs a --draft-model.")
-    notes = []
-    if draft is not None and read_head_config(draft) is not None:
-        # A distilled draft or head directory: mlx_lm.server cannot load it.
-        args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
-        notes.append(
-            f"mlx_lm_draft not run: `{draft}` is an mlx-spec drafter directory "
-            "(distilled draft or head), which mlx_lm.server cannot load."
-        )
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    notes, lm_draft = [], draft
+    if draft is not None and read_head_config(draft) is not None:
+        lm_draft, note = mlx_lm_draft_model(target, draft, out)
+        notes.append(note)
+        if lm_draft is None:
+            args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
+    args.lm_draft = lm_draft
     chat = has_chat_template(target)
     report = {
         "machine": machine_info(),
@@ -585,11 +611,13 @@ def main(argv: Optional[Sequence[str]] = None):
     print(markdown(report))
 
 
-def _start_all(names, target, draft, method, out, spec_extra=()):
+def _start_all(names, target, draft, method, out, spec_extra=(), lm_draft=None):
+    """Start the named servers; ``mlx_lm_draft`` loads ``lm_draft`` if given."""
     servers = {}
     try:
         for name in names:
-            module, sargs = server_command(name, target, draft, method, spec_extra)
+            own = lm_draft if name == "mlx_lm_draft" and lm_draft else draft
+            module, sargs = server_command(name, target, own, method, spec_extra)
             servers[name] = ServerProcess(name, module, sargs, out / "logs")
         for server in servers.values():
             server.wait_ready()
@@ -617,6 +645,7 @@ def clients_workload(args, target, draft, chat, out) -> dict:
         args.method,
         out,
         spec_extra=["--cross-request-tokens", "0"],
+        lm_draft=getattr(args, "lm_draft", None),
     )
     runs, results = [], {}
     try:

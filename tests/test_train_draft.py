@@ -302,6 +302,26 @@ def test_draft_proposes_only_its_vocabulary(target, trained):
     assert (finite == allowed[None]).all()
 
 
+def test_draft_written_as_mlx_lm_checkpoint_gives_the_same_subset_logits(
+    target, trained, checkpoints, tmp_path
+):
+    """For mlx_lm.server --draft-model, which loads only mlx-lm checkpoints."""
+    import mlx_lm
+
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    out = distilled.save_as_mlx_lm(draft, checkpoints["llama"], tmp_path / "plain")
+    plain, plain_tokenizer = mlx_lm.load(str(out))
+    assert plain_tokenizer.vocab_size == tokenizer.vocab_size
+    inputs = mx.array([[1, 2, 3, 4]])
+    ids = draft.lm_head.token_ids
+    ours, theirs = draft(inputs), plain(inputs)
+    assert mx.allclose(ours[..., ids], theirs[..., ids], atol=1e-5).item()
+    outside = np.ones(theirs.shape[-1], bool)
+    outside[np.array(ids)] = False
+    assert (np.array(theirs[0])[:, outside] == 0).all()
+
+
 def test_sampled_stream_with_the_draft_follows_target_law(target, trained):
     model, tokenizer = target
     draft = load_draft(str(trained), model, tokenizer)

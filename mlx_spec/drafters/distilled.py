@@ -243,6 +243,41 @@ def save_draft(draft: DistilledDraft, out_dir, config: dict):
     (out / CONFIG_FILE).write_text(text, encoding="utf-8")
 
 
+def save_as_mlx_lm(draft: DistilledDraft, target_dir, out_dir) -> Path:
+    """Write ``draft`` as an ordinary mlx-lm checkpoint, for tools that load only those.
+
+    mlx-lm's own speculative decoding (``mlx_lm.server --draft-model``) needs
+    a full-vocabulary draft: the output layer is widened to the target's
+    vocabulary with zero rows outside the draft's tokens (logit 0 there, not
+    ``-inf``), and the shared embedding is stored. That step reads the whole
+    ``V x H`` output layer, which is what the subset head avoids.
+    """
+    import shutil
+
+    target_dir, out = Path(target_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((target_dir / "config.json").read_text())
+    config.update(
+        num_hidden_layers=len(draft.layers),
+        tie_word_embeddings=False,
+        model_type=draft.model_type,
+    )
+    config.pop("layer_types", None)
+    weights = {
+        "model." + k: v for k, v in tree_flatten(draft.model.parameters())
+    }
+    head = draft.lm_head
+    full = mx.zeros((head._vocab_size, head.weight.shape[1]), head.weight.dtype)
+    full[head.token_ids] = head.weight
+    weights["lm_head.weight"] = full
+    mx.save_safetensors(str(out / "model.safetensors"), weights, {"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (target_dir / name).exists():
+            shutil.copy(target_dir / name, out / name)
+    return out
+
+
 def drafter_config(
     draft: DistilledDraft, target: nn.Module, init_layers: Sequence[int], **extra
 ) -> dict:
