@@ -587,7 +587,6 @@ def main(argv: Optional[Sequence[str]] = None):
         notes.append(note)
         if lm_draft is None:
             args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
-    args.lm_draft = lm_draft
     chat = has_chat_template(target)
     report = {
         "machine": machine_info(),
@@ -600,7 +599,7 @@ def main(argv: Optional[Sequence[str]] = None):
         "notes": notes,
     }
     if "clients" in args.workloads:
-        report["clients"] = clients_workload(args, target, draft, chat, out)
+        report["clients"] = clients_workload(args, target, draft, chat, out, lm_draft)
     if "agent" in args.workloads:
         report["agent"] = agent_workload(args, target, draft, chat, out)
     if "memory" in args.workloads:
@@ -628,7 +627,7 @@ def _start_all(names, target, draft, method, out, spec_extra=(), lm_draft=None):
     return servers
 
 
-def clients_workload(args, target, draft, chat, out) -> dict:
+def clients_workload(args, target, draft, chat, out, lm_draft=None) -> dict:
     """Every client count on every server, ``--repeats`` times, order rotating.
 
     A row's aggregate tokens/s is the median over its repeats (the spread is
@@ -645,7 +644,7 @@ def clients_workload(args, target, draft, chat, out) -> dict:
         args.method,
         out,
         spec_extra=["--cross-request-tokens", "0"],
-        lm_draft=getattr(args, "lm_draft", None),
+        lm_draft=lm_draft,
     )
     runs, results = [], {}
     try:

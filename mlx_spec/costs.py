@@ -15,11 +15,15 @@ def static_round_cost(step_cost: float, forwards: int, width: int) -> float:
     return forwards * step_cost + 1.0 + VERIFY_SLOPE * (width - 1)
 
 
+def chain_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens of a round verifying ``gamma`` drafts: ``sum alpha**i``."""
+    return sum(alpha**i for i in range(gamma + 1))
+
+
 def expected_speedup(alpha: float, gamma: int, step_cost: float) -> float:
     """Tokens per round over its modelled cost, for γ drafts each accepted
     (independently) with rate ``alpha``."""
-    tokens = sum(alpha**i for i in range(gamma + 1))
-    return tokens / static_round_cost(step_cost, gamma, gamma + 1)
+    return chain_tokens(alpha, gamma) / static_round_cost(step_cost, gamma, gamma + 1)
 
 
 def best_gamma(

@@ -2,8 +2,9 @@
 
 With a draft model the arms are the draft chain, the draft tree, prompt
 lookup alone, and prompt lookup falling back to the draft chain when the
-context has no strong match (:class:`LookupThenDraft`); with a head, its arms (EAGLE tree and chain,
-Medusa, or the checkpoint's MTP layer) and prompt lookup; without either,
+context has no strong match (:class:`LookupThenDraft`); with a head, its
+arms (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer) and
+prompt lookup; without either,
 prompt lookup and self-speculation. Each round uses one arm; an arm's
 worth is its tokens per unit of cost (an exponential moving average of
 emitted tokens over the round's cost), and an occasional round explores

@@ -262,12 +262,13 @@ def save_as_mlx_lm(draft: DistilledDraft, target_dir, out_dir) -> Path:
         tie_word_embeddings=False,
         model_type=draft.model_type,
     )
-    config.pop("layer_types", None)
+    if getattr(draft.args, "layer_types", None) is not None:
+        config["layer_types"] = list(draft.args.layer_types)
     weights = {
         "model." + k: v for k, v in tree_flatten(draft.model.parameters())
     }
     head = draft.lm_head
-    full = mx.zeros((head._vocab_size, head.weight.shape[1]), head.weight.dtype)
+    full = mx.zeros((draft.args.vocab_size, head.weight.shape[1]), head.weight.dtype)
     full[head.token_ids] = head.weight
     weights["lm_head.weight"] = full
     mx.save_safetensors(str(out / "model.safetensors"), weights, {"format": "mlx"})

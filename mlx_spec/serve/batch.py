@@ -37,7 +37,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from ..config import SpecConfig
-from ..costs import VERIFY_SLOPE, model_step_cost
+from ..costs import VERIFY_SLOPE, chain_tokens, model_step_cost
 from ..drafters.base import align_vocab
 from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
@@ -132,11 +132,6 @@ def batch_gamma(alpha: float, step_cost: float, batch: int, gamma_max: int) -> i
     return best
 
 
-def expected_tokens(alpha: float, drafts: int) -> float:
-    """Tokens a round emits for a row verifying ``drafts`` tokens: ``sum alpha**i``."""
-    return sum(alpha**i for i in range(drafts + 1))
-
-
 def batch_width(
     rows: Sequence[Tuple[float, int]],
     draft_rows: int,
@@ -163,7 +158,7 @@ def batch_width(
     step = step_cost * (1.0 - VERIFY_SLOPE + VERIFY_SLOPE * draft_rows)
     best, best_rate = 0, 0.0
     for K in range(max_width + 1):
-        tokens = sum(expected_tokens(a, min(K, n)) for a, n in rows)
+        tokens = sum(chain_tokens(a, min(K, n)) for a, n in rows)
         cost = base + VERIFY_SLOPE * B * K + (step * K if draft_rows else 0.0)
         if tokens / cost > best_rate * (1 + 1e-9):
             best, best_rate = K, tokens / cost
