@@ -107,8 +107,13 @@ from .runner import (
 __all__ = ["benchmark", "main", "setup_arg_parser"]
 
 WARMUP_MAX_TOKENS = 16
-# Methods left out of the default list under --quick, to keep it short.
+QUICK_WARMUP_MAX_TOKENS = 8
+# Methods left out of the default list under --quick, to keep it short:
+# always, and when there is a draft model (self-speculation then rarely wins).
 QUICK_LEFT_OUT = ("none",)
+QUICK_LEFT_OUT_WITH_DRAFT = ("self",)
+# The slowest methods run at the first temperature only under --quick.
+QUICK_FIRST_TEMP_ONLY = ("tree", "medusa")
 
 
 def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
@@ -116,15 +121,20 @@ def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
 
     By default: both baselines and every method of the registry
     (``mlx_spec.drafters.registry.METHODS``) that runs here, but
-    :data:`QUICK_LEFT_OUT` under ``--quick``.
+    :data:`QUICK_LEFT_OUT` (and, with a draft model,
+    :data:`QUICK_LEFT_OUT_WITH_DRAFT`) under ``--quick``.
     """
     known = BASELINES + registry.METHODS
+    left_out = {}
+    if quick and not requested:
+        left_out = {m: "" for m in QUICK_LEFT_OUT}
+        if has_draft:
+            for m in QUICK_LEFT_OUT_WITH_DRAFT:
+                left_out[m] = "left out under --quick (name it in --methods to run it)"
     if requested:
         wanted = list(requested)
     else:
-        wanted = list(BASELINES) + [
-            m for m in registry.METHODS if not (quick and m in QUICK_LEFT_OUT)
-        ]
+        wanted = list(BASELINES) + [m for m in registry.METHODS if m not in left_out]
     unknown = [m for m in wanted if m not in known]
     if unknown:
         raise ValueError(
@@ -140,7 +150,9 @@ def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
             notes.setdefault(m, "not available")
         elif m not in chosen:
             chosen.append(m)
-    return chosen, {m: notes[m] for m in notes if m in wanted}
+    notes = {m: notes[m] for m in notes if m in wanted}
+    notes.update({m: why for m, why in left_out.items() if why})
+    return chosen, notes
 
 
 def _configs(methods: Sequence[str], settings: dict) -> List[Config]:
@@ -156,8 +168,13 @@ def _configs(methods: Sequence[str], settings: dict) -> List[Config]:
     for temp in settings["temps"]:
         configs.append(Config(PLAIN, temp, None))
         for m in methods:
-            if m != PLAIN:
-                configs.append(Config(m, temp, None if m in PLAIN_METHODS else gamma))
+            if m == PLAIN or (
+                settings["quick"]
+                and m in QUICK_FIRST_TEMP_ONLY
+                and temp != settings["temps"][0]
+            ):
+                continue
+            configs.append(Config(m, temp, None if m in PLAIN_METHODS else gamma))
         if temp not in settings["sweep_temps"]:
             continue
         for m in SWEEP_METHODS:
@@ -183,7 +200,8 @@ def block_order(configs: Sequence[Config], shift: int) -> List[Config]:
 
 def _warm_up(setup, configs, ids, settings, drafters, progress) -> None:
     """Run every configuration ``warmup`` times on a short generation."""
-    saved, setup.max_tokens = setup.max_tokens, min(WARMUP_MAX_TOKENS, setup.max_tokens)
+    most = QUICK_WARMUP_MAX_TOKENS if settings["quick"] else WARMUP_MAX_TOKENS
+    saved, setup.max_tokens = setup.max_tokens, min(most, setup.max_tokens)
     warm = sorted(set(configs), key=lambda c: (c.temp, c.method, c.gamma or 0, c.fixed))
     progress.start(settings["warmup"] * len(warm), "warm-up")
     for _ in range(settings["warmup"]):
@@ -246,9 +264,12 @@ def _profiled_runs(setup, configs, prompts, ids, settings, drafters, progress):
     """Each mlx-spec method's default configuration once per prompt, profiled.
 
     A separate pass: profiling adds a sync per round, so its timings stay out
-    of the timed blocks. ``--quick`` profiles the first temperature only. Returns one dict per generation (see
+    of the timed blocks. ``--quick`` profiles the first prompt at the first
+    temperature only. Returns one dict per generation (see
     :func:`benchmarks.rows.add_time_split`).
     """
+    if settings["quick"]:
+        prompts = prompts[:1]
     chosen = [
         c
         for c in configs

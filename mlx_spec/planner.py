@@ -101,7 +101,7 @@ class RoundPlanner:
         if self.timed:
             cost = max(cost - proposal.setup_time, 0.0)  # a one-off search
         if hasattr(self.drafter, "observe"):
-            self.drafter.observe(accepted + 1, cost)
+            self.drafter.observe(accepted + 1, cost, proposal.size)
         drafted, width = proposal.size, proposal.size + 1
         controller = self._controller(self.arm)
         if controller is None:

@@ -120,11 +120,19 @@ def test_every_method_temp_and_prompt_set_is_covered(quick_results):
     rows = results["rows"]
     methods = {r["method"] for r in rows}
     assert {"mlx_lm", "mlx_lm_speculative", "draft"} <= methods
-    # Every method of the registry runs or says why not; --quick leaves out none.
+    # Every method of the registry runs or says why not; --quick leaves out
+    # none, and self-speculation when there is a draft model (saying so).
     ran_or_skipped = methods | set(results["methods_skipped"])
     assert set(METHODS) - set(bench.QUICK_LEFT_OUT) <= ran_or_skipped
-    assert "none" not in methods
+    assert "none" not in methods and "self" not in methods
+    assert "--quick" in results["methods_skipped"]["self"]
     assert {r["temp"] for r in rows} == {0.0, 0.7}
+    # The slowest methods run at the first temperature only.
+    assert "tree" in bench.QUICK_FIRST_TEMP_ONLY
+    slow = {r["temp"] for r in rows if r["method"] in bench.QUICK_FIRST_TEMP_ONLY}
+    assert slow == {0.0}
+    # The profiled pass covers the first prompt only.
+    assert {p["prompt_set"] for p in results["profiles"]} == {CHAT_SETS[0]}
     # The test checkpoints have a chat template: the chat suite runs.
     assert {r["prompt_set"] for r in rows} == {"all", *CHAT_SETS}
     for method in ("draft", "mlx_lm_speculative"):
@@ -624,8 +632,14 @@ def test_profiled_pass_splits_round_time_into_shares_that_sum_to_one(quick_resul
     assert not any(p["fixed"] for p in profiles)
     for row in results["rows"]:
         shares = [row[f"{p}_time_share"] for p in ("draft", "verify", "host")]
-        # --quick profiles the first temperature only.
-        if row["method"] in runner.BASELINES or row["fixed"] or row["temp"] != 0.0:
+        # --quick profiles the first prompt (chat) at the first temperature only.
+        first = row["prompt_set"] in ("all", CHAT_SETS[0])
+        if (
+            row["method"] in runner.BASELINES
+            or row["fixed"]
+            or row["temp"] != 0.0
+            or not first
+        ):
             assert shares == [None, None, None], row["method"]
             continue
         assert all(s is not None and 0.0 <= s <= 1.0 for s in shares), row

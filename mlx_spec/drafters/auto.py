@@ -7,8 +7,11 @@ arms (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer) and
 prompt lookup; without either,
 prompt lookup and self-speculation. Each round uses one arm; an arm's
 worth is its tokens per unit of cost (an exponential moving average of
-emitted tokens over the round's cost), and an occasional round explores
-the others. The cost is wall time under greedy decoding and
+emitted tokens over the round's cost). Prompt lookup, which costs no more
+than a plain step, is tried first; each other arm gets one warm-up round,
+and an occasional round explores, but never right after a round that kept
+all its drafts (no arm could have done better there), so a long run of
+lookup hits is not interrupted. The cost is wall time under greedy decoding and
 a fixed cost model when sampling (so a seed always gives the same text); see
 ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds, so the output stays exact.
@@ -23,7 +26,7 @@ from .lookup import make_lookup_drafter
 from .model import make_model_drafter
 
 EXPLORE = 0.05
-WARMUP_ROUNDS = 2
+WARMUP_ROUNDS = 1
 EMA = 0.3
 SEED = 0
 
@@ -35,21 +38,28 @@ class AutoDrafter:
     is_tree = False
 
     def __init__(self, arms: Dict[str, object], config, seed: int = SEED):
-        self.arms = arms
+        # Lookup first: a round without a match is a plain step, so trying it costs nothing.
+        self.arms = dict(sorted(arms.items(), key=lambda item: item[0] != "lookup"))
         self.config = config
         self.rate: Dict[str, Optional[float]] = {name: None for name in arms}
         self.tries: Dict[str, int] = {name: 0 for name in arms}
         self.rng = random.Random(seed)
         self.current: Optional[str] = None
+        self.kept_all = False  # the last round accepted every draft it made
         self.chosen: List[str] = []
 
     def _pick(self) -> str:
+        if self.kept_all:
+            return self.current
         for name in self.arms:
             if self.tries[name] < WARMUP_ROUNDS:
                 return name
         best = max(self.arms, key=lambda name: self.rate[name] or 0.0)
         if len(self.arms) > 1 and self.rng.random() < EXPLORE:
-            return self.rng.choice([name for name in self.arms if name != best])
+            # Explore the others in proportion to their measured worth.
+            others = [name for name in self.arms if name != best]
+            weights = [max(self.rate[name] or 0.0, 1e-9) for name in others]
+            return self.rng.choices(others, weights)[0]
         return best
 
     def prefill(self, tokens, step_size: int):
@@ -84,10 +94,12 @@ class AutoDrafter:
         self.rate = {name: None for name in self.arms}
         self.tries = {name: 0 for name in self.arms}
 
-    def observe(self, emitted: int, cost: float):
-        """Feed back one round: tokens emitted and its cost (seconds or units)."""
+    def observe(self, emitted: int, cost: float, drafted: int = 0):
+        """Feed back one round: tokens emitted, its cost (seconds or units) and
+        the number of tokens it drafted."""
         name = self.current
         self.tries[name] += 1
+        self.kept_all = drafted > 0 and emitted == drafted + 1
         rate = emitted / max(cost, 1e-9)
         old = self.rate[name]
         self.rate[name] = rate if old is None else (1 - EMA) * old + EMA * rate
