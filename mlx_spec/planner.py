@@ -37,7 +37,8 @@ class RoundPlanner:
         self.tic = 0.0
 
     def _controller(self, arm):
-        if not self.config.adaptive:
+        # A static tree (fixed choices) has nothing to adapt.
+        if not self.config.adaptive or getattr(arm, "static", None) is not None:
             return None
         key = getattr(arm, "name", "drafter")
         if key not in self.controllers:
@@ -127,7 +128,9 @@ def make_controller(config: SpecConfig, arm):
     catch up later, so its arms keep γ ≥ 1.
     """
     if arm.is_tree:
-        budgets = {b for b in (4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
+        # Down to 1 node (a one-token chain): where wide verification costs
+        # more than a weak draft earns, the tree shrinks to what pays.
+        budgets = {b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
         return AdaptiveController(
             tree_budgets=sorted(budgets | {config.tree_budget}),
             init_budget=config.tree_budget,

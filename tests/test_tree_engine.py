@@ -291,3 +291,26 @@ def test_unsupported_architecture_verifies_chains_and_says_so(tmp_path):
     assert tokens == [t for t, _ in generate_step(mx.array(ids), model, max_tokens=8)]
     assert "chains" in stats.note and "starcoder2" in stats.note
     assert stats.draft_tokens > 0 and not stats.tree_sizes
+
+
+def test_a_small_tree_budget_caps_the_depth_and_the_draft_forwards(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("def fibonacci(n):")
+    stats = SpecStats()
+    got = tree_tokens(
+        model, draft, ids, 24, stats, tree_budget=2, tree_depth=5, adaptive=False
+    )
+    assert got == plain(model, ids, 24)
+    # A budget-2 tree is at most two levels deep: two draft forwards per round.
+    assert max(stats.tree_sizes) <= 2 and stats.draft_forwards <= 2 * stats.rounds
+
+
+def test_adaptive_trees_may_shrink_to_one_node():
+    from mlx_spec.planner import make_controller
+
+    class Dynamic:
+        is_tree, static = True, None
+
+    controller = make_controller(SpecConfig(method="tree"), Dynamic())
+    assert controller.tree_budgets[:3] == [1, 2, 4]

@@ -199,18 +199,19 @@ class TreeDrafter(ModelDrafter):
     def _dynamic(self, root: mx.array, budget: int) -> Proposal:
         k = self.top_k
         width = min(k, budget)  # frontier nodes past the budget cannot be kept
+        depth = min(self.depth, budget)  # nor levels past it: each costs a draft forward
         tokens, scores = top_children(root, width)
         pool = Tree.from_parents(tokens[0], [-1] * width)  # the best nodes so far
         scores = scores[0]
         valid = mx.ones((width,), mx.bool_)  # False: its parent was cut
         # Pool node -> its slot among the draft's fed tree nodes (-1: not fed).
         fed_slot = mx.arange(width, dtype=mx.int32)
-        if self.depth == 1:
+        if depth == 1:
             fed_slot = mx.full((width,), -1, mx.int32)
         fed = pool  # nodes fed to the draft, in cache order
         frontier = mx.arange(width, dtype=mx.int32)  # pool index, -1 once cut
         frontier_scores, start = scores, 0
-        for level in range(2, self.depth + 1):
+        for level in range(2, depth + 1):
             children, child_lp = top_children(self._level_logprobs(fed, start), k)
             mx.async_eval(children, child_lp)
             child_lp = mx.minimum(child_lp, 0.0)  # never outscore the parent
@@ -222,7 +223,7 @@ class TreeDrafter(ModelDrafter):
             scores = mx.concatenate([scores, cand_scores])
             valid = mx.concatenate([valid, cand_valid])
             slots = mx.full((width * k,), -1, mx.int32)
-            if level < self.depth:
+            if level < depth:
                 best = mx.argpartition(-cand_scores, kth=width - 1)[:width]
                 best = best.astype(mx.int32)
                 start = fed.size
@@ -244,7 +245,7 @@ class TreeDrafter(ModelDrafter):
         return TreeProposal(
             pool.tokens,
             None,
-            forwards=self.depth,
+            forwards=depth,
             parents=pool.parents,
             sync_data=fed_slot,
             tree=pool,
