@@ -3,7 +3,7 @@
 Like the ``mlx_lm`` umbrella, the first argument picks a subcommand whose
 ``main()`` then parses the rest. Each subcommand is also its own console
 script (``mlx_spec.generate``, ``mlx_spec.server``, ...). The flags they
-share live in :mod:`mlx_spec.cli.options`.
+share live in :mod:`mlx_spec.options`, which the server uses too.
 """
 
 import importlib

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from .options import add_speculative_options
+from ..options import add_speculative_options
 
 BENCH_ENTRY = "benchmarks.run:main"
 # The harness flag that carries one extra SpecConfig field as KEY=VALUE (JSON).

@@ -27,7 +27,7 @@ from ..config import SpecConfig
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import default_model_pair, load_pair
-from .options import add_speculative_options, method_options
+from ..options import add_speculative_options, method_options
 
 DRAFT_METHODS = ("draft", "tree")
 HELP = "commands: q exit, r reset the conversation, h help"

@@ -12,7 +12,7 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import default_model_pair, load_model, resolve_draft
-from .options import add_speculative_options, method_options
+from ..options import add_speculative_options, method_options
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:

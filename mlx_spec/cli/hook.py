@@ -34,7 +34,7 @@ from .. import integration
 from ..config import METHODS, SpecConfig
 from ..generation import collect_text, stream_generate
 from ..loading import load_draft, resolve_draft
-from .options import add_speculative_options, method_options
+from ..options import add_speculative_options, method_options
 
 # Methods that need a draft model.
 DRAFT_METHODS = ("draft", "tree")

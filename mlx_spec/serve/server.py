@@ -56,7 +56,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..cli.options import (
+from ..options import (
     add_speculative_options,
     method_option_fields,
     method_options,

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 from typing import Dict, List, Optional
 
-from ..config import METHODS, SpecConfig, resolve_method
+from .config import METHODS, SpecConfig, resolve_method
 
 # SpecConfig fields that are not method options (sampling, length, timing).
 GENERAL_FIELDS = (
