@@ -254,6 +254,8 @@ def resolve_settings(args) -> dict:
         "bare_chain": BARE_CHAIN,
         "method_options": dict(args.option),
         "profile": not args.no_profile,
+        # --quick's shortcuts apply to its default method list only.
+        "methods_named": bool(getattr(args, "methods", None)),
     }
     for name, value, low in (
         ("--max-tokens", settings["max_tokens"], 1),

@@ -170,6 +170,7 @@ def _configs(methods: Sequence[str], settings: dict) -> List[Config]:
         for m in methods:
             if m == PLAIN or (
                 settings["quick"]
+                and not settings.get("methods_named")
                 and m in QUICK_FIRST_TEMP_ONLY
                 and temp != settings["temps"][0]
             ):

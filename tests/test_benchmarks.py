@@ -1026,3 +1026,19 @@ def test_a_hybrid_target_runs_and_skips_what_mlx_lm_cannot_rewind(
     draft = [r for r in results["rows"] if r["method"] == "draft"]
     assert draft and all(r["greedy_identical"] == 1.0 for r in draft)
     assert results["bare_forward_s"]["target"]
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_quick_runs_the_slowest_methods_greedy_unless_they_are_named(named):
+    settings = dict(
+        quick=True,
+        temps=[0.0, 0.7],
+        num_draft_tokens=4,
+        sweep_temps=[0.0],
+        gamma_sweep=[],
+        methods_named=named,
+    )
+    configs = bench._configs(["mlx_lm", "draft", "tree"], settings)
+    tree_temps = {c.temp for c in configs if c.method == "tree"}
+    assert tree_temps == ({0.0, 0.7} if named else {0.0})
+    assert {c.temp for c in configs if c.method == "draft"} == {0.0, 0.7}
