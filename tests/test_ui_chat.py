@@ -266,3 +266,82 @@ def test_the_chat_handler_keeps_turns_and_per_turn_stats_until_new_chat(checkpoi
     assert "New chat" in status and 'class="spec-role"' not in transcript
     session = app.sessions.get(None)
     assert session.turns == [] and session.cache is None
+
+
+# --- a checkpoint's own MTP layer, resolved as the command line does -----------------------
+
+MTP_TARGET = "qwen3_next-mtp"
+
+
+def _chat_twice(app, target, method):
+    """Two chat turns through the page handler; returns the session."""
+    for message in ("hello", "and again"):
+        *_, last = app.on_generate(message, *_settings(target, "(none)", method), None)
+        assert "Done:" in last[3], last[3]
+    return app.sessions.get(None)
+
+
+def _assert_plain_greedy(session, model, tokenizer):
+    """Every reply equals plain mlx_lm greedy on the conversation up to it."""
+    from mlx_lm import generate
+
+    for n, turn in enumerate(session.turns):
+        messages = chat_messages(session.turns[:n], turn.user)
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        assert turn.reply == generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)
+
+
+def test_the_mtp_method_drafts_with_the_checkpoints_own_mtp_layer(
+    checkpoints, load_model
+):
+    target = str(checkpoints[MTP_TARGET])
+    app = App(target, None, method="mtp")
+    session = _chat_twice(app, target, "mtp")
+    for turn in session.turns:
+        assert turn.stats.method == "mtp" and turn.stats.draft_tokens > 0
+    _assert_plain_greedy(session, *load_model(MTP_TARGET))
+    pair = app.load_pair(target, None, "mtp")
+    assert pair.mtp_path is not None and pair.draft_model.target is pair.model
+    status = app.on_models(target, "(none)", False, "", "", "mtp", None)[0]
+    assert "MTP layer" in status and "error" not in status
+
+
+def test_auto_without_a_draft_uses_the_checkpoints_mtp_layer(checkpoints, load_model):
+    target = str(checkpoints[MTP_TARGET])
+    app = App(target, None)
+    session = _chat_twice(app, target, "auto")
+    assert all("mtp" in turn.stats.auto_rounds for turn in session.turns)
+    _assert_plain_greedy(session, *load_model(MTP_TARGET))
+    # One MTP layer in the store, shared by auto and mtp.
+    auto = app.load_pair(target, None, "auto").draft_model
+    assert auto is not None and app.load_pair(target, None, "mtp").draft_model is auto
+    assert app.load_pair(target, None, "lookup").draft_model is None
+
+
+def test_mtp_on_a_model_without_an_mtp_layer_is_a_one_line_error(checkpoints):
+    from gradio import Error
+
+    target = str(checkpoints["llama"])
+    app = App(target, None)
+    *_, last = app.on_generate("hi", *_settings(target, "(none)", "mtp"), None)
+    assert "has no native MTP layers" in last[3] and "\n" not in last[3]
+    status = app.on_models(target, "(none)", False, "", "", "mtp", None)[0]
+    assert "has no native MTP layers" in status
+    with pytest.raises(Error, match="has no native MTP layers") as error:
+        app.api_generate("hi", model=target, method="mtp")
+    assert "\n" not in str(error.value)
+    assert app.sessions.get(None).turns == []  # the refused turn left no trace
+
+
+def test_the_store_keeps_each_mtp_layer_bound_to_its_target(worker, checkpoints):
+    store = ModelStore(max_models=2)
+    target = str(checkpoints[MTP_TARGET])
+    first = worker.call(store.get, target, None, "mtp")
+    assert first.draft_model.target is first.model
+    assert worker.call(store.get, target, None, "mtp").draft_model is first.draft_model
+    assert store.loaded(target, None, "auto")  # auto reuses it
+    worker.call(store.get, str(checkpoints["llama"]), None, "none")
+    # The target went out of the store and took its MTP layer along.
+    assert not store.loaded(target, None, "mtp")
+    again = worker.call(store.get, target, None, "mtp")
+    assert again.model is not first.model and again.draft_model.target is again.model

@@ -135,23 +135,35 @@ class App:
 
     # --- models -----------------------------------------------------------------
 
-    def load_pair(self, target: str, draft: Optional[str]) -> Pair:
-        """The pair, loaded on the worker unless both models are already loaded."""
-        if not self._needs_loading(target, draft):
-            return self.store.get(target, draft)
-        return self.worker.call(self.store.get, target, draft)
+    def load_pair(
+        self, target: str, draft: Optional[str], method: Optional[str] = None
+    ) -> Pair:
+        """The target and ``method``'s drafter, loaded on the worker if not loaded yet.
+
+        The drafter is resolved as the command line does (see
+        :func:`mlx_spec.loading.resolve_draft`): ``mtp`` and ``auto`` without
+        a draft use the checkpoint's own MTP layer.
+        """
+        if not self._needs_loading(target, draft, method):
+            return self.store.get(target, draft, method)
+        return self.worker.call(self.store.get, target, draft, method)
 
     def preload(self):
         """Load the default pair before the first visitor arrives."""
-        self.load_pair(self.default_target, self.default_draft)
+        self.load_pair(self.default_target, self.default_draft, self.default_method)
 
-    def _needs_loading(self, target, draft) -> bool:
-        return not (self.store.loaded(target) and self.store.loaded(draft))
+    def _needs_loading(self, target, draft, method=None) -> bool:
+        return not self.store.loaded(target, draft, method)
 
     def describe(self, pair: Pair, raw: bool) -> Tuple[str, str]:
         """The model status line and the chat/completion mode note."""
         status = f"<b>Target</b> {html.escape(_name(pair.target_path))} ({_num_params(pair.model)})"
-        if pair.draft_model is not None:
+        if pair.mtp_path is not None:
+            status += (
+                f" &middot; <b>Draft</b> the MTP layer of "
+                f"{html.escape(_name(pair.mtp_path))} ({_num_params(pair.draft_model)})"
+            )
+        elif pair.draft_model is not None:
             status += (
                 f" &middot; <b>Draft</b> {html.escape(_name(pair.draft_path))} "
                 f"({_num_params(pair.draft_model)}) &middot; same tokenizer &#10003;"
@@ -176,10 +188,18 @@ class App:
         return render.banner(status, "info"), render.banner(note, "info")
 
     def on_models(
-        self, target, draft, raw, prompt, race_prompt=None, request: gr.Request = None
+        self,
+        target,
+        draft,
+        raw,
+        prompt,
+        race_prompt=None,
+        method=None,
+        request: gr.Request = None,
     ):
         """Load the chosen models; update the mode, its controls and the transcript.
 
+        ``method`` picks the drafter loaded with the target (see :meth:`load_pair`).
         Returns updates for: model status, mode note, send button, transcript,
         status, the raw checkbox, the completion and chat examples, stats,
         chart, message box, system prompt box and race prompt. A failed load
@@ -188,7 +208,7 @@ class App:
         session = self.sessions.get(_session_key(request))
         keep = gr.update()
         try:
-            pair = self.load_pair(target, draft)
+            pair = self.load_pair(target, draft, method)
         except Exception as e:  # shown in the page, the app keeps running
             error = render.error_banner(e)
             session.reset()
@@ -272,9 +292,9 @@ class App:
             )
             if not (text or "").strip():
                 raise ValueError("the message is empty; type some text first.")
-            if self._needs_loading(target, draft):
+            if self._needs_loading(target, draft, options.method):
                 yield keep, keep, keep, render.banner("Loading models&hellip;"), keep
-            pair = self.load_pair(target, draft)
+            pair = self.load_pair(target, draft, options.method)
             _check_pair(options, pair)
         except Exception as e:
             yield keep, *_no_stats(), render.error_banner(e), keep
@@ -390,10 +410,10 @@ class App:
 
     def _chat_mode(self, target, draft, raw) -> bool:
         """Whether the (already loaded) target chats; ``True`` when unknown."""
-        if self._needs_loading(target, draft):
+        if self._needs_loading(target, None, "none"):  # the target alone
             return True
         try:
-            return self.load_pair(target, draft).has_chat_template and not raw
+            return self.load_pair(target, None, "none").has_chat_template and not raw
         except ValueError:
             return True
 
@@ -445,10 +465,10 @@ class App:
                 )
             if not (text or "").strip():
                 raise ValueError("the prompt is empty; type some text first.")
-            if self._needs_loading(target, draft):
+            if self._needs_loading(target, draft, options.method):
                 loading = render.banner("Loading models&hellip;")
                 yield keep, keep, head, keep, keep, loading, keep, keep
-            pair = self.load_pair(target, draft)
+            pair = self.load_pair(target, draft, options.method)
             _check_pair(options, pair)
         except Exception as e:
             yield failed(render.error_banner(e))
@@ -556,7 +576,7 @@ class App:
                     self.default_target,
                     draft_model or self.default_draft,
                 )
-            pair = self.load_pair(model, draft_model or None)
+            pair = self.load_pair(model, draft_model or None, options.method)
             _check_pair(options, pair)
             chat = pair.has_chat_template and not raw
             turn = None
@@ -588,10 +608,11 @@ class App:
 
     def _starting_mode(self) -> Tuple[bool, bool]:
         """``(has_chat_template, chat)`` of the starting pair (completion if unknown)."""
-        if self._needs_loading(self.default_target, self.default_draft):
+        starting = (self.default_target, self.default_draft, self.default_method)
+        if self._needs_loading(*starting):
             return False, False
         try:
-            pair = self.load_pair(self.default_target, self.default_draft)
+            pair = self.load_pair(*starting)
         except ValueError:
             return False, False
         return pair.has_chat_template, pair.has_chat_template

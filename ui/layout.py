@@ -374,7 +374,7 @@ def build(app) -> gr.Blocks:
         for trigger in (target.change, draft.change, raw.change, demo.load):
             trigger(
                 app.on_models,
-                [target, draft, raw, prompt, race_prompt],
+                [target, draft, raw, prompt, race_prompt, method],
                 model_outputs,
                 api_visibility="private",
             )

@@ -36,8 +36,8 @@ from mlx_spec.integration import history_kwargs, plan_method
 from mlx_spec.loading import (
     REPO_ROOT,
     default_model_pair,
-    load_draft,
     load_model,
+    resolve_draft,
 )
 
 from .render import Piece, Turn
@@ -145,7 +145,7 @@ class Worker:
 
 @dataclass
 class Pair:
-    """A loaded target and optional draft model."""
+    """A loaded target and the drafter a method runs with (a model, a head or none)."""
 
     target_path: str
     draft_path: Optional[str]
@@ -157,39 +157,98 @@ class Pair:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "has_chat_template", False))
 
+    @property
+    def mtp_path(self) -> Optional[str]:
+        """Where the drafter was read, when it is a checkpoint's MTP layer."""
+        is_mtp = getattr(self.draft_model, "kind", None) == "mtp"
+        return getattr(self.draft_model, "path", None) if is_mtp else None
+
+    @property
+    def draft_key(self) -> tuple:
+        """What drafts: the draft path, or where the MTP layer came from."""
+        return (self.draft_path, self.mtp_path)
+
 
 class ModelStore:
-    """Loaded models by path (a few at most). Call ``get`` on the worker only."""
+    """Loaded targets and their drafters (a few). Call ``get`` on the worker only.
+
+    Entries are least-recently-used: ``("model", target)`` holds ``(model,
+    tokenizer)``; ``("draft", target, ...)`` holds what ``resolve_draft``
+    gave for it. Drafters are bound to their target's model object, so they
+    leave the store with it.
+    """
 
     def __init__(self, max_models: int = MAX_LOADED_MODELS):
-        self._models: "OrderedDict[str, Tuple[Any, Any]]" = OrderedDict()
+        self._models: "OrderedDict[tuple, Any]" = OrderedDict()
         self._max = max_models
 
-    def loaded(self, path: Optional[str]) -> bool:
-        path = _clean_path(path)
-        return path is None or path in self._models
+    def loaded(
+        self, path: Optional[str], draft: Optional[str] = None, method=None
+    ) -> bool:
+        """Whether ``get(path, draft, method)`` would load nothing."""
+        path, draft = _clean_path(path), _clean_path(draft)
+        if path is None:
+            return True
+        key = self._draft_key(path, draft, method)
+        return ("model", path) in self._models and (key is None or key in self._models)
 
     def _load(self, path: str, role: str):
-        if path in self._models:
-            self._models.move_to_end(path)
-            return self._models[path]
-        loaded = load_model(path, role)
-        self._models[path] = loaded
-        while len(self._models) > self._max:
-            self._models.popitem(last=False)
-        return loaded
-
-    def _load_draft(self, path: str, target_path: str, model, tokenizer):
-        # A trained drafter directory is bound to its target: cache it per pair.
-        key = f"{path}\0{target_path}"
+        key = ("model", path)
         if key not in self._models:
-            self._models[key] = (load_draft(path, model, tokenizer), None)
+            self._put(key, load_model(path, role))
         self._models.move_to_end(key)
-        while len(self._models) > self._max:
-            self._models.popitem(last=False)
-        return self._models[key][0]
+        return self._models[key]
 
-    def get(self, target_path: str, draft_path: Optional[str]) -> Pair:
+    def _put(self, key: tuple, value):
+        """Store ``value``; beyond the cap, drop the least recently used entries."""
+        self._models[key] = value
+        while sum(v is not None for v in self._models.values()) > self._max:
+            self._drop(next(k for k, v in self._models.items() if v is not None))
+
+    def _drop(self, key: tuple):
+        """Forget an entry; a target takes its drafters (bound to its model) along."""
+        bound = [k for k in self._models if k[1] == key[1]] if key[0] == "model" else []
+        for k in bound or [key]:
+            del self._models[k]
+
+    def _draft_key(self, target: str, draft: Optional[str], method) -> Optional[tuple]:
+        """The entry of the drafter ``resolve_draft`` gives ``method``, or ``None``.
+
+        ``mtp`` reads an MTP layer, the other methods the draft path; without
+        one, ``auto`` (or no method) may read the target's own MTP layer, which
+        an earlier ``mtp`` load already holds.
+        """
+        own_mtp = ("draft", target, "mtp", target)
+        if method == "mtp":
+            return ("draft", target, "mtp", draft or target)
+        if draft:
+            return ("draft", target, "model", draft)
+        if method not in (None, "auto"):
+            return None
+        return own_mtp if own_mtp in self._models else ("draft", target, "auto")
+
+    def _drafter(self, target: str, draft: Optional[str], method, model, tokenizer):
+        """What ``method`` drafts with, read once per target by ``resolve_draft``."""
+        key = self._draft_key(target, draft, method)
+        if key is None:
+            return None
+        if key not in self._models:
+            drafter = resolve_draft(method, target, draft, model, tokenizer)
+            if key[2] == "auto" and drafter is not None:
+                key = ("draft", target, "mtp", target)  # one entry for auto and mtp
+            self._put(key, drafter)
+        self._models.move_to_end(key)
+        return self._models[key]
+
+    def get(
+        self, target_path: str, draft_path: Optional[str], method: Optional[str] = None
+    ) -> Pair:
+        """The target and the drafter ``method`` runs with, resolved as the CLI does.
+
+        Raises:
+            ValueError: One line, for a bad path, a draft the target refuses, or
+              ``mtp`` on a checkpoint without an MTP layer.
+        """
         target_path = _clean_path(target_path)
         draft_path = _clean_path(draft_path)
         if not target_path:
@@ -197,10 +256,8 @@ class ModelStore:
                 "choose a target model (a local path or a Hugging Face repo)."
             )
         model, tokenizer = self._load(target_path, "model")
-        draft_model = None
-        if draft_path:
-            draft_model = self._load_draft(draft_path, target_path, model, tokenizer)
-        return Pair(target_path, draft_path or None, model, tokenizer, draft_model)
+        draft_model = self._drafter(target_path, draft_path, method, model, tokenizer)
+        return Pair(target_path, draft_path, model, tokenizer, draft_model)
 
 
 def _clean_path(path: Optional[str]) -> Optional[str]:
@@ -400,7 +457,7 @@ def run_turn(
     layout = layout if use_cache else None
     cache, feed, reused = None, tokens, 0
     if layout is not None:
-        key = (pair.target_path, pair.draft_path, layout)
+        key = (pair.target_path, pair.draft_key, layout)
         if session.cache is None or session.cache_key != key:
             session.cache, session.cache_key, session.cache_tokens = (
                 _new_cache(layout, pair),
