@@ -6,7 +6,8 @@ A round of :class:`SpecBatchGenerator`:
    acceptance (:class:`AcceptanceEma`): prompt lookup over its own context
    and the server's earlier requests (:mod:`.index`), the draft model, or
    nothing (a plain step); the round's width ``K <= max γ`` is chosen for
-   the whole batch (:func:`batch_width`), since every row pays for it;
+   the whole batch (:func:`batch_width`), since every row pays for it
+   (draft-model rows sit a round out when their draft steps do not pay);
 2. the sequences that draft with the draft model do so together: one
    batched draft forward per step, ``K`` steps;
 3. the target verifies every sequence in ONE forward of width ``1 + K``
@@ -60,8 +61,9 @@ BATCH_METHODS = ("none", "lookup", "draft", "auto")
 DEFAULT_MAX_BATCH = 32
 # ``auto`` drafts by lookup when its match is at least this long.
 STRONG_MATCH = 2
-# After this many plain rounds that had drafts on offer, draft once anyway
-# (two tokens), so the acceptance estimates keep being measured.
+# After this many rounds in a row that left drafts on offer unverified (a
+# plain round, or draft-model rows sitting out), every row drafts two tokens,
+# so the acceptance estimates keep being measured.
 EXPLORE_EVERY = 16
 ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
 
@@ -153,16 +155,24 @@ def batch_width(
         step_cost: One draft forward, relative to one target forward.
         max_width: The largest ``K`` to consider.
     """
+    best, best_rate = 0, 0.0
+    for K in range(max_width + 1):
+        rate = round_rate(rows, draft_rows, step_cost, K)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = K, rate
+    return best
+
+
+def round_rate(
+    rows: Sequence[Tuple[float, int]], draft_rows: int, step_cost: float, width: int
+) -> float:
+    """A round's expected tokens over its modelled cost (see :func:`batch_width`)."""
     B = len(rows)
     base = 1.0 - VERIFY_SLOPE + VERIFY_SLOPE * B
     step = step_cost * (1.0 - VERIFY_SLOPE + VERIFY_SLOPE * draft_rows)
-    best, best_rate = 0, 0.0
-    for K in range(max_width + 1):
-        tokens = sum(chain_tokens(a, min(K, n)) for a, n in rows)
-        cost = base + VERIFY_SLOPE * B * K + (step * K if draft_rows else 0.0)
-        if tokens / cost > best_rate * (1 + 1e-9):
-            best, best_rate = K, tokens / cost
-    return best
+    tokens = sum(chain_tokens(a, min(width, n)) for a, n in rows)
+    cost = base + VERIFY_SLOPE * B * width + (step * width if draft_rows else 0.0)
+    return tokens / cost
 
 
 @dataclass
@@ -496,7 +506,8 @@ class SpecBatchGenerator:
         acceptance (:class:`AcceptanceEma`, priced for this batch size); a
         row with a lookup match can verify up to its match's length. The
         round's width ``K <= max γ`` is then chosen for the whole batch
-        (:func:`batch_width`): every row pays for the widest one. Rows
+        (:func:`batch_width`): every row pays for the widest one, and the
+        draft-model rows may sit the round out (:meth:`_width`). Rows
         verify up to ``K`` drafts (columns the batch computes anyway): a
         lookup row the rest of its match, a draft-model row the drafts the
         batched draft steps make.
@@ -522,21 +533,40 @@ class SpecBatchGenerator:
             s.size = self._gamma(s, "draft", self.draft_step_cost, B, cap)
             s.cap = cap if s.config.adaptive else s.size
         widest = max((s.size for s in seqs), default=0)
-        rows = [(s.controller(s.arm).rate if s.arm else 0.0, s.cap) for s in seqs]
-        draft_rows = sum(1 for s in seqs if s.arm == "draft")
-        width = batch_width(rows, draft_rows, self.draft_step_cost, widest)
+        width, sit_out = self._width(seqs, widest)
         fixed = [s.size for s in seqs if s.arm and not s.config.adaptive]
         width = max([width] + fixed)  # fixed draft lengths are kept
-        self.idle = self.idle + 1 if widest and not width else 0
+        self.idle = self.idle + 1 if widest and (sit_out or not width) else 0
         if self.idle >= EXPLORE_EVERY:
-            width, self.idle = min(widest, 2), 0
+            width, sit_out, self.idle = min(widest, 2), False, 0
         for s in seqs:
-            if s.arm is not None and width == 0:
+            if s.arm is not None and (width == 0 or sit_out and s.arm == "draft"):
                 s.controller(s.arm).forget()
                 s.arm = None
             s.size = min(width, s.cap) if s.arm is not None else 0
             s.proposal = s.proposal[: s.size]
+        draft_rows = sum(1 for s in seqs if s.arm == "draft")
         return width if draft_rows and width else 0
+
+    def _width(self, seqs: List[_Seq], widest: int) -> Tuple[int, bool]:
+        """The round's width, and whether the draft-model rows sit it out.
+
+        Lookup drafts cost nothing to make: when the draft steps cost more
+        than their rows gain, the lookup rows still verify theirs alone.
+        """
+        rows = [(s.controller(s.arm).rate if s.arm else 0.0, s.cap) for s in seqs]
+        model = [s.arm == "draft" for s in seqs]
+        step, draft_rows = self.draft_step_cost, sum(model)
+        width = batch_width(rows, draft_rows, step, widest)
+        fixed = any(m and not s.config.adaptive for m, s in zip(model, seqs))
+        if not draft_rows or fixed:  # fixed draft lengths are kept
+            return width, False
+        rest = [(0.0, 0) if m else row for row, m in zip(rows, model)]
+        narrow = batch_width(rest, 0, step, widest)
+        alone = round_rate(rest, 0, step, narrow)
+        if alone > round_rate(rows, draft_rows, step, width):
+            return narrow, True
+        return width, False
 
     def _gamma(self, s, arm, step_cost, batch, cap) -> int:
         if s.config.adaptive:

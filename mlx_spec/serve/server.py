@@ -56,19 +56,19 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..options import (
-    add_speculative_options,
-    method_option_fields,
-    method_options,
-)
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from ..drafters.heads import read_head_config
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import check_draft_tokenizer, default_model_pair, load_draft, load_model
+from ..options import (
+    add_speculative_options,
+    method_option_fields,
+    method_options,
+)
 from ..sampling import make_sampler
 from ..stats import SpecStats
-from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator, seq_info
+from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
 from .batch_cache import batchable
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
 from .index import CrossRequestIndex
@@ -805,11 +805,11 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         client = self._clients.pop(uid, None)
         if client is None:
             return
-        client.rqueue.put(None)
         if cached is not None:
             cache, tokens = cached
             if cache is not None and tokens:
                 self.prompt_cache.insert_cache(client.cache_model, list(tokens), cache)
+        client.rqueue.put(None)  # last: a finished response is already cached
 
     def _fail_all(self, error: Exception):
         for client in self._clients.values():
@@ -964,11 +964,11 @@ class _SoloRun:
         self.keepalive.stop()
         self.responses.close()  # rewinds the caches to the prompt plus the tokens sent
         self.done = True
-        self.rqueue.put(None)
         owner = self.owner
         owner.prompt_cache.insert_cache(self.cache_model, self.tokens, self.cache)
         if owner.index is not None and not getattr(self.request, "isolation", False):
             owner.index.add(self.tokens[self.cached :])
+        self.rqueue.put(None)  # last: a finished response is already indexed
         return True
 
     def handoff(self) -> dict:
