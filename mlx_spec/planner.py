@@ -130,7 +130,9 @@ def make_controller(config: SpecConfig, arm):
     if arm.is_tree:
         # Down to 1 node (a one-token chain): where wide verification costs
         # more than a weak draft earns, the tree shrinks to what pays.
-        budgets = {b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4}
+        budgets = {
+            b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4
+        }
         return AdaptiveController(
             tree_budgets=sorted(budgets | {config.tree_budget}),
             init_budget=config.tree_budget,

@@ -71,12 +71,20 @@ def test_end_to_end_on_test_checkpoints_reports_identity_and_replay(
 ):
     bench.main(
         [
-            "--model", str(checkpoints["llama"]),
-            "--draft-model", str(checkpoints["llama-near"]),
-            "--methods", "draft", "lookup",
-            "--gammas", "1", "2",
-            "--max-tokens", "8",
-            "--repeats", "1",
+            "--model",
+            str(checkpoints["llama"]),
+            "--draft-model",
+            str(checkpoints["llama-near"]),
+            "--methods",
+            "draft",
+            "lookup",
+            "--gammas",
+            "1",
+            "2",
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
             "--quick",
         ]
     )

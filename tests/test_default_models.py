@@ -117,7 +117,12 @@ def test_real_pair_is_greedy_identical_to_mlx_lm_on_chat_prompts(
     model, tokenizer, draft = pair
     for prompt, expected in zip(chat_prompts, plain_greedy):
         stream = stream_generate(
-            model, tokenizer, prompt, draft, speculative=method, max_tokens=GREEDY_TOKENS
+            model,
+            tokenizer,
+            prompt,
+            draft,
+            speculative=method,
+            max_tokens=GREEDY_TOKENS,
         )
         responses = list(stream)
         assert [r.token for r in responses] == expected, (method, prompt)

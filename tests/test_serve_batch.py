@@ -15,8 +15,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec.acceptance import match_accept, rejection_accept
 from mlx_spec.config import SpecConfig
-from mlx_spec.sampling import SamplingParams
 from mlx_spec.costs import best_gamma
+from mlx_spec.sampling import SamplingParams
 from mlx_spec.serve.batch import (
     AcceptanceEma,
     SeqSpec,

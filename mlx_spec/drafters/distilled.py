@@ -264,9 +264,7 @@ def save_as_mlx_lm(draft: DistilledDraft, target_dir, out_dir) -> Path:
     )
     if getattr(draft.args, "layer_types", None) is not None:
         config["layer_types"] = list(draft.args.layer_types)
-    weights = {
-        "model." + k: v for k, v in tree_flatten(draft.model.parameters())
-    }
+    weights = {"model." + k: v for k, v in tree_flatten(draft.model.parameters())}
     head = draft.lm_head
     full = mx.zeros((draft.args.vocab_size, head.weight.shape[1]), head.weight.dtype)
     full[head.token_ids] = head.weight
