@@ -125,12 +125,10 @@ def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
     :data:`QUICK_LEFT_OUT_WITH_DRAFT`) under ``--quick``.
     """
     known = BASELINES + registry.METHODS
-    left_out = {}
+    left_out, said = set(), set()  # said: left out with a note in methods_skipped
     if quick and not requested:
-        left_out = {m: "" for m in QUICK_LEFT_OUT}
-        if has_draft:
-            for m in QUICK_LEFT_OUT_WITH_DRAFT:
-                left_out[m] = "left out under --quick (name it in --methods to run it)"
+        said = set(QUICK_LEFT_OUT_WITH_DRAFT) if has_draft else set()
+        left_out = set(QUICK_LEFT_OUT) | said
     if requested:
         wanted = list(requested)
     else:
@@ -151,7 +149,9 @@ def _choose_methods(requested, drafters, skipped, has_draft, quick) -> tuple:
         elif m not in chosen:
             chosen.append(m)
     notes = {m: notes[m] for m in notes if m in wanted}
-    notes.update({m: why for m, why in left_out.items() if why})
+    notes.update(
+        {m: "left out under --quick (name it in --methods to run it)" for m in said}
+    )
     return chosen, notes
 
 

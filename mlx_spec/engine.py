@@ -337,9 +337,8 @@ def _generate(
 
                 result = decode(values)
                 n, drafted = result.num_accepted, proposal.size
-                if (
-                    capture is not None
-                ):  # the accepted rows' features, for the next round
+                # The accepted rows' features, for the next round.
+                if capture is not None:
                     drafter.add_features(capture.take(), result.rows)
                 if proposal.parents is None:
                     # With a step queued, nothing was drafted and it holds the next slot.

@@ -69,25 +69,19 @@ def test_replay_reproduces_the_engines_greedy_rounds(load_model, gamma):
 def test_end_to_end_on_test_checkpoints_reports_identity_and_replay(
     checkpoints, capsys
 ):
+    # fmt: off
     bench.main(
         [
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
-            "--methods",
-            "draft",
-            "lookup",
-            "--gammas",
-            "1",
-            "2",
-            "--max-tokens",
-            "8",
-            "--repeats",
-            "1",
+            "--model", str(checkpoints["llama"]),
+            "--draft-model", str(checkpoints["llama-near"]),
+            "--methods", "draft", "lookup",
+            "--gammas", "1", "2",
+            "--max-tokens", "8",
+            "--repeats", "1",
             "--quick",
         ]
     )
+    # fmt: on
     out = capsys.readouterr().out
     assert "greedy output identical to plain decoding in every run: yes" in out
     assert "replay reproduces the measured rounds of every fixed γ: yes" in out

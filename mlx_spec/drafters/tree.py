@@ -199,9 +199,8 @@ class TreeDrafter(ModelDrafter):
     def _dynamic(self, root: mx.array, budget: int) -> Proposal:
         k = self.top_k
         width = min(k, budget)  # frontier nodes past the budget cannot be kept
-        depth = min(
-            self.depth, budget
-        )  # nor levels past it: each costs a draft forward
+        # Nor levels past the budget: each costs a draft forward.
+        depth = min(self.depth, budget)
         tokens, scores = top_children(root, width)
         pool = Tree.from_parents(tokens[0], [-1] * width)  # the best nodes so far
         scores = scores[0]
