@@ -332,6 +332,25 @@ def test_medusa_reads_the_feature_that_chose_the_pending_token(tiny, monkeypatch
         assert mx.allclose(last[0], reference[length - 2], atol=1e-4).item()
 
 
+def test_medusa_grows_adaptive_trees_and_keeps_its_stored_tree_when_fixed(tiny):
+    """The heads' stored static tree has one size; an adaptive run sizes its
+    tree per round instead (a 24-node static tree is mostly verification)."""
+    head = random_head("medusa", tiny, seed=7)
+    head.config["tree_choices"] = [[0], [1], [2], [0, 0], [0, 1], [1, 0]]
+    sizes, outputs = {}, {}
+    for adaptive in (False, True):
+        stats = SpecStats()
+        config = SpecConfig(method="medusa", max_tokens=40, adaptive=adaptive)
+        events = speculative_events(
+            mx.array(PROMPT), tiny, head, config=config, stats=stats
+        )
+        outputs[adaptive] = [e.token for e in events]
+        sizes[adaptive] = set(stats.tree_sizes)
+    assert sizes[False] == {6}
+    assert len(sizes[True]) > 1 and sizes[True] != {6}
+    assert outputs[True] == outputs[False] == list(_plain_greedy(tiny, PROMPT, 40))
+
+
 # --------------------------------------------------------------------------- #
 # Head directories: --draft-model DIR, checked against the target
 # --------------------------------------------------------------------------- #

@@ -8,12 +8,13 @@ candidates are combined into a tree, verified with tree attention in one
 target forward:
 
 - a static tree (Medusa's "choices": index paths, ``(0, 1)`` = head 2's
-  second-best token under head 1's best), from ``--tree-choices`` or the
-  one calibrated at training time and stored with the heads;
+  second-best token under head 1's best), from ``--tree-choices``, or with
+  ``adaptive=False`` the one calibrated at training time and stored with
+  the heads;
 - otherwise a dynamic top-k tree: the ``budget`` paths of highest summed
   head log-probability (the dynamic tree of
   :class:`~mlx_spec.drafters.tree.TreeDrafter`, each level read from the
-  next head instead of a forward).
+  next head instead of a forward), its budget chosen per round.
 
 The features come from the engine's capture of every target forward (no
 extra forward). Children are each head's top-k (point masses), so the
@@ -127,7 +128,11 @@ def make_medusa_drafter(config, target, draft_model, cache, kv, vocab_size):
 
     head = _check_head(draft_model, "medusa", "medusa", target)
     check_no_drafter_cache(cache, "medusa")
-    choices = config.tree_choices or static_choices(head.config)
+    # The heads' calibrated static tree is fixed in size; an adaptive run grows
+    # a dynamic tree whose budget follows what verification costs here.
+    choices = config.tree_choices
+    if choices is None and not config.adaptive:
+        choices = static_choices(head.config)
     tree, note = True, None
     reason = tree_unsupported(target.model, target.cache)
     if reason is None:
