@@ -274,7 +274,7 @@ def _generate(
             queued = None  # a plain round's successor, built before its sync
             while generated < config.max_tokens:
                 remaining = config.max_tokens - generated
-                is_tree, size = planner.begin_round()
+                is_tree, size = planner.begin_round(seq)
                 state = RoundState(seq, base, choose)
                 round_tic = time.perf_counter()
                 prefix_len = base + len(seq) - 1
@@ -311,7 +311,7 @@ def _generate(
                     proposal.size == 0
                     and remaining > 1
                     and not (processors or config.profile or capture is not None)
-                    and planner.queues_plain_round(len(seq) + 1)
+                    and planner.queues_plain_round(seq)
                 ):
                     # Two plain rounds in a row: queue the next target step on
                     # this round's lazy token before syncing, as mlx_lm does.

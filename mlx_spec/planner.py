@@ -6,7 +6,7 @@ decoding, the fixed cost model of :mod:`mlx_spec.costs` when sampling).
 """
 
 import time
-from typing import Tuple
+from typing import List, Tuple
 
 from .adaptive import AdaptiveController
 from .config import SpecConfig
@@ -45,11 +45,14 @@ class RoundPlanner:
             self.controllers[key] = make_controller(self.config, arm)
         return self.controllers[key]
 
-    def plan(self) -> Tuple[bool, int]:
-        """Pick the next round's arm and size ahead of its start (see :meth:`begin_round`)."""
+    def plan(self, seq=None) -> Tuple[bool, int]:
+        """Pick the next round's arm and size ahead of its start (see :meth:`begin_round`).
+
+        ``seq`` is the context so far, for a drafter that chooses its arm by it.
+        """
         if self.planned is None:
             select = getattr(self.drafter, "select", None)
-            self.arm = select() if select is not None else self.drafter
+            self.arm = select(seq) if select is not None else self.drafter
             is_tree = getattr(self.arm, "is_tree", False)
             controller = self._controller(self.arm)
             if controller is None:
@@ -60,8 +63,9 @@ class RoundPlanner:
             self.planned = (is_tree, size)
         return self.planned
 
-    def begin_round(self) -> Tuple[bool, int]:
-        """Start a round with its planned arm; return ``(is_tree, size)``.
+    def begin_round(self, seq=None) -> Tuple[bool, int]:
+        """Start a round on the context ``seq`` with its planned arm; return
+        ``(is_tree, size)``.
 
         A measured round costs the time from its start to the next round's
         start, so per-round host work (commit, streaming) counts too.
@@ -70,23 +74,35 @@ class RoundPlanner:
         if self.pending is not None:
             self._record(now - self.tic)
         self.tic = now
-        planned = self.plan()
+        planned = self.plan(seq)
         self.planned = None
         return planned
 
-    def queues_plain_round(self, seq_len: int) -> bool:
-        """Plan the next round; True if it is known to draft nothing.
+    def queues_plain_round(self, seq: List[int]) -> bool:
+        """Plan the round after a plain one; True if it drafts nothing too.
 
         Its target step can then be queued before this round's sync, as in
-        plain decoding. Only for a single drafter that says so for a context
-        of ``seq_len`` tokens without reading them (``drafts_nothing``).
+        plain decoding, so the decision cannot read this round's token. A
+        drafter says so either for any context of a length
+        (``drafts_nothing(size, seq_len)``: self-speculation), or from the
+        context one token behind (``plain_next(seq)``: prompt lookup, whose
+        new match then drafts a round later, and ``auto``).
         """
+        plain_next = getattr(self.drafter, "plain_next", None)
+        if plain_next is not None:
+            if self.planned is not None or not plain_next(seq):
+                return False
+            self.arm = getattr(self.drafter, "plain_arm", self.drafter)
+            self.planned = (False, 0)
+            return True
         if getattr(self.drafter, "select", None) is not None:
             return False  # auto picks an arm per round; keep commits in order
         is_tree, size = self.plan()
         drafts_nothing = getattr(self.arm, "drafts_nothing", None)
         return (
-            not is_tree and drafts_nothing is not None and drafts_nothing(size, seq_len)
+            not is_tree
+            and drafts_nothing is not None
+            and drafts_nothing(size, len(seq) + 1)
         )
 
     def end_round(self, size: int, proposal, accepted: int):

@@ -38,7 +38,7 @@ def test_adaptive_and_auto_greedy_identity(load_model, arch):
             assert got == expected, kw
         got, stats = run(model, tokenizer, ids, None, 40, speculative="auto")
         assert got == expected
-        assert set(stats.auto_rounds) <= {"lookup", "self"}
+        assert set(stats.auto_rounds) <= {"lookup", "plain", "self"}
     finally:
         tokenizer.eos_token_ids = saved
 
@@ -66,8 +66,8 @@ def test_auto_uses_every_arm_and_reports_it(load_model):
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode("def fibonacci(n):")
     _, stats = run(model, tokenizer, ids, draft, 60, speculative="auto")
-    assert set(stats.auto_rounds) == {"draft", "tree", "lookup+draft", "lookup"}
-    assert all(count >= 1 for count in stats.auto_rounds.values())
+    assert set(stats.auto_rounds) == {"draft", "tree", "plain", "lookup"}
+    assert all(stats.auto_rounds[name] >= 1 for name in ("draft", "plain", "lookup"))
     assert sum(stats.auto_rounds.values()) == stats.rounds
 
 
@@ -153,9 +153,13 @@ def test_sampling_with_a_seed_ignores_wall_time(load_model, monkeypatch, with_dr
     assert stats.auto_rounds and len(stats.auto_rounds) >= 2
 
 
-def test_auto_sizes_each_arm_with_its_own_controller(load_model):
+def test_auto_sizes_each_arm_with_its_own_controller(load_model, monkeypatch):
     """The tree arm gets node budgets and the chain arms draft lengths."""
+    from mlx_spec.drafters.auto import AutoDrafter
     from mlx_spec.planner import RoundPlanner
+
+    # Every arm gets its warm-up, the tree too (the tiny draft is not cheap).
+    monkeypatch.setattr(AutoDrafter, "_worth_trying", lambda self, name: True)
 
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
@@ -163,8 +167,8 @@ def test_auto_sizes_each_arm_with_its_own_controller(load_model):
     sizes = []
     begin = RoundPlanner.begin_round
 
-    def spy(self):
-        is_tree, size = begin(self)
+    def spy(self, seq=None):
+        is_tree, size = begin(self, seq)
         sizes.append((self.arm.name, is_tree, size))
         return is_tree, size
 
@@ -174,10 +178,12 @@ def test_auto_sizes_each_arm_with_its_own_controller(load_model):
     finally:
         RoundPlanner.begin_round = begin
     names = {name for name, _, _ in sizes}
-    assert {"draft", "tree", "lookup+draft"} <= names
+    assert {"draft", "tree", "lookup"} <= names
     for name, is_tree, size in sizes:
         if name == "tree":
-            assert is_tree and size in (4, 8, 16, 24, 32, 48, 64)
+            assert is_tree and size in (1, 2, 4, 8, 16, 24, 32, 48, 64)
+        elif name == "lookup" and size == 0:
+            pass  # a plain round queued before the previous sync
         elif not is_tree:
             assert 1 <= size <= 8, (name, size)
 
@@ -200,33 +206,33 @@ def test_draft_p_min_stops_early_and_stays_exact(load_model):
     assert early.draft_tokens < full.draft_tokens
 
 
-def test_lookup_then_draft_copies_on_a_match_and_stays_exact(load_model):
-    """The combined arm copies from the context on a strong n-gram match and
-    drafts with the model otherwise; greedy output is unchanged."""
-    from mlx_spec.drafters.auto import LookupThenDraft
+def test_auto_copies_on_a_match_and_drafts_with_the_model_otherwise(load_model):
+    """Rounds whose context has a lookup match worth proposing copy it; the
+    others draft with the model (or run plain); greedy output is unchanged."""
+    from mlx_spec.drafters.lookup import LookupDrafter
 
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode("x = [1, 2, 3, 4, 5, 6]\ny = [1, 2, 3, 4, 5, 6]\nz = [1, 2,")
-    used = []
-    propose = LookupThenDraft.propose
+    verdicts = {}  # context length -> lookup's verdict
+    will_draft = LookupDrafter.will_draft
 
-    def spy(self, state, gamma):
-        proposal = propose(self, state, gamma)
-        used.append(self.used is self.lookup)
-        return proposal
+    def spy(self, seq):
+        verdicts[len(seq)] = will_draft(self, seq)
+        return verdicts[len(seq)]
 
-    LookupThenDraft.propose = spy
+    LookupDrafter.will_draft = spy
     tokenizer.eos_token_ids, saved = set(), set(tokenizer.eos_token_ids)
     try:
         expected = plain(model, ids, 40)
         got, stats = run(model, tokenizer, ids, draft, 40, speculative="auto")
     finally:
-        LookupThenDraft.propose = propose
+        LookupDrafter.will_draft = will_draft
         tokenizer.eos_token_ids = saved
     assert got == expected
-    assert stats.auto_rounds["lookup+draft"] == len(used)
-    assert True in used
+    # Every lookup round had a match worth proposing on its own context.
+    assert 1 <= stats.auto_rounds["lookup"] <= sum(verdicts.values())
+    assert stats.auto_rounds["draft"] + stats.auto_rounds["tree"] >= 1
 
 
 def test_controller_starts_from_the_arms_cost_and_acceptance():
@@ -278,16 +284,67 @@ class _Arm:
     is_tree = False
 
 
-def test_auto_tries_lookup_first_and_keeps_an_arm_that_accepts_everything():
+class _Tree(_Arm):
+    is_tree = True
+
+
+class _Lookup(_Arm):
+    """A lookup arm whose matches are scripted: ``will_draft`` pops ``matches``."""
+
+    def __init__(self, matches):
+        self.matches = list(matches)
+
+    def will_draft(self, seq):
+        return self.matches.pop(0)
+
+
+def test_auto_copies_lookup_matches_and_otherwise_picks_by_worth():
     from mlx_spec.drafters.auto import AutoDrafter
 
-    auto = AutoDrafter({"draft": _Arm(), "tree": _Arm(), "lookup": _Arm()}, None)
-    assert auto._pick() == "lookup"
-    auto.select()
+    lookup = _Lookup([True, True, False, False, False, False, True])
+    auto = AutoDrafter({"draft": _Arm(), "tree": _Tree(), "lookup": lookup}, None)
+    seq = [1, 2, 3]
+    assert auto.select(seq) is lookup and auto.current == "lookup"
+    auto.observe(5, 1.0, drafted=4)
+    assert auto.select(seq) is lookup  # a match: lookup, whatever was measured
+    auto.observe(2, 1.0, drafted=4)
+    # No match: a plain round first (lookup drafting nothing), then each arm once.
+    assert auto.select(seq) is lookup and auto.current == "plain"
+    auto.observe(1, 1.0, drafted=0)
+    assert auto.select(seq) is auto.arms["draft"]
     auto.observe(5, 1.0, drafted=4)  # every draft kept: stay
-    assert auto.select() is auto.arms["lookup"]
-    auto.observe(2, 1.0, drafted=4)  # a rejection: the others get their warm-up
-    assert auto._pick() == "draft"
-    auto.select()
-    auto.observe(1, 1.0, drafted=0)  # nothing drafted is not "kept everything"
-    assert auto._pick() == "tree"
+    assert auto.select(seq) is auto.arms["draft"]
+    auto.observe(2, 2.0, drafted=4)
+    assert auto.select(seq) is auto.arms["tree"]
+    auto.observe(1, 2.0, drafted=8)
+    assert auto.select(seq) is lookup and auto.current == "lookup"
+    auto.observe(1, 1.0, drafted=2)
+    # Warm-ups done: the best measured worth (the draft chain) wins.
+    lookup.matches = [False] * 40
+    picks = [auto.select(seq) for _ in range(40)]
+    assert picks.count(auto.arms["draft"]) >= 30
+
+    class Stats:
+        pass
+
+    stats = Stats()
+    auto.report(stats)
+    assert set(stats.auto_rounds) == {"lookup", "plain", "draft", "tree"}
+    assert sum(stats.auto_rounds.values()) == len(auto.chosen)
+
+
+def test_auto_tries_a_tree_only_once_a_chain_beats_plain_rounds():
+    from mlx_spec.drafters.auto import AutoDrafter
+
+    lookup = _Lookup([False] * 100)
+    auto = AutoDrafter({"draft": _Arm(), "tree": _Tree(), "lookup": lookup}, None)
+    auto.select([1])
+    auto.observe(1, 1.0, drafted=0)  # plain: 1 token per unit
+    auto.select([1])
+    assert auto.current == "draft"
+    auto.observe(1, 1.2, drafted=4)  # the chain does worse than plain
+    picks = [auto.select([1]) for _ in range(50)]
+    assert auto.arms["tree"] not in picks
+    auto.current = "draft"
+    auto.observe(4, 1.2, drafted=4)  # now it does better: the tree gets its turn
+    assert auto.select([1]) is auto.arms["tree"]

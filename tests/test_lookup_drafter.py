@@ -11,7 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, make_sampler, speculative_generate_step
 from mlx_spec.drafters.base import RoundState
-from mlx_spec.drafters.lookup import LookupDrafter, make_lookup_drafter
+from mlx_spec.drafters.lookup import PROBE_EVERY, LookupDrafter, make_lookup_drafter
 from mlx_spec.drafters.ngram import extend_periodic
 from mlx_spec.models import CachedModel
 from mlx_spec.sampling import SamplingParams, processed_logprobs
@@ -85,6 +85,31 @@ def test_proposes_nothing_without_a_match():
     assert drafter.propose(state_of([1, 2, 3, 4, 5]), 4).size == 0
     proposal = drafter.propose(state_of([1, 2, 3, 4, 5, 2]), 4)
     assert proposal.tokens.tolist() == [3, 4, 5, 2] and proposal.logprobs is None
+
+
+def test_a_match_length_that_keeps_failing_is_kept_out_and_probed_again():
+    drafter = LookupDrafter(ngram_min=1, ngram_max=3)
+    seq = [1, 2, 3, 4, 5, 2]  # "2" matched once: a 1-token match
+    proposed = []
+    for _ in range(3 * PROBE_EVERY):
+        proposal = drafter.propose(state_of(seq), 4)
+        proposed.append(proposal.size > 0)
+        drafter.commit(state_of(seq), proposal, 0)  # every first token rejected
+    # The prior lets it try a few times, then only one round in PROBE_EVERY.
+    first_out = proposed.index(False)
+    assert 0 < first_out <= 4
+    later = proposed[first_out:]
+    assert sum(later) == len(later) // PROBE_EVERY
+    # A longer match has its own record and is still proposed.
+    assert drafter.propose(state_of([1, 2, 3, 4, 5, 2, 3, 4]), 2).tokens.tolist() == [
+        5,
+        2,
+    ]
+    # Accepted first tokens bring the short match back.
+    for _ in range(3 * PROBE_EVERY):
+        proposal = drafter.propose(state_of(seq), 4)
+        drafter.commit(state_of(seq), proposal, proposal.size)
+    assert drafter.propose(state_of(seq), 4).size > 0
 
 
 def test_continuation_reaching_the_end_repeats_periodically():
@@ -210,9 +235,11 @@ def test_sampled_first_token_follows_target_law(load_model):
     [dict(), dict(adaptive=False), dict(lookup_candidates=4, tree_budget=12)],
     ids=["chain-adaptive", "chain-fixed", "tree"],
 )
-def test_sampled_stream_follows_target_law(load_model, knobs):
+def test_sampled_stream_follows_target_law(load_model, knobs, monkeypatch):
     """Every sampled token follows the target's exact law given its prefix
     (randomized PIT of a long stream, chi-square with 10 bins)."""
+    if "lookup_candidates" in knobs:  # every match proposed: trees get accepted
+        monkeypatch.setattr("mlx_spec.drafters.lookup.MIN_ACCEPTANCE", 0.0)
     model, tokenizer = load_model("gemma")
     ids = tokenizer.encode(EDIT_PROMPT)
     temp, n = 1.5, 200

@@ -1,20 +1,18 @@
 """``--speculative auto``: pick the best method online.
 
-With a draft model the arms are the draft chain, the draft tree, prompt
-lookup alone, and prompt lookup falling back to the draft chain when the
-context has no strong match (:class:`LookupThenDraft`); with a head, its
-arms (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer) and
-prompt lookup; without either,
-prompt lookup and self-speculation. Each round uses one arm; an arm's
-worth is its tokens per unit of cost (an exponential moving average of
-emitted tokens over the round's cost). Prompt lookup, which costs no more
-than a plain step, is tried first; each other arm gets one warm-up round,
-and an occasional round explores, but never right after a round that kept
-all its drafts (no arm could have done better there), so a long run of
-lookup hits is not interrupted. The cost is wall time under greedy decoding and
-a fixed cost model when sampling (so a seed always gives the same text); see
-``planner.RoundPlanner``. Every arm is exact on its own and the choice
-depends only on past rounds, so the output stays exact.
+Prompt lookup drafts for free, so a round whose context has a match worth
+proposing (see :class:`~mlx_spec.drafters.lookup.MatchRates`) copies it.
+Every other round is one of the remaining arms or a plain step (``plain``):
+with a draft model the draft chain and the draft tree; with a head, its arms
+(EAGLE tree and chain, Medusa, or the checkpoint's MTP layer); without
+either, self-speculation. Each of those gets one warm-up round (a tree arm
+once a chain arm has beaten plain rounds), then the best measured worth wins: tokens per unit of cost, an exponential moving
+average of emitted tokens over the round's cost. An occasional round
+explores, but never right after a round that kept all its drafts (no arm
+could have done better there). The cost is wall time under greedy decoding
+and a fixed cost model when sampling (so a seed always gives the same text);
+see ``planner.RoundPlanner``. Every arm is exact on its own and the choice
+depends only on past rounds and the context, so the output stays exact.
 """
 
 import random
@@ -29,38 +27,97 @@ EXPLORE = 0.05
 WARMUP_ROUNDS = 1
 EMA = 0.3
 SEED = 0
+LOOKUP, PLAIN = "lookup", "plain"
 
 
 class AutoDrafter:
-    """Chooses one drafter per round by measured tokens per second."""
+    """Chooses one drafter per round: lookup on a match, else by measured worth.
+
+    Args:
+        arms: Drafters by name; an arm named ``"lookup"`` drafts whenever its
+          context has a match worth proposing, and runs the plain rounds.
+        config: The :class:`~mlx_spec.config.SpecConfig`.
+    """
 
     name = "auto"
     is_tree = False
 
     def __init__(self, arms: Dict[str, object], config, seed: int = SEED):
-        # Lookup first: a round without a match is a plain step, so trying it costs nothing.
-        self.arms = dict(sorted(arms.items(), key=lambda item: item[0] != "lookup"))
+        self.arms = dict(arms)
+        self.lookup = self.arms.get(LOOKUP)
+        # The choices of a round without a match: plain first (it costs nothing extra).
+        others = [name for name in self.arms if name != LOOKUP]
+        self.choices = ([PLAIN] if self.lookup is not None else []) + others
         self.config = config
-        self.rate: Dict[str, Optional[float]] = {name: None for name in arms}
-        self.tries: Dict[str, int] = {name: 0 for name in arms}
+        self.rate: Dict[str, Optional[float]] = {}
+        self.tries: Dict[str, int] = {}
         self.rng = random.Random(seed)
         self.current: Optional[str] = None
         self.kept_all = False  # the last round accepted every draft it made
         self.chosen: List[str] = []
+        self.picked: Optional[str] = None  # a pick made before its round (plain_next)
+
+    def _arm(self, name: str):
+        return self.lookup if name in (LOOKUP, PLAIN) else self.arms[name]
 
     def _pick(self) -> str:
-        if self.kept_all:
+        """The arm of a round without a lookup match."""
+        if self.kept_all and self.current in self.choices:
             return self.current
-        for name in self.arms:
-            if self.tries[name] < WARMUP_ROUNDS:
+        for name in self.choices:
+            if self.tries.get(name, 0) < WARMUP_ROUNDS and self._worth_trying(name):
                 return name
-        best = max(self.arms, key=lambda name: self.rate[name] or 0.0)
-        if len(self.arms) > 1 and self.rng.random() < EXPLORE:
+        best = max(self.choices, key=lambda name: self.rate.get(name) or 0.0)
+        if len(self.choices) > 1 and self.rng.random() < EXPLORE:
             # Explore the others in proportion to their measured worth.
-            others = [name for name in self.arms if name != best]
-            weights = [max(self.rate[name] or 0.0, 1e-9) for name in others]
+            others = [name for name in self.choices if name != best]
+            weights = [max(self.rate.get(name) or 0.0, 1e-9) for name in others]
             return self.rng.choices(others, weights)[0]
         return best
+
+    def _worth_trying(self, name: str) -> bool:
+        """A tree grows from a chain's drafts and verifies more tokens: it is
+        tried once some chain arm has beaten plain rounds."""
+        if not self._arm(name).is_tree or PLAIN not in self.choices:
+            return True
+        chains = [c for c in self.choices if c != PLAIN and not self._arm(c).is_tree]
+        best = max((self.rate.get(c) or 0.0 for c in chains), default=0.0)
+        return best > (self.rate.get(PLAIN) or 0.0)
+
+    def select(self, seq: Optional[List[int]] = None):
+        """Choose this round's arm for the context ``seq`` (the engine sizes its proposal)."""
+        picked, self.picked = self.picked, None
+        if self.lookup is not None and seq is not None and self.lookup.will_draft(seq):
+            self.current = LOOKUP
+        else:
+            self.current = picked or self._pick()
+        self.chosen.append(self.current)
+        return self._arm(self.current)
+
+    @property
+    def plain_arm(self):
+        """The drafter of a plain round (lookup, drafting nothing)."""
+        return self.lookup
+
+    def plain_next(self, seq: List[int]) -> bool:
+        """After a plain round on ``seq``: whether the next round is plain too,
+        decided before its token is read, so the engine can queue its step.
+
+        Yes when lookup has no match worth proposing on ``seq`` and the pick
+        of a round without a match is a plain round; a match found on the new
+        token then drafts a round later.
+        """
+        if self.current != PLAIN or self.lookup is None:
+            return False
+        if self.lookup.will_draft(seq):
+            return False
+        self.picked = self._pick()
+        if self.picked != PLAIN:
+            return False  # the next round drafts with this pick (or lookup)
+        self.picked = None
+        self.current = PLAIN
+        self.chosen.append(PLAIN)
+        return True
 
     def prefill(self, tokens, step_size: int):
         # The chain and tree arms share one draft cache: prefill it once.
@@ -71,19 +128,13 @@ class AutoDrafter:
                 done.add(shared)
                 arm.prefill(tokens, step_size)
 
-    def select(self):
-        """Choose this round's arm (the engine sizes its proposal)."""
-        self.current = self._pick()
-        self.chosen.append(self.current)
-        return self.arms[self.current]
-
     def propose(self, state: RoundState, size: int) -> Proposal:
         if self.current is None:
-            self.select()
-        return self.arms[self.current].propose(state, size)
+            self.select(state.seq)
+        return self._arm(self.current).propose(state, size)
 
     def commit(self, state, proposal, num_accepted: int, path=None):
-        self.arms[self.current].commit(state, proposal, num_accepted, path)
+        self._arm(self.current).commit(state, proposal, num_accepted, path)
 
     def chain_only(self):
         """Drop tree proposals (logits processors need a chain)."""
@@ -91,17 +142,17 @@ class AutoDrafter:
         for arm in self.arms.values():
             if hasattr(arm, "chain_only"):
                 arm.chain_only()
-        self.rate = {name: None for name in self.arms}
-        self.tries = {name: 0 for name in self.arms}
+        self.choices = [c for c in self.choices if c == PLAIN or c in self.arms]
+        self.rate, self.tries = {}, {}
 
     def observe(self, emitted: int, cost: float, drafted: int = 0):
         """Feed back one round: tokens emitted, its cost (seconds or units) and
         the number of tokens it drafted."""
         name = self.current
-        self.tries[name] += 1
+        self.tries[name] = self.tries.get(name, 0) + 1
         self.kept_all = drafted > 0 and emitted == drafted + 1
         rate = emitted / max(cost, 1e-9)
-        old = self.rate[name]
+        old = self.rate.get(name)
         self.rate[name] = rate if old is None else (1 - EMA) * old + EMA * rate
 
     def add_history(self, tokens):
@@ -146,68 +197,12 @@ class AutoDrafter:
                 arm.release()
 
     def report(self, stats):
-        counts = {name: self.chosen.count(name) for name in self.arms}
+        names = ([LOOKUP] if self.lookup is not None else []) + self.choices
+        counts = {name: self.chosen.count(name) for name in names}
         stats.auto_rounds = counts
         for arm in self.arms.values():
             if hasattr(arm, "report"):
                 arm.report(stats)
-
-
-class LookupThenDraft:
-    """Prompt lookup when the context has a strong match, else the draft model.
-
-    A round proposes lookup's continuation (free to draft) when its n-gram
-    match is at least ``min_match`` tokens long, and the draft model's
-    chain otherwise. The draft cache catches up on skipped tokens the next
-    time it drafts.
-    """
-
-    name = "lookup+draft"
-    is_tree = False
-
-    def __init__(self, lookup, chain, min_match: int = 2):
-        self.lookup = lookup
-        self.chain = chain
-        self.min_match = min_match
-        self.used = chain
-
-    @property
-    def draft(self):
-        """The draft model's cache, shared with the other model arms."""
-        return self.chain.draft
-
-    @property
-    def step_cost(self) -> float:
-        return self.used.step_cost
-
-    def prefill(self, tokens, step_size: int):
-        self.chain.prefill(tokens, step_size)
-
-    def propose(self, state: RoundState, gamma: int) -> Proposal:
-        proposal = self.lookup.propose(state, gamma)
-        if proposal.size and self.lookup.index.last_match_len >= self.min_match:
-            self.used = self.lookup
-            return proposal
-        self.used = self.chain
-        return self.chain.propose(state, gamma)
-
-    def commit(self, state, proposal, num_accepted: int, path=None):
-        self.used.commit(state, proposal, num_accepted, path)
-
-    def add_history(self, tokens):
-        self.lookup.add_history(tokens)
-
-    def chain_only(self):
-        self.lookup.chain_only()
-
-    def caches(self) -> List:
-        return self.chain.caches()
-
-    def sync(self, seq, base: int):
-        self.chain.sync(seq, base)
-
-    def release(self):
-        self.chain.release()
 
 
 def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab_size):
@@ -237,12 +232,7 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
             arms["tree"].step_cost = chain.step_cost
         lookup = make_lookup_drafter(config, target, None, None, kv, vocab_size)
         lookup.chain_only()
-        arms["lookup+draft"] = LookupThenDraft(lookup, chain)
-        # Lookup alone: a round without a match is a plain step, so auto has
-        # an arm that costs no more than plain decoding when the draft is weak.
-        alone = make_lookup_drafter(config, target, None, None, kv, vocab_size)
-        alone.chain_only()
-        arms["lookup"] = alone
+        arms["lookup"] = lookup
     else:
         from .self_spec import make_self_drafter
 

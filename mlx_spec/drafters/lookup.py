@@ -11,6 +11,7 @@ from typing import List, Sequence
 import mlx.core as mx
 
 from ..attention.tree import prepare_tree_model, tree_unsupported
+from ..costs import VERIFY_SLOPE
 from .base import Proposal, check_no_drafter_cache
 from .ngram import (
     DEFAULT_MAX_CANDIDATES,
@@ -26,6 +27,44 @@ from .ngram import (
 )
 
 DEFAULT_LOOKUP_DRAFT_TOKENS = 8
+# A drafted token costs about VERIFY_SLOPE of a step to verify, plus host work:
+# a match whose first token is accepted less often than this is not proposed.
+MIN_ACCEPTANCE = 2 * VERIFY_SLOPE
+# First-token acceptance per match length starts at PRIOR over PRIOR_WEIGHT
+# pseudo-rounds; older rounds fade by DECAY per round of that length.
+PRIOR, PRIOR_WEIGHT, DECAY = 0.5, 1.0, 0.9
+# A match length kept out is proposed again after this many skipped rounds.
+PROBE_EVERY = 8
+
+
+class MatchRates:
+    """First-token acceptance of lookup proposals, per match length ``n``.
+
+    Short matches (a single repeated token) are often wrong; their drafts
+    then cost verification width and earn nothing. :meth:`worth_proposing`
+    keeps such lengths out, probing one now and then so a context that turns
+    repetitive (an edit that starts copying) is noticed.
+    """
+
+    def __init__(self):
+        self.hits = {}  # n -> decayed accepted first tokens
+        self.tries = {}  # n -> decayed proposals
+        self.skipped = {}  # n -> rounds kept out since the last proposal
+
+    def rate(self, n: int) -> float:
+        hits, tries = self.hits.get(n, 0.0), self.tries.get(n, 0.0)
+        return (hits + PRIOR * PRIOR_WEIGHT) / (tries + PRIOR_WEIGHT)
+
+    def worth_proposing(self, n: int) -> bool:
+        if self.rate(n) >= MIN_ACCEPTANCE:
+            return True
+        self.skipped[n] = self.skipped.get(n, 0) + 1
+        return self.skipped[n] % PROBE_EVERY == 0
+
+    def observe(self, n: int, first_accepted: bool):
+        self.hits[n] = DECAY * self.hits.get(n, 0.0) + float(first_accepted)
+        self.tries[n] = DECAY * self.tries.get(n, 0.0) + 1.0
+        self.skipped[n] = 0
 
 
 class LookupDrafter:
@@ -70,6 +109,9 @@ class LookupDrafter:
         self.is_tree = max_candidates > 1
         self.history = 0  # tokens indexed from before this call
         self.step_cost = 0.0  # host-side n-gram matching; no forward
+        self.rates = MatchRates()
+        self.match_len = 0  # the match length of the pending proposal
+        self.verdict = None  # (context length, drafts?) from :meth:`will_draft`
 
     def chain_only(self):
         """Propose chains only (logits processors need one history per position)."""
@@ -90,6 +132,25 @@ class LookupDrafter:
         if len(seq) > seen:
             self.index.extend(seq[seen:])
 
+    def will_draft(self, seq: List[int]) -> bool:
+        """Whether the next round on ``seq`` drafts: a match worth proposing.
+
+        The verdict is kept for that round's :meth:`propose` (and for another
+        question about the same context), so a match kept out is counted once.
+        """
+        if self.verdict is not None and self.verdict[0] == len(seq):
+            return self.verdict[1]
+        self._catch_up(seq)
+        found = self.index.propose(max_len=1, max_candidates=1)
+        worthy = bool(found) and self.rates.worth_proposing(self.index.last_match_len)
+        self.verdict = (len(seq), worthy)
+        return worthy
+
+    def plain_next(self, seq: List[int]) -> bool:
+        """After a plain round on ``seq``: whether the next round is plain too,
+        decided before its token is read (a match found then drafts a round later)."""
+        return not self.will_draft(seq)
+
     def propose(self, state, gamma: int):
         """Propose up to ``gamma`` tokens (chain) or ``gamma`` tree nodes.
 
@@ -99,23 +160,34 @@ class LookupDrafter:
             that branches (``None`` for a chain).
         """
         self._catch_up(state.seq)
+        self.match_len = 0
+        verdict, self.verdict = self.verdict, None
         if gamma < 1:
             return Proposal(mx.array([], mx.uint32), None)
-        if not self.is_tree:
-            max_len = min(gamma, MAX_LEN_LIMIT)
-            cands = self.index.propose(max_len=max_len, max_candidates=1)
-            chain = extend_periodic(cands[0], max_len) if cands else []
-            return Proposal(mx.array(chain, mx.uint32), None)
-        max_len = min(self.max_len, gamma)
+        # A chain takes the engine's draft length; a tree's branches are capped.
+        max_len = min(self.max_len if self.is_tree else MAX_LEN_LIMIT, gamma)
         cands = self.index.propose(max_len=max_len, max_candidates=self.max_candidates)
+        n = self.index.last_match_len
+        if verdict is not None and verdict[0] == len(state.seq):
+            worthy = verdict[1]
+        else:
+            worthy = bool(cands) and self.rates.worth_proposing(n)
+        if not worthy:
+            return Proposal(mx.array([], mx.uint32), None)
+        self.match_len = n
         cands = [extend_periodic(c, max_len) for c in cands]
+        if not self.is_tree:
+            return Proposal(mx.array(cands[0], mx.uint32), None)
         tokens, parents = build_token_tree(cands, max_nodes=gamma)
         if all(p == i - 1 for i, p in enumerate(parents)):
             return Proposal(mx.array(tokens, mx.uint32), None)
         return Proposal(mx.array(tokens, mx.uint32), None, parents=parents)
 
     def commit(self, state, proposal, num_accepted: int, path=None):
-        """Nothing to rewind: accepted tokens reach the index via ``state.seq``."""
+        """Note whether the match's first token was accepted (nothing to rewind:
+        accepted tokens reach the index via ``state.seq``)."""
+        if proposal.size and self.match_len:
+            self.rates.observe(self.match_len, num_accepted > 0)
 
     def caches(self) -> List:
         return []
