@@ -345,3 +345,23 @@ def test_the_store_keeps_each_mtp_layer_bound_to_its_target(worker, checkpoints)
     assert not store.loaded(target, None, "mtp")
     again = worker.call(store.get, target, None, "mtp")
     assert again.model is not first.model and again.draft_model.target is again.model
+
+
+def test_picking_a_method_refreshes_the_status_line_and_keeps_the_chat(checkpoints):
+    from ui.layout import build
+
+    target = str(checkpoints[MTP_TARGET])
+    app = App(target, None, method="lookup")
+    session = _chat_twice(app, target, "lookup")
+    updates = app.on_models(target, "(none)", False, "", "", "lookup", None)
+    assert "MTP layer" not in updates[0]
+    updates = app.on_models(target, "(none)", False, "", "", "mtp", None)
+    assert "MTP layer" in updates[0]
+    assert len(session.turns) == 2 and "and again" in updates[3]
+    # The page calls it when the method dropdown changes.
+    demo = build(app)
+    method = next(b for b in demo.blocks.values() if b.elem_id == "method")
+    handlers = [
+        fn.fn for fn in demo.fns.values() if (method._id, "change") in fn.targets
+    ]
+    assert app.on_models in handlers

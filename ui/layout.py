@@ -35,8 +35,9 @@ METHOD_HELP = {
     "tree": "a tree of draft continuations, verified in one forward",
     "lookup": "drafts copied from n-grams already in the text (no draft model)",
     "self": "the target drafts with a subset of its own layers",
-    "auto": "tries the methods your models allow (draft, tree, lookup; lookup and self "
-    "without a draft) and keeps the fastest, measured round by round",
+    "auto": "copies from the text when lookup finds a good match; otherwise plain "
+    "steps or the methods your models allow (draft, tree; self without a draft), "
+    "whichever is fastest, measured round by round",
     "eagle": "a trained EAGLE head (chosen as the draft model) grows a token tree "
     "from the target's own features",
     "eagle-chain": "a trained EAGLE head (chosen as the draft model) drafts a chain",
@@ -371,7 +372,15 @@ def build(app) -> gr.Blocks:
             system,
             race_prompt,
         ]
-        for trigger in (target.change, draft.change, raw.change, demo.load):
+        # The method picks the drafter too (mtp, auto without a draft), so it
+        # refreshes the model status line; the transcript stays.
+        for trigger in (
+            target.change,
+            draft.change,
+            raw.change,
+            method.change,
+            demo.load,
+        ):
             trigger(
                 app.on_models,
                 [target, draft, raw, prompt, race_prompt, method],
