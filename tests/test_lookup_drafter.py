@@ -80,6 +80,39 @@ def test_no_match_is_a_plain_step_with_no_wasted_verification(load_model, monkey
     assert widths[-10:] == [1] * 10
 
 
+def test_plain_rounds_without_a_match_are_queued_and_stay_exact(load_model):
+    """Without a match a round's target step is queued before the previous
+    sync (no proposal is made for it); the output and the cache after an
+    early close are as in plain decoding."""
+    model, tokenizer = load_model("llama")
+    ids = tokenizer.encode("import os")
+    calls = []
+    propose = LookupDrafter.propose
+
+    def counting(self, state, gamma):
+        calls.append(len(state.seq))
+        return propose(self, state, gamma)
+
+    LookupDrafter.propose = counting
+    try:
+        stats = SpecStats()
+        got = lookup_tokens(model, ids, 12, stats, ngram_min=16, ngram_max=16)
+        cache = make_prompt_cache(model)
+        config = SpecConfig(method="lookup", max_tokens=30, ngram_min=16, ngram_max=16)
+        steps = speculative_generate_step(
+            mx.array(ids), model, config=config, prompt_cache=cache
+        )
+        first = [t for _, (t, _, _) in zip(range(5), steps)]
+        steps.close()  # a queued step is pending
+    finally:
+        LookupDrafter.propose = propose
+    assert got == plain_tokens(model, ids, 12)
+    assert stats.target_forwards == 12 and calls[:1] == [len(ids)]
+    assert len(calls) < 12 / 2  # most rounds were queued, not proposed
+    assert first == got[:5]
+    assert all(c.offset == len(ids) + 5 for c in cache)
+
+
 def test_proposes_nothing_without_a_match():
     drafter = LookupDrafter(ngram_min=1, ngram_max=3)
     assert drafter.propose(state_of([1, 2, 3, 4, 5]), 4).size == 0
