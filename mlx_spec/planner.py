@@ -145,13 +145,15 @@ def make_controller(config: SpecConfig, arm):
     """
     if arm.is_tree:
         # Down to 1 node (a one-token chain): where wide verification costs
-        # more than a weak draft earns, the tree shrinks to what pays.
+        # more than a weak draft earns, the tree shrinks to what pays. It
+        # starts at the arm's ``start_budget`` if set (auto's trees start small).
+        start = getattr(arm, "start_budget", config.tree_budget)
         budgets = {
             b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4
         }
         return AdaptiveController(
-            tree_budgets=sorted(budgets | {config.tree_budget}),
-            init_budget=config.tree_budget,
+            tree_budgets=sorted(budgets | {config.tree_budget, start}),
+            init_budget=start,
         )
     gamma_max = config.max_draft_tokens
     step = getattr(arm, "step_cost", 0.0)

@@ -123,16 +123,18 @@ def test_proposes_nothing_without_a_match():
 def test_a_match_length_that_keeps_failing_is_kept_out_and_probed_again():
     drafter = LookupDrafter(ngram_min=1, ngram_max=3)
     seq = [1, 2, 3, 4, 5, 2]  # "2" matched once: a 1-token match
-    proposed = []
+    sizes = []
     for _ in range(3 * PROBE_EVERY):
         proposal = drafter.propose(state_of(seq), 4)
-        proposed.append(proposal.size > 0)
+        sizes.append(proposal.size)
         drafter.commit(state_of(seq), proposal, 0)  # every first token rejected
-    # The prior lets it try a few times, then only one round in PROBE_EVERY.
-    first_out = proposed.index(False)
-    assert 0 < first_out <= 4
-    later = proposed[first_out:]
-    assert sum(later) == len(later) // PROBE_EVERY
+    # The prior lets it try a few times, each shorter, then only one round in
+    # PROBE_EVERY, with a single token.
+    first_out = sizes.index(0)
+    assert 0 < first_out <= 4 and sizes[0] == 4
+    assert sizes[:first_out] == sorted(sizes[:first_out], reverse=True)
+    later = sizes[first_out:]
+    assert sum(later) == len(later) // PROBE_EVERY and set(later) == {0, 1}
     # A longer match has its own record and is still proposed.
     assert drafter.propose(state_of([1, 2, 3, 4, 5, 2, 3, 4]), 2).tokens.tolist() == [
         5,
