@@ -12,6 +12,9 @@ from .adaptive import AdaptiveController
 from .config import SpecConfig
 from .costs import VERIFY_SLOPE, best_gamma, static_round_cost
 
+# An adaptive tree's first budget; its controller grows it where that pays.
+TREE_START_BUDGET = 4
+
 
 class RoundPlanner:
     """Which drafter (arm) runs each round, and its draft length or tree budget.
@@ -146,8 +149,8 @@ def make_controller(config: SpecConfig, arm):
     if arm.is_tree:
         # Down to 1 node (a one-token chain): where wide verification costs
         # more than a weak draft earns, the tree shrinks to what pays. It
-        # starts at the arm's ``start_budget`` if set (auto's trees start small).
-        start = getattr(arm, "start_budget", config.tree_budget)
+        # starts small, so a weak draft costs little before that is measured.
+        start = min(config.tree_budget, TREE_START_BUDGET)
         budgets = {
             b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4
         }

@@ -180,7 +180,7 @@ def test_auto_sizes_each_arm_with_its_own_controller(load_model, monkeypatch):
     names = {name for name, _, _ in sizes}
     assert {"draft", "tree", "lookup"} <= names
     first_tree = next(size for name, _, size in sizes if name == "tree")
-    assert first_tree == 4  # auto starts its trees small (the default budget is 16)
+    assert first_tree == 4  # adaptive trees start small (the default budget is 16)
     for name, is_tree, size in sizes:
         if name == "tree":
             assert is_tree and size in (1, 2, 4, 8, 16, 24, 32, 48, 64)

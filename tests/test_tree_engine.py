@@ -314,3 +314,18 @@ def test_adaptive_trees_may_shrink_to_one_node():
 
     controller = make_controller(SpecConfig(method="tree"), Dynamic())
     assert controller.tree_budgets[:3] == [1, 2, 4]
+
+
+def test_adaptive_trees_start_small_and_fixed_trees_keep_their_budget(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("def fibonacci(n):")
+    sizes = {}
+    for adaptive in (True, False):
+        stats = SpecStats()
+        got = tree_tokens(model, draft, ids, 24, stats, adaptive=adaptive)
+        assert got == plain(model, ids, 24)
+        sizes[adaptive] = stats.tree_sizes
+    # A weak draft costs little before the controller has measured it.
+    assert sizes[True][0] == 4 and max(sizes[True]) <= 64
+    assert set(sizes[False]) == {16}

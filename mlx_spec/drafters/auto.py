@@ -24,9 +24,6 @@ from .lookup import make_lookup_drafter
 from .model import make_model_drafter
 
 EXPLORE = 0.05
-# A tree arm's first rounds verify this many nodes at most, so a weak draft
-# costs little; its controller grows the tree where that pays.
-TREE_START_BUDGET = 4
 WARMUP_ROUNDS = 1
 EMA = 0.3
 SEED = 0
@@ -48,9 +45,6 @@ class AutoDrafter:
     def __init__(self, arms: Dict[str, object], config, seed: int = SEED):
         self.arms = dict(arms)
         self.lookup = self.arms.get(LOOKUP)
-        for arm in self.arms.values():
-            if arm.is_tree and config is not None:
-                arm.start_budget = min(config.tree_budget, TREE_START_BUDGET)
         # The choices of a round without a match: plain first (it costs nothing extra).
         others = [name for name in self.arms if name != LOOKUP]
         self.choices = ([PLAIN] if self.lookup is not None else []) + others
