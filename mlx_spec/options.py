@@ -26,8 +26,8 @@ GENERAL_FIELDS = (
 )
 OPTION_HELP = {
     "num_draft_tokens": "Draft tokens per round, 1 to 64",
-    "tree_budget": "tree: tree nodes verified per round (adaptive: starts at 4 "
-    "at most, grows up to 4x this where it pays)",
+    "tree_budget": "tree: tree nodes verified per round (adaptive: a drafted tree "
+    "starts at 4 at most and grows up to 4x this where it pays)",
     "tree_top_k": "tree: children per node, 1 to 16",
     "tree_depth": "tree: maximum tree depth",
     "tree_choices": 'tree: a static tree as JSON index paths, e.g. "[[0], [1], [0, 0]]"',

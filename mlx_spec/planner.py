@@ -148,9 +148,13 @@ def make_controller(config: SpecConfig, arm):
     """
     if arm.is_tree:
         # Down to 1 node (a one-token chain): where wide verification costs
-        # more than a weak draft earns, the tree shrinks to what pays. It
-        # starts small, so a weak draft costs little before that is measured.
-        start = min(config.tree_budget, TREE_START_BUDGET)
+        # more than a weak draft earns, the tree shrinks to what pays. A
+        # drafted tree starts small, so a weak draft costs little before that
+        # is measured; lookup's (no draft forward) branches only past its
+        # first candidate, so it starts at the budget.
+        start = config.tree_budget
+        if getattr(arm, "step_cost", 0.0) > 0:
+            start = min(start, TREE_START_BUDGET)
         budgets = {
             b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= config.tree_budget * 4
         }
