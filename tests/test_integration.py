@@ -111,8 +111,9 @@ def test_registered_stream_generate_with_draft_equals_unpatched_greedy(
     registered, pair, references, num_draft_tokens
 ):
     model, tokenizer, draft = pair
-    for prompt in PROMPTS:
-        responses = list(
+
+    def speculate(prompt, **kwargs):
+        return list(
             mlx_lm.stream_generate(
                 model,
                 tokenizer,
@@ -120,8 +121,12 @@ def test_registered_stream_generate_with_draft_equals_unpatched_greedy(
                 max_tokens=MAX_TOKENS,
                 draft_model=draft,
                 num_draft_tokens=num_draft_tokens,
+                **kwargs,
             )
         )
+
+    for prompt in PROMPTS:
+        responses = speculate(prompt)
         assert _tokens(responses) == references[prompt]
         assert all(isinstance(r, GenerationResponse) for r in responses)
         # auto drafts with the model at least in its warm-up round (this
@@ -130,16 +135,7 @@ def test_registered_stream_generate_with_draft_equals_unpatched_greedy(
         assert responses[-1].stats.auto_rounds["draft"] >= 1
         assert responses[-1].finish_reason == "length"
         assert responses[-1].stats.method == DEFAULT_METHOD
-        chain = mlx_lm.stream_generate(
-            model,
-            tokenizer,
-            prompt,
-            max_tokens=MAX_TOKENS,
-            draft_model=draft,
-            num_draft_tokens=num_draft_tokens,
-            speculative="draft",
-        )
-        chain = list(chain)
+        chain = speculate(prompt, speculative="draft")
         assert _tokens(chain) == references[prompt]
         assert any(r.from_draft for r in chain)
 

@@ -172,19 +172,17 @@ class LookupDrafter:
         """
         self._catch_up(state.seq)
         self.match_len = 0
-        verdict, self.verdict = self.verdict, None
         if gamma < 1:
+            self.verdict = None
+            return Proposal(mx.array([], mx.uint32), None)
+        worthy = self.will_draft(state.seq)
+        self.verdict = None  # used up by this round
+        if not worthy:
             return Proposal(mx.array([], mx.uint32), None)
         # A chain takes the engine's draft length; a tree's branches are capped.
         max_len = min(self.max_len if self.is_tree else MAX_LEN_LIMIT, gamma)
         cands = self.index.propose(max_len=max_len, max_candidates=self.max_candidates)
         n = self.index.last_match_len
-        if verdict is not None and verdict[0] == len(state.seq):
-            worthy = verdict[1]
-        else:
-            worthy = bool(cands) and self.rates.worth_proposing(n)
-        if not worthy:
-            return Proposal(mx.array([], mx.uint32), None)
         self.match_len = n
         # An uncertain match (few tries, or probed after failing) drafts less.
         max_len = min(max_len, self.rates.worth_length(n))
