@@ -45,7 +45,8 @@ class RoundPlanner:
             return None
         key = getattr(arm, "name", "drafter")
         if key not in self.controllers:
-            self.controllers[key] = make_controller(self.config, arm)
+            alone = arm is self.drafter
+            self.controllers[key] = make_controller(self.config, arm, alone=alone)
         return self.controllers[key]
 
     def plan(self, seq=None) -> Tuple[bool, int]:
@@ -134,7 +135,7 @@ class RoundPlanner:
             controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
 
 
-def make_controller(config: SpecConfig, arm):
+def make_controller(config: SpecConfig, arm, alone: bool = True):
     """A controller for one arm, starting from the arm's own cost and acceptance.
 
     A chain round's cost grows by a draft step plus a verified token per γ
@@ -164,8 +165,10 @@ def make_controller(config: SpecConfig, arm):
         )
     gamma_max = config.max_draft_tokens
     step = getattr(arm, "step_cost", 0.0)
-    # γ 0 (plain rounds) only for arms that can pause without a catch-up cost.
-    gamma_min = 0 if hasattr(arm, "drafts_nothing") else 1
+    pauses = getattr(arm, "drafts_nothing", None) is not None
+    if getattr(arm, "catches_up", False) and not alone:
+        pauses = False
+    gamma_min = 0 if pauses else 1
     options = dict(
         gamma_min=gamma_min, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step
     )

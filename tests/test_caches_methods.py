@@ -282,3 +282,58 @@ def test_queued_plain_rounds_stay_exact_and_keep_no_growing_journal(
         longest = max([longest] + [len(getattr(j, "calls", [])) for j in journals])
     assert got == _plain(model, ids, 32)
     assert longest <= 2
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_next", "gemma3"])
+def test_an_adaptive_draft_pauses_for_plain_rounds_and_catches_up(
+    load_model, monkeypatch, family
+):
+    """γ 0 rounds of ``--speculative draft`` are plain steps, queued before the
+    last sync; the next drafting round first feeds the draft what it missed.
+    The output equals plain decoding's and both caches hold exactly the text,
+    after a whole call and after an early close."""
+    from mlx_spec.adaptive import AdaptiveController
+    from mlx_spec.planner import RoundPlanner
+
+    model, draft, tokenizer = _models(load_model, family, "draft")
+    gammas = itertools.cycle([0, 0, 3, 0, 2, 0, 0, 0, 1])
+    monkeypatch.setattr(AdaptiveController, "choose", lambda self: next(gammas))
+    queued = []
+    queues = RoundPlanner.queues_plain_round
+    monkeypatch.setattr(
+        RoundPlanner,
+        "queues_plain_round",
+        lambda self, seq: queued.append(queues(self, seq)) or queued[-1],
+    )
+    split = num_caches(model)
+    for stop in (None, 9):
+        cache = make_prompt_cache(model) + make_prompt_cache(draft)
+        ids = tokenizer.encode(PROMPTS[0])
+        stats = SpecStats()
+        config = SpecConfig(method="draft", num_draft_tokens=3, max_tokens=24)
+        events = speculative_events(
+            mx.array(ids), model, draft, config=config, stats=stats, prompt_cache=cache
+        )
+        got = []
+        for event in events:
+            got.append(event.token)
+            if len(got) == stop:
+                break
+        events.close()
+        assert got == _plain(model, ids, len(got))
+        assert stats.rounds > len(stats.drafted_per_round) > 0  # plain rounds too
+        assert_cache_holds(model, cache[:split], ids + got)
+        assert_cache_holds(draft, cache[split:], ids + got)
+    assert any(queued)
+
+
+def test_under_auto_a_draft_arm_keeps_drafting_and_alone_it_may_pause():
+    from types import SimpleNamespace
+
+    from mlx_spec.drafters.model import ModelDrafter
+    from mlx_spec.planner import make_controller
+
+    config = SpecConfig(method="draft", num_draft_tokens=4)
+    arm = ModelDrafter(SimpleNamespace(), vocab_size=8, step_cost=0.1)
+    assert make_controller(config, arm).gamma_min == 0
+    assert make_controller(config, arm, alone=False).gamma_min == 1

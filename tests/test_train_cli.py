@@ -79,6 +79,8 @@ def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
         (["--layers", "7"], "draft layers [7]"),
         (["--sampled-share", "2"], "--sampled-share"),
         (["--prompts", "nope.jsonl"], "does not exist"),
+        (["--init-from", "nope"], "--init-from directory 'nope' does not exist"),
+        (["--self-instruct", "-1"], "--self-instruct must be at least 0"),
     ],
 )
 def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, message):

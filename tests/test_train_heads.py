@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -141,6 +142,39 @@ def test_training_raises_held_out_acceptance_and_resumes(tiny, sequences, tmp_pa
     ]
     assert out == _greedy(tiny, prompt, 30)
     assert stats.tokens_per_target_forward > 1.5
+
+
+def test_a_head_warm_starts_from_a_trained_one_of_its_kind(tiny, sequences, tmp_path):
+    config = HeadTrainConfig(
+        kind="eagle", steps=20, batch_size=8, window=40, lr=1e-2, draft_vocab=0
+    )
+    data = teacher_data(tiny, sequences, [5] * len(sequences))
+    train_head(tiny, data, config, tmp_path / "eagle", progress=False)
+    # Another draft vocabulary: the rows are the target's, so the head still fits.
+    warm = HeadTrainer(
+        tiny,
+        data,
+        HeadTrainConfig(
+            **{
+                **config.__dict__,
+                "draft_vocab": 40,
+                "init_from": str(tmp_path / "eagle"),
+            }
+        ),
+    )
+    saved = dict(tree_flatten(load_head(tmp_path / "eagle", tiny).module.parameters()))
+    for name, value in tree_flatten(warm.head.parameters()):
+        assert mx.allclose(value, saved[name].astype(mx.float32)).item(), name
+    cold = HeadTrainer(
+        tiny, data, HeadTrainConfig(**{**config.__dict__, "draft_vocab": 40})
+    )
+    assert warm.evaluate()["tokens_per_round"] > cold.evaluate()["tokens_per_round"]
+    medusa = HeadTrainConfig(kind="medusa", init_from=str(tmp_path / "eagle"))
+    with pytest.raises(
+        ValueError, match="holds no medusa head \\(found: eagle\\)"
+    ) as e:
+        HeadTrainer(tiny, data, medusa)
+    assert "\n" not in str(e.value)
 
 
 def test_head_command_caches_the_teacher_pass_by_chunk(

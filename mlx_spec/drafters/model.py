@@ -6,7 +6,7 @@ import mlx.core as mx
 
 from ..costs import DRAFT_LATENCY, model_step_cost
 from ..models import CachedModel, cache_offset
-from .base import Proposal, RoundState, align_vocab, confident
+from .base import Proposal, RoundState, align_vocab, confident, empty_proposal
 
 
 class ModelDrafter:
@@ -19,6 +19,9 @@ class ModelDrafter:
 
     name = "draft"
     note = None  # set when a tree request falls back to this chain drafter
+    # After plain rounds the draft catches up on the tokens it missed, in the
+    # first forward of its next round.
+    catches_up = True
 
     def __init__(
         self,
@@ -39,7 +42,13 @@ class ModelDrafter:
         """Tokens of ``seq`` the draft cache has not seen yet (1 or 2)."""
         return state.seq[self.draft.offset - state.base :]
 
+    def drafts_nothing(self, gamma: int, seq_len: int) -> bool:
+        """A γ-0 round is a plain step, whatever the context (see :meth:`propose`)."""
+        return gamma < 1
+
     def propose(self, state: RoundState, gamma: int) -> Proposal:
+        if gamma < 1:
+            return empty_proposal()  # a plain round: the draft cache waits
         self.draft.mark()  # commit may rewind back to here
         inputs = mx.array(self.pending(state), mx.uint32)
         tokens, laws = [], []

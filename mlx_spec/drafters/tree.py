@@ -162,6 +162,9 @@ class TreeDrafter(ModelDrafter):
 
     name = "tree"
     is_tree = True
+    # Every round drafts: a tree's size is a budget, and the heads built on
+    # this class read the target's features of each round.
+    drafts_nothing = None
 
     def __init__(
         self,

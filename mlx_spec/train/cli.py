@@ -51,6 +51,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--prompts", help="JSON-lines prompt file (default: built-in prompts)."
     )
     g.add_argument(
+        "--self-instruct",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Also N requests written by the target itself from its chat template's "
+        "empty user turn (varied prompts without a dataset; kept in OUT/data).",
+    )
+    g.add_argument(
         "--num-prompts",
         type=int,
         default=DEFAULT_NUM_PROMPTS,
@@ -138,6 +146,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help=f"Steps between held-out evaluations and checkpoints "
         f"(default: {D.DEFAULT_EVAL_EVERY}).",
     )
+    g.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="Start from this trained drafter of the same kind and shape (a draft: "
+        "the same --layers count; its shared vocabulary rows are kept).",
+    )
     g.add_argument("--seed", type=int, default=0, help="Seed of data and order.")
     g.add_argument(
         "--no-compile", action="store_true", help="Do not mx.compile the step."
@@ -198,6 +212,10 @@ def _check_args(args):
         raise ValueError("--soft-weight must be between 0 and 1.")
     if args.prompt_weight < 0:
         raise ValueError("--prompt-weight must be at least 0.")
+    if args.self_instruct < 0:
+        raise ValueError("--self-instruct must be at least 0.")
+    if args.init_from and not Path(args.init_from).is_dir():
+        raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
 
@@ -259,6 +277,21 @@ def run(args, argv: List[str]) -> int:
     progress = not args.no_progress
     timing: Dict[str, Dict] = {}
     train_prompts, heldout_prompts = choose_prompts(args)
+    if args.self_instruct:
+        from .self_instruct import self_instruct_prompts
+
+        # After the other prompts, so their completions already made are kept.
+        own_train, own_heldout = self_instruct_prompts(
+            model,
+            tokenizer,
+            args.self_instruct,
+            data_dir / "self-instruct.jsonl",
+            seed=args.seed,
+            progress=progress,
+            log=_log,
+        )
+        train_prompts += own_train
+        heldout_prompts += own_heldout
     if not train_prompts or not heldout_prompts:
         raise ValueError("need at least one training and one held-out prompt.")
     _log(
@@ -315,6 +348,7 @@ def run(args, argv: List[str]) -> int:
         "max_tokens": args.max_tokens,
         "top_k": args.top_k,
         "prompt_file": os.path.basename(args.prompts) if args.prompts else None,
+        "self_instruct": args.self_instruct,
     }
     if args.data_only:
         return 0
@@ -347,6 +381,7 @@ def run(args, argv: List[str]) -> int:
         checkpoint_every=args.eval_every,
         seed=args.seed,
         compile=not args.no_compile,
+        init_from=args.init_from or "",
     )
     tic, cpu = time.perf_counter(), _cpu_seconds()
     extra = {

@@ -37,6 +37,7 @@ from ..drafters.distilled import (
     build_draft,
     draft_vocabulary,
     drafter_config,
+    load_draft,
     save_draft,
 )
 from .completions import Completions
@@ -79,6 +80,8 @@ class DraftTrainConfig:
         checkpoint_every: Steps between checkpoints.
         seed: Seed of the data order.
         compile: ``mx.compile`` the training step.
+        init_from: A trained draft directory to start from instead of the
+          target's layers (same layer count; shared vocabulary rows copied).
     """
 
     steps: int = DEFAULT_STEPS
@@ -94,6 +97,7 @@ class DraftTrainConfig:
     checkpoint_every: int = DEFAULT_EVAL_EVERY
     seed: int = 0
     compile: bool = True
+    init_from: str = ""
 
 
 # Options a resumed run must share with its checkpoint.
@@ -142,6 +146,40 @@ class Batch:
     def arrays(self):
         names = ("tokens", "rows", "soft_ids", "soft_p", "hard", "weight", "completion")
         return tuple(mx.array(getattr(self, n)) for n in names)
+
+
+def warm_start(draft: DistilledDraft, trained: DistilledDraft):
+    """Copy a trained draft's layers, norm and shared output rows into ``draft``.
+
+    Rows of tokens that only ``draft``'s vocabulary holds keep their
+    initialisation (the target's output rows).
+
+    Raises:
+        ValueError: The two drafts have different layer counts.
+    """
+    if len(trained.layers) != len(draft.layers):
+        raise ValueError(
+            f"--init-from holds a draft of {len(trained.layers)} layers; this one has "
+            f"{len(draft.layers)} (pass the same --layers count)."
+        )
+    body = {
+        k: v.astype(mx.float32)
+        for k, v in trained.trainable_state().items()
+        if not k.startswith("lm_head.")
+    }
+    draft.load_weights(list(body.items()), strict=False)
+    new_ids = np.array(draft.lm_head.token_ids)
+    old_ids = np.array(trained.lm_head.token_ids)
+    row_of_old = {int(t): i for i, t in enumerate(old_ids)}
+    shared = [
+        (i, row_of_old[int(t)]) for i, t in enumerate(new_ids) if int(t) in row_of_old
+    ]
+    if shared:
+        new_rows, old_rows = (mx.array(list(c)) for c in zip(*shared))
+        weight = draft.lm_head.weight
+        weight[new_rows] = trained.lm_head.weight[old_rows].astype(weight.dtype)
+        draft.lm_head.weight = weight
+    mx.eval(draft.trainable_state())
 
 
 def plan_batches(
@@ -365,6 +403,8 @@ class DraftTrainer:
         self.to_draft = np.full(vocab_size, -1, np.int32)
         self.to_draft[ids] = np.arange(len(ids), dtype=np.int32)
         self.draft = build_draft(target, self.token_ids, config.layers)
+        if config.init_from:
+            warm_start(self.draft, load_draft(config.init_from, target))
         self.batches = plan_batches(
             [len(t) for t in train.tokens], config.batch_tokens, config.max_length
         )

@@ -127,6 +127,7 @@ def head_config(args, kind: str) -> HeadTrainConfig:
         feature_layers=layers,
         train_steps=int(_arg(args, "train_steps", 3)),
         num_heads=int(_arg(args, "num_heads", 4)),
+        init_from=_arg(args, "init_from", "") or "",
     )
     checks = [
         (config.steps >= 1, "steps", "an integer >= 1"),

@@ -27,7 +27,11 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..drafters.heads import build_head, head_args, save_head
+from ..drafters.heads import (
+    HEAD_KEY,
+)
+from ..drafters.heads import WEIGHTS_FILE as HEAD_WEIGHTS
+from ..drafters.heads import build_head, head_args, read_head_config, save_head
 from ..features import embed, feature_owner, output_layer
 from ..fingerprint import model_fingerprint
 from . import eagle as eagle_train
@@ -67,6 +71,9 @@ class HeadTrainConfig:
         feature_weight: EAGLE: weight of the feature regression.
         num_heads: Medusa: heads (tokens predicted ahead).
         tree_size: Medusa: nodes of the calibrated static tree.
+        init_from: A trained head directory of the same kind and shape to
+          start from (its draft vocabulary may differ: the rows are the
+          target's frozen output rows).
     """
 
     kind: str = "eagle"
@@ -84,6 +91,7 @@ class HeadTrainConfig:
     feature_weight: float = eagle_train.DEFAULT_FEATURE_WEIGHT
     num_heads: int = 4
     tree_size: int = MEDUSA_TREE_SIZE
+    init_from: str = ""
 
 
 def output_weight(model: nn.Module, ids: Optional[np.ndarray]) -> mx.array:
@@ -101,6 +109,32 @@ def output_weight(model: nn.Module, ids: Optional[np.ndarray]) -> mx.array:
     weight = weight.astype(mx.float32)
     mx.eval(weight)
     return weight
+
+
+def warm_start_head(head: nn.Module, kind: str, path):
+    """Load a trained head's weights from ``path`` into ``head`` (float32).
+
+    Raises:
+        ValueError: ``path`` holds another kind of head or another shape.
+    """
+    config = read_head_config(path)
+    found = None if config is None else config[HEAD_KEY].get("kind")
+    if found != kind:
+        raise ValueError(
+            f"--init-from '{path}' holds no {kind} head (found: {found or 'none'}); "
+            f"pass a trained {kind} head directory."
+        )
+    weights = mx.load(str(Path(path) / HEAD_WEIGHTS))
+    weights.pop("draft_vocab", None)
+    mine = dict(tree_flatten(head.parameters()))
+    if {k: v.shape for k, v in weights.items()} != {
+        k: v.shape for k, v in mine.items()
+    }:
+        raise ValueError(
+            f"the {kind} head in '{path}' has another shape than this one "
+            "(pass the same --feature-layers / --num-heads)."
+        )
+    head.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()])
 
 
 def split_heldout(n: int, heldout: int, seed: int):
@@ -144,6 +178,8 @@ class HeadTrainer:
         else:
             options["num_heads"] = config.num_heads
         self.head = build_head(config.kind, head_args(config.kind, model, **options))
+        if config.init_from:
+            warm_start_head(self.head, config.kind, config.init_from)
         mx.eval(self.head.parameters())
         self.embed_fn = lambda tokens: mx.stop_gradient(embed(model, tokens))
         self.schedule = optim.join_schedules(
