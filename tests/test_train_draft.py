@@ -34,7 +34,7 @@ def data(target, tmp_path_factory):
     prompts = mixed_prompts(8, "heldout", seed=0, shares=CHAT_ONLY)
     options = dict(max_tokens=16, shard_size=4, progress=False)
     train = C.build_completions(
-        model, tokenizer, prompts[:6], folder, "train", with_prompt_laws=True, **options
+        model, tokenizer, prompts[:6], folder, "train", **options
     )
     heldout = C.build_completions(
         model, tokenizer, prompts[6:], folder, "heldout", sampled_share=0.0, **options
@@ -94,6 +94,31 @@ def test_prompt_laws_are_the_targets_laws_over_the_prompt(target, data):
         assert (
             train.prompt_ids[i][:, 0] == best
         ).mean() > 0.99  # float near-ties aside
+
+
+def test_generation_keeps_the_features_and_laws_of_a_teacher_forced_forward(
+    target, data
+):
+    """Every position, prompt and completion: features and top-K laws equal a full forward's."""
+    from mlx_spec.features import FeatureCapture
+
+    model, _ = target
+    train = data[0]
+    assert train.feature_layers == (-1,)
+    for i in (0, 2):  # a greedy and a sampled completion
+        tokens = train.tokens[i]
+        capture = FeatureCapture(model)
+        with capture.capturing():
+            logits = model(mx.array(tokens[None]))[0]
+        feats = np.array(capture.take())
+        assert train.features[i].shape == feats.shape
+        assert np.allclose(train.features[i], feats, atol=2e-2)
+        logp = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        assert train.law_ids[i].shape == (len(tokens), C.DEFAULT_TOP_K)
+        top = np.argsort(-logp, axis=-1)[:, : C.DEFAULT_TOP_K]
+        assert (train.law_ids[i][:, 0] == top[:, 0]).mean() > 0.99
+        kept = np.take_along_axis(logp, train.law_ids[i].astype(np.int64), axis=-1)
+        assert np.allclose(train.law_logp[i].astype(np.float32), kept, atol=2e-2)
 
 
 def test_completions_resume_only_missing_shards(target, data, monkeypatch):
@@ -183,6 +208,32 @@ def test_training_steps_reduce_the_loss(target, data):
     after = trainer.evaluate()
     assert after["heldout_loss"] < 0.7 * before, (before, after["heldout_loss"])
     assert after["alpha"] > trainer.evals[0]["alpha"]
+
+
+def test_feature_regression_pulls_the_drafts_hidden_state_to_the_targets(target, data):
+    model, tokenizer = target
+    train = data[0]
+
+    def distance(trainer):
+        batch = D.make_batch(
+            train, list(range(len(train))), trainer.to_draft, 768, features=True
+        )
+        h = D.supervised_hidden(
+            trainer.draft, mx.array(batch.tokens), mx.array(batch.rows)
+        )
+        real = int(batch.completion.sum())
+        return float(mx.abs(h[:real] - mx.array(batch.features[:real])).mean())
+
+    runs = {}
+    for weight in (0.0, 10.0):
+        trainer = D.DraftTrainer(
+            model, tokenizer, train, train, _config(feature_weight=weight)
+        )
+        before = distance(trainer)
+        for _ in range(12):
+            trainer.train_step()
+        runs[weight] = distance(trainer)
+    assert runs[10.0] < 0.8 * runs[0.0], (before, runs)
 
 
 def test_resume_continues_from_the_checkpoint_step(target, data, tmp_path):
@@ -282,7 +333,8 @@ def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(
     config = json.loads((trained / "config.json").read_text())
     assert config["mlx_spec_head"]["kind"] == "draft"
     assert config["draft"]["draft_vocab_size"] == 200
-    prompt = C.encode_prompt(tokenizer, data[2][7])
+    # A greedy training prompt: the draft has fit its answer, so drafts get accepted.
+    prompt = C.encode_prompt(tokenizer, data[2][0])
     plain = [
         r.token
         for r in stream_generate(

@@ -83,6 +83,19 @@ class VocabHead(nn.Module):
         return mx.take(mx.concatenate([small, pad], axis=-1), self._inverse, axis=-1)
 
 
+class _CastOutput:
+    """A module whose outputs are cast to ``dtype``; everything else delegates."""
+
+    def __init__(self, module, dtype):
+        self.module, self.dtype = module, dtype
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs).astype(self.dtype)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
 class DistilledDraft(nn.Module):
     """A few target-architecture layers on the target's embedding, with a :class:`VocabHead`.
 
@@ -113,9 +126,19 @@ class DistilledDraft(nn.Module):
             return self._make_cache()
         return [KVCache() for _ in self.layers]
 
-    def hidden(self, inputs: mx.array, cache=None) -> mx.array:
-        """Final normalised hidden states ``(B, L, H)``."""
-        return self.model(inputs, cache)
+    def hidden(self, inputs: mx.array, cache=None, dtype=None) -> mx.array:
+        """Final normalised hidden states ``(B, L, H)``.
+
+        ``dtype``: cast the embeddings read to it (training in lower precision).
+        """
+        if dtype is None:
+            return self.model(inputs, cache)
+        embedding = self.model.embed_tokens
+        self.model.embed_tokens = _CastOutput(embedding, dtype)
+        try:
+            return self.model(inputs, cache)
+        finally:
+            self.model.embed_tokens = embedding
 
     def __call__(self, inputs: mx.array, cache=None) -> mx.array:
         return self.lm_head(self.hidden(inputs, cache))

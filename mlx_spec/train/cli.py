@@ -28,6 +28,8 @@ from typing import Dict, List, Optional
 
 from . import completions as C
 from . import draft as D
+from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
+from .precision import PRECISIONS
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
 
 KINDS = ("draft", "eagle", "medusa")
@@ -91,6 +93,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help=f"Sequences generated together (default: {C.DEFAULT_BATCH_SIZE}).",
     )
     g.add_argument(
+        "--data",
+        metavar="DIR",
+        help="Where the completions are kept (default: OUT/data); drafters of "
+        "several kinds can share one folder.",
+    )
+    g.add_argument(
         "--data-only",
         action="store_true",
         help="Make (or extend) the completions in OUT/data, then stop.",
@@ -135,9 +143,16 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--prompt-weight",
         type=float,
         default=D.DEFAULT_PROMPT_WEIGHT,
-        help="Draft: weight of the target's laws over prompt tokens (one extra "
-        "teacher-forced pass over the prompts); 0 skips them "
-        f"(default: {D.DEFAULT_PROMPT_WEIGHT}).",
+        help="Weight of positions whose next token is a prompt token (the "
+        "target's laws there are kept too), relative to completion tokens; "
+        f"0 skips them (default: {D.DEFAULT_PROMPT_WEIGHT}).",
+    )
+    g.add_argument(
+        "--feature-weight",
+        type=float,
+        help="Weight of the regression of the drafter's hidden state on the "
+        f"target's final one (draft: {D.DEFAULT_FEATURE_WEIGHT}; eagle: "
+        f"{DEFAULT_EAGLE_FEATURE_WEIGHT}).",
     )
     g.add_argument(
         "--eval-every",
@@ -151,6 +166,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="Start from this trained drafter of the same kind and shape (a draft: "
         "the same --layers count; its shared vocabulary rows are kept).",
+    )
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="Compute dtype of training (weights stay float32); auto: bfloat16 "
+        "on Apple silicon, float32 on a CPU (default: auto).",
     )
     g.add_argument("--seed", type=int, default=0, help="Seed of data and order.")
     g.add_argument(
@@ -212,6 +234,8 @@ def _check_args(args):
         raise ValueError("--soft-weight must be between 0 and 1.")
     if args.prompt_weight < 0:
         raise ValueError("--prompt-weight must be at least 0.")
+    if args.feature_weight is not None and args.feature_weight < 0:
+        raise ValueError("--feature-weight must be at least 0.")
     if args.self_instruct < 0:
         raise ValueError("--self-instruct must be at least 0.")
     if args.init_from and not Path(args.init_from).is_dir():
@@ -273,7 +297,7 @@ def run(args, argv: List[str]) -> int:
             "(negative counts from the end)."
         )
     out = Path(args.out)
-    data_dir = out / "data"
+    data_dir = Path(args.data) if args.data else out / "data"
     progress = not args.no_progress
     timing: Dict[str, Dict] = {}
     train_prompts, heldout_prompts = choose_prompts(args)
@@ -308,6 +332,7 @@ def run(args, argv: List[str]) -> int:
         batch_size=args.gen_batch,
         seed=args.seed,
         target=model_fingerprint(model),
+        features=args.kind != "draft" or bool(args.feature_weight),
         progress=progress,
         log=_log,
     )
@@ -320,15 +345,8 @@ def run(args, argv: List[str]) -> int:
         "heldout",
         **{**common, "sampled_share": 0.0},
     )
-    laws = args.kind == "draft" and args.prompt_weight > 0
     train = C.build_completions(
-        model,
-        tokenizer,
-        train_prompts,
-        data_dir,
-        "train",
-        with_prompt_laws=laws,
-        **common,
+        model, tokenizer, train_prompts, data_dir, "train", **common
     )
     timing["data"] = _stage(tic, cpu)
     _log(
@@ -377,6 +395,8 @@ def run(args, argv: List[str]) -> int:
         layers=layers,
         soft_weight=args.soft_weight,
         prompt_weight=args.prompt_weight,
+        feature_weight=_or(args.feature_weight, D.DEFAULT_FEATURE_WEIGHT),
+        precision=args.precision,
         eval_every=args.eval_every,
         checkpoint_every=args.eval_every,
         seed=args.seed,

@@ -1,10 +1,21 @@
 """The target's own completions of training prompts: self-distillation data.
 
-The target answers each prompt (through its chat template) with mlx-lm's
-``BatchGenerator``, greedily or sampled at a temperature, and at every
-completion token we keep its top ``K`` next-token law (ids and
-log-probabilities at temperature 1, best first). The tokens are what greedy
-acceptance measures; the laws are the soft labels of distillation.
+The target answers each prompt (through its chat template), greedily or
+sampled at a temperature, in batches. At every position of every sequence,
+prompt and completion alike, we keep what a drafter learns from:
+
+- the target's top ``K`` law of the next token (ids and log-probabilities at
+  temperature 1, best first): the soft labels of distillation;
+- the target's features there (:mod:`mlx_spec.features`, by default the
+  final hidden state), stored as float16: what draft heads read.
+
+Both come from the forwards that generate the text, so no second pass of
+the target is needed. The loop is mlx-lm's batched decoding taken apart:
+each prompt is prefilled alone in its own ``make_prompt_cache`` (exact laws
+and features without padding), the caches are joined with their own
+``merge`` into one batch cache, rows that finish leave it with ``filter``,
+and each row samples at its own temperature. mlx-lm's ``BatchGenerator``
+returns neither hidden states nor prompt logits, so it is not used here.
 
 On disk the data is a folder of shards (``<name>-00000.npz``, ...) and a
 manifest (``<name>.json``) of the settings and the target. A shard is
@@ -13,11 +24,6 @@ it was made from, so an interrupted run continues where it stopped and a
 longer prompt list (see :func:`mlx_spec.train.prompts.mixed_prompts`) only
 adds shards; a manifest that disagrees with the requested settings is
 refused rather than mixed.
-
-Later kinds of drafter (draft heads) add what they need to these sequences,
-e.g. the target's hidden states from one teacher-forced forward
-(:func:`mlx_spec.train.head_data.teacher_data` takes ``tokens`` and
-``starts`` as they are here).
 """
 
 import hashlib
@@ -30,21 +36,24 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import mlx.core as mx
 import numpy as np
 
+from ..features import FINAL, FeatureCapture, maybe_capturing
 from .prompts import Prompt
 
 DEFAULT_TOP_K = 8
 DEFAULT_MAX_TOKENS = 160
 DEFAULT_BATCH_SIZE = 64
-DEFAULT_SHARD_SIZE = 64
+DEFAULT_SHARD_SIZE = 256
 DEFAULT_SAMPLED_SHARE = 0.25
 DEFAULT_SAMPLED_TEMP = 0.7
+DEFAULT_FEATURE_LAYERS = (FINAL,)
+PREFILL_STEP = 512
 MANIFEST_FORMAT = "mlx-spec-completions"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 
 @dataclass
 class Completions:
-    """Sequences the target wrote, with its laws (numpy, host memory).
+    """Sequences the target wrote, with its laws and features (numpy, host memory).
 
     Attributes:
         tokens: ``(T_i,)`` int32: the prompt (chat template applied), then
@@ -52,25 +61,26 @@ class Completions:
         starts: Index of each sequence's first completion token.
         temps: Sampling temperature of each completion (``0`` = greedy).
         prompt_sets: The prompt set of each sequence.
-        teacher_ids: ``(T_i - start_i, K)`` int32: row ``j`` holds the top-K
-          of the target's law over completion token ``j``, best first.
-        teacher_logp: ``(T_i - start_i, K)`` float16 their log-probabilities.
+        law_ids: ``(T_i, K)`` int32: row ``t`` holds the top-K of the
+          target's law over token ``t + 1``, best first (the last row is the
+          law after the sequence).
+        law_logp: ``(T_i, K)`` float16 their log-probabilities.
+        features: ``(T_i, F)`` float16 target features at each position, or
+          ``None`` if not kept.
+        feature_layers: The feature layers of ``features`` (see
+          :mod:`mlx_spec.features`).
         seconds: Wall time spent generating them (summed over shards).
-        prompt_ids: Optional ``(start_i - 1, K)`` int32: row ``p`` holds the
-          top-K of the target's law over prompt token ``p + 1`` (from one
-          teacher-forced forward, :func:`add_prompt_laws`); ``None`` if absent.
-        prompt_logp: Optional ``(start_i - 1, K)`` float16 their log-probabilities.
     """
 
     tokens: List[np.ndarray] = field(default_factory=list)
     starts: List[int] = field(default_factory=list)
     temps: List[float] = field(default_factory=list)
     prompt_sets: List[str] = field(default_factory=list)
-    teacher_ids: List[np.ndarray] = field(default_factory=list)
-    teacher_logp: List[np.ndarray] = field(default_factory=list)
+    law_ids: List[np.ndarray] = field(default_factory=list)
+    law_logp: List[np.ndarray] = field(default_factory=list)
+    features: Optional[List[np.ndarray]] = None
+    feature_layers: Tuple[int, ...] = ()
     seconds: float = 0.0
-    prompt_ids: Optional[List[np.ndarray]] = None
-    prompt_logp: Optional[List[np.ndarray]] = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -83,22 +93,47 @@ class Completions:
     def prompt_tokens(self) -> int:
         return int(sum(self.starts))
 
+    # Views by part: the laws over completion tokens, and over prompt tokens.
+    @property
+    def teacher_ids(self) -> List[np.ndarray]:
+        """``(T_i - start_i, K)``: row ``j`` is the law over completion token ``j``."""
+        return [ids[s - 1 : len(t) - 1] for ids, s, t in self._rows(self.law_ids)]
+
+    @property
+    def teacher_logp(self) -> List[np.ndarray]:
+        return [lp[s - 1 : len(t) - 1] for lp, s, t in self._rows(self.law_logp)]
+
+    @property
+    def prompt_ids(self) -> List[np.ndarray]:
+        """``(start_i - 1, K)``: row ``p`` is the law over prompt token ``p + 1``."""
+        return [ids[: s - 1] for ids, s, _ in self._rows(self.law_ids)]
+
+    @property
+    def prompt_logp(self) -> List[np.ndarray]:
+        return [lp[: s - 1] for lp, s, _ in self._rows(self.law_logp)]
+
+    def _rows(self, laws):
+        return zip(laws, self.starts, self.tokens)
+
     def extend(self, other: "Completions"):
-        has_laws = self.prompt_ids is not None or not self.tokens
+        first = not self.tokens
+        has_features = first or self.features is not None
+        same = first or self.feature_layers == other.feature_layers
         for name in _LISTS:
             getattr(self, name).extend(getattr(other, name))
         self.seconds += other.seconds
-        if has_laws and other.prompt_ids is not None:
-            self.prompt_ids = (self.prompt_ids or []) + list(other.prompt_ids)
-            self.prompt_logp = (self.prompt_logp or []) + list(other.prompt_logp)
+        if has_features and same and other.features is not None:
+            self.features = (self.features or []) + list(other.features)
+            self.feature_layers = other.feature_layers
         else:
-            self.prompt_ids = self.prompt_logp = None
+            self.features = None
+            self.feature_layers = ()
 
     def subset(self, index: Sequence[int]) -> "Completions":
         lists = {name: [getattr(self, name)[i] for i in index] for name in _LISTS}
-        if self.prompt_ids is not None:
-            lists["prompt_ids"] = [self.prompt_ids[i] for i in index]
-            lists["prompt_logp"] = [self.prompt_logp[i] for i in index]
+        if self.features is not None:
+            lists["features"] = [self.features[i] for i in index]
+            lists["feature_layers"] = self.feature_layers
         return Completions(**lists)
 
     def save(self, path, digest: str = ""):
@@ -106,49 +141,48 @@ class Completions:
 
         ``digest`` names what the shard was made from (see :func:`shard_digest`).
         """
-        lengths = np.array([len(t) for t in self.tokens], np.int64)
+        extra = {}
+        if self.features is not None:
+            extra["features"] = np.concatenate(self.features).astype(np.float16)
+            extra["feature_layers"] = np.array(self.feature_layers, np.int64)
         np.savez(
             path,
-            lengths=lengths,
+            lengths=np.array([len(t) for t in self.tokens], np.int64),
             starts=np.array(self.starts, np.int64),
             temps=np.array(self.temps, np.float32),
             prompt_sets=np.array(self.prompt_sets, dtype=np.str_),
             tokens=np.concatenate(self.tokens).astype(np.int32),
-            teacher_ids=np.concatenate(self.teacher_ids).astype(np.int32),
-            teacher_logp=np.concatenate(self.teacher_logp).astype(np.float16),
+            law_ids=np.concatenate(self.law_ids).astype(np.int32),
+            law_logp=np.concatenate(self.law_logp).astype(np.float16),
             seconds=np.float64(self.seconds),
             digest=np.array(digest),
+            **extra,
         )
 
     @classmethod
-    def load(cls, path) -> "Completions":
-        """A shard, with its prompt laws if a matching ``.laws.npz`` is beside it."""
-        data = np.load(path)
-        lengths = data["lengths"]
-        starts = data["starts"]
-        rows = lengths - starts
-        tokens = np.split(data["tokens"], np.cumsum(lengths)[:-1])
-        cuts = np.cumsum(rows)[:-1]
-        out = cls(
-            tokens,
-            [int(s) for s in starts],
-            [round(float(t), 6) for t in data["temps"]],
-            [str(s) for s in data["prompt_sets"]],
-            np.split(data["teacher_ids"], cuts),
-            np.split(data["teacher_logp"], cuts),
-            float(data["seconds"]) if "seconds" in data else 0.0,
-        )
-        laws = laws_path(path)
-        digest = str(data["digest"]) if "digest" in data else None
-        if laws.exists() and _stored_digest(laws) == digest:
-            with np.load(laws) as extra:
-                cuts = np.cumsum(np.maximum(starts - 1, 0))[:-1]
-                out.prompt_ids = np.split(extra["prompt_ids"], cuts)
-                out.prompt_logp = np.split(extra["prompt_logp"], cuts)
-        return out
+    def load(cls, path, features: bool = True) -> "Completions":
+        """A shard (its features too, if it has them and ``features``)."""
+        with np.load(path) as data:
+            cuts = np.cumsum(data["lengths"])[:-1]
+
+            def split(name):
+                return np.split(data[name], cuts)
+
+            kept = features and "features" in data
+            return cls(
+                split("tokens"),
+                [int(s) for s in data["starts"]],
+                [round(float(t), 6) for t in data["temps"]],
+                [str(s) for s in data["prompt_sets"]],
+                split("law_ids"),
+                split("law_logp"),
+                split("features") if kept else None,
+                tuple(int(i) for i in data["feature_layers"]) if kept else (),
+                float(data["seconds"]),
+            )
 
 
-_LISTS = ("tokens", "starts", "temps", "prompt_sets", "teacher_ids", "teacher_logp")
+_LISTS = ("tokens", "starts", "temps", "prompt_sets", "law_ids", "law_logp")
 
 
 def encode_prompt(tokenizer, prompt: Prompt) -> List[int]:
@@ -166,21 +200,134 @@ def sampled_temps(count: int, share: float, temp: float) -> List[float]:
     ]
 
 
-def _top_k(logprobs: List[mx.array], k: int):
-    """Top-``k`` ids and values of each row, best first: ``(n, k)`` numpy arrays."""
-    return _top_k_rows(mx.stack(logprobs), k)
-
-
-def _top_k_rows(lp: mx.array, k: int):
-    """:func:`_top_k` of a ``(n, V)`` array of logits or log-probabilities."""
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-    top = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, :k]
-    values = mx.take_along_axis(lp, top, axis=-1)
+def top_laws(logits: mx.array, k: int) -> Tuple[mx.array, mx.array]:
+    """Top-``k`` ids (int32) and log-probabilities (float16), best first, of ``(..., V)`` logits."""
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    top = mx.argpartition(-logp, kth=k - 1, axis=-1)[..., :k]
+    values = mx.take_along_axis(logp, top, axis=-1)
     order = mx.argsort(-values, axis=-1)
     top = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
-    values = mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
-    mx.eval(top, values)
-    return np.array(top), np.array(values)
+    return top, mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
+
+
+def _sample(logits: mx.array, temps: mx.array) -> mx.array:
+    """Per-row next tokens ``(B,)``: argmax where ``temps`` is 0, else a draw at that temperature."""
+    greedy = mx.argmax(logits, axis=-1)
+    scale = 1.0 / mx.maximum(temps, 1e-6)[:, None]
+    drawn = mx.random.categorical(logits * scale, axis=-1)
+    return mx.where(temps > 0, drawn, greedy)
+
+
+@dataclass
+class _Row:
+    """One sequence being generated: host copies of what its forwards gave."""
+
+    tokens: List[int]
+    start: int
+    temp: float
+    ids: List[np.ndarray] = field(default_factory=list)
+    logp: List[np.ndarray] = field(default_factory=list)
+    features: List[np.ndarray] = field(default_factory=list)
+
+
+def _forward(model, inputs, cache, capture, k):
+    """One forward's last logits ``(B, V)``, top-k laws ``(B, L, K)`` x2 and features ``(B, L, F)``."""
+    with maybe_capturing(capture):
+        logits = model(inputs, cache=cache)
+    feats = capture.take(batched=True).astype(mx.float16) if capture else None
+    ids, logp = top_laws(logits, k)
+    return logits[:, -1], ids, logp, feats
+
+
+def generate_batch(
+    model,
+    prompts: Sequence[Sequence[int]],
+    temps: Sequence[float],
+    *,
+    max_tokens: int,
+    top_k: int,
+    stop_tokens: Sequence[int],
+    feature_layers: Optional[Sequence[int]] = DEFAULT_FEATURE_LAYERS,
+    progress: Optional[Callable[[int], None]] = None,
+) -> List[_Row]:
+    """Complete ``prompts`` together; every position's law (and features) kept.
+
+    Args:
+        model: The target (an mlx-lm model).
+        prompts: Token ids of each prompt.
+        temps: Each prompt's sampling temperature (``0`` = greedy).
+        max_tokens: Completion length limit.
+        top_k: Size of the kept top of each law.
+        stop_tokens: Tokens that end a completion (kept as its last token).
+        feature_layers: Features to keep (see :mod:`mlx_spec.features`), or
+          ``None`` for none.
+        progress: Called with the number of tokens of each decoding step.
+
+    Returns:
+        One :class:`_Row` per prompt, in order; its laws and features cover
+        every position, the last token's included.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    capture = FeatureCapture(model, feature_layers) if feature_layers else None
+    stops = set(int(t) for t in stop_tokens)
+    rows = [_Row(list(p), len(p), float(t)) for p, t in zip(prompts, temps)]
+    caches, last = [], []
+    for row in rows:  # prefill alone: no padding, exact laws over the prompt
+        cache = make_prompt_cache(model)
+        tokens = mx.array(row.tokens)[None]
+        for lo in range(0, tokens.shape[1], PREFILL_STEP):
+            logits, ids, logp, feats = _forward(
+                model, tokens[:, lo : lo + PREFILL_STEP], cache, capture, top_k
+            )
+            mx.eval(logits, ids, logp, feats, [c.state for c in cache])
+            row.ids.append(np.array(ids[0]))
+            row.logp.append(np.array(logp[0]))
+            if feats is not None:
+                row.features.append(np.array(feats[0]))
+        caches.append(cache)
+        last.append(logits)
+        mx.clear_cache()
+    batch_cache = [
+        c.merge([per_row[i] for per_row in caches]) for i, c in enumerate(caches[0])
+    ]
+    del caches
+    active = list(range(len(rows)))
+    row_temps = mx.array([r.temp for r in rows])
+    y = _sample(mx.concatenate(last, axis=0), row_temps)
+    while active:
+        # Feed each active row's newest token: its law and features come out.
+        y_host = np.array(y).tolist()
+        for r, token in zip(active, y_host):
+            rows[r].tokens.append(int(token))
+        logits, ids, logp, feats = _forward(
+            model, y[:, None], batch_cache, capture, top_k
+        )
+        y = _sample(logits, row_temps)
+        mx.eval(y, ids, logp, feats)
+        ids, logp = np.array(ids[:, 0]), np.array(logp[:, 0])
+        feats = None if feats is None else np.array(feats[:, 0])
+        keep = []
+        for j, r in enumerate(active):
+            row = rows[r]
+            row.ids.append(ids[j : j + 1])
+            row.logp.append(logp[j : j + 1])
+            if feats is not None:
+                row.features.append(feats[j : j + 1])
+            made = len(row.tokens) - row.start
+            if row.tokens[-1] not in stops and made < max_tokens:
+                keep.append(j)
+        if progress is not None:
+            progress(len(active))
+        if len(keep) < len(active):
+            if keep:
+                index = mx.array(keep)
+                for c in batch_cache:
+                    c.filter(index)
+                y, row_temps = y[index], row_temps[index]
+            active = [active[j] for j in keep]
+            mx.clear_cache()
+    return rows
 
 
 def stream_completions(
@@ -191,12 +338,14 @@ def stream_completions(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     top_k: int = DEFAULT_TOP_K,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    feature_layers: Optional[Sequence[int]] = DEFAULT_FEATURE_LAYERS,
+    seeds: Optional[Sequence[int]] = None,
     progress: Optional[Callable[[int], None]] = None,
 ) -> Iterator[Tuple[int, Completions]]:
     """The target's completions of several chunks of prompts, by batched generation.
 
-    All chunks share one ``BatchGenerator``, so the decode batch stays full
-    across chunk boundaries (a chunk's last sequences do not decode alone).
+    A chunk's prompts are sorted by length into batches of ``batch_size``,
+    so a batch pads its keys little.
 
     Args:
         model: The target (an mlx-lm model).
@@ -206,69 +355,51 @@ def stream_completions(
         max_tokens: Completion length limit.
         top_k: Size of the kept top of each law.
         batch_size: Sequences decoded together.
+        feature_layers: Features kept at every position, or ``None``.
+        seeds: Random seed of each chunk's sampled completions.
         progress: Called with the number of tokens of each generation step.
 
     Yields:
         ``(chunk index, Completions in the chunk's prompt order)``, as each
         chunk finishes.
     """
-    from mlx_lm.generate import BatchGenerator
-    from mlx_lm.sample_utils import make_sampler
-
-    samplers = {}
-    gen = BatchGenerator(
-        model,
-        max_tokens=max_tokens,
-        stop_tokens=[[t] for t in tokenizer.eos_token_ids],
-        completion_batch_size=batch_size,
-        prefill_batch_size=min(batch_size, 8),
-    )
-    try:
-        owner, ids, remaining = {}, [], []
-        for c, (prompts, temps) in enumerate(chunks):
-            ids.append([encode_prompt(tokenizer, p) for p in prompts])
-            remaining.append(len(prompts))
-            for t in temps:
-                samplers.setdefault(t, make_sampler(temp=t))
-            # Shortest first: prefill batches pad to their longest prompt.
-            order = sorted(range(len(prompts)), key=lambda i: (len(ids[c][i]), i))
-            uids = gen.insert(
-                [ids[c][i] for i in order],
-                [max_tokens] * len(order),
-                samplers=[samplers[temps[i]] for i in order],
+    stops = list(tokenizer.eos_token_ids)
+    for c, (prompts, temps) in enumerate(chunks):
+        if seeds is not None:
+            mx.random.seed(seeds[c])
+        ids = [encode_prompt(tokenizer, p) for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: (len(ids[i]), i))
+        done: Dict[int, _Row] = {}
+        for lo in range(0, len(order), batch_size):
+            part = order[lo : lo + batch_size]
+            rows = generate_batch(
+                model,
+                [ids[i] for i in part],
+                [temps[i] for i in part],
+                max_tokens=max_tokens,
+                top_k=top_k,
+                stop_tokens=stops,
+                feature_layers=feature_layers,
+                progress=progress,
             )
-            owner.update({u: (c, i) for u, i in zip(uids, order)})
-        out = {u: ([], [], []) for u in owner}
-        while responses := gen.next_generated():
-            top, values = _top_k([r.logprobs for r in responses], top_k)
-            for row, r in enumerate(responses):
-                tokens, tops, vals = out[r.uid]
-                tokens.append(r.token)
-                tops.append(top[row])
-                vals.append(values[row])
-                if r.finish_reason is not None:
-                    c = owner[r.uid][0]
-                    remaining[c] -= 1
-                    if remaining[c] == 0:
-                        yield c, _assemble(chunks[c], ids[c], c, owner, out)
-            if progress is not None:
-                progress(len(responses))
-    finally:
-        gen.close()
+            done.update(zip(part, rows))
+        yield c, _assemble(
+            prompts, [done[i] for i in range(len(prompts))], feature_layers
+        )
 
 
-def _assemble(chunk, ids, c, owner, out) -> Completions:
-    prompts, temps = chunk
-    by_index = {i: u for u, (cc, i) in owner.items() if cc == c}
-    data = Completions()
-    for i, (prompt, prompt_ids, temp) in enumerate(zip(prompts, ids, temps)):
-        tokens, tops, vals = out.pop(by_index[i])
-        data.tokens.append(np.array(prompt_ids + tokens, np.int32))
-        data.starts.append(len(prompt_ids))
-        data.temps.append(float(temp))
+def _assemble(prompts, rows: List[_Row], feature_layers) -> Completions:
+    data = Completions(features=[] if feature_layers else None)
+    data.feature_layers = tuple(feature_layers or ())
+    for prompt, row in zip(prompts, rows):
+        data.tokens.append(np.array(row.tokens, np.int32))
+        data.starts.append(row.start)
+        data.temps.append(row.temp)
         data.prompt_sets.append(prompt.prompt_set)
-        data.teacher_ids.append(np.stack(tops).astype(np.int32))
-        data.teacher_logp.append(np.stack(vals).astype(np.float16))
+        data.law_ids.append(np.concatenate(row.ids).astype(np.int32))
+        data.law_logp.append(np.concatenate(row.logp).astype(np.float16))
+        if feature_layers:
+            data.features.append(np.concatenate(row.features).astype(np.float16))
     return data
 
 
@@ -301,111 +432,6 @@ def _stored_digest(path: Path) -> Optional[str]:
         return None  # unreadable: made again
 
 
-def laws_path(shard) -> Path:
-    """Where a shard's prompt laws are kept (``<shard>.laws.npz``)."""
-    shard = Path(shard)
-    return shard.with_name(shard.name.replace(".npz", ".laws.npz"))
-
-
-def prompt_laws(
-    model,
-    prompts: Sequence[np.ndarray],
-    *,
-    top_k: int = DEFAULT_TOP_K,
-    batch_tokens: int = 2048,
-    progress: Optional[Callable[[int], None]] = None,
-) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """The target's top-K laws over each prompt's tokens, by teacher forcing.
-
-    Args:
-        model: The target.
-        prompts: Token ids of each prompt, ``(P_i,)``.
-        top_k: Size of the kept top of each law.
-        batch_tokens: Padded tokens per forward.
-        progress: Called with the tokens of each forward.
-
-    Returns:
-        Per prompt ``(ids, logp)``, each ``(P_i - 1, K)``: the law over token
-        ``p + 1`` at position ``p``, best first.
-    """
-    lengths = [len(p) for p in prompts]
-    order = sorted(range(len(prompts)), key=lambda i: lengths[i])
-    out: List[Optional[Tuple[np.ndarray, np.ndarray]]] = [None] * len(prompts)
-    batch: List[int] = []
-
-    def run(batch):
-        width = max(lengths[i] for i in batch)
-        ids = np.zeros((len(batch), width), np.int32)
-        for row, i in enumerate(batch):
-            ids[row, : lengths[i]] = prompts[i]
-        logits = model(mx.array(ids))
-        rows = logits.reshape(-1, logits.shape[-1])
-        top, values = _top_k_rows(rows, top_k)
-        top = top.reshape(len(batch), width, top_k)
-        values = values.reshape(len(batch), width, top_k)
-        for row, i in enumerate(batch):
-            n = max(lengths[i] - 1, 0)
-            out[i] = (top[row, :n], values[row, :n])
-        if progress is not None:
-            progress(sum(lengths[i] for i in batch))
-        mx.clear_cache()
-
-    for i in order:
-        if (
-            batch
-            and max(lengths[j] for j in batch + [i]) * (len(batch) + 1) > batch_tokens
-        ):
-            run(batch)
-            batch = []
-        batch.append(i)
-    if batch:
-        run(batch)
-    return out
-
-
-def add_prompt_laws(
-    model,
-    paths: Sequence[Path],
-    *,
-    top_k: int = DEFAULT_TOP_K,
-    progress: bool = True,
-    log: Optional[Callable[[str], None]] = None,
-):
-    """Write each shard's prompt laws (``.laws.npz``) where they are missing."""
-    todo = []
-    for path in paths:
-        digest = _stored_digest(path)
-        if _stored_digest(laws_path(path)) != digest:
-            todo.append((path, digest))
-    if not todo:
-        return
-    bar = None
-    shards = [Completions.load(path) for path, _ in todo]
-    if progress:
-        from tqdm import tqdm
-
-        total = sum(d.prompt_tokens for d in shards)
-        bar = tqdm(total=total, desc="prompt laws", unit="tok")
-    tic = time.perf_counter()
-    for (path, digest), data in zip(todo, shards):
-        prompts = [t[:s] for t, s in zip(data.tokens, data.starts)]
-        laws = prompt_laws(
-            model, prompts, top_k=top_k, progress=bar.update if bar else None
-        )
-        tmp = laws_path(path).with_suffix(".tmp.npz")
-        np.savez(
-            tmp,
-            prompt_ids=np.concatenate([l[0] for l in laws]).astype(np.int32),
-            prompt_logp=np.concatenate([l[1] for l in laws]).astype(np.float16),
-            digest=np.array(digest),
-        )
-        tmp.replace(laws_path(path))
-    if bar is not None:
-        bar.close()
-    if log is not None:
-        log(f"prompt laws of {len(todo)} shards in {time.perf_counter() - tic:.0f} s")
-
-
 def build_completions(
     model,
     tokenizer,
@@ -421,7 +447,8 @@ def build_completions(
     shard_size: int = DEFAULT_SHARD_SIZE,
     seed: int = 0,
     target: Optional[Dict] = None,
-    with_prompt_laws: bool = False,
+    feature_layers: Optional[Sequence[int]] = DEFAULT_FEATURE_LAYERS,
+    features: bool = True,
     progress: bool = True,
     log: Optional[Callable[[str], None]] = None,
 ) -> Completions:
@@ -438,8 +465,8 @@ def build_completions(
         shard_size: Prompts per shard (the unit of resumption).
         seed: Seed of the sampled completions (shard ``i`` uses ``seed + i``).
         target: A record of the target (e.g. its fingerprint) for the manifest.
-        with_prompt_laws: Also keep the target's laws over the prompt tokens
-          (one teacher-forced forward per shard, :func:`add_prompt_laws`).
+        feature_layers: Features kept at every position (``None``: none).
+        features: Read the features back too (they are kept on disk anyway).
         progress: Show a progress bar (tqdm).
         log: Called with one line per finished shard.
 
@@ -457,6 +484,7 @@ def build_completions(
         "max_tokens": max_tokens,
         "top_k": top_k,
         "shard_size": shard_size,
+        "feature_layers": list(feature_layers or []),
         "target": target,
     }
     _check_manifest(folder / f"{name}.json", settings)
@@ -494,10 +522,6 @@ def build_completions(
             rate = tokens_made / (time.perf_counter() - tic)
             bar.set_postfix(tok_s=round(rate, 1), refresh=False)
 
-    if todo:
-        # One generator for every missing shard; shard i's sampled completions
-        # depend on the seed and on which shards are generated together.
-        mx.random.seed(seed + todo[0][0] // shard_size)
     chunks = [
         (prompts[i : i + shard_size], temps[i : i + shard_size]) for i, _, _ in todo
     ]
@@ -509,6 +533,8 @@ def build_completions(
         max_tokens=max_tokens,
         top_k=top_k,
         batch_size=batch_size,
+        feature_layers=feature_layers,
+        seeds=[seed + i // shard_size for i, _, _ in todo],
         progress=count,
     )
     for c, data in stream:
@@ -527,11 +553,9 @@ def build_completions(
             )
     if bar is not None:
         bar.close()
-    if with_prompt_laws:
-        add_prompt_laws(model, paths, top_k=top_k, progress=progress, log=log)
     data = Completions()
     for path in paths:
-        data.extend(Completions.load(path))
+        data.extend(Completions.load(path, features))
     return data
 
 

@@ -6,10 +6,14 @@ frequent tokens of the teacher data, on the target's frozen embedding. It
 is then trained on the target's completions (:mod:`.completions`) with
 
     loss = soft_weight * CE(teacher top-K law, q) + (1 - soft_weight) * CE(token, q)
+           + feature_weight * smooth_l1(h, f)
 
-over completion positions, where ``q`` is the draft's law over its own
+over completion positions (and, weighted, prompt positions), where ``q`` is the draft's law over its own
 vocabulary; teacher mass outside the draft vocabulary is dropped (the draft
 cannot propose those tokens), and so are tokens outside it as hard labels.
+``h`` is the draft's final normed hidden state and ``f`` the target's (the
+input of the output layer both share), kept with the completions: it carries
+the target's whole law, not only its top ``K``.
 
 Held-out greedy acceptance is computed exactly from one teacher-forced
 forward: on a greedy completion, a chain drafted from position ``j``
@@ -41,6 +45,7 @@ from ..drafters.distilled import (
     save_draft,
 )
 from .completions import Completions
+from .precision import compute_dtype, computing_in
 
 CHECKPOINT_DIR = "checkpoints"
 DEFAULT_STEPS = 3000
@@ -51,6 +56,7 @@ DEFAULT_DRAFT_VOCAB = 8192
 DEFAULT_LAYERS = (0, 29)
 DEFAULT_SOFT_WEIGHT = 0.5
 DEFAULT_PROMPT_WEIGHT = 0.3
+DEFAULT_FEATURE_WEIGHT = 0.0
 DEFAULT_EVAL_EVERY = 250
 DEFAULT_MAX_LENGTH = 768
 LENGTH_STEP = 64  # sequences are padded to a multiple of this (few compiled shapes)
@@ -75,6 +81,10 @@ class DraftTrainConfig:
           hard (written token) loss.
         prompt_weight: Weight of prompt positions (where the data has the
           target's laws over the prompt), relative to completion positions.
+        feature_weight: Weight of the regression of the draft's final hidden
+          state on the target's (needs completions with final features).
+        precision: Compute dtype of the training forwards (see
+          :mod:`mlx_spec.train.precision`); weights stay float32.
         max_length: Sequences are cut to this many tokens.
         eval_every: Steps between held-out evaluations.
         checkpoint_every: Steps between checkpoints.
@@ -92,6 +102,8 @@ class DraftTrainConfig:
     layers: List[int] = field(default_factory=lambda: list(DEFAULT_LAYERS))
     soft_weight: float = DEFAULT_SOFT_WEIGHT
     prompt_weight: float = DEFAULT_PROMPT_WEIGHT
+    feature_weight: float = DEFAULT_FEATURE_WEIGHT
+    precision: str = "auto"
     max_length: int = DEFAULT_MAX_LENGTH
     eval_every: int = DEFAULT_EVAL_EVERY
     checkpoint_every: int = DEFAULT_EVAL_EVERY
@@ -131,6 +143,8 @@ class Batch:
         completion: ``(R,)`` 1.0 for completion rows (what accuracy counts).
         target: ``(R,)`` the next token's target id.
         counts: Completion rows of each sequence, in order.
+        features: ``(R, H)`` the target's final hidden state at each row, or
+          ``None`` (no feature loss).
     """
 
     tokens: np.ndarray
@@ -142,10 +156,12 @@ class Batch:
     completion: np.ndarray
     target: np.ndarray
     counts: List[int]
+    features: Optional[np.ndarray] = None
 
     def arrays(self):
         names = ("tokens", "rows", "soft_ids", "soft_p", "hard", "weight", "completion")
-        return tuple(mx.array(getattr(self, n)) for n in names)
+        out = tuple(mx.array(getattr(self, n)) for n in names)
+        return out if self.features is None else (*out, mx.array(self.features))
 
 
 def warm_start(draft: DistilledDraft, trained: DistilledDraft):
@@ -213,18 +229,26 @@ def make_batch(
     to_draft: np.ndarray,
     max_length: int,
     prompt_weight: float = 0.0,
+    features: bool = False,
 ) -> Batch:
-    """Pad the sequences ``index`` into a :class:`Batch` (see its fields)."""
+    """Pad the sequences ``index`` into a :class:`Batch` (see its fields).
+
+    ``features``: also gather the target's features of the rows.
+    """
     width = max(padded_length(len(data.tokens[i]), max_length) for i in index)
-    K = data.teacher_ids[index[0]].shape[1]
-    use_prompts = prompt_weight > 0 and data.prompt_ids is not None
+    K = data.law_ids[index[0]].shape[1]
+    use_prompts = prompt_weight > 0
     tokens = np.zeros((len(index), width), np.int32)
     parts = {"rows": [], "ids": [], "logp": [], "next": [], "weight": [], "done": []}
+    parts["features"] = []
     counts = []
 
-    def add(rows, ids, logp, nxt, weight, done):
-        for key, value in zip(parts, (rows, ids, logp, nxt, weight, done)):
+    def add(rows, ids, logp, nxt, weight, done, i, lo):
+        values = (rows, ids, logp, nxt, weight, done)
+        for key, value in zip(parts, values):
             parts[key].append(value)
+        if features:
+            parts["features"].append(data.features[i][lo : lo + len(rows)])
 
     for b, i in enumerate(index):
         seq = data.tokens[i][:max_length]
@@ -237,21 +261,25 @@ def make_batch(
             ones = np.ones(count, np.float32)
             add(
                 b * width + np.arange(start - 1, n - 1),
-                data.teacher_ids[i][:count],
-                data.teacher_logp[i][:count],
+                data.law_ids[i][start - 1 : n - 1],
+                data.law_logp[i][start - 1 : n - 1],
                 seq[start:n],
                 ones,
                 ones,
+                i,
+                start - 1,
             )
         m = min(start, n) - 1  # prompt positions 0 .. m - 1 predict prompt tokens
         if use_prompts and m > 0:
             add(
                 b * width + np.arange(m),
-                data.prompt_ids[i][:m],
-                data.prompt_logp[i][:m],
+                data.law_ids[i][:m],
+                data.law_logp[i][:m],
                 seq[1 : m + 1],
                 np.full(m, prompt_weight, np.float32),
                 np.zeros(m, np.float32),
+                i,
+                0,
             )
     real = sum(len(r) for r in parts["rows"])
     R = max(-(-real // ROW_STEP) * ROW_STEP, ROW_STEP)
@@ -269,8 +297,13 @@ def make_batch(
         weight[:real] = np.concatenate(parts["weight"])
         completion[:real] = np.concatenate(parts["done"])
     hard = np.where(target >= 0, to_draft[np.maximum(target, 0)], -1).astype(np.int32)
+    feats = None
+    if features:
+        feats = np.zeros((R, data.features[index[0]].shape[1]), np.float32)
+        if real:
+            feats[:real] = np.concatenate(parts["features"])
     return Batch(
-        tokens, flat, soft_ids, soft_p, hard, weight, completion, target, counts
+        tokens, flat, soft_ids, soft_p, hard, weight, completion, target, counts, feats
     )
 
 
@@ -279,13 +312,22 @@ def make_batch(
 # --------------------------------------------------------------------------- #
 
 
+def supervised_hidden(
+    draft: DistilledDraft, tokens: mx.array, rows: mx.array, dtype=None
+) -> mx.array:
+    """The draft's final hidden states at the supervised positions: ``(R, H)``.
+
+    ``dtype``: the compute dtype of the forward (default: the weights').
+    """
+    h = draft.hidden(tokens, dtype=dtype)  # (B, T, H)
+    return h.reshape(-1, h.shape[-1])[rows]
+
+
 def supervised_logits(
     draft: DistilledDraft, tokens: mx.array, rows: mx.array
 ) -> mx.array:
     """Draft logits over its vocabulary at the supervised positions: ``(R, k)``."""
-    h = draft.hidden(tokens)  # (B, T, H)
-    h = h.reshape(-1, h.shape[-1])[rows]
-    return draft.lm_head.subset_logits(h)
+    return draft.lm_head.subset_logits(supervised_hidden(draft, tokens, rows))
 
 
 def draft_loss(
@@ -297,15 +339,25 @@ def draft_loss(
     hard,
     weight,
     completion,
+    features=None,
+    *,
     soft_weight: float,
+    feature_weight: float = 0.0,
+    dtype=mx.float32,
 ):
     """Weighted mean distillation loss over the supervised rows, and the accuracy.
+
+    ``dtype`` is the compute dtype of the draft's forward (the loss itself is
+    float32; see :mod:`mlx_spec.train.precision`).
 
     Returns:
         ``(loss, accuracy)`` scalars; accuracy is the share of completion rows
         whose draft argmax is the next token.
     """
-    logits = supervised_logits(draft, tokens, rows)  # (R, k)
+    with computing_in(draft, dtype):
+        h = supervised_hidden(draft, tokens, rows, dtype)  # (R, H)
+        logits = draft.lm_head.subset_logits(h)  # (R, k)
+    h, logits = h.astype(mx.float32), logits.astype(mx.float32)
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     weights = mx.where(soft_ids >= 0, soft_p, 0.0)
     weights = weights / mx.maximum(weights.sum(axis=-1, keepdims=True), 1e-9)
@@ -315,6 +367,9 @@ def draft_loss(
     picked = mx.take_along_axis(logq, mx.maximum(hard, 0)[:, None], axis=-1)[:, 0]
     hard_loss = mx.where(has_hard, -picked, 0.0)
     per_row = soft_weight * soft + (1.0 - soft_weight) * hard_loss
+    if features is not None and feature_weight > 0:
+        reg = nn.losses.smooth_l1_loss(h, features, reduction="none").mean(-1)
+        per_row = per_row + feature_weight * reg
     loss = (per_row * weight).sum() / mx.maximum(weight.sum(), 1e-9)
     correct = (mx.argmax(logits, axis=-1) == hard) & has_hard
     accuracy = (correct * completion).sum() / mx.maximum(completion.sum(), 1.0)
@@ -428,13 +483,24 @@ class DraftTrainer:
         self.evals: List[Dict] = []
         self._step_fn = self._make_step()
 
+    def _loss_weights(self) -> Dict[str, float]:
+        return {
+            "soft_weight": self.config.soft_weight,
+            "feature_weight": self.config.feature_weight,
+            "dtype": compute_dtype(self.config.precision),
+        }
+
+    @property
+    def uses_features(self) -> bool:
+        return self.config.feature_weight > 0
+
     # The compiled update: loss, gradients, clipping, optimizer.
     def _make_step(self):
         draft, optimizer = self.draft, self.optimizer
-        soft_weight = self.config.soft_weight
+        weights = self._loss_weights()
 
         def loss_fn(model, *batch):
-            return draft_loss(model, *batch, soft_weight)
+            return draft_loss(model, *batch, **weights)
 
         grad_fn = nn.value_and_grad(draft, loss_fn)
 
@@ -465,6 +531,7 @@ class DraftTrainer:
             self.to_draft,
             self.config.max_length,
             self.config.prompt_weight,
+            features=self.uses_features,
         )
         tic = time.perf_counter()
         loss, accuracy = self._step_fn(*batch.arrays())
@@ -501,10 +568,14 @@ class DraftTrainer:
         loss_sum = acc_sum = count = 0.0
         for index in self.heldout_batches:
             batch = make_batch(
-                self.heldout, index, self.to_draft, self.config.max_length
+                self.heldout,
+                index,
+                self.to_draft,
+                self.config.max_length,
+                features=self.uses_features,
             )
             loss, accuracy = draft_loss(
-                self.draft, *batch.arrays(), self.config.soft_weight
+                self.draft, *batch.arrays(), **self._loss_weights()
             )
             n = float(batch.completion.sum())
             loss_sum += float(loss.item()) * n

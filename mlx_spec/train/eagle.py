@@ -43,8 +43,10 @@ class Batch:
           top-K tokens at each position (``-1`` outside the draft vocabulary).
         teacher_p: ``(B, W, K)`` their probabilities.
         teacher_top: ``(B, W)`` the teacher's top token (target id).
-        valid: ``(B, W)`` True where position ``t``'s law is over a completion token.
+        valid: ``(B, W)`` True where position ``t``'s law is supervised: over a
+          completion token, or over a prompt token when prompts are weighted.
         valid_np: The same on the host (to gather the supervised rows).
+        weight: ``(B, W)`` loss weight of each position (1 on completions).
     """
 
     features: mx.array
@@ -54,6 +56,7 @@ class Batch:
     teacher_top: mx.array
     valid: mx.array
     valid_np: np.ndarray
+    weight: mx.array
 
 
 def make_batch(
@@ -62,11 +65,14 @@ def make_batch(
     to_draft: np.ndarray,
     window: int,
     rng: np.random.Generator,
+    prompt_weight: float = 0.0,
 ) -> Batch:
     """Crop one window per sequence in ``index`` and pad them to a batch.
 
     A sequence longer than the window keeps its end (the completion, where
-    the loss is) and a random amount of what precedes it.
+    the loss mostly is) and a random amount of what precedes it. Positions
+    whose next token is a prompt token weigh ``prompt_weight`` (``0``: not
+    supervised).
     """
     width = min(window, max(len(data.tokens[i]) for i in index))
     B = len(index)
@@ -77,7 +83,7 @@ def make_batch(
     ids = np.full((B, width, K), -1, np.int32)
     p = np.zeros((B, width, K), np.float32)
     top = np.full((B, width), -1, np.int32)
-    valid = np.zeros((B, width), bool)
+    weight = np.zeros((B, width), np.float32)
     for row, i in enumerate(index):
         n = len(data.tokens[i])
         start = data.starts[i]
@@ -93,8 +99,9 @@ def make_batch(
         p[row, :L] = np.exp(data.teacher_logp[i][lo:hi].astype(np.float32))
         top[row, :L] = t_ids[:, 0]
         positions = np.arange(lo, hi)
-        valid[row, :L] = positions >= start - 1
-        valid[row, L - 1] = False  # its next token is outside the window
+        weight[row, :L] = np.where(positions >= start - 1, 1.0, prompt_weight)
+        weight[row, L - 1] = 0.0  # its next token is outside the window
+    valid = weight > 0
     return Batch(
         mx.array(feats),
         mx.array(tokens),
@@ -103,6 +110,7 @@ def make_batch(
         mx.array(top),
         mx.array(valid),
         valid,
+        mx.array(weight),
     )
 
 
@@ -122,7 +130,11 @@ def unrolled_masks(length: int, steps: int) -> List[mx.array]:
 
 
 def _cross_entropy(logits: mx.array, ids: mx.array, p: mx.array) -> mx.array:
-    """``-sum_j p_j log q(ids_j)`` per position: logits ``(B, Q, k)``, ids/p ``(B, Q, K)``."""
+    """``-sum_j p_j log q(ids_j)`` per position: logits ``(B, Q, k)``, ids/p ``(B, Q, K)``.
+
+    Computed in float32 whatever the dtype of ``logits``.
+    """
+    logits = logits.astype(mx.float32)
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     picked = mx.take_along_axis(logq, mx.maximum(ids, 0), axis=-1)
     return -(mx.where(ids >= 0, p, 0.0) * picked).sum(-1)
@@ -191,18 +203,21 @@ def eagle_loss(
     ids = batch.teacher_ids[:, 1:].reshape(-1, K)
     p = batch.teacher_p[:, 1:].reshape(-1, K)
     feats = batch.features[:, 1:].reshape(-1, batch.features.shape[-1])
+    row_weight = batch.weight[:, 1:].reshape(-1)
     total, weights, accs = 0.0, 0.0, []
     for s, (g, _) in enumerate(outs, start=1):
         rows = supervised_rows(batch, s)
         count = max(int(rows.size), 1)
+        w = row_weight[rows]
+        norm = mx.maximum(w.sum(), 1e-6)
         g = g.reshape(-1, H)[rows]
         logits = g @ vocab_weight.T
-        loss = _cross_entropy(logits, ids[rows], p[rows]).sum() / count
+        loss = (w * _cross_entropy(logits, ids[rows], p[rows])).sum() / norm
         if final_feature and feature_weight > 0:
             reg = nn.losses.smooth_l1_loss(
-                g, feats[rows].astype(g.dtype), reduction="none"
+                g.astype(mx.float32), feats[rows].astype(mx.float32), reduction="none"
             )
-            loss = loss + feature_weight * reg.mean(-1).sum() / count
+            loss = loss + feature_weight * (w * reg.mean(-1)).sum() / norm
         w = STEP_DECAY ** (s - 1)
         total = total + w * loss
         weights += w

@@ -23,7 +23,8 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 
 from ..features import FINAL
-from .head_data import HeadData, teacher_data
+from . import eagle as eagle_train
+from .head_data import HeadData, from_completions, teacher_data
 from .heads import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DRAFT_VOCAB,
@@ -126,6 +127,11 @@ def head_config(args, kind: str) -> HeadTrainConfig:
         seed=int(_arg(args, "seed", 0)),
         feature_layers=layers,
         train_steps=int(_arg(args, "train_steps", 3)),
+        prompt_weight=float(_arg(args, "prompt_weight", 0.0)),
+        precision=str(_arg(args, "precision", "auto")),
+        feature_weight=float(
+            _arg(args, "feature_weight", eagle_train.DEFAULT_FEATURE_WEIGHT)
+        ),
         num_heads=int(_arg(args, "num_heads", 4)),
         init_from=_arg(args, "init_from", "") or "",
     )
@@ -138,6 +144,7 @@ def head_config(args, kind: str) -> HeadTrainConfig:
         (1 <= config.train_steps <= 8, "train-steps", "an integer from 1 to 8"),
         (1 <= config.num_heads <= 8, "num-heads", "an integer from 1 to 8"),
         (config.lr > 0, "lr", "a number > 0"),
+        (config.prompt_weight >= 0, "prompt-weight", "a number >= 0"),
     ]
     for ok, name, allowed in checks:
         if not ok:
@@ -169,7 +176,7 @@ def cached_teacher_data(
     Each chunk of ``chunk`` sequences is computed once (named by a hash of
     its sequences), so a resumed run, or one with more sequences appended,
     only runs the target over what is new. ``laws`` are the target's laws
-    over the completions when already known (see
+    at every position when already known (see
     :func:`mlx_spec.train.head_data.teacher_data`).
     """
     chunk = chunk or TEACHER_CHUNK
@@ -234,7 +241,9 @@ def run_head_training(
         model: The target.
         train, heldout: Training and held-out sequences: objects with
           ``tokens`` (token ids of each) and ``starts`` (first completion
-          token of each), e.g. :class:`mlx_spec.train.completions.Completions`.
+          token of each), e.g. :class:`mlx_spec.train.completions.Completions`,
+          whose features are used as they are when they are the head's
+          feature layers (otherwise one teacher-forced pass makes them).
         command: The reproducing command, for the card.
         data_info: What the data is, for the card and config.
         log: Where progress lines go.
@@ -249,13 +258,17 @@ def run_head_training(
         train,
         heldout,
     ):  # chunked apart: more training data keeps held-out chunks
-        laws = None
-        if hasattr(part, "teacher_ids"):
-            laws = (list(part.teacher_ids), list(part.teacher_logp))
-        seqs = [np.asarray(t, np.int32).tolist() for t in part.tokens]
-        got = cached_teacher_data(
-            model, seqs, list(part.starts), out, config.feature_layers, log, laws
-        )
+        layers = tuple(getattr(part, "feature_layers", ()))
+        if getattr(part, "features", None) and layers == tuple(config.feature_layers):
+            got = from_completions(part)
+        else:
+            laws = None
+            if hasattr(part, "law_ids"):
+                laws = (list(part.law_ids), list(part.law_logp))
+            seqs = [np.asarray(t, np.int32).tolist() for t in part.tokens]
+            got = cached_teacher_data(
+                model, seqs, list(part.starts), out, config.feature_layers, log, laws
+            )
         for name in ("tokens", "starts", "features", "teacher_ids", "teacher_logp"):
             getattr(data, name).extend(getattr(got, name))
     log(

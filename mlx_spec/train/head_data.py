@@ -130,10 +130,9 @@ def teacher_data(
         top_k: Teacher ids and log-probabilities kept per position.
         batch_tokens: Padded tokens per target forward.
         progress: Called with the number of tokens done after each batch.
-        laws: The target's laws over the completion tokens when already
-          known (e.g. kept while generating them): ``(ids, logp)``, per
-          sequence ``(T_i - start_i, K)`` arrays. The pass then skips the
-          output layer; the prompt's rows are left empty (never supervised).
+        laws: The target's laws at every position when already known
+          (kept while generating the sequences): ``(ids, logp)``, per
+          sequence ``(T_i, K)`` arrays. The pass then skips the output layer.
 
     Returns:
         The :class:`HeadData`, in the order of ``sequences``.
@@ -153,14 +152,7 @@ def teacher_data(
             feats = capture.take(batched=True).astype(mx.float16)
             feats = np.array(feats)
             for row, i in enumerate(batch):
-                L, start = lengths[i], starts[i]
-                K = laws[0][i].shape[1]
-                top = np.zeros((L, K), np.int32)
-                values = np.full((L, K), -np.inf, np.float16)
-                rows = min(L - start, laws[0][i].shape[0])
-                top[start - 1 : start - 1 + rows] = laws[0][i][:rows]
-                values[start - 1 : start - 1 + rows] = laws[1][i][:rows]
-                out[i] = (feats[row, :L], top, values)
+                out[i] = (feats[row, : lengths[i]], laws[0][i], laws[1][i])
         else:
             with capture.capturing():
                 logits = model(mx.array(ids))
@@ -185,6 +177,17 @@ def teacher_data(
         [o[0] for o in out],
         [o[1] for o in out],
         [o[2] for o in out],
+    )
+
+
+def from_completions(data) -> HeadData:
+    """The :class:`HeadData` of completions that kept their features and laws."""
+    return HeadData(
+        [np.asarray(t, np.int32) for t in data.tokens],
+        list(data.starts),
+        list(data.features),
+        list(data.law_ids),
+        list(data.law_logp),
     )
 
 

@@ -17,7 +17,7 @@ token first.
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -37,6 +37,7 @@ from ..fingerprint import model_fingerprint
 from . import eagle as eagle_train
 from . import medusa as medusa_train
 from .head_data import HeadData, coverage, draft_vocabulary, token_counts
+from .precision import compute_dtype, computing_in
 
 CHECKPOINT_DIR = "checkpoints"
 DEFAULT_STEPS = 2000
@@ -69,6 +70,10 @@ class HeadTrainConfig:
         feature_layers: EAGLE: the target features read (see mlx_spec.features).
         train_steps: EAGLE: draft steps unrolled in training.
         feature_weight: EAGLE: weight of the feature regression.
+        prompt_weight: Weight of positions whose next token is a prompt
+          token (the data's laws cover them too), relative to completions.
+        precision: Compute dtype of the training forwards (see
+          :mod:`mlx_spec.train.precision`); weights stay float32.
         num_heads: Medusa: heads (tokens predicted ahead).
         tree_size: Medusa: nodes of the calibrated static tree.
         init_from: A trained head directory of the same kind and shape to
@@ -89,6 +94,8 @@ class HeadTrainConfig:
     feature_layers: List[int] = field(default_factory=lambda: [-1])
     train_steps: int = eagle_train.DEFAULT_TRAIN_STEPS
     feature_weight: float = eagle_train.DEFAULT_FEATURE_WEIGHT
+    prompt_weight: float = 0.0
+    precision: str = "auto"
     num_heads: int = 4
     tree_size: int = MEDUSA_TREE_SIZE
     init_from: str = ""
@@ -182,6 +189,7 @@ class HeadTrainer:
             warm_start_head(self.head, config.kind, config.init_from)
         mx.eval(self.head.parameters())
         self.embed_fn = lambda tokens: mx.stop_gradient(embed(model, tokens))
+        self.dtype = compute_dtype(config.precision)
         self.schedule = optim.join_schedules(
             [
                 optim.linear_schedule(config.lr * 0.01, config.lr, 100),
@@ -212,21 +220,30 @@ class HeadTrainer:
         self.vocab_weight = output_weight(self.model, draft_ids)
 
     def _loss(self, batch):
-        if self.config.kind == "eagle":
-            return eagle_train.eagle_loss(
-                self.head,
-                self.embed_fn,
-                self.vocab_weight,
-                batch,
-                steps=self.config.train_steps,
-                feature_weight=self.config.feature_weight,
-                final_feature=eagle_train.final_only(self.config.feature_layers),
-            )
-        return medusa_train.medusa_loss(self.head, self.vocab_weight, batch)
+        dtype = self.dtype
+        batch = replace(batch, features=batch.features.astype(dtype))
+        weight = self.vocab_weight.astype(dtype)
+        with computing_in(self.head, dtype):
+            if self.config.kind == "eagle":
+                return eagle_train.eagle_loss(
+                    self.head,
+                    lambda tokens: self.embed_fn(tokens).astype(dtype),
+                    weight,
+                    batch,
+                    steps=self.config.train_steps,
+                    feature_weight=self.config.feature_weight,
+                    final_feature=eagle_train.final_only(self.config.feature_layers),
+                )
+            return medusa_train.medusa_loss(self.head, weight, batch)
 
     def batch(self, index: Sequence[int]):
         return eagle_train.make_batch(
-            self.data, index, self.to_draft, self.config.window, self.rng
+            self.data,
+            index,
+            self.to_draft,
+            self.config.window,
+            self.rng,
+            self.config.prompt_weight,
         )
 
     def train_step(self) -> Dict:

@@ -35,6 +35,7 @@ def medusa_loss(
     feats = batch.features.reshape(-1, H)
     ids = batch.teacher_ids.reshape(-1, K_teacher)
     p = batch.teacher_p.reshape(-1, K_teacher)
+    row_weight = batch.weight.reshape(-1)
     valid = batch.valid_np
     num_heads = len(heads.heads)
     # Rows whose feature is read by at least one supervised head.
@@ -53,7 +54,9 @@ def medusa_loss(
         at = mx.array(np.array([position[r] for r in src.tolist()], np.int32))
         dst = mx.array((src + k).astype(np.int32))  # the teacher's row q + k
         logits = hidden[at, k - 1] @ vocab_weight.T
-        total = total + _cross_entropy(logits, ids[dst], p[dst]).sum() / count
+        w = row_weight[dst]
+        loss = (w * _cross_entropy(logits, ids[dst], p[dst])).sum()
+        total = total + loss / mx.maximum(w.sum(), 1e-6)
         accs.append((logits.argmax(-1) == ids[dst][:, 0]).sum() / count)
     return total / num_heads, mx.stack(accs)
 
