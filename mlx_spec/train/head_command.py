@@ -3,9 +3,10 @@
 The run, given the target and self-distilled sequences (prompt + the
 target's own completion, token ids):
 
-1. teacher data from one teacher-forced pass of the target (features and
-   top-K next-token laws), cached by chunk in ``OUT/data`` so a resumed run
-   skips what it has;
+1. teacher data: the features and top-K next-token laws the completions
+   kept while they were written, or, for other feature layers, one
+   teacher-forced pass of the target, cached by chunk in ``OUT/data`` so a
+   resumed run skips what it has;
 2. training (:func:`mlx_spec.train.heads.train_head`) with a progress bar,
    held-out acceptance and checkpoints in ``OUT/checkpoints``;
 3. the head directory ``OUT`` (``config.json`` + ``head.safetensors``),
