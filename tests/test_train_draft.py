@@ -121,6 +121,37 @@ def test_generation_keeps_the_features_and_laws_of_a_teacher_forced_forward(
         assert np.allclose(train.law_logp[i].astype(np.float32), kept, atol=2e-2)
 
 
+def test_greedy_batches_draw_nothing_and_are_kept_apart_from_sampled_ones(
+    target, monkeypatch
+):
+    """A batch holds greedy or sampled rows, not both; a greedy one never draws."""
+    model, tokenizer = target
+    prompts = mixed_prompts(6, "heldout", seed=1, shares=CHAT_ONLY)
+    temps = [0.0, 0.7, 0.0, 0.7, 0.0, 0.0]
+    real_batch, real_draw = C.generate_batch, mx.random.categorical
+    batches, draws = [], []
+
+    def recording_batch(model, ids, batch_temps, **kw):
+        batches.append(list(batch_temps))
+        return real_batch(model, ids, batch_temps, **kw)
+
+    def recording_draw(*args, **kw):
+        draws.append(batches[-1])
+        return real_draw(*args, **kw)
+
+    monkeypatch.setattr(C, "generate_batch", recording_batch)
+    monkeypatch.setattr(C.mx.random, "categorical", recording_draw)
+    data = C.generate_completions(
+        model, tokenizer, prompts, temps, max_tokens=6, batch_size=3
+    )
+    assert sorted(map(sorted, batches)) == [[0.0] * 3, [0.0, 0.7, 0.7]]
+    assert draws and all(0.7 in b for b in draws)
+    assert data.temps == temps  # back in the prompts' order
+    for i in (0, 2):  # greedy rows write the top of their laws
+        written = data.tokens[i][data.starts[i] :]
+        assert (data.teacher_ids[i][:, 0] == written).all()
+
+
 def test_completions_resume_only_missing_shards(target, data, monkeypatch):
     model, tokenizer = target
     train, _, prompts, folder = data

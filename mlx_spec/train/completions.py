@@ -210,9 +210,15 @@ def top_laws(logits: mx.array, k: int) -> Tuple[mx.array, mx.array]:
     return top, mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
 
 
-def _sample(logits: mx.array, temps: mx.array) -> mx.array:
-    """Per-row next tokens ``(B,)``: argmax where ``temps`` is 0, else a draw at that temperature."""
+def _sample(logits: mx.array, temps: mx.array, sampled: bool = True) -> mx.array:
+    """Per-row next tokens ``(B,)``: argmax where ``temps`` is 0, else a draw at that temperature.
+
+    ``sampled=False`` says no row samples: the draw over the whole vocabulary
+    (as costly as the output layer's softmax on a CPU) is skipped.
+    """
     greedy = mx.argmax(logits, axis=-1)
+    if not sampled:
+        return greedy
     scale = 1.0 / mx.maximum(temps, 1e-6)[:, None]
     drawn = mx.random.categorical(logits * scale, axis=-1)
     return mx.where(temps > 0, drawn, greedy)
@@ -294,7 +300,8 @@ def generate_batch(
     del caches
     active = list(range(len(rows)))
     row_temps = mx.array([r.temp for r in rows])
-    y = _sample(mx.concatenate(last, axis=0), row_temps)
+    sampled = any(r.temp > 0 for r in rows)
+    y = _sample(mx.concatenate(last, axis=0), row_temps, sampled)
     while active:
         # Feed each active row's newest token: its law and features come out.
         y_host = np.array(y).tolist()
@@ -303,7 +310,7 @@ def generate_batch(
         logits, ids, logp, feats = _forward(
             model, y[:, None], batch_cache, capture, top_k
         )
-        y = _sample(logits, row_temps)
+        y = _sample(logits, row_temps, sampled)
         mx.eval(y, ids, logp, feats)
         ids, logp = np.array(ids[:, 0]), np.array(logp[:, 0])
         feats = None if feats is None else np.array(feats[:, 0])
@@ -345,7 +352,8 @@ def stream_completions(
     """The target's completions of several chunks of prompts, by batched generation.
 
     A chunk's prompts are sorted by length into batches of ``batch_size``,
-    so a batch pads its keys little.
+    so a batch pads its keys little, greedy ones apart from sampled ones, so
+    a greedy batch draws nothing.
 
     Args:
         model: The target (an mlx-lm model).
@@ -368,7 +376,9 @@ def stream_completions(
         if seeds is not None:
             mx.random.seed(seeds[c])
         ids = [encode_prompt(tokenizer, p) for p in prompts]
-        order = sorted(range(len(prompts)), key=lambda i: (len(ids[i]), i))
+        order = sorted(
+            range(len(prompts)), key=lambda i: (temps[i] > 0, len(ids[i]), i)
+        )
         done: Dict[int, _Row] = {}
         for lo in range(0, len(order), batch_size):
             part = order[lo : lo + batch_size]
