@@ -109,3 +109,34 @@ def test_head_kinds_train_on_the_same_completions(trained, checkpoints, tmp_path
     assert main([*argv, "--kind", "medusa"]) == 0
     config = json.loads((head / "config.json").read_text())
     assert config["mlx_spec_head"]["kind"] == "medusa"
+
+
+def test_kept_features_serve_a_head_without_a_teacher_pass(
+    checkpoints, tmp_path, capsys
+):
+    """Data keeping blocks 0 and final: an EAGLE head on block 0 reads it as is,
+    and a later run on the folder keeps its layers without being told."""
+    data = tmp_path / "data"
+    base = ["--model", str(checkpoints["llama"]), "--data", str(data), *TINY]
+    made = ["--out", str(tmp_path / "d"), "--keep-features", "0,-1", "--data-only"]
+    assert main([*base, *made]) == 0
+    manifest = json.loads((data / "train.json").read_text())
+    assert manifest["feature_layers"] == [0, -1]
+    capsys.readouterr()
+    head = tmp_path / "eagle"
+    argv = [*base, "--out", str(head), "--kind", "eagle", "--feature-layers", "0"]
+    assert main(argv) == 0
+    assert "teacher pass" not in capsys.readouterr().err
+    assert not (head / "data").exists()  # no teacher-forced pass was cached
+    config = json.loads((head / "config.json").read_text())
+    assert config["head"]["feature_layers"] == [0]
+    draft = ["--out", str(tmp_path / "d2"), "--feature-weight", "0.5", "--skip-eval"]
+    assert main([*base, *draft]) == 0
+
+
+def test_a_feature_layer_the_target_lacks_fails_in_one_line(checkpoints, tmp_path):
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "d"), *TINY]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--keep-features", "0,9"])
+    text = str(e.value.code)
+    assert "feature layers [0, 9]" in text and "\n" not in text, text

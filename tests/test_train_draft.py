@@ -152,6 +152,30 @@ def test_greedy_batches_draw_nothing_and_are_kept_apart_from_sampled_ones(
         assert (data.teacher_ids[i][:, 0] == written).all()
 
 
+def test_completions_keeping_several_layers_give_each_one_alone(target, data):
+    """Features kept for blocks 0 and final: each slice is that layer's own."""
+    model, tokenizer = target
+    train, _, prompts, _ = data
+    both = C.generate_completions(
+        model,
+        tokenizer,
+        prompts[:2],
+        train.temps[:2],
+        max_tokens=16,
+        feature_layers=(0, -1),
+    )
+    final = both.with_features([-1])
+    assert final.feature_layers == (-1,)
+    for i in range(2):
+        assert np.array_equal(final.features[i], train.features[i])
+    block0 = both.with_features([0])
+    swapped = both.with_features([-1, 0])
+    H = train.features[0].shape[1]
+    assert block0.features[0].shape == (len(both.tokens[0]), H)
+    assert np.array_equal(swapped.features[0][:, H:], block0.features[0])
+    assert both.with_features([1]) is None and both.with_features([0, -1]) is both
+
+
 def test_completions_resume_only_missing_shards(target, data, monkeypatch):
     model, tokenizer = target
     train, _, prompts, folder = data

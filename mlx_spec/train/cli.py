@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..features import FINAL
 from . import completions as C
 from . import draft as D
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
@@ -103,6 +104,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--data-only",
         action="store_true",
         help="Make (or extend) the completions in OUT/data, then stop.",
+    )
+    g.add_argument(
+        "--keep-features",
+        metavar="LAYERS",
+        help="Target features kept at every position of the data: comma-separated "
+        f"block indices, {FINAL} = the final normed hidden state; a head whose "
+        "--feature-layers are among them needs no second pass of the target "
+        f"(default: what the data folder holds, else {FINAL}).",
     )
     g.add_argument(
         "--top-k",
@@ -245,6 +254,21 @@ def _check_args(args):
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
 
 
+def kept_feature_layers(args, model, data_dir: Path) -> List[int]:
+    """The features the data keeps: ``--keep-features``, else the folder's, else final."""
+    from ..features import check_feature_layers
+
+    if args.keep_features:
+        layers = _ints(args.keep_features, "keep-features")
+    else:
+        manifest = data_dir / "train.json"
+        saved = None
+        if manifest.exists():
+            saved = json.loads(manifest.read_text(encoding="utf-8"))
+        layers = (saved or {}).get("feature_layers") or [FINAL]
+    return list(check_feature_layers(model, layers))
+
+
 def choose_prompts(args):
     """Training and held-out prompts (built-in, or a file split by a hash of each text)."""
     if args.prompts:
@@ -334,6 +358,7 @@ def run(args, argv: List[str]) -> int:
         seed=args.seed,
         target=model_fingerprint(model),
         features=args.kind != "draft" or bool(args.feature_weight),
+        feature_layers=kept_feature_layers(args, model, data_dir),
         progress=progress,
         log=_log,
     )
@@ -404,6 +429,13 @@ def run(args, argv: List[str]) -> int:
         compile=not args.no_compile,
         init_from=args.init_from or "",
     )
+    if config.feature_weight > 0:  # the draft regresses on the final hidden state
+        train, heldout = (part.with_features([FINAL]) for part in (train, heldout))
+        if train is None or heldout is None:
+            raise ValueError(
+                f"--feature-weight needs the final hidden state ({FINAL}) among the "
+                f"data's kept features; pass --keep-features with {FINAL} in it."
+            )
     tic, cpu = time.perf_counter(), _cpu_seconds()
     extra = {
         "name": out.name,

@@ -129,6 +129,27 @@ class Completions:
             self.features = None
             self.feature_layers = ()
 
+    def with_features(self, layers: Sequence[int]) -> Optional["Completions"]:
+        """The same sequences whose features are only ``layers``, in that order.
+
+        Returns ``None`` when a layer was not kept (or no features were).
+        """
+        layers = tuple(int(i) for i in layers)
+        if layers == self.feature_layers:
+            return self
+        if self.features is None or not set(layers) <= set(self.feature_layers):
+            return None
+        width = self.features[0].shape[1] // len(self.feature_layers)
+        columns = np.concatenate(
+            [
+                np.arange(width) + width * self.feature_layers.index(layer)
+                for layer in layers
+            ]
+        )
+        lists = {name: getattr(self, name) for name in _LISTS}
+        features = [f[:, columns] for f in self.features]
+        return Completions(**lists, features=features, feature_layers=layers)
+
     def subset(self, index: Sequence[int]) -> "Completions":
         lists = {name: [getattr(self, name)[i] for i in index] for name in _LISTS}
         if self.features is not None:

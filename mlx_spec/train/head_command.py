@@ -243,7 +243,7 @@ def run_head_training(
         train, heldout: Training and held-out sequences: objects with
           ``tokens`` (token ids of each) and ``starts`` (first completion
           token of each), e.g. :class:`mlx_spec.train.completions.Completions`,
-          whose features are used as they are when they are the head's
+          whose features are used as they are when they include the head's
           feature layers (otherwise one teacher-forced pass makes them).
         command: The reproducing command, for the card.
         data_info: What the data is, for the card and config.
@@ -259,9 +259,11 @@ def run_head_training(
         train,
         heldout,
     ):  # chunked apart: more training data keeps held-out chunks
-        layers = tuple(getattr(part, "feature_layers", ()))
-        if getattr(part, "features", None) and layers == tuple(config.feature_layers):
-            got = from_completions(part)
+        kept = None
+        if hasattr(part, "with_features"):  # completions that kept features
+            kept = part.with_features(config.feature_layers)
+        if kept is not None:
+            got = from_completions(kept)
         else:
             laws = None
             if hasattr(part, "law_ids"):
