@@ -265,6 +265,65 @@ def test_eagle_chain_sampled_stream_follows_target_law(load_model):
     assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
 
 
+@pytest.fixture(scope="module")
+def trained_on_blocks(tiny):
+    """An EAGLE head reading block 0 and the final state (EAGLE-3 style), trained briefly."""
+    rng = np.random.default_rng(1)
+    sequences = []
+    for _ in range(24):
+        prompt = rng.integers(0, VOCAB, size=5).tolist()
+        sequences.append(prompt + list(_plain_greedy(tiny, prompt, 40)))
+    layers = [0, FINAL]
+    data = teacher_data(tiny, sequences, [5] * len(sequences), feature_layers=layers)
+    config = HeadTrainConfig(
+        kind="eagle",
+        steps=80,
+        batch_size=8,
+        window=48,
+        lr=1e-2,
+        draft_vocab=0,
+        feature_layers=layers,
+    )
+    trainer = HeadTrainer(tiny, data, config)
+    for _ in range(config.steps):
+        trainer.train_step()
+    config = {HEAD_KEY: {"kind": "eagle"}}
+    return LoadedHead(
+        "eagle", trainer.head, config, DraftVocab(tiny, None, VOCAB), tiny
+    )
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-chain"])
+def test_an_eagle_head_on_several_blocks_is_exact(tiny, trained_on_blocks, method):
+    """Drafts are accepted, greedy output is plain decoding's, and sampled
+    3-token openings follow the target's exact law."""
+    head = trained_on_blocks
+    assert head.module.args.feature_layers == [0, FINAL]
+    stats = SpecStats()
+    config = SpecConfig(method=method, max_tokens=60, tree_budget=6, adaptive=False)
+    greedy = speculative_events(
+        mx.array(PROMPT), tiny, head, config=config, stats=stats
+    )
+    assert [e.token for e in greedy] == list(_plain_greedy(tiny, PROMPT, 60))
+    assert stats.accepted_tokens > 10 and max(stats.accepted_per_round) >= 2
+    law = _exact_law_of_three(tiny, 1.0)
+    config = SpecConfig(
+        method=method, max_tokens=3, temp=1.0, adaptive=False, tree_budget=6
+    )
+    mx.random.seed(11)
+    counts, accepted = np.zeros(VOCAB**3), 0
+    for _ in range(200):
+        stats = SpecStats()
+        events = speculative_events(
+            mx.array(PROMPT), tiny, head, config=config, stats=stats
+        )
+        a, b, c = (e.token for e in events)
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+        accepted += stats.accepted_tokens
+    assert accepted > 50
+    assert_counts_follow_law(counts, law.reshape(-1))
+
+
 # --------------------------------------------------------------------------- #
 # The features the heads read are the target's, at the right positions
 # --------------------------------------------------------------------------- #
