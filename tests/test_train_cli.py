@@ -130,6 +130,9 @@ def test_kept_features_serve_a_head_without_a_teacher_pass(
     assert not (head / "data").exists()  # no teacher-forced pass was cached
     config = json.loads((head / "config.json").read_text())
     assert config["head"]["feature_layers"] == [0]
+    card = (head / "README.md").read_text()
+    assert "- Reads: the target's block 0." in card
+    assert "- Prompts: " in card and " completion tokens (" in card
     draft = ["--out", str(tmp_path / "d2"), "--feature-weight", "0.5", "--skip-eval"]
     assert main([*base, *draft]) == 0
 

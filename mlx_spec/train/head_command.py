@@ -305,11 +305,13 @@ def write_card(out, kind: str, trainer, command: str, data_info: dict):
         "Trained with `mlx_spec train-draft` (self-distillation: the target's own "
         "completions, its hidden states and next-token laws as teacher).",
         "",
+        f"- Reads: {_reads(kind, t.config)}.",
         f"- Training: {t.step} steps, {t.tokens_seen} supervised positions, "
         f"{t.train_time / 60:.1f} min of optimizer time.",
         f"- Data: {len(t.train_index)} training / {len(t.eval_index)} held-out "
         f"sequences; draft vocabulary covers {t.coverage:.1%} of the target's "
         "top choices on the training completions.",
+        *_data_lines(data_info),
         f"- Final loss: {t.history[-1]['loss'] if t.history else 'n/a'}.",
         f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
         f"tokens per chain round: {last.get('tokens_per_round')}.",
@@ -320,3 +322,30 @@ def write_card(out, kind: str, trainer, command: str, data_info: dict):
     lines += [f"- {e['step']}: {e.get('tokens_per_round')}" for e in t.evals]
     lines += ["", "Command:", "", "```", command, "```", ""]
     (Path(out) / "README.md").write_text("\n".join(lines))
+
+
+def _reads(kind: str, config) -> str:
+    if kind == "medusa":
+        return f"the target's final hidden state ({config.num_heads} heads)"
+    names = [
+        "the final hidden state" if i == FINAL else f"block {i}"
+        for i in config.feature_layers
+    ]
+    return "the target's " + ", ".join(names)
+
+
+def _data_lines(info: dict) -> List[str]:
+    """The card's lines on where the training sequences came from."""
+    if "train_sets" not in info:
+        return []
+    sets = ", ".join(f"{n} {name}" for name, n in info["train_sets"].items())
+    if "self" in info["train_sets"]:
+        sets += " (`self`: requests the target wrote itself)"
+    return [
+        f"- Prompts: {sets}; "
+        f"{info['train_prompt_tokens']} prompt and {info['train_completion_tokens']} "
+        f"completion tokens ({info['sampled_share']:.0%} of the completions "
+        f"sampled at temperature {info['sampled_temp']}, the rest greedy; at most "
+        f"{info['max_tokens']} tokens each), written in "
+        f"{info['generation_minutes']} min.",
+    ]
