@@ -30,7 +30,7 @@ embedding produces (float32 for a float32 target on a CPU).
 import copy
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn

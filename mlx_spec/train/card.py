@@ -62,7 +62,13 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "",
         f"Self-distillation: the target answered built-in prompts (`mlx_spec.train.prompts`: "
         "chat requests from templates, code, editing and summarize tasks built from the "
-        "Python standard library) through its chat template, with mlx-lm's `BatchGenerator`.",
+        "Python standard library)"
+        + (
+            ", and requests it wrote itself (`--self-instruct`, set `self`),"
+            if "self" in data.get("train_sets", {})
+            else ""
+        )
+        + " through its chat template, with mlx-lm's `BatchGenerator`.",
         "",
         f"- training: {data.get('train_prompts')} prompts {data.get('train_sets', '')}, "
         f"{data.get('train_prompt_tokens')} prompt tokens, "
@@ -85,7 +91,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "written token, over completion tokens;",
         f"- {training.get('tokens_seen')} completion tokens seen; final training loss "
         f"{_fmt(training.get('final_loss'))};",
-        f"- time: {config.get('timing', {}).get('summary', '-')}.",
+        f"- time of this run: {config.get('timing', {}).get('summary', '-')}.",
         "",
     ]
     if evals:
