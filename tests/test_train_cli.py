@@ -143,3 +143,13 @@ def test_a_feature_layer_the_target_lacks_fails_in_one_line(checkpoints, tmp_pat
         main([*argv, "--keep-features", "0,9"])
     text = str(e.value.code)
     assert "feature layers [0, 9]" in text and "\n" not in text, text
+
+
+def test_a_draft_card_names_the_requests_the_target_wrote_itself():
+    from mlx_spec.train.card import model_card
+
+    def card(sets):
+        return model_card({"data": {"train_sets": sets}}, "mlx_spec train-draft", None)
+
+    assert "--self-instruct" in card({"chat": 3, "self": 2})
+    assert "--self-instruct" not in card({"chat": 3})
