@@ -16,7 +16,7 @@ from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
 from mlx_lm.models import llama
 
 from mlx_spec import SpecConfig, SpecStats, stream_generate
-from mlx_spec.drafters.eagle import EagleContext
+from mlx_spec.drafters.eagle import EagleContext, EagleDrafter
 from mlx_spec.drafters.heads import (
     HEAD_KEY,
     DraftVocab,
@@ -499,3 +499,45 @@ def test_draft_vocabulary_takes_the_prompts_tokens_for_one_call(tiny):
         logits[:, mx.array([1, 3, 5, 7])], full[:, mx.array([1, 3, 5, 7])]
     )
     assert extended.with_tokens([7, 1]) is extended
+
+
+@pytest.mark.parametrize(
+    "method, budget",
+    [("eagle", 6), ("eagle", 1), ("medusa", 6), ("medusa", 1)],
+)
+def test_heads_with_a_draft_vocabulary_propose_target_ids_best_first(
+    tiny, monkeypatch, method, budget
+):
+    """Children are ranked over the draft vocabulary's columns and mapped back:
+    every proposed token is in this call's vocabulary, and the first proposed
+    token is the head's best at full width (``vocab.logits``)."""
+    kind = "medusa" if method == "medusa" else "eagle"
+    head = random_head(kind, tiny, seed=12, draft_ids=mx.array([6, 7]))
+    seen = []
+    cls = MedusaDrafter if kind == "medusa" else EagleDrafter
+    original = cls.propose
+
+    def recording(self, state, size):
+        proposal = original(self, state, size)
+        if proposal.size:
+            if kind == "medusa":
+                vocab, hidden = self.vocab, head.module(self.last)[0][:1]
+            else:
+                vocab, hidden = self.context.vocab, self._root.reshape(1, -1)
+            best = mx.argmax(vocab.logits(hidden), axis=-1).item()
+            seen.append((proposal.tokens.tolist(), vocab.all_ids.tolist(), best))
+        return proposal
+
+    monkeypatch.setattr(cls, "propose", recording)
+    config = SpecConfig(
+        method=method, max_tokens=30, tree_budget=budget, adaptive=False
+    )
+    out = [
+        e.token for e in speculative_events(mx.array(PROMPT), tiny, head, config=config)
+    ]
+    assert out == list(_plain_greedy(tiny, PROMPT, 30))
+    assert len(seen) > 3
+    for tokens, allowed, best in seen:
+        assert {6, 7} <= set(allowed)
+        assert set(tokens) <= set(allowed)
+        assert tokens[0] == best

@@ -31,7 +31,7 @@ from ..costs import DRAFT_LATENCY, weight_bytes
 from ..sampling import normalize
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
 from .heads import LoadedHead
-from .tree import TreeDrafter, _StaticShape
+from .tree import TreeDrafter, _StaticShape, draft_vocab_children
 
 
 class EagleContext:
@@ -183,11 +183,18 @@ class EagleDrafter(TreeDrafter):
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
         return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
 
-    # Tree hooks of TreeDrafter: the root's and each level's draft logprobs.
+    # Tree hooks of TreeDrafter: the root's and each level's draft logprobs,
+    # over the draft vocabulary only (children are ranked there, not at 49k wide).
+    def _draft_logprobs(self, g: mx.array) -> mx.array:
+        return normalize(self.context.vocab.small_logits(g.reshape(-1, g.shape[-1])))
+
+    def _children(self, logprobs: mx.array, k: int):
+        return draft_vocab_children(self.context.vocab, logprobs, k)
+
     def _root_logprobs(self, state: RoundState) -> mx.array:
         self._tree_prefix = self.context.cache.offset
         self._node_feats = self._root.reshape(1, -1)  # row 0: the root's output
-        return normalize(self._logits(self._root))
+        return self._draft_logprobs(self._root)
 
     def _level_logprobs(self, fed, start: int) -> mx.array:
         """Expand fed nodes ``start..``: one head forward over them, ``(n, V)``."""
@@ -208,7 +215,7 @@ class EagleDrafter(TreeDrafter):
         )
         g = out[0]
         self._node_feats = mx.concatenate([self._node_feats, g])
-        return normalize(self._logits(g))
+        return self._draft_logprobs(g)
 
     def commit(self, state, proposal, num_accepted: int, path=None):
         self.context.rewind()

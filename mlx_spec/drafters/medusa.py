@@ -30,7 +30,7 @@ from ..sampling import normalize
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
 from .eagle import _check_head, head_step_cost
 from .heads import LoadedHead, static_choices
-from .tree import TreeDrafter, _StaticShape
+from .tree import TreeDrafter, _StaticShape, draft_vocab_children
 
 
 class MedusaDrafter(TreeDrafter):
@@ -83,9 +83,12 @@ class MedusaDrafter(TreeDrafter):
         self.vocab = self.vocab.with_tokens(tokens)
 
     def _head_logprobs(self) -> mx.array:
-        """All heads in one step: ``(K, V)`` normalized logits."""
+        """All heads in one step: ``(K, C)`` logprobs over the draft vocabulary."""
         hidden = self.head.module(self.last)[0]  # (K, H)
-        return normalize(self.vocab.logits(hidden))
+        return normalize(self.vocab.small_logits(hidden))
+
+    def _children(self, logprobs: mx.array, k: int):
+        return draft_vocab_children(self.vocab, logprobs, k)
 
     def propose(self, state: RoundState, size: int) -> Proposal:
         if self.last is None:
@@ -93,7 +96,8 @@ class MedusaDrafter(TreeDrafter):
         self._levels = self._head_logprobs()
         if not self.is_tree:
             gamma = min(size, self.num_heads)
-            tokens = mx.argmax(self._levels[:gamma], axis=-1).astype(mx.uint32)
+            tokens = self.vocab.to_target(mx.argmax(self._levels[:gamma], axis=-1))
+            tokens = tokens.astype(mx.uint32)
             return Proposal(tokens, None, forwards=1)
         proposal = super().propose(state, size)
         proposal.forwards = 1  # one batched step of every head

@@ -64,6 +64,17 @@ def top_children(logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
     return mx.take_along_axis(best, order, -1), mx.take_along_axis(values, order, -1)
 
 
+def draft_vocab_children(
+    vocab, logprobs: mx.array, k: int
+) -> Tuple[mx.array, mx.array]:
+    """:func:`top_children` over a draft vocabulary's columns, as target ids.
+
+    ``vocab`` is a head's :class:`~mlx_spec.drafters.heads.DraftVocab`.
+    """
+    columns, values = top_children(logprobs, k)
+    return vocab.to_target(columns).astype(columns.dtype), values
+
+
 def select_budget(
     scores: mx.array, budget: int, valid: Optional[mx.array] = None
 ) -> mx.array:
@@ -193,6 +204,14 @@ class TreeDrafter(ModelDrafter):
         logits = tree_forward(self.draft.model, self.draft.cache, fed, start=start)
         return normalize(align_vocab(logits, self.vocab_size))
 
+    def _children(self, logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
+        """The ``k`` best children per row: ``(R, C) -> (R, k)`` token ids and logprobs.
+
+        The hooks' logprobs may cover only a draft vocabulary (heads); the
+        heads map its columns to target ids here.
+        """
+        return top_children(logprobs, k)
+
     def propose(self, state: RoundState, budget: int) -> Proposal:
         root = self._root_logprobs(state)
         if self.static is not None:
@@ -204,7 +223,7 @@ class TreeDrafter(ModelDrafter):
         width = min(k, budget)  # frontier nodes past the budget cannot be kept
         # Nor levels past the budget: each costs a draft forward.
         depth = min(self.depth, budget)
-        tokens, scores = top_children(root, width)
+        tokens, scores = self._children(root, width)
         pool = Tree.from_parents(tokens[0], [-1] * width)  # the best nodes so far
         scores = scores[0]
         valid = mx.ones((width,), mx.bool_)  # False: its parent was cut
@@ -216,7 +235,7 @@ class TreeDrafter(ModelDrafter):
         frontier = mx.arange(width, dtype=mx.int32)  # pool index, -1 once cut
         frontier_scores, start = scores, 0
         for level in range(2, depth + 1):
-            children, child_lp = top_children(self._level_logprobs(fed, start), k)
+            children, child_lp = self._children(self._level_logprobs(fed, start), k)
             mx.async_eval(children, child_lp)
             child_lp = mx.minimum(child_lp, 0.0)  # never outscore the parent
             cand_scores = (frontier_scores[:, None] + child_lp).reshape(-1)  # (w*k,)
@@ -257,13 +276,15 @@ class TreeDrafter(ModelDrafter):
 
     def _static(self, root: mx.array) -> Proposal:
         shape = self.static
-        ranked, _ = top_children(root, shape.width)
+        ranked, _ = self._children(root, shape.width)
         levels = []
         for level, (rows, cols) in enumerate(shape.gather):
             if level > 0:
                 start, structure = shape.fed[level - 1]
                 fed = Tree(mx.concatenate(levels), *structure)
-                ranked, _ = top_children(self._level_logprobs(fed, start), shape.width)
+                ranked, _ = self._children(
+                    self._level_logprobs(fed, start), shape.width
+                )
             levels.append(ranked[rows, cols])
             mx.async_eval(levels[-1])
         tokens = mx.concatenate(levels)
