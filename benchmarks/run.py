@@ -399,8 +399,9 @@ def _default_heads(model, progress) -> List[object]:
         return []
     out = []
     for path in sorted(p for p in root.iterdir() if p.is_dir()):
-        if heads.read_head_config(path) is None:
-            continue
+        config = heads.read_head_config(path)
+        if config is None or config[heads.HEAD_KEY].get("kind") == "draft":
+            continue  # not a head (a distilled draft is the draft model)
         try:
             out.append(heads.load_head(path, model))
         except ValueError as e:

@@ -156,3 +156,15 @@ def test_a_drafter_loaded_on_one_thread_decodes_on_another(
     thread.join()
     assert "error" not in out, out.get("error")
     assert out["tokens"] == plain_greedy[0]
+
+
+def test_benchmarks_take_the_shipped_heads_and_leave_the_draft_to_the_draft_slot(pair):
+    """The benchmark's default heads are the EAGLE and Medusa heads in models/,
+    with no complaint about the distilled draft beside them."""
+    from benchmarks.run import _default_heads
+
+    notes = []
+    progress = type("Progress", (), {"note": lambda self, text: notes.append(text)})()
+    heads = _default_heads(pair[0], progress)
+    assert sorted(h.kind for h in heads) == ["eagle", "medusa"]
+    assert notes == []
