@@ -105,9 +105,16 @@ class CachedModel:
         """Stop journaling (the caches keep their state)."""
         self.rollback.release()
 
-    def __call__(self, tokens: mx.array) -> mx.array:
-        """Feed ``tokens`` (shape ``(L,)``); returns logits ``(L, V)``."""
-        logits = self.model(tokens[None], cache=self.cache)[0]
+    def __call__(self, tokens: mx.array, head=None) -> mx.array:
+        """Feed ``tokens`` (shape ``(L,)``); returns logits ``(L, V)``.
+
+        ``head``, if given, replaces the output layer: it maps the final hidden
+        states ``(L, H)`` (to a distilled draft's vocabulary subset, say).
+        """
+        if head is None:
+            logits = self.model(tokens[None], cache=self.cache)[0]
+        else:
+            logits = head(self.model.model(tokens[None], cache=self.cache)[0])
         if self.counted:
             self._length = self.offset + int(tokens.shape[0])
         if self.kv.kv_bits is not None:

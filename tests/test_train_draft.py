@@ -411,6 +411,39 @@ def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(
         assert stream.stats.accepted_tokens > 0
 
 
+def test_a_tree_of_a_distilled_draft_is_ranked_over_its_vocabulary_subset(
+    target, trained, data, monkeypatch
+):
+    """Tree children are the draft's best tokens among its subset, as target ids
+    (ranked over the subset's columns, then mapped back), best first."""
+    from mlx_spec.drafters.tree import TreeDrafter
+
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    subset = set(draft.lm_head.token_ids.tolist())
+    proposals = []
+    original = TreeDrafter.propose
+
+    def recording(self, state, budget):
+        before = self.draft.offset
+        full = self.draft(mx.array(self.pending(state), mx.uint32))[-1]
+        self.draft.trim_to(before)
+        proposal = original(self, state, budget)
+        proposals.append((proposal.tokens.tolist(), mx.argmax(full).item()))
+        return proposal
+
+    monkeypatch.setattr(TreeDrafter, "propose", recording)
+    prompt = C.encode_prompt(tokenizer, data[2][0])
+    stream = stream_generate(
+        model, tokenizer, prompt, draft, speculative="tree", max_tokens=24
+    )
+    list(stream)
+    assert len(proposals) > 3
+    for tokens, best in proposals:
+        assert set(tokens) <= subset
+        assert tokens[0] == best
+
+
 def test_mlx_lm_speculative_decoding_runs_the_draft_unchanged(target, trained, data):
     import mlx_lm
 

@@ -193,24 +193,39 @@ class TreeDrafter(ModelDrafter):
         self.choices = list(choices) if choices else None
         self.static = _StaticShape(self.choices) if self.choices else None
         self._tree_prefix = 0
+        # A distilled draft's output layer covers a subset of the vocabulary
+        # (``subset_logits``, ``token_ids``): children are ranked over it.
+        head = getattr(draft.model, "lm_head", None)
+        self._subset = head if hasattr(head, "subset_logits") else None
 
     def _root_logprobs(self, state: RoundState) -> mx.array:
-        """Feed the pending tokens; return the draft's logprobs at the root ``(1, V)``."""
-        logits = self.draft(mx.array(self.pending(state), mx.uint32))[-1:]
+        """Feed the pending tokens; return the draft's logprobs at the root ``(1, C)``."""
+        inputs = mx.array(self.pending(state), mx.uint32)
+        if self._subset is None:
+            logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
+        else:
+            logits = self.draft(inputs, head=self._subset.subset_logits)[-1:]
         self._tree_prefix = self.draft.offset
-        return normalize(align_vocab(logits, self.vocab_size))
+        return normalize(logits)
 
     def _level_logprobs(self, fed: Tree, start: int) -> mx.array:
-        logits = tree_forward(self.draft.model, self.draft.cache, fed, start=start)
-        return normalize(align_vocab(logits, self.vocab_size))
+        cache = self.draft.cache
+        if self._subset is None:
+            logits = tree_forward(self.draft.model, cache, fed, start=start)
+            return normalize(align_vocab(logits, self.vocab_size))
+        hidden = tree_forward(self.draft.model.model, cache, fed, start=start)
+        return normalize(self._subset.subset_logits(hidden))
 
     def _children(self, logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
         """The ``k`` best children per row: ``(R, C) -> (R, k)`` token ids and logprobs.
 
-        The hooks' logprobs may cover only a draft vocabulary (heads); the
-        heads map its columns to target ids here.
+        The hooks' logprobs may cover only a vocabulary subset (``C`` columns:
+        a distilled draft's, a head's draft vocabulary), mapped to target ids here.
         """
-        return top_children(logprobs, k)
+        columns, values = top_children(logprobs, k)
+        if self._subset is None:
+            return columns, values
+        return self._subset.token_ids[columns].astype(columns.dtype), values
 
     def propose(self, state: RoundState, budget: int) -> Proposal:
         root = self._root_logprobs(state)
