@@ -244,7 +244,8 @@ def _generate(
     capture = FeatureCapture(target.model, layers) if layers else None
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
-    planner = RoundPlanner(config, drafter, timed=law.mode == "greedy")
+    greedy = law.mode == "greedy"
+    planner = RoundPlanner(config, drafter, timed=greedy)
     generated = 0
     round_index = 0
 
@@ -275,7 +276,7 @@ def _generate(
             while generated < config.max_tokens:
                 remaining = config.max_tokens - generated
                 is_tree, size = planner.begin_round(seq)
-                state = RoundState(seq, base, choose)
+                state = RoundState(seq, base, choose, greedy and not processors)
                 round_tic = time.perf_counter()
                 prefix_len = base + len(seq) - 1
                 target.mark()  # the round may rewind back to here (a queued step's after it)

@@ -503,7 +503,7 @@ def test_draft_vocabulary_takes_the_prompts_tokens_for_one_call(tiny):
 
 @pytest.mark.parametrize(
     "method, budget",
-    [("eagle", 6), ("eagle", 1), ("medusa", 6), ("medusa", 1)],
+    [("eagle", 6), ("eagle", 1), ("eagle-chain", 4), ("medusa", 6), ("medusa", 1)],
 )
 def test_heads_with_a_draft_vocabulary_propose_target_ids_best_first(
     tiny, monkeypatch, method, budget

@@ -411,18 +411,22 @@ def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(
         assert stream.stats.accepted_tokens > 0
 
 
-def test_a_tree_of_a_distilled_draft_is_ranked_over_its_vocabulary_subset(
-    target, trained, data, monkeypatch
+@pytest.mark.parametrize("method", ["draft", "tree"])
+def test_greedy_drafts_of_a_distilled_draft_are_chosen_over_its_vocabulary_subset(
+    target, trained, data, monkeypatch, method
 ):
-    """Tree children are the draft's best tokens among its subset, as target ids
-    (ranked over the subset's columns, then mapped back), best first."""
+    """Greedy chain drafts and tree children are the draft's best tokens among
+    its subset, as target ids (ranked over the subset's columns, then mapped
+    back), best first."""
+    from mlx_spec.drafters.model import ModelDrafter
     from mlx_spec.drafters.tree import TreeDrafter
 
     model, tokenizer = target
     draft = load_draft(str(trained), model, tokenizer)
     subset = set(draft.lm_head.token_ids.tolist())
     proposals = []
-    original = TreeDrafter.propose
+    cls = TreeDrafter if method == "tree" else ModelDrafter
+    original = cls.propose
 
     def recording(self, state, budget):
         before = self.draft.offset
@@ -432,12 +436,19 @@ def test_a_tree_of_a_distilled_draft_is_ranked_over_its_vocabulary_subset(
         proposals.append((proposal.tokens.tolist(), mx.argmax(full).item()))
         return proposal
 
-    monkeypatch.setattr(TreeDrafter, "propose", recording)
+    monkeypatch.setattr(cls, "propose", recording)
     prompt = C.encode_prompt(tokenizer, data[2][0])
     stream = stream_generate(
-        model, tokenizer, prompt, draft, speculative="tree", max_tokens=24
+        model,
+        tokenizer,
+        prompt,
+        draft,
+        speculative=method,
+        max_tokens=24,
+        adaptive=False,
     )
     list(stream)
+    assert stream.stats.accepted_tokens > 0
     assert len(proposals) > 3
     for tokens, best in proposals:
         assert set(tokens) <= subset

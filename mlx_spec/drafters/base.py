@@ -73,11 +73,15 @@ class RoundState:
         base: Cache offset before this call's prompt (earlier turns).
         choose: Maps processed-by-processors logprobs ``(1, V)`` and the draft
           history to ``(token (1,), law (1, V) or None)``.
+        argmax: ``choose`` is the argmax of the raw logits (greedy decoding,
+          no logits processors): a drafter may take it over its own
+          vocabulary subset instead.
     """
 
     seq: List[int]
     base: int
     choose: Callable
+    argmax: bool = False
 
 
 class Drafter(Protocol):

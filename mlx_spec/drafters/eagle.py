@@ -173,8 +173,13 @@ class EagleDrafter(TreeDrafter):
     def _chain(self, state: RoundState, gamma: int, g: mx.array) -> Proposal:
         tokens, laws = [], []
         position = self.context.fed
+        vocab = self.context.vocab
         for i in range(gamma):
-            token, law = state.choose(self._logits(g), tokens)
+            if state.argmax:  # greedy: the best token of the draft vocabulary
+                column = mx.argmax(vocab.small_logits(g.reshape(1, -1)), axis=-1)
+                token, law = vocab.to_target(column).astype(mx.uint32), None
+            else:
+                token, law = state.choose(self._logits(g), tokens)
             mx.async_eval(token)
             tokens.append(token)
             laws.append(law)

@@ -34,6 +34,11 @@ class ModelDrafter:
         self.vocab_size = vocab_size
         self.p_min = p_min
         self.step_cost = step_cost
+        # A distilled draft's output layer covers a subset of the vocabulary
+        # (``subset_logits``, ``token_ids``): greedy drafts and tree children
+        # are chosen over its columns, not at the target's width.
+        head = getattr(draft.model, "lm_head", None)
+        self._subset = head if hasattr(head, "subset_logits") else None
 
     def prefill(self, tokens: mx.array, step_size: int):
         self.draft.prefill(tokens, step_size)
@@ -52,9 +57,15 @@ class ModelDrafter:
         self.draft.mark()  # commit may rewind back to here
         inputs = mx.array(self.pending(state), mx.uint32)
         tokens, laws = [], []
+        subset = self._subset if state.argmax else None
         for i in range(gamma):
-            logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
-            token, law = state.choose(logits, tokens)
+            if subset is None:
+                logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
+                token, law = state.choose(logits, tokens)
+            else:
+                logits = self.draft(inputs, head=subset.subset_logits)[-1:]
+                column = mx.argmax(logits, axis=-1)
+                token, law = subset.token_ids[column].astype(mx.uint32), None
             mx.async_eval(token)
             tokens.append(token)
             laws.append(law)

@@ -193,10 +193,6 @@ class TreeDrafter(ModelDrafter):
         self.choices = list(choices) if choices else None
         self.static = _StaticShape(self.choices) if self.choices else None
         self._tree_prefix = 0
-        # A distilled draft's output layer covers a subset of the vocabulary
-        # (``subset_logits``, ``token_ids``): children are ranked over it.
-        head = getattr(draft.model, "lm_head", None)
-        self._subset = head if hasattr(head, "subset_logits") else None
 
     def _root_logprobs(self, state: RoundState) -> mx.array:
         """Feed the pending tokens; return the draft's logprobs at the root ``(1, C)``."""
