@@ -350,3 +350,27 @@ def test_auto_tries_a_tree_only_once_a_chain_beats_plain_rounds():
     auto.current = "draft"
     auto.observe(4, 1.2, drafted=4)  # now it does better: the tree gets its turn
     assert auto.select([1]) is auto.arms["tree"]
+
+
+def test_auto_worth_is_tokens_over_cost_so_queued_plain_steps_are_priced_fairly():
+    """A queued plain step moves time between neighbouring plain rounds (one
+    costs 119 ms, the next 1 ms): their worth stays near 2 tokens per 120 ms
+    (the decay weighs the latest round most), so a draft arm emitting 3
+    tokens per 100 ms wins. An average of per-round rates would price the
+    1 ms round at 1000 tokens/s and keep plain rounds."""
+    from mlx_spec.drafters.auto import AutoDrafter
+
+    auto = AutoDrafter({"draft": _Arm(), "lookup": _Lookup([False] * 100)}, None)
+    auto.select([1])
+    assert auto.current == "plain"
+    auto.observe(1, 0.119, drafted=0)
+    auto.select([1])
+    assert auto.current == "draft"
+    auto.observe(3, 0.100, drafted=4)
+    for _ in range(6):
+        auto.current = "plain"
+        auto.observe(1, 0.119, drafted=0)
+        auto.observe(1, 0.001, drafted=0)
+    assert 2 / 0.120 <= auto.rate["plain"] < 25
+    picks = [auto.select([1]) for _ in range(40)]
+    assert picks.count(auto.arms["draft"]) >= 30

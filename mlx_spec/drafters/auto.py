@@ -6,17 +6,18 @@ Every other round is one of the remaining arms or a plain step (``plain``):
 with a draft model the draft chain and the draft tree; with a head, its arms
 (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer); without
 either, self-speculation. Each of those gets one warm-up round (a tree arm
-once a chain arm has beaten plain rounds), then the best measured worth wins: tokens per unit of cost, an exponential moving
-average of emitted tokens over the round's cost. An occasional round
-explores, but never right after a round that kept all its drafts (no arm
-could have done better there). The cost is wall time under greedy decoding
+once a chain arm has beaten plain rounds), then the best measured worth
+wins: tokens per unit of cost, the exponentially decayed sum of emitted
+tokens over that of the rounds' cost. An occasional round explores, but
+never right after a round that kept all its drafts (no arm could have done
+better there). The cost is wall time under greedy decoding
 and a fixed cost model when sampling (so a seed always gives the same text);
 see ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds and the context, so the output stays exact.
 """
 
 import random
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..models import CachedModel
 from .base import Proposal, RoundState
@@ -51,6 +52,7 @@ class AutoDrafter:
         self.config = config
         self.rate: Dict[str, Optional[float]] = {}
         self.tries: Dict[str, int] = {}
+        self.totals: Dict[str, Tuple[float, float]] = {}  # decayed (tokens, cost)
         self.rng = random.Random(seed)
         self.current: Optional[str] = None
         self.kept_all = False  # the last round accepted every draft it made
@@ -143,7 +145,7 @@ class AutoDrafter:
             if hasattr(arm, "chain_only"):
                 arm.chain_only()
         self.choices = [c for c in self.choices if c == PLAIN or c in self.arms]
-        self.rate, self.tries = {}, {}
+        self.rate, self.tries, self.totals = {}, {}, {}
 
     def observe(self, emitted: int, cost: float, drafted: int = 0):
         """Feed back one round: tokens emitted, its cost (seconds or units) and
@@ -151,9 +153,13 @@ class AutoDrafter:
         name = self.current
         self.tries[name] = self.tries.get(name, 0) + 1
         self.kept_all = drafted > 0 and emitted == drafted + 1
-        rate = emitted / max(cost, 1e-9)
-        old = self.rate.get(name)
-        self.rate[name] = rate if old is None else (1 - EMA) * old + EMA * rate
+        # Worth is decayed tokens over decayed cost, not an average of per-round
+        # rates: a queued plain step moves time between neighbouring rounds.
+        tokens, spent = self.totals.get(name, (0.0, 0.0))
+        keep = 1 - EMA
+        tokens, spent = keep * tokens + emitted, keep * spent + cost
+        self.totals[name] = (tokens, spent)
+        self.rate[name] = tokens / max(spent, 1e-9)
 
     def add_history(self, tokens):
         for arm in self.arms.values():
