@@ -159,6 +159,31 @@ def test_prompt_cache_after_a_call_and_an_early_close(
             assert_cache_holds(draft, cache[split:], history)
 
 
+@pytest.mark.parametrize("method", ["tree", "auto"])
+def test_a_call_whose_one_round_drafts_nothing_keeps_the_draft_cache(
+    load_model, monkeypatch, method
+):
+    """A round with one token left drafts nothing; a tree arm must not rewind
+    the draft cache to an earlier round's prefix then (one-token calls, where
+    every round is such a round, over several turns of one prompt cache)."""
+    from mlx_spec.drafters.auto import AutoDrafter
+
+    monkeypatch.setattr(AutoDrafter, "_pick", lambda self: "tree")
+    model, draft, tokenizer = _models(load_model, "llama", method)
+    cache = make_prompt_cache(model) + make_prompt_cache(draft)
+    split = num_caches(model)
+    history = []
+    for turn, (prompt, n) in enumerate([(PROMPTS[0], 6), ("\n", 1), ("\n", 1)]):
+        ids = tokenizer.encode(prompt)
+        got = [
+            e.token for e in _run(model, draft, ids, method, 3, n, prompt_cache=cache)
+        ]
+        assert got == _plain(model, history + ids, n), turn
+        history += ids + got
+        assert_cache_holds(model, cache[:split], history)
+        assert_cache_holds(draft, cache[split:], history)
+
+
 def _exact_stream_check(model, ids, out, temp):
     logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
     laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)

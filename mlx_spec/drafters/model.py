@@ -37,7 +37,7 @@ class ModelDrafter:
         # A distilled draft's output layer covers a subset of the vocabulary
         # (``subset_logits``, ``token_ids``): greedy drafts and tree children
         # are chosen over its columns, not at the target's width.
-        head = getattr(draft.model, "lm_head", None)
+        head = getattr(getattr(draft, "model", None), "lm_head", None)
         self._subset = head if hasattr(head, "subset_logits") else None
 
     def prefill(self, tokens: mx.array, step_size: int):

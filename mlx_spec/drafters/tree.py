@@ -316,6 +316,8 @@ class TreeDrafter(ModelDrafter):
     def commit(
         self, state: RoundState, proposal: Proposal, num_accepted: int, path=None
     ):
+        if proposal.size == 0:
+            return  # no tree was grown (the call's last token): nothing to keep
         # Keep the accepted nodes the draft has already seen, contiguous.
         slots = proposal.sync_values or []
         kept: List[int] = []
