@@ -31,7 +31,7 @@ from ..costs import DRAFT_LATENCY, weight_bytes
 from ..sampling import normalize
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
 from .heads import LoadedHead
-from .tree import TreeDrafter, _StaticShape, draft_vocab_children
+from .tree import TreeDrafter, _StaticShape
 
 
 class EagleContext:
@@ -193,8 +193,9 @@ class EagleDrafter(TreeDrafter):
     def _draft_logprobs(self, g: mx.array) -> mx.array:
         return normalize(self.context.vocab.small_logits(g.reshape(-1, g.shape[-1])))
 
-    def _children(self, logprobs: mx.array, k: int):
-        return draft_vocab_children(self.context.vocab, logprobs, k)
+    def _column_ids(self):
+        # The draft vocabulary, with this call's tokens.
+        return self.context.vocab.all_ids
 
     def _root_logprobs(self, state: RoundState) -> mx.array:
         self._tree_prefix = self.context.cache.offset

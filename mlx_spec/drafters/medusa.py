@@ -30,7 +30,7 @@ from ..sampling import normalize
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
 from .eagle import _check_head, head_step_cost
 from .heads import LoadedHead, static_choices
-from .tree import TreeDrafter, _StaticShape, draft_vocab_children
+from .tree import TreeDrafter, _StaticShape
 
 
 class MedusaDrafter(TreeDrafter):
@@ -87,8 +87,9 @@ class MedusaDrafter(TreeDrafter):
         hidden = self.head.module(self.last)[0]  # (K, H)
         return normalize(self.vocab.small_logits(hidden))
 
-    def _children(self, logprobs: mx.array, k: int):
-        return draft_vocab_children(self.vocab, logprobs, k)
+    def _column_ids(self):
+        # The draft vocabulary, with this call's tokens.
+        return self.vocab.all_ids
 
     def propose(self, state: RoundState, size: int) -> Proposal:
         if self.last is None:

@@ -64,17 +64,6 @@ def top_children(logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
     return mx.take_along_axis(best, order, -1), mx.take_along_axis(values, order, -1)
 
 
-def draft_vocab_children(
-    vocab, logprobs: mx.array, k: int
-) -> Tuple[mx.array, mx.array]:
-    """:func:`top_children` over a draft vocabulary's columns, as target ids.
-
-    ``vocab`` is a head's :class:`~mlx_spec.drafters.heads.DraftVocab`.
-    """
-    columns, values = top_children(logprobs, k)
-    return vocab.to_target(columns).astype(columns.dtype), values
-
-
 def select_budget(
     scores: mx.array, budget: int, valid: Optional[mx.array] = None
 ) -> mx.array:
@@ -212,16 +201,18 @@ class TreeDrafter(ModelDrafter):
         hidden = tree_forward(self.draft.model.model, cache, fed, start=start)
         return normalize(self._subset.subset_logits(hidden))
 
-    def _children(self, logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
-        """The ``k`` best children per row: ``(R, C) -> (R, k)`` token ids and logprobs.
+    def _column_ids(self) -> Optional[mx.array]:
+        """``(C,)`` target id of each column of the hooks' logprobs (``None``: the
+        columns are the ids); a distilled draft covers a vocabulary subset."""
+        return None if self._subset is None else self._subset.token_ids
 
-        The hooks' logprobs may cover only a vocabulary subset (``C`` columns:
-        a distilled draft's, a head's draft vocabulary), mapped to target ids here.
-        """
+    def _children(self, logprobs: mx.array, k: int) -> Tuple[mx.array, mx.array]:
+        """The ``k`` best children per row: ``(R, C) -> (R, k)`` token ids and logprobs."""
         columns, values = top_children(logprobs, k)
-        if self._subset is None:
+        ids = self._column_ids()
+        if ids is None:
             return columns, values
-        return self._subset.token_ids[columns].astype(columns.dtype), values
+        return ids[columns].astype(columns.dtype), values
 
     def propose(self, state: RoundState, budget: int) -> Proposal:
         root = self._root_logprobs(state)
