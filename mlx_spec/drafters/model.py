@@ -47,6 +47,13 @@ class ModelDrafter:
         """Tokens of ``seq`` the draft cache has not seen yet (1 or 2)."""
         return state.seq[self.draft.offset - state.base :]
 
+    def _last_logits(self, inputs: mx.array, subset=None) -> mx.array:
+        """Feed ``inputs`` ``(L,)``: the last one's logits, ``(1, C)`` over
+        ``subset``'s columns (the draft's vocabulary subset) or ``(1, V)``."""
+        if subset is None:
+            return align_vocab(self.draft(inputs)[-1:], self.vocab_size)
+        return self.draft(inputs, head=subset.subset_logits)[-1:]
+
     def drafts_nothing(self, gamma: int, seq_len: int) -> bool:
         """A γ-0 round is a plain step, whatever the context (see :meth:`propose`)."""
         return gamma < 1
@@ -59,11 +66,10 @@ class ModelDrafter:
         tokens, laws = [], []
         subset = self._subset if state.argmax else None
         for i in range(gamma):
+            logits = self._last_logits(inputs, subset)
             if subset is None:
-                logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
                 token, law = state.choose(logits, tokens)
             else:
-                logits = self.draft(inputs, head=subset.subset_logits)[-1:]
                 column = mx.argmax(logits, axis=-1)
                 token, law = subset.token_ids[column].astype(mx.uint32), None
             mx.async_eval(token)

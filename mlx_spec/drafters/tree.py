@@ -186,10 +186,7 @@ class TreeDrafter(ModelDrafter):
     def _root_logprobs(self, state: RoundState) -> mx.array:
         """Feed the pending tokens; return the draft's logprobs at the root ``(1, C)``."""
         inputs = mx.array(self.pending(state), mx.uint32)
-        if self._subset is None:
-            logits = align_vocab(self.draft(inputs)[-1:], self.vocab_size)
-        else:
-            logits = self.draft(inputs, head=self._subset.subset_logits)[-1:]
+        logits = self._last_logits(inputs, self._subset)
         self._tree_prefix = self.draft.offset
         return normalize(logits)
 
