@@ -374,3 +374,78 @@ def test_auto_worth_is_tokens_over_cost_so_queued_plain_steps_are_priced_fairly(
     assert 2 / 0.120 <= auto.rate["plain"] < 25
     picks = [auto.select([1]) for _ in range(40)]
     assert picks.count(auto.arms["draft"]) >= 30
+
+
+def test_auto_tries_again_an_arm_left_out_after_one_unlucky_round(monkeypatch):
+    """One bad warm-up round would keep the draft arm out for good; after
+    REPROBE_AFTER rounds without it, it gets another round, and keeps the
+    lead once it earns more than plain rounds."""
+    from mlx_spec.drafters import auto as auto_mod
+
+    monkeypatch.setattr(auto_mod, "EXPLORE", 0.0)  # no random exploration
+    auto = auto_mod.AutoDrafter(
+        {"draft": _Arm(), "lookup": _Lookup([False] * 200)}, None
+    )
+    auto.select([1])
+    auto.observe(1, 1.0, drafted=0)  # plain: 1 token per unit
+    auto.select([1])
+    assert auto.current == "draft"
+    auto.observe(1, 2.0, drafted=4)  # an unlucky warm-up: 0.5 tokens per unit
+    picks = []
+    while not picks or not picks[-1]:
+        picks.append(auto.select([1]) is auto.arms["draft"])
+        if not picks[-1]:
+            auto.observe(1, 1.0, drafted=0)
+    assert len(picks) == auto_mod.REPROBE_AFTER + 1  # 16 plain rounds, then the draft
+    auto.observe(3, 1.5, drafted=4)  # the draft now does better than plain
+    assert auto.select([1]) is auto.arms["draft"]
+
+    monkeypatch.setattr(auto_mod, "REPROBE_AFTER", 0)  # without it: never again
+    auto = auto_mod.AutoDrafter(
+        {"draft": _Arm(), "lookup": _Lookup([False] * 200)}, None
+    )
+    auto.select([1])
+    auto.observe(1, 1.0, drafted=0)
+    auto.select([1])
+    auto.observe(1, 2.0, drafted=4)
+    for _ in range(50):
+        assert auto.select([1]) is not auto.arms["draft"]
+        auto.observe(1, 1.0, drafted=0)
+
+
+def test_auto_holds_lookup_matches_to_a_higher_bar_while_lookup_rounds_lose():
+    """Lookup preempts the other arms on a match; while its measured worth is
+    below the best other choice's, only a match length whose first token is
+    accepted at least LOSING_LOOKUP_BAR of the time still drafts."""
+    from mlx_spec.drafters.auto import LOSING_LOOKUP_BAR, AutoDrafter
+    from mlx_spec.drafters.lookup import MIN_ACCEPTANCE, MatchRates
+
+    class Lookup(_Arm):
+        def __init__(self):
+            self.rates = MatchRates()
+            self.n = 2
+
+        def will_draft(self, seq):
+            return self.rates.rate(self.n) >= self.rates.min_acceptance
+
+    lookup = Lookup()
+    for accepted in (True, False, False):  # first token accepted 1/3 of the time
+        lookup.rates.observe(2, accepted)
+    rate = lookup.rates.rate(2)
+    assert MIN_ACCEPTANCE <= rate < LOSING_LOOKUP_BAR
+    lookup.rates.observe(3, True)  # a longer match that mostly pays
+    assert lookup.rates.rate(3) >= LOSING_LOOKUP_BAR
+
+    auto = AutoDrafter({"draft": _Arm(), "lookup": lookup}, None)
+    auto.current = "plain"
+    auto.observe(1, 1.0, drafted=0)  # plain: 1 token per unit
+    assert auto.select([1]) is lookup and auto.current == "lookup"  # the usual bar
+    auto.observe(1, 1.2, drafted=4)  # lookup: 0.83 tokens per unit
+    auto.select([1])
+    assert auto.current == "draft"  # losing: the weak match is left out
+    auto.observe(1, 1.0, drafted=4)
+    lookup.n = 3
+    assert auto.select([1]) is lookup and auto.current == "lookup"  # a strong one drafts
+    auto.observe(4, 1.3, drafted=4)  # now lookup earns the most
+    lookup.n = 2
+    assert auto.select([1]) is lookup  # and the usual bar applies again

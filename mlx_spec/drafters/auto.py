@@ -1,7 +1,9 @@
 """``--speculative auto``: pick the best method online.
 
 Prompt lookup drafts for free, so a round whose context has a match worth
-proposing (see :class:`~mlx_spec.drafters.lookup.MatchRates`) copies it.
+proposing (see :class:`~mlx_spec.drafters.lookup.MatchRates`) copies it;
+while lookup rounds earn less than the best other choice, only a match
+whose first token is usually accepted counts.
 Every other round is one of the remaining arms or a plain step (``plain``):
 with a draft model the draft chain and the draft tree; with a head, its arms
 (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer); without
@@ -10,7 +12,7 @@ once a chain arm has beaten plain rounds), then the best measured worth
 wins: tokens per unit of cost, the exponentially decayed sum of emitted
 tokens over that of the rounds' cost. An occasional round explores, but
 never right after a round that kept all its drafts (no arm could have done
-better there). The cost is wall time under greedy decoding
+better there), and an arm left out for a while gets another round. The cost is wall time under greedy decoding
 and a fixed cost model when sampling (so a seed always gives the same text);
 see ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds and the context, so the output stays exact.
@@ -21,11 +23,17 @@ from typing import Dict, List, Optional, Tuple
 
 from ..models import CachedModel
 from .base import Proposal, RoundState
-from .lookup import make_lookup_drafter
+from .lookup import MIN_ACCEPTANCE, make_lookup_drafter
 from .model import make_model_drafter
 
 EXPLORE = 0.05
 WARMUP_ROUNDS = 1
+# An arm left out this many rounds gets one more: its worth may have changed
+# since (a single unlucky warm-up round would otherwise keep it out for good).
+REPROBE_AFTER = 16
+# While lookup rounds earn less than the best other choice, a match length is
+# proposed only if its first token is accepted at least this often.
+LOSING_LOOKUP_BAR = 0.5
 EMA = 0.3
 SEED = 0
 LOOKUP, PLAIN = "lookup", "plain"
@@ -53,6 +61,8 @@ class AutoDrafter:
         self.rate: Dict[str, Optional[float]] = {}
         self.tries: Dict[str, int] = {}
         self.totals: Dict[str, Tuple[float, float]] = {}  # decayed (tokens, cost)
+        self.rounds = 0
+        self.last_round: Dict[str, int] = {}  # the round each arm last ran
         self.rng = random.Random(seed)
         self.current: Optional[str] = None
         self.kept_all = False  # the last round accepted every draft it made
@@ -68,6 +78,10 @@ class AutoDrafter:
             return self.current
         for name in self.choices:
             if self.tries.get(name, 0) < WARMUP_ROUNDS and self._worth_trying(name):
+                return name
+        for name in self.choices:
+            stale = self.rounds - self.last_round.get(name, 0) >= REPROBE_AFTER
+            if REPROBE_AFTER and stale and self._worth_trying(name):
                 return name
         best = max(self.choices, key=lambda name: self.rate.get(name) or 0.0)
         if len(self.choices) > 1 and self.rng.random() < EXPLORE:
@@ -86,10 +100,21 @@ class AutoDrafter:
         best = max((self.rate.get(c) or 0.0 for c in chains), default=0.0)
         return best > (self.rate.get(PLAIN) or 0.0)
 
+    def _lookup_drafts(self, seq: List[int]) -> bool:
+        """Whether lookup has a match worth proposing on ``seq``: a stricter one
+        while its measured worth is below the best other choice's."""
+        rates = getattr(self.lookup, "rates", None)
+        if rates is not None:
+            worth = self.rate.get(LOOKUP)
+            best = max((self.rate.get(name) or 0.0) for name in self.choices)
+            losing = worth is not None and worth < best
+            rates.min_acceptance = LOSING_LOOKUP_BAR if losing else MIN_ACCEPTANCE
+        return self.lookup.will_draft(seq)
+
     def select(self, seq: Optional[List[int]] = None):
         """Choose this round's arm for the context ``seq`` (the engine sizes its proposal)."""
         picked, self.picked = self.picked, None
-        if self.lookup is not None and seq is not None and self.lookup.will_draft(seq):
+        if self.lookup is not None and seq is not None and self._lookup_drafts(seq):
             self.current = LOOKUP
         else:
             self.current = picked or self._pick()
@@ -111,7 +136,7 @@ class AutoDrafter:
         """
         if self.current != PLAIN or self.lookup is None:
             return False
-        if self.lookup.will_draft(seq):
+        if self._lookup_drafts(seq):
             return False
         self.picked = self._pick()
         if self.picked != PLAIN:
@@ -146,12 +171,15 @@ class AutoDrafter:
                 arm.chain_only()
         self.choices = [c for c in self.choices if c == PLAIN or c in self.arms]
         self.rate, self.tries, self.totals = {}, {}, {}
+        self.last_round = {}
 
     def observe(self, emitted: int, cost: float, drafted: int = 0):
         """Feed back one round: tokens emitted, its cost (seconds or units) and
         the number of tokens it drafted."""
         name = self.current
         self.tries[name] = self.tries.get(name, 0) + 1
+        self.rounds += 1
+        self.last_round[name] = self.rounds
         self.kept_all = drafted > 0 and emitted == drafted + 1
         # Worth is decayed tokens over decayed cost, not an average of per-round
         # rates: a queued plain step moves time between neighbouring rounds.

@@ -50,6 +50,9 @@ class MatchRates:
     """
 
     def __init__(self):
+        # The first-token acceptance a match length needs (auto raises it
+        # while lookup rounds earn less than its other choices).
+        self.min_acceptance = MIN_ACCEPTANCE
         self.hits = {}  # n -> decayed accepted first tokens
         self.tries = {}  # n -> decayed proposals
         self.skipped = {}  # n -> rounds kept out since the last proposal
@@ -59,7 +62,7 @@ class MatchRates:
         return (hits + PRIOR * PRIOR_WEIGHT) / (tries + PRIOR_WEIGHT)
 
     def worth_proposing(self, n: int) -> bool:
-        if self.rate(n) >= MIN_ACCEPTANCE:
+        if self.rate(n) >= self.min_acceptance:
             return True
         self.skipped[n] = self.skipped.get(n, 0) + 1
         return self.skipped[n] % PROBE_EVERY == 0
