@@ -455,6 +455,63 @@ def test_greedy_drafts_of_a_distilled_draft_are_chosen_over_its_vocabulary_subse
         assert tokens[0] == best
 
 
+def test_the_batch_server_drafts_greedy_rows_over_the_vocabulary_subset(
+    target, trained, data, monkeypatch
+):
+    """Greedy batches draft the argmax over the draft's subset (no scatter to
+    the full vocabulary) and stay identical to plain decoding; a sampled row
+    draws from the full-width law, which rejection sampling needs."""
+    import mlx_lm
+
+    from mlx_spec.sampling import SamplingParams
+    from mlx_spec.serve.batch import SeqSpec, SpecBatchGenerator
+
+    model, tokenizer = target
+    draft = load_draft(str(trained), model, tokenizer)
+    # Full-width logits built while drafting (a prefill's are never evaluated).
+    full_width, drafting = [], []
+    scatter = distilled.VocabHead.__call__
+    draft_step = SpecBatchGenerator._draft
+
+    def recording_scatter(self, h):
+        if drafting:
+            full_width.append(h.shape)
+        return scatter(self, h)
+
+    def recording_draft(self, seqs, steps):
+        drafting.append(True)
+        try:
+            return draft_step(self, seqs, steps)
+        finally:
+            drafting.clear()
+
+    monkeypatch.setattr(distilled.VocabHead, "__call__", recording_scatter)
+    monkeypatch.setattr(SpecBatchGenerator, "_draft", recording_draft)
+    prompts = [C.encode_prompt(tokenizer, data[2][i]) for i in (2, 3)]
+    config = SpecConfig(method="draft", max_tokens=24, adaptive=False)
+
+    def serve(params=None):
+        gen = SpecBatchGenerator(model, draft)
+        uids = [gen.insert(SeqSpec(list(p), config, params)) for p in prompts]
+        tokens = {uid: [] for uid in uids}
+        kinds = []
+        while gen.has_work:
+            for out in gen.next():
+                tokens[out.uid] += out.tokens
+                kinds += out.kinds
+        return [tokens[uid] for uid in uids], kinds, gen
+
+    outputs, kinds, gen = serve()
+    for prompt, tokens in zip(prompts, outputs):
+        ref = mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=24)
+        assert tokens == [r.token for r in ref]
+    assert gen.draft_subset is draft.lm_head
+    assert "accepted" in kinds
+    assert full_width == []
+    serve(SamplingParams(temp=0.7))
+    assert full_width
+
+
 def test_mlx_lm_speculative_decoding_runs_the_draft_unchanged(target, trained, data):
     import mlx_lm
 

@@ -317,6 +317,10 @@ class SpecBatchGenerator:
         self.draft_step_cost = (
             model_step_cost(draft_model, model) if draft_model is not None else 0.0
         )
+        # A distilled draft's output layer over a vocabulary subset: greedy
+        # batches draft their argmax over it (see ``ModelDrafter``).
+        head = getattr(draft_model, "lm_head", None)
+        self.draft_subset = head if hasattr(head, "subset_logits") else None
         self._uid = 0
         self.waiting: deque = deque()  # prefilling, in order
         self.ready: List[_Seq] = []  # prefilled, joining at the next round
@@ -609,22 +613,36 @@ class SpecBatchGenerator:
         for j, (p, n) in enumerate(zip(pending, fed)):
             first[j, :n] = p[:n]
         params = [s.spec.params for s in rows]
+        greedy = all(p is None for p in params)
+        subset = self.draft_subset if greedy else None
+
+        def draft_logits(inputs):
+            # (Bd, L) -> (Bd, L, V), or (Bd, L, k) over the draft's subset.
+            if subset is None:
+                return self.draft_model(inputs, cache=self.draft.caches)
+            hidden = self.draft_model.model(inputs, cache=self.draft.caches)
+            return subset.subset_logits(hidden)
+
         self.draft.prepare()
-        logits = self.draft_model(mx.array(first), cache=self.draft.caches)
+        logits = draft_logits(mx.array(first))
         self.draft.commit(width, fed)
         last = mx.array([max(n - 1, 0) for n in fed])
         logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
         tokens, laws = [], []
         for k in range(steps):
-            logprobs = normalize(align_vocab(logits, self.vocab_size))
-            token, law = sample_rows(logprobs, params)
+            if subset is not None:
+                column = mx.argmax(logits, axis=-1)
+                token, law = subset.token_ids[column].astype(mx.uint32), None
+            else:
+                logprobs = normalize(align_vocab(logits, self.vocab_size))
+                token, law = sample_rows(logprobs, params)
             mx.async_eval(token)
             tokens.append(token)
             laws.append(law)
             if k + 1 < steps:
                 self.draft.prepare()
                 step = token[:, None].astype(mx.uint32)
-                logits = self.draft_model(step, cache=self.draft.caches)[:, 0]
+                logits = draft_logits(step)[:, 0]
                 self.draft.commit(1, [1 if a else 0 for a in active])
         for s, n in zip(rows, fed):
             s.draft_len += n
