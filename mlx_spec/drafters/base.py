@@ -130,6 +130,13 @@ def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:
     return mx.concatenate([logits, pad], axis=-1)
 
 
+def vocab_subset(model):
+    """A draft's output layer over a subset of the vocabulary (a distilled
+    draft's ``VocabHead``: ``subset_logits``, ``token_ids``), or ``None``."""
+    head = getattr(model, "lm_head", None)
+    return head if hasattr(head, "subset_logits") else None
+
+
 def check_no_drafter_cache(cache, method: str):
     """Draft-free methods keep no cache of their own in ``prompt_cache``."""
     if cache:

@@ -6,7 +6,14 @@ import mlx.core as mx
 
 from ..costs import DRAFT_LATENCY, model_step_cost
 from ..models import CachedModel, cache_offset
-from .base import Proposal, RoundState, align_vocab, confident, empty_proposal
+from .base import (
+    Proposal,
+    RoundState,
+    align_vocab,
+    confident,
+    empty_proposal,
+    vocab_subset,
+)
 
 
 class ModelDrafter:
@@ -34,11 +41,9 @@ class ModelDrafter:
         self.vocab_size = vocab_size
         self.p_min = p_min
         self.step_cost = step_cost
-        # A distilled draft's output layer covers a subset of the vocabulary
-        # (``subset_logits``, ``token_ids``): greedy drafts and tree children
-        # are chosen over its columns, not at the target's width.
-        head = getattr(getattr(draft, "model", None), "lm_head", None)
-        self._subset = head if hasattr(head, "subset_logits") else None
+        # Greedy drafts and tree children of a distilled draft are chosen over
+        # its vocabulary subset's columns, not at the target's width.
+        self._subset = vocab_subset(getattr(draft, "model", None))
 
     def prefill(self, tokens: mx.array, step_size: int):
         self.draft.prefill(tokens, step_size)

@@ -39,7 +39,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from ..config import SpecConfig
 from ..costs import VERIFY_SLOPE, chain_tokens, model_step_cost
-from ..drafters.base import align_vocab
+from ..drafters.base import align_vocab, vocab_subset
 from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
 from ..sampling import SamplingParams, normalize, processed_logprobs
@@ -317,10 +317,8 @@ class SpecBatchGenerator:
         self.draft_step_cost = (
             model_step_cost(draft_model, model) if draft_model is not None else 0.0
         )
-        # A distilled draft's output layer over a vocabulary subset: greedy
-        # batches draft their argmax over it (see ``ModelDrafter``).
-        head = getattr(draft_model, "lm_head", None)
-        self.draft_subset = head if hasattr(head, "subset_logits") else None
+        # Greedy batches draft the argmax over a distilled draft's subset.
+        self.draft_subset = vocab_subset(draft_model)
         self._uid = 0
         self.waiting: deque = deque()  # prefilling, in order
         self.ready: List[_Seq] = []  # prefilled, joining at the next round
