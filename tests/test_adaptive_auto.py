@@ -445,7 +445,9 @@ def test_auto_holds_lookup_matches_to_a_higher_bar_while_lookup_rounds_lose():
     assert auto.current == "draft"  # losing: the weak match is left out
     auto.observe(1, 1.0, drafted=4)
     lookup.n = 3
-    assert auto.select([1]) is lookup and auto.current == "lookup"  # a strong one drafts
+    assert (
+        auto.select([1]) is lookup and auto.current == "lookup"
+    )  # a strong one drafts
     auto.observe(4, 1.3, drafted=4)  # now lookup earns the most
     lookup.n = 2
     assert auto.select([1]) is lookup  # and the usual bar applies again

@@ -12,8 +12,9 @@ once a chain arm has beaten plain rounds), then the best measured worth
 wins: tokens per unit of cost, the exponentially decayed sum of emitted
 tokens over that of the rounds' cost. An occasional round explores, but
 never right after a round that kept all its drafts (no arm could have done
-better there), and an arm left out for a while gets another round. The cost is wall time under greedy decoding
-and a fixed cost model when sampling (so a seed always gives the same text);
+better there), and an arm left out for a while gets another round. The
+cost is wall time under greedy decoding and a fixed cost model when
+sampling (so a seed always gives the same text);
 see ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds and the context, so the output stays exact.
 """
