@@ -245,6 +245,8 @@ def _generate(
     history = prompt if processors else None
     caller_owns_cache = prompt_cache is not None
     greedy = law.mode == "greedy"
+    # Drafters may draw over their own vocabulary subset from this law.
+    params = law.params if law.mode == "rejection" and not processors else None
     planner = RoundPlanner(config, drafter, timed=greedy)
     generated = 0
     round_index = 0
@@ -276,7 +278,7 @@ def _generate(
             while generated < config.max_tokens:
                 remaining = config.max_tokens - generated
                 is_tree, size = planner.begin_round(seq)
-                state = RoundState(seq, base, choose, greedy and not processors)
+                state = RoundState(seq, base, choose, greedy and not processors, params)
                 round_tic = time.perf_counter()
                 prefix_len = base + len(seq) - 1
                 target.mark()  # the round may rewind back to here (a queued step's after it)

@@ -248,6 +248,28 @@ def test_heads_sampled_first_three_tokens_follow_exact_law(tiny, trained, method
     assert_counts_follow_law(counts, law.reshape(-1))
 
 
+def test_eagle_chain_with_a_draft_vocabulary_samples_the_exact_law(tiny):
+    """A head whose vocabulary covers half the target's draws its chain over
+    those columns (top-k filtered there) and widens the law for rejection
+    sampling: the first three tokens still follow the target's joint law."""
+    temp = 1.0
+    law = _exact_law_of_three(tiny, temp)
+    head = random_head("eagle", tiny, seed=3, draft_ids=mx.array([1, 3, 4, 6]))
+    mx.random.seed(5)
+    runs, counts, accepted = 200, np.zeros(VOCAB**3), 0
+    config = SpecConfig(method="eagle-chain", max_tokens=3, temp=temp, adaptive=False)
+    for _ in range(runs):
+        stats = SpecStats()
+        events = speculative_events(
+            mx.array(PROMPT), tiny, head, config=config, stats=stats
+        )
+        a, b, c = (e.token for e in events)
+        counts[(a * VOCAB + b) * VOCAB + c] += 1
+        accepted += stats.accepted_tokens
+    assert accepted > runs // 4
+    assert_counts_follow_law(counts, law.reshape(-1))
+
+
 def test_eagle_chain_sampled_stream_follows_target_law(load_model):
     """A long sampled stream: randomized PIT chi-square and standardised log-likelihood."""
     model, tokenizer = load_model("llama")

@@ -593,6 +593,37 @@ VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5]
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temp=0.7),
+        dict(temp=1.0, top_k=2),
+        dict(temp=0.8, top_k=6),  # more than the subset holds
+        dict(temp=1.0, top_p=0.6),
+        dict(temp=0.9, min_p=0.3, min_tokens_to_keep=5),
+    ],
+)
+def test_a_law_drawn_over_the_subset_widens_to_the_full_width_law(params):
+    """Drafting over a subset's columns (``subset_choice``) and widening the law
+    gives exactly the law ``choose`` would draw from at the target's width,
+    where the other columns are ``-inf``: the filters only see mass."""
+    from mlx_spec.drafters.base import RoundState, subset_choice
+    from mlx_spec.sampling import SamplingParams, normalize, processed_logprobs
+
+    head = distilled.VocabHead(4, [0, 2, 5, 7], 8)
+    mx.random.seed(1)
+    head.weight = mx.random.normal((4, 4))
+    h = mx.random.normal((1, 4))
+    law_params = SamplingParams(**params)
+    state = RoundState([0], 0, None, params=law_params)
+    _, small_law = subset_choice(state, head.subset_logits(h))
+    widened = np.array(head.widen(small_law))
+    full = np.array(processed_logprobs(normalize(head(h)), law_params))
+    assert np.array_equal(np.isinf(widened), np.isinf(full))
+    finite = ~np.isinf(full)
+    assert np.allclose(widened[finite], full[finite], atol=1e-6)
+
+
 def test_subset_draft_first_three_tokens_follow_exact_law():
     """Rejection sampling with a draft whose law is zero on half the vocabulary.
 

@@ -19,10 +19,12 @@ and ``select()`` / ``observe(emitted, cost)`` for a drafter that picks one
 of several arms per round (``auto``).
 """
 
-from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Union
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Protocol, Tuple, Union
 
 import mlx.core as mx
+
+from ..sampling import SamplingParams, normalize, processed_logprobs
 
 
 @dataclass
@@ -76,12 +78,21 @@ class RoundState:
         argmax: ``choose`` is the argmax of the raw logits (greedy decoding,
           no logits processors): a drafter may take it over its own
           vocabulary subset instead.
+        params: The law ``choose`` draws from for rejection sampling (no
+          logits processors), else ``None``: a drafter may draw over its own
+          vocabulary subset instead (see :func:`subset_choice`).
     """
 
     seq: List[int]
     base: int
     choose: Callable
     argmax: bool = False
+    params: Optional[SamplingParams] = None
+
+    @property
+    def subset_choice_ok(self) -> bool:
+        """Whether :func:`subset_choice` may stand in for ``choose``."""
+        return self.argmax or self.params is not None
 
 
 class Drafter(Protocol):
@@ -117,6 +128,28 @@ def confident(logits: mx.array, p_min: float) -> bool:
     if p_min <= 0:
         return True
     return mx.exp(logits.max() - mx.logsumexp(logits)).item() >= p_min
+
+
+def subset_choice(
+    state: RoundState, logits: mx.array
+) -> Tuple[mx.array, Optional[mx.array]]:
+    """``state.choose`` over a draft's vocabulary subset: ``logits`` ``(1, C)``
+    holds the subset's columns (the law is zero elsewhere).
+
+    Returns:
+        ``(column (1,), law (1, C) or None)``: the argmax (greedy), or a draw
+        from ``state.params``'s law, which filters and rescales the subset's
+        columns exactly as it would at full width (the other columns carry
+        no mass); widen the law to the target's columns for acceptance.
+    """
+    if state.argmax:
+        return mx.argmax(logits, axis=-1), None
+    params = state.params
+    if params.min_tokens_to_keep > logits.shape[-1]:
+        # Keeping more tokens than the subset holds keeps all of its columns.
+        params = replace(params, min_tokens_to_keep=logits.shape[-1])
+    law = processed_logprobs(normalize(logits), params)
+    return mx.random.categorical(law), law
 
 
 def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:

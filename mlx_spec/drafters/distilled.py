@@ -76,11 +76,15 @@ class VocabHead(nn.Module):
         """Logits over the subset: ``(..., H) -> (..., k)``."""
         return h @ self.weight.T
 
-    def __call__(self, h: mx.array) -> mx.array:
-        """Full-vocabulary logits ``(..., V)``, ``-inf`` outside the subset."""
-        small = self.subset_logits(h)
+    def widen(self, small: mx.array) -> mx.array:
+        """Columns of the subset ``(..., k)`` -> the full vocabulary ``(..., V)``,
+        ``-inf`` elsewhere."""
         pad = mx.full((*small.shape[:-1], 1), -mx.inf, small.dtype)
         return mx.take(mx.concatenate([small, pad], axis=-1), self._inverse, axis=-1)
+
+    def __call__(self, h: mx.array) -> mx.array:
+        """Full-vocabulary logits ``(..., V)``, ``-inf`` outside the subset."""
+        return self.widen(self.subset_logits(h))
 
 
 class _CastOutput:

@@ -29,7 +29,13 @@ from mlx_lm.models.cache import KVCache
 
 from ..costs import DRAFT_LATENCY, weight_bytes
 from ..sampling import normalize
-from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
+from .base import (
+    Proposal,
+    RoundState,
+    check_no_drafter_cache,
+    empty_proposal,
+    subset_choice,
+)
 from .heads import LoadedHead
 from .tree import TreeDrafter, _StaticShape
 
@@ -175,9 +181,10 @@ class EagleDrafter(TreeDrafter):
         position = self.context.fed
         vocab = self.context.vocab
         for i in range(gamma):
-            if state.argmax:  # greedy: the best token of the draft vocabulary
-                column = mx.argmax(vocab.small_logits(g.reshape(1, -1)), axis=-1)
-                token, law = vocab.to_target(column).astype(mx.uint32), None
+            if state.subset_choice_ok:  # over the draft vocabulary's columns
+                small = vocab.small_logits(g.reshape(1, -1))
+                column, law = subset_choice(state, small)
+                token = vocab.to_target(column).astype(mx.uint32)
             else:
                 token, law = state.choose(self._logits(g), tokens)
             mx.async_eval(token)
@@ -186,6 +193,8 @@ class EagleDrafter(TreeDrafter):
             if i + 1 < gamma:
                 g = self.context.step(g, token, position + i)
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        if logprobs is not None and state.subset_choice_ok:
+            logprobs = vocab.widen(logprobs)  # (γ, C) -> (γ, V), once per round
         return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
 
     # Tree hooks of TreeDrafter: the root's and each level's draft logprobs,

@@ -307,7 +307,11 @@ class DraftVocab:
 
     def logits(self, h: mx.array) -> mx.array:
         """``(R, H) -> (R, V)``: target-width logits, ``-inf`` outside the draft vocabulary."""
-        small = self.small_logits(h)
+        return self.widen(self.small_logits(h))
+
+    def widen(self, small: mx.array) -> mx.array:
+        """``(R, C) -> (R, V)``: columns of :meth:`small_logits` at their target
+        ids, ``-inf`` elsewhere."""
         ids = self.all_ids
         if ids is None:
             return small

@@ -12,6 +12,7 @@ from .base import (
     align_vocab,
     confident,
     empty_proposal,
+    subset_choice,
     vocab_subset,
 )
 
@@ -69,14 +70,14 @@ class ModelDrafter:
         self.draft.mark()  # commit may rewind back to here
         inputs = mx.array(self.pending(state), mx.uint32)
         tokens, laws = [], []
-        subset = self._subset if state.argmax else None
+        subset = self._subset if state.subset_choice_ok else None
         for i in range(gamma):
             logits = self._last_logits(inputs, subset)
             if subset is None:
                 token, law = state.choose(logits, tokens)
             else:
-                column = mx.argmax(logits, axis=-1)
-                token, law = subset.token_ids[column].astype(mx.uint32), None
+                column, law = subset_choice(state, logits)
+                token = subset.token_ids[column].astype(mx.uint32)
             mx.async_eval(token)
             tokens.append(token)
             laws.append(law)
@@ -84,6 +85,8 @@ class ModelDrafter:
             if i + 1 < gamma and not confident(logits, self.p_min):
                 break
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        if logprobs is not None and subset is not None:
+            logprobs = subset.widen(logprobs)  # (γ, k) -> (γ, V), once per round
         return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
 
     is_tree = False
