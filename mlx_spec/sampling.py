@@ -51,7 +51,10 @@ def processed_logprobs(logprobs: mx.array, params: SamplingParams) -> mx.array:
     if 0 < params.top_p < 1.0:
         logprobs = apply_top_p(logprobs, params.top_p)
     if params.min_p != 0.0:
-        logprobs = apply_min_p(logprobs, params.min_p, params.min_tokens_to_keep)
+        # Keeping more tokens than there are columns keeps them all (a draft's
+        # vocabulary subset can be that narrow).
+        keep = min(params.min_tokens_to_keep, vocab)
+        logprobs = apply_min_p(logprobs, params.min_p, keep)
     if 0 < params.top_k < vocab:
         logprobs = apply_top_k(logprobs, params.top_k)
     return normalize(logprobs * (1.0 / params.temp))

@@ -455,12 +455,12 @@ def test_greedy_drafts_of_a_distilled_draft_are_chosen_over_its_vocabulary_subse
         assert tokens[0] == best
 
 
-def test_the_batch_server_drafts_greedy_rows_over_the_vocabulary_subset(
+def test_the_batch_server_drafts_over_the_vocabulary_subset(
     target, trained, data, monkeypatch
 ):
-    """Greedy batches draft the argmax over the draft's subset (no scatter to
-    the full vocabulary) and stay identical to plain decoding; a sampled row
-    draws from the full-width law, which rejection sampling needs."""
+    """Batches draft over the draft's subset (no scatter to the full vocabulary
+    per draft step; a sampled row's law is widened once per round) and greedy
+    rows stay identical to plain decoding."""
     import mlx_lm
 
     from mlx_spec.sampling import SamplingParams
@@ -508,8 +508,8 @@ def test_the_batch_server_drafts_greedy_rows_over_the_vocabulary_subset(
     assert gen.draft_subset is draft.lm_head
     assert "accepted" in kinds
     assert full_width == []
-    serve(SamplingParams(temp=0.7))
-    assert full_width
+    serve(SamplingParams(temp=0.7))  # a sampled batch draws over the subset too
+    assert full_width == []
 
 
 def test_mlx_lm_speculative_decoding_runs_the_draft_unchanged(target, trained, data):
@@ -624,13 +624,9 @@ def test_a_law_drawn_over_the_subset_widens_to_the_full_width_law(params):
     assert np.allclose(widened[finite], full[finite], atol=1e-6)
 
 
-def test_subset_draft_first_three_tokens_follow_exact_law():
-    """Rejection sampling with a draft whose law is zero on half the vocabulary.
-
-    The draft proposes only tokens {0, 2, 5, 7}; the other four must still
-    appear as often as the target's law says (chi-square over all 512
-    three-token openings).
-    """
+def _subset_pair_and_law():
+    """A tiny target, a draft whose vocabulary is {0, 2, 5, 7} of its 8 tokens,
+    and the target's exact joint law of the first three tokens (temp 1)."""
     args = llama.ModelArgs(
         model_type="llama",
         hidden_size=32,
@@ -654,6 +650,17 @@ def test_subset_draft_first_three_tokens_follow_exact_law():
     law = np.empty((VOCAB,) * 3)
     for row, (a, b) in enumerate(pairs):
         law[a, b, :] = probs[row, 0, a] * probs[row, 1, b] * probs[row, 2]
+    return model, draft, law.reshape(-1)
+
+
+def test_subset_draft_first_three_tokens_follow_exact_law():
+    """Rejection sampling with a draft whose law is zero on half the vocabulary.
+
+    The draft proposes only tokens {0, 2, 5, 7}; the other four must still
+    appear as often as the target's law says (chi-square over all 512
+    three-token openings).
+    """
+    model, draft, law = _subset_pair_and_law()
     mx.random.seed(11)
     runs, counts, accepted = 300, np.zeros(VOCAB**3), 0
     config = SpecConfig(
@@ -670,7 +677,41 @@ def test_subset_draft_first_three_tokens_follow_exact_law():
         counts[(a * VOCAB + b) * VOCAB + c] += 1
         accepted += stats.accepted_tokens
     assert accepted > runs // 3
-    assert_counts_follow_law(counts, law.reshape(-1))
+    assert_counts_follow_law(counts, law)
+    pairs = counts.reshape(VOCAB * VOCAB, VOCAB).sum(axis=1)  # the first two tokens
+    assert_counts_follow_law(pairs, law.reshape(VOCAB * VOCAB, VOCAB).sum(axis=1))
+
+
+def test_the_batch_server_with_a_subset_draft_samples_the_exact_law():
+    """Batched sampled rows draft over the subset's columns and widen the law
+    for rejection sampling: the first three tokens of each row still follow
+    the target's joint law."""
+    from mlx_spec.sampling import SamplingParams
+    from mlx_spec.serve.batch import SeqSpec, SpecBatchGenerator
+
+    model, draft, law = _subset_pair_and_law()
+    mx.random.seed(12)
+    config = SpecConfig(
+        method="draft", max_tokens=3, adaptive=False, num_draft_tokens=3
+    )
+    params = SamplingParams(temp=1.0)
+    counts, accepted = np.zeros(VOCAB**3), 0
+    for _ in range(200):
+        gen = SpecBatchGenerator(model, draft)
+        uids = [gen.insert(SeqSpec(list(PROMPT), config, params)) for _ in range(4)]
+        tokens = {uid: [] for uid in uids}
+        while gen.has_work:
+            for out in gen.next():
+                tokens[out.uid] += out.tokens
+                accepted += out.kinds.count("accepted")
+        for a, b, c in tokens.values():
+            counts[(a * VOCAB + b) * VOCAB + c] += 1
+    assert gen.draft_subset is draft.lm_head
+    assert accepted > 200
+    assert_counts_follow_law(counts, law)
+    # The first two tokens (64 openings) with 800 samples: a sharper check.
+    pairs = counts.reshape(VOCAB * VOCAB, VOCAB).sum(axis=1)
+    assert_counts_follow_law(pairs, law.reshape(VOCAB * VOCAB, VOCAB).sum(axis=1))
 
 
 def test_another_target_is_refused_in_one_line(trained, load_model):

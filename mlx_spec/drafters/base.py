@@ -19,7 +19,7 @@ and ``select()`` / ``observe(emitted, cost)`` for a drafter that picks one
 of several arms per round (``auto``).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Tuple, Union
 
 import mlx.core as mx
@@ -144,11 +144,7 @@ def subset_choice(
     """
     if state.argmax:
         return mx.argmax(logits, axis=-1), None
-    params = state.params
-    if params.min_tokens_to_keep > logits.shape[-1]:
-        # Keeping more tokens than the subset holds keeps all of its columns.
-        params = replace(params, min_tokens_to_keep=logits.shape[-1])
-    law = processed_logprobs(normalize(logits), params)
+    law = processed_logprobs(normalize(logits), state.params)
     return mx.random.categorical(law), law
 
 

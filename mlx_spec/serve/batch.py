@@ -317,7 +317,7 @@ class SpecBatchGenerator:
         self.draft_step_cost = (
             model_step_cost(draft_model, model) if draft_model is not None else 0.0
         )
-        # Greedy batches draft the argmax over a distilled draft's subset.
+        # A distilled draft drafts over its vocabulary subset's columns.
         self.draft_subset = vocab_subset(draft_model)
         self._uid = 0
         self.waiting: deque = deque()  # prefilling, in order
@@ -611,8 +611,7 @@ class SpecBatchGenerator:
         for j, (p, n) in enumerate(zip(pending, fed)):
             first[j, :n] = p[:n]
         params = [s.spec.params for s in rows]
-        greedy = all(p is None for p in params)
-        subset = self.draft_subset if greedy else None
+        subset = self.draft_subset
 
         def draft_logits(inputs):
             # (Bd, L) -> (Bd, L, V), or (Bd, L, k) over the draft's subset.
@@ -628,9 +627,9 @@ class SpecBatchGenerator:
         logits = mx.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
         tokens, laws = [], []
         for k in range(steps):
-            if subset is not None:
-                column = mx.argmax(logits, axis=-1)
-                token, law = subset.token_ids[column].astype(mx.uint32), None
+            if subset is not None:  # each row's law over the subset's columns
+                column, law = sample_rows(normalize(logits), params)
+                token = subset.token_ids[column].astype(mx.uint32)
             else:
                 logprobs = normalize(align_vocab(logits, self.vocab_size))
                 token, law = sample_rows(logprobs, params)
@@ -647,7 +646,8 @@ class SpecBatchGenerator:
         drafts = mx.stack(tokens, axis=1).astype(mx.uint32)
         if laws[0] is None:
             return drafts, None
-        return drafts, mx.stack(laws, axis=1)
+        laws = mx.stack(laws, axis=1)  # (Bd, G, C)
+        return drafts, laws if subset is None else subset.widen(laws)
 
     def _round(self) -> List[SeqOutput]:
         seqs = self.active
