@@ -223,51 +223,48 @@ def test_heads_sampled_first_three_tokens_follow_exact_law(tiny, trained, method
     ``eagle-chain`` draws drafts from the head's law (rejection sampling);
     ``eagle`` and ``medusa`` propose top-k trees (point masses).
     """
-    temp = 1.0
-    law = _exact_law_of_three(tiny, temp)
     head = trained["medusa" if method == "medusa" else "eagle"]
-    mx.random.seed(7)
-    runs, counts, accepted = 200, np.zeros(VOCAB**3), 0
     config = SpecConfig(
         method=method,
         max_tokens=3,
-        temp=temp,
+        temp=1.0,
         adaptive=False,
         tree_budget=6,
         tree_depth=3,
     )
+    counts, accepted = _sampled_openings(tiny, head, config, seed=7)
+    assert accepted > 200 // 4  # drafts were accepted: non-root choices ran
+    assert_counts_follow_law(counts, _exact_law_of_three(tiny, 1.0).reshape(-1))
+
+
+def _sampled_openings(model, head, config, seed: int, runs: int = 200):
+    """Counts of the first three sampled tokens over ``runs`` calls, ``(V**3,)``,
+    and the drafts accepted in all."""
+    mx.random.seed(seed)
+    counts, accepted = np.zeros(VOCAB**3), 0
     for _ in range(runs):
         stats = SpecStats()
         events = speculative_events(
-            mx.array(PROMPT), tiny, head, config=config, stats=stats
+            mx.array(PROMPT), model, head, config=config, stats=stats
         )
         a, b, c = (e.token for e in events)
         counts[(a * VOCAB + b) * VOCAB + c] += 1
         accepted += stats.accepted_tokens
-    assert accepted > runs // 4  # drafts were accepted: non-root choices ran
-    assert_counts_follow_law(counts, law.reshape(-1))
+    return counts, accepted
 
 
 def test_eagle_chain_with_a_draft_vocabulary_samples_the_exact_law(tiny):
     """A head whose vocabulary covers half the target's draws its chain over
-    those columns (top-k filtered there) and widens the law for rejection
-    sampling: the first three tokens still follow the target's joint law."""
-    temp = 1.0
-    law = _exact_law_of_three(tiny, temp)
+    those columns and widens the law for rejection sampling: the first three
+    tokens still follow the target's joint law."""
     head = random_head("eagle", tiny, seed=3, draft_ids=mx.array([1, 3, 4, 6]))
-    mx.random.seed(5)
-    runs, counts, accepted = 200, np.zeros(VOCAB**3), 0
-    config = SpecConfig(method="eagle-chain", max_tokens=3, temp=temp, adaptive=False)
-    for _ in range(runs):
-        stats = SpecStats()
-        events = speculative_events(
-            mx.array(PROMPT), tiny, head, config=config, stats=stats
-        )
-        a, b, c = (e.token for e in events)
-        counts[(a * VOCAB + b) * VOCAB + c] += 1
-        accepted += stats.accepted_tokens
-    assert accepted > runs // 4
+    config = SpecConfig(method="eagle-chain", max_tokens=3, temp=1.0, adaptive=False)
+    counts, accepted = _sampled_openings(tiny, head, config, seed=5)
+    assert accepted > 200 // 4
+    law = _exact_law_of_three(tiny, 1.0)
     assert_counts_follow_law(counts, law.reshape(-1))
+    pairs = counts.reshape(VOCAB * VOCAB, VOCAB).sum(axis=1)  # the first two tokens
+    assert_counts_follow_law(pairs, law.reshape(VOCAB * VOCAB, VOCAB).sum(axis=1))
 
 
 def test_eagle_chain_sampled_stream_follows_target_law(load_model):
