@@ -212,7 +212,7 @@ class EagleDrafter(TreeDrafter):
         return self._draft_logprobs(self._root)
 
     def _level_logprobs(self, fed, start: int) -> mx.array:
-        """Expand fed nodes ``start..``: one head forward over them, ``(n, V)``."""
+        """Expand fed nodes ``start..``: one head forward over them, ``(n, C)``."""
         prefix = self._tree_prefix
         tokens, parents = fed.tokens[start:], fed.parents[start:]
         n = tokens.shape[0]
