@@ -90,25 +90,46 @@ def load_draft(path: str, model, tokenizer):
     return draft_model
 
 
+def draft_source(
+    method: Optional[str], model_path: str, draft_path: Optional[str], model
+) -> Optional[Tuple[str, str]]:
+    """What :func:`resolve_draft` reads for ``method``: ``(kind, path)`` or ``None``.
+
+    ``kind`` is ``"mtp"`` (a checkpoint's MTP layer) or ``"draft"`` (a path
+    for :func:`load_draft`). ``mtp`` reads the MTP layer of ``draft_path``
+    (say, the original checkpoint of an mlx-community conversion) or else of
+    ``model_path``; ``auto`` (and ``None``) takes the model's own MTP layer
+    when it has one and no draft is given. Nothing is loaded, so callers
+    may use the result to name a cached drafter.
+    """
+    from .mtp import has_mtp
+
+    if method == "mtp":
+        return "mtp", draft_path or model_path
+    if draft_path is not None:
+        return "draft", draft_path
+    if method in (None, "auto") and has_mtp(model_path, model):
+        return "mtp", model_path
+    return None
+
+
 def resolve_draft(
     method: Optional[str], model_path: str, draft_path: Optional[str], model, tokenizer
 ):
     """The draft (a model, a head, or the checkpoint's MTP layer) a method runs with.
 
-    ``mtp`` reads the MTP layer of ``draft_path`` (say, the original checkpoint
-    of an mlx-community conversion) or else of ``model_path``; ``auto`` (and
-    ``None``) takes the model's own MTP layer when it has one and no draft is
-    given; otherwise ``draft_path`` is loaded by :func:`load_draft`.
+    See :func:`draft_source` for which one; ``None`` when the method drafts
+    without one.
     """
-    from .mtp import has_mtp, load_mtp
+    from .mtp import load_mtp
 
-    if method == "mtp":
-        return load_mtp(draft_path or model_path, model)
-    if draft_path is not None:
-        return load_draft(draft_path, model, tokenizer)
-    if method in (None, "auto") and has_mtp(model_path, model):
-        return load_mtp(model_path, model)
-    return None
+    source = draft_source(method, model_path, draft_path, model)
+    if source is None:
+        return None
+    kind, path = source
+    return (
+        load_mtp(path, model) if kind == "mtp" else load_draft(path, model, tokenizer)
+    )
 
 
 def load_pair(

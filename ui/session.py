@@ -36,6 +36,7 @@ from mlx_spec.integration import history_kwargs, plan_method
 from mlx_spec.loading import (
     REPO_ROOT,
     default_model_pair,
+    draft_source,
     load_model,
     resolve_draft,
 )
@@ -189,8 +190,10 @@ class ModelStore:
         path, draft = _clean_path(path), _clean_path(draft)
         if path is None:
             return True
+        if ("model", path) not in self._models:
+            return False
         key = self._draft_key(path, draft, method)
-        return ("model", path) in self._models and (key is None or key in self._models)
+        return key is None or key in self._models
 
     def _load(self, path: str, role: str):
         key = ("model", path)
@@ -212,20 +215,15 @@ class ModelStore:
             del self._models[k]
 
     def _draft_key(self, target: str, draft: Optional[str], method) -> Optional[tuple]:
-        """The entry of the drafter ``resolve_draft`` gives ``method``, or ``None``.
+        """The entry of the drafter ``method`` runs with, or ``None`` if it needs none.
 
-        ``mtp`` reads an MTP layer, the other methods the draft path; without
-        one, ``auto`` (or no method) may read the target's own MTP layer, which
-        an earlier ``mtp`` load already holds.
+        Named by :func:`~mlx_spec.loading.draft_source`, so ``auto`` and
+        ``mtp`` share one entry for a checkpoint's own MTP layer. Needs the
+        target loaded.
         """
-        own_mtp = ("draft", target, "mtp", target)
-        if method == "mtp":
-            return ("draft", target, "mtp", draft or target)
-        if draft:
-            return ("draft", target, "model", draft)
-        if method not in (None, "auto"):
-            return None
-        return own_mtp if own_mtp in self._models else ("draft", target, "auto")
+        model, _ = self._models[("model", target)]
+        source = draft_source(method, target, draft, model)
+        return None if source is None else ("draft", target) + source
 
     def _drafter(self, target: str, draft: Optional[str], method, model, tokenizer):
         """What ``method`` drafts with, read once per target by ``resolve_draft``."""
@@ -233,10 +231,7 @@ class ModelStore:
         if key is None:
             return None
         if key not in self._models:
-            drafter = resolve_draft(method, target, draft, model, tokenizer)
-            if key[2] == "auto" and drafter is not None:
-                key = ("draft", target, "mtp", target)  # one entry for auto and mtp
-            self._put(key, drafter)
+            self._put(key, resolve_draft(method, target, draft, model, tokenizer))
         self._models.move_to_end(key)
         return self._models[key]
 
