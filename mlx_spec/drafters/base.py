@@ -161,7 +161,7 @@ def align_vocab(logits: mx.array, vocab_size: int) -> mx.array:
 
 def vocab_subset(model):
     """A draft's output layer over a subset of the vocabulary (a distilled
-    draft's ``VocabHead``: ``subset_logits``, ``token_ids``), or ``None``."""
+    draft's ``VocabHead``: ``subset_logits``, ``to_target``), or ``None``."""
     head = getattr(model, "lm_head", None)
     return head if hasattr(head, "subset_logits") else None
 

@@ -70,7 +70,12 @@ class VocabHead(nn.Module):
 
     @property
     def token_ids(self) -> mx.array:
+        """``(k,)``: the target id of each column of :meth:`subset_logits`."""
         return self._token_ids
+
+    def to_target(self, columns: mx.array) -> mx.array:
+        """Columns of :meth:`subset_logits` -> target token ids (``uint32``)."""
+        return self._token_ids[columns].astype(mx.uint32)
 
     def subset_logits(self, h: mx.array) -> mx.array:
         """Logits over the subset: ``(..., H) -> (..., k)``."""

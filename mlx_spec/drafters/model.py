@@ -77,7 +77,7 @@ class ModelDrafter:
                 token, law = state.choose(logits, tokens)
             else:
                 column, law = subset_choice(state, logits)
-                token = subset.token_ids[column].astype(mx.uint32)
+                token = subset.to_target(column)
             mx.async_eval(token)
             tokens.append(token)
             laws.append(law)

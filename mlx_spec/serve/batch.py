@@ -629,7 +629,7 @@ class SpecBatchGenerator:
         for k in range(steps):
             if subset is not None:  # each row's law over the subset's columns
                 column, law = sample_rows(normalize(logits), params)
-                token = subset.token_ids[column].astype(mx.uint32)
+                token = subset.to_target(column)
             else:
                 logprobs = normalize(align_vocab(logits, self.vocab_size))
                 token, law = sample_rows(logprobs, params)
