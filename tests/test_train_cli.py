@@ -1,8 +1,9 @@
-"""``mlx_spec train-draft --kind draft`` end to end on a tiny target: one command
-writes a loadable draft and its card, a rerun resumes instead of redoing, and bad
-options fail in one line."""
+"""``mlx_spec train-draft`` end to end on a tiny target: one command writes a
+loadable draft and its card, a rerun resumes instead of redoing, heads train on
+the same completions, and bad options fail in one line."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from mlx_spec.cli import main as mlx_spec_main
 from mlx_spec.loading import load_draft
 from mlx_spec.train.cli import main
 
+MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY = [
     "--num-prompts",
     "6",
@@ -98,7 +100,9 @@ def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, mess
     assert message in text and "\n" not in text, text
 
 
-def test_head_kinds_train_on_the_same_completions(trained, checkpoints, tmp_path):
+def test_head_kinds_train_on_the_same_completions(
+    trained, checkpoints, tmp_path, capsys
+):
     out, argv = trained
     head = tmp_path / "medusa"
     data = out / "data"
@@ -109,6 +113,34 @@ def test_head_kinds_train_on_the_same_completions(trained, checkpoints, tmp_path
     assert main([*argv, "--kind", "medusa"]) == 0
     config = json.loads((head / "config.json").read_text())
     assert config["mlx_spec_head"]["kind"] == "medusa"
+    # An EAGLE head by default reads the target's blocks 0 and 1, which the
+    # draft's folder lacks: one teacher-forced pass, and the folder is kept.
+    eagle = tmp_path / "eagle"
+    argv = [a if a != str(head) else str(eagle) for a in argv]
+    capsys.readouterr()
+    assert main([*argv, "--data", str(data), "--kind", "eagle"]) == 0
+    assert "teacher pass" in capsys.readouterr().err
+    assert list((eagle / "data").glob("teacher-*.npz"))
+    assert json.loads((data / "train.json").read_text())["feature_layers"] == [-1]
+    config = json.loads((eagle / "config.json").read_text())
+    assert config["head"]["feature_layers"] == [0, 1]
+
+
+def test_an_eagle_run_keeps_the_blocks_its_head_reads(checkpoints, tmp_path, capsys):
+    """Default options on a 2-block target: the data keeps EAGLE-3's blocks
+    for it (0 and 1), so the head reads them with no teacher-forced pass."""
+    head = tmp_path / "eagle"
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(head), *TINY]
+    assert main([*argv, "--kind", "eagle"]) == 0
+    assert "teacher pass" not in capsys.readouterr().err
+    assert not list((head / "data").glob("teacher-*.npz"))
+    for name in ("train.json", "heldout.json"):
+        manifest = json.loads((head / "data" / name).read_text())
+        assert manifest["feature_layers"] == [0, 1], name
+    config = json.loads((head / "config.json").read_text())
+    assert config["head"]["feature_layers"] == [0, 1]
+    card = (head / "README.md").read_text()
+    assert "- Reads: the target's block 0, block 1." in card
 
 
 def test_kept_features_serve_a_head_without_a_teacher_pass(
@@ -153,3 +185,24 @@ def test_a_draft_card_names_the_requests_the_target_wrote_itself():
 
     assert "--self-instruct" in card({"chat": 3, "self": 2})
     assert "--self-instruct" not in card({"chat": 3})
+    assert "prompts (3 chat, 2 self)" in card({"chat": 3, "self": 2})
+
+
+@pytest.mark.parametrize(
+    "kind, reads",
+    [
+        ("eagle", "block 2, block 15, block 27"),
+        ("medusa", "final hidden state (4 heads)"),
+    ],
+)
+def test_a_head_card_is_written_from_the_heads_record(kind, reads):
+    """The shipped heads' cards, made again from their config.json (the
+    EAGLE card also has a paragraph written by hand)."""
+    from mlx_spec.train.card import head_card
+
+    folder = MODELS / f"smollm2-135m-{kind}"
+    config = json.loads((folder / "config.json").read_text())
+    card = head_card(config, config["command"])
+    shipped = iter((folder / "README.md").read_text().splitlines())
+    assert all(line in shipped for line in card.splitlines())  # in the same order
+    assert f"- Reads: the target's {reads}." in card

@@ -21,6 +21,7 @@ from mlx_spec.features import FeatureCapture
 from mlx_spec.train import eagle as eagle_train
 from mlx_spec.train.head_command import (
     add_head_arguments,
+    eagle3_blocks,
     head_config,
     run_head_training,
 )
@@ -198,7 +199,8 @@ def test_head_command_caches_the_teacher_pass_by_chunk(
     chunks = sorted(p.name for p in (tmp_path / "data").iterdir())
     assert len(chunks) == 3  # two training chunks, one held-out chunk
     assert read_head_config(tmp_path)["training"]["heldout_sequences"] == 4
-    assert (tmp_path / "README.md").exists()
+    card = (tmp_path / "README.md").read_text()
+    assert "- Reads: the target's final hidden state (4 heads)." in card
     # More training data: the held-out chunk and the first chunks are reused.
     calls = []
     real = head_command.teacher_data
@@ -211,6 +213,36 @@ def test_head_command_caches_the_teacher_pass_by_chunk(
     more = SimpleNamespace(tokens=sequences[:16] + sequences[:4], starts=[5] * 20)
     run_head_training(args, "medusa", tiny, more, heldout, log=lambda _: None)
     assert calls == [4]
+
+
+def test_eagle3_blocks_are_a_low_a_middle_and_a_high_block():
+    assert eagle3_blocks(30) == [2, 15, 27]  # SmolLM2-135M, as the shipped head
+    assert eagle3_blocks(32) == [2, 16, 29]
+    # Tiny targets: moved inward, still distinct blocks of the target.
+    assert eagle3_blocks(4) == [0, 2, 3]
+    assert eagle3_blocks(2) == [0, 1] and eagle3_blocks(1) == [0]
+    for n in range(1, 65):
+        blocks = eagle3_blocks(n)
+        assert len(blocks) == min(3, n) and blocks == sorted(set(blocks)), n
+        assert 0 <= blocks[0] and blocks[-1] < n, n
+
+
+def _head_args(*argv):
+    parser = argparse.ArgumentParser()
+    add_head_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_eagle_reads_eagle3_blocks_unless_told_and_medusa_the_final_state():
+    assert head_config(_head_args(), "eagle", 30).feature_layers == [2, 15, 27]
+    assert head_config(_head_args(), "eagle", 2).feature_layers == [0, 1]
+    told = _head_args("--feature-layers", "-1")
+    assert head_config(told, "eagle", 30).feature_layers == [-1]
+    assert head_config(_head_args(), "medusa", 30).feature_layers == [-1]
+    assert head_config(told, "medusa", 30).feature_layers == [-1]
+    with pytest.raises(ValueError, match="--feature-layers is for --kind eagle") as e:
+        head_config(_head_args("--feature-layers", "2,15"), "medusa", 30)
+    assert "\n" not in str(e.value)
 
 
 def test_calibrated_tree_keeps_every_prefix_and_the_best_paths():

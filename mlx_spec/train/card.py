@@ -1,6 +1,13 @@
-"""The model card (``README.md``) of a trained draft, written from its records."""
+"""The model cards (``README.md``) of trained drafters, written from their records.
+
+:func:`model_card` writes a distilled draft's card (``--kind draft``) and
+:func:`head_card` an EAGLE or Medusa head's; both read the ``config.json``
+that training wrote, so a card says what the drafter's own record says.
+"""
 
 from typing import Dict, List, Optional
+
+from ..features import FINAL
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -9,6 +16,20 @@ def _fmt(x, digits: int = 3) -> str:
     if isinstance(x, float):
         return f"{x:.{digits}f}"
     return str(x)
+
+
+def _prompt_sets(sets: Dict[str, int]) -> str:
+    """The training prompts by set, e.g. ``"1229 chat, 768 code"``."""
+    return ", ".join(f"{n} {name}" for name, n in sets.items())
+
+
+def _sampling(data: Dict) -> str:
+    """How the completions were written: sampled share, temperature and length cap."""
+    return (
+        f"{_fmt(100 * data.get('sampled_share', 0), 0)}% of the completions sampled "
+        f"at temperature {data.get('sampled_temp')}, the rest greedy; at most "
+        f"{data.get('max_tokens')} tokens each"
+    )
 
 
 def _chain_table(rows: List[Dict]) -> List[str]:
@@ -60,7 +81,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "",
         "## Data",
         "",
-        f"Self-distillation: the target answered built-in prompts (`mlx_spec.train.prompts`: "
+        "Self-distillation: the target answered built-in prompts (`mlx_spec.train.prompts`: "
         "chat requests from templates, code, editing and summarize tasks built from the "
         "Python standard library)"
         + (
@@ -70,12 +91,10 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         )
         + " through its chat template, with mlx-lm's `BatchGenerator`.",
         "",
-        f"- training: {data.get('train_prompts')} prompts {data.get('train_sets', '')}, "
+        f"- training: {data.get('train_prompts')} prompts "
+        f"({_prompt_sets(data.get('train_sets', {}))}), "
         f"{data.get('train_prompt_tokens')} prompt tokens, "
-        f"{data.get('train_completion_tokens')} completion tokens "
-        f"({_fmt(100 * data.get('sampled_share', 0), 0)}% of completions sampled at "
-        f"temperature {data.get('sampled_temp')}, the rest greedy; at most "
-        f"{data.get('max_tokens')} tokens each);",
+        f"{data.get('train_completion_tokens')} completion tokens ({_sampling(data)});",
         f"- held out (no shared topic or module): {data.get('heldout_prompts')} prompts, "
         f"{data.get('heldout_completion_tokens')} completion tokens;",
         f"- soft labels: the target's top-{data.get('top_k')} next-token law at every "
@@ -164,3 +183,77 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def head_card(config: Dict, command: str) -> str:
+    """Markdown of a head's card (``--kind eagle|medusa``): reads, data, loss, acceptance.
+
+    Args:
+        config: The head directory's ``config.json``: its ``training`` record
+          (see :meth:`mlx_spec.train.heads.HeadTrainer.save_head`) and the
+          ``data`` it was trained on (as :func:`model_card` reads it).
+        command: The command that reproduces the head.
+    """
+    training = config.get("training", {})
+    head = training.get("config", {})
+    data = config.get("data", {})
+    evals = training.get("evals", [])
+    last = evals[-1] if evals else {}
+    loss = training.get("final_loss")
+    lines = [
+        f"# {head.get('kind', 'eagle').upper()} head for "
+        f"{data.get('model', 'its target')}",
+        "",
+        "Trained with `mlx_spec train-draft` (self-distillation: the target's own "
+        "completions, its hidden states and next-token laws as teacher).",
+        "",
+        f"- Reads: {_head_reads(head)}.",
+        f"- Training: {training.get('steps')} steps, {training.get('tokens_seen')} "
+        f"supervised positions, {training.get('train_seconds', 0) / 60:.1f} min of "
+        "optimizer time.",
+        f"- Data: {training.get('train_sequences')} training / "
+        f"{training.get('heldout_sequences')} held-out sequences; draft vocabulary "
+        f"covers {training.get('draft_vocab_coverage', 0):.1%} of the target's top "
+        "choices on the training completions.",
+        *_head_data_lines(data),
+        f"- Final loss: {'n/a' if loss is None else loss}.",
+        f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
+        f"tokens per chain round: {last.get('tokens_per_round')}.",
+        "",
+        "Held-out acceptance during training (step: tokens per chain round):",
+        "",
+        *(f"- {e['step']}: {e.get('tokens_per_round')}" for e in evals),
+        "",
+        "Command:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _head_reads(head: Dict) -> str:
+    """The target features a head reads, from its training config."""
+    if head.get("kind") == "medusa":
+        return f"the target's final hidden state ({head.get('num_heads')} heads)"
+    names = [
+        "the final hidden state" if i == FINAL else f"block {i}"
+        for i in head.get("feature_layers", [FINAL])
+    ]
+    return "the target's " + ", ".join(names)
+
+
+def _head_data_lines(data: Dict) -> List[str]:
+    """The head card's line on the training prompts and completions (none if unknown)."""
+    if "train_sets" not in data:
+        return []
+    sets = _prompt_sets(data["train_sets"])
+    if "self" in data["train_sets"]:
+        sets += " (`self`: requests the target wrote itself)"
+    return [
+        f"- Prompts: {sets}; {data.get('train_prompt_tokens')} prompt and "
+        f"{data.get('train_completion_tokens')} completion tokens ({_sampling(data)}), "
+        f"written in {data.get('generation_minutes')} min.",
+    ]

@@ -110,8 +110,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="LAYERS",
         help="Target features kept at every position of the data: comma-separated "
         f"block indices, {FINAL} = the final normed hidden state; a head whose "
-        "--feature-layers are among them needs no second pass of the target "
-        f"(default: what the data folder holds, else {FINAL}).",
+        "--feature-layers are among them needs no second pass of the target, and "
+        "the data grows by one hidden state per position for each one kept "
+        "(default: what the data folder holds, else what this run reads: an EAGLE "
+        f"head's --feature-layers, else {FINAL}).",
     )
     g.add_argument(
         "--top-k",
@@ -255,18 +257,39 @@ def _check_args(args):
 
 
 def kept_feature_layers(args, model, data_dir: Path) -> List[int]:
-    """The features the data keeps: ``--keep-features``, else the folder's, else final."""
+    """The features the data keeps: ``--keep-features``, else the folder's, else the run's.
+
+    A new folder keeps what this run reads (:func:`read_feature_layers`), so
+    its head needs no teacher-forced pass; a folder already made keeps its
+    own, which the completions it adds must match.
+    """
     from ..features import check_feature_layers
 
     if args.keep_features:
         layers = _ints(args.keep_features, "keep-features")
     else:
-        manifest = data_dir / "train.json"
-        saved = None
+        layers = _saved_feature_layers(data_dir) or read_feature_layers(args, model)
+    return list(check_feature_layers(model, layers))
+
+
+def _saved_feature_layers(data_dir: Path) -> List[int]:
+    """The features a data folder keeps, from its manifests (none if it has none)."""
+    for name in ("train.json", "heldout.json"):  # held-out data is made first
+        manifest = data_dir / name
         if manifest.exists():
             saved = json.loads(manifest.read_text(encoding="utf-8"))
-        layers = (saved or {}).get("feature_layers") or [FINAL]
-    return list(check_feature_layers(model, layers))
+            return list(saved.get("feature_layers") or [])
+    return []
+
+
+def read_feature_layers(args, model) -> List[int]:
+    """The target features this run's drafter reads: a head's, else the final state."""
+    if args.kind == "draft":
+        return [FINAL]
+    from ..features import feature_owner
+    from .head_command import head_feature_layers
+
+    return head_feature_layers(args, args.kind, len(feature_owner(model).layers))
 
 
 def choose_prompts(args):

@@ -11,7 +11,11 @@ target's own completion, token ids):
    held-out acceptance and checkpoints in ``OUT/checkpoints``;
 3. the head directory ``OUT`` (``config.json`` + ``head.safetensors``),
    which ``--draft-model OUT`` loads as the right kind of drafter, and a
-   model card ``OUT/README.md``.
+   model card ``OUT/README.md`` (:func:`mlx_spec.train.card.head_card`).
+
+An EAGLE head reads EAGLE-3's low, middle and high blocks of the target
+unless ``--feature-layers`` says otherwise (:func:`eagle3_blocks`); a Medusa
+head reads the final hidden state.
 """
 
 import argparse
@@ -23,8 +27,9 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ..features import FINAL
+from ..features import FINAL, feature_owner
 from . import eagle as eagle_train
+from .card import head_card
 from .head_data import HeadData, from_completions, teacher_data
 from .heads import (
     DEFAULT_BATCH_SIZE,
@@ -76,9 +81,10 @@ def add_head_arguments(parser: argparse.ArgumentParser):
     )
     add(
         "--feature-layers",
-        default=str(FINAL),
         help="EAGLE: target features read, comma-separated block indices, "
-        f"{FINAL} = the final normed hidden state (default: {FINAL}).",
+        f"{FINAL} = the final normed hidden state (default: EAGLE-3's low, middle "
+        "and high blocks, 2, L // 2 and L - 3 of a target with L blocks, e.g. "
+        "2,15,27 of 30; moved inward on targets under 8 blocks).",
     )
     add(
         "--train-steps",
@@ -109,12 +115,51 @@ def _arg(args, name: str, default):
     return default if value is None else value
 
 
-def head_config(args, kind: str) -> HeadTrainConfig:
+def eagle3_blocks(num_layers: int) -> List[int]:
+    """EAGLE-3's low, middle and high blocks of a target with ``num_layers`` blocks.
+
+    Blocks ``m``, ``num_layers // 2`` and ``num_layers - 1 - m`` with
+    ``m = 2``, i.e. 2, 15 and 27 of 30. On targets under 8 blocks ``m``
+    shrinks so the three stay distinct; a target under 3 blocks gives each
+    of its blocks once.
+    """
+    margin = max(0, min(2, (num_layers - 2) // 3))
+    return sorted({margin, num_layers // 2, num_layers - 1 - margin})
+
+
+def head_feature_layers(args, kind: str, num_layers: Optional[int]) -> List[int]:
+    """The target features a head of ``kind`` reads (one-line errors).
+
+    EAGLE: ``--feature-layers``, else :func:`eagle3_blocks` of the target's
+    ``num_layers`` blocks. Medusa: the final hidden state, the only feature
+    its drafter reads.
+    """
+    text = _arg(args, "feature_layers", None)
+    layers = None if text is None else _int_list(text, "feature-layers")
+    if kind == "medusa":
+        if layers not in (None, [FINAL]):
+            raise ValueError(
+                f"--feature-layers is for --kind eagle; Medusa heads read the final "
+                f"hidden state ({FINAL})."
+            )
+        return [FINAL]
+    if layers is not None:
+        return layers
+    if num_layers is None:
+        raise ValueError(
+            "EAGLE's default --feature-layers need the target's block count."
+        )
+    return eagle3_blocks(num_layers)
+
+
+def head_config(args, kind: str, num_layers: Optional[int] = None) -> HeadTrainConfig:
     """A :class:`HeadTrainConfig` from parsed arguments (one-line errors).
 
-    ``--steps`` and ``--lr`` left unset (``None``) take the kind's defaults.
+    ``--steps`` and ``--lr`` left unset (``None``) take the kind's defaults;
+    ``--feature-layers`` left unset takes :func:`head_feature_layers`' default
+    for a target of ``num_layers`` blocks.
     """
-    layers = _int_list(_arg(args, "feature_layers", str(FINAL)), "feature-layers")
+    layers = head_feature_layers(args, kind, num_layers)
     config = HeadTrainConfig(
         kind=kind,
         steps=int(_arg(args, "steps", DEFAULT_STEPS[kind])),
@@ -249,7 +294,7 @@ def run_head_training(
         data_info: What the data is, for the card and config.
         log: Where progress lines go.
     """
-    config = head_config(args, kind)
+    config = head_config(args, kind, len(feature_owner(model).layers))
     out = Path(args.out)
     heldout_index = list(
         range(len(train.tokens), len(train.tokens) + len(heldout.tokens))
@@ -290,62 +335,14 @@ def run_head_training(
         extra=extra,
         heldout_index=heldout_index or None,
     )
-    write_card(out, kind, trainer, command, data_info or {})
+    write_card(out, command)
     log(f"wrote the {kind} head to {out} (use it with --draft-model {out})")
     return trainer
 
 
-def write_card(out, kind: str, trainer, command: str, data_info: dict):
-    """A short model card: data, steps, loss, held-out acceptance, command."""
-    t = trainer
-    last = t.evals[-1] if t.evals else {}
-    lines = [
-        f"# {kind.upper()} head for {data_info.get('model', 'its target')}",
-        "",
-        "Trained with `mlx_spec train-draft` (self-distillation: the target's own "
-        "completions, its hidden states and next-token laws as teacher).",
-        "",
-        f"- Reads: {_reads(kind, t.config)}.",
-        f"- Training: {t.step} steps, {t.tokens_seen} supervised positions, "
-        f"{t.train_time / 60:.1f} min of optimizer time.",
-        f"- Data: {len(t.train_index)} training / {len(t.eval_index)} held-out "
-        f"sequences; draft vocabulary covers {t.coverage:.1%} of the target's "
-        "top choices on the training completions.",
-        *_data_lines(data_info),
-        f"- Final loss: {t.history[-1]['loss'] if t.history else 'n/a'}.",
-        f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
-        f"tokens per chain round: {last.get('tokens_per_round')}.",
-        "",
-        "Held-out acceptance during training (step: tokens per chain round):",
-        "",
-    ]
-    lines += [f"- {e['step']}: {e.get('tokens_per_round')}" for e in t.evals]
-    lines += ["", "Command:", "", "```", command, "```", ""]
-    (Path(out) / "README.md").write_text("\n".join(lines))
+def write_card(out, command: str):
+    """Write ``OUT/README.md`` from the head's ``config.json`` (see :func:`head_card`)."""
+    from ..drafters.heads import read_head_config
 
-
-def _reads(kind: str, config) -> str:
-    if kind == "medusa":
-        return f"the target's final hidden state ({config.num_heads} heads)"
-    names = [
-        "the final hidden state" if i == FINAL else f"block {i}"
-        for i in config.feature_layers
-    ]
-    return "the target's " + ", ".join(names)
-
-
-def _data_lines(info: dict) -> List[str]:
-    """The card's lines on where the training sequences came from."""
-    if "train_sets" not in info:
-        return []
-    sets = ", ".join(f"{n} {name}" for name, n in info["train_sets"].items())
-    if "self" in info["train_sets"]:
-        sets += " (`self`: requests the target wrote itself)"
-    return [
-        f"- Prompts: {sets}; "
-        f"{info['train_prompt_tokens']} prompt and {info['train_completion_tokens']} "
-        f"completion tokens ({info['sampled_share']:.0%} of the completions "
-        f"sampled at temperature {info['sampled_temp']}, the rest greedy; at most "
-        f"{info['max_tokens']} tokens each), written in "
-        f"{info['generation_minutes']} min.",
-    ]
+    card = head_card(read_head_config(out), command)
+    (Path(out) / "README.md").write_text(card, encoding="utf-8")
