@@ -413,6 +413,35 @@ def test_auto_tries_again_an_arm_left_out_after_one_unlucky_round(monkeypatch):
         auto.observe(1, 1.0, drafted=0)
 
 
+def test_auto_waits_twice_as_long_after_each_reprobe_that_leaves_its_arm_behind(
+    monkeypatch,
+):
+    """Where an arm never pays (chat at temp 0.7), re-probing it every
+    REPROBE_AFTER rounds wastes rounds: each losing re-probe doubles the
+    wait, up to MAX_REPROBE_AFTER, and an arm that leads again is reset."""
+    from mlx_spec.drafters import auto as auto_mod
+
+    monkeypatch.setattr(auto_mod, "EXPLORE", 0.0)
+    auto = auto_mod.AutoDrafter(
+        {"draft": _Arm(), "lookup": _Lookup([False] * 2000)}, None
+    )
+
+    def plain_rounds_until_draft(draft_tokens):
+        n = 0
+        while auto.select([1]) is not auto.arms["draft"]:
+            auto.observe(1, 1.0, drafted=0)  # plain: 1 token per unit
+            n += 1
+        auto.observe(draft_tokens, 1.0, drafted=4)
+        return n
+
+    assert plain_rounds_until_draft(0.5) == 1  # warm-up after one plain round
+    waits = [plain_rounds_until_draft(0.5) for _ in range(6)]
+    assert waits == [16, 32, 64, 128, 256, 256]
+    assert plain_rounds_until_draft(5) == 256  # 5 tokens per unit: it leads
+    assert auto.select([1]) is auto.arms["draft"]
+    assert "draft" not in auto.wait  # the wait is reset
+
+
 def test_auto_holds_lookup_matches_to_a_higher_bar_while_lookup_rounds_lose():
     """Lookup preempts the other arms on a match; while its measured worth is
     below the best other choice's, only a match length whose first token is

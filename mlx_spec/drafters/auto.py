@@ -12,7 +12,8 @@ once a chain arm has beaten plain rounds), then the best measured worth
 wins: tokens per unit of cost, the exponentially decayed sum of emitted
 tokens over that of the rounds' cost. An occasional round explores, but
 never right after a round that kept all its drafts (no arm could have done
-better there), and an arm left out for a while gets another round. The
+better there), and an arm left out for a while gets another round (after
+twice as long each time that round leaves it behind). The
 cost is wall time under greedy decoding and a fixed cost model when
 sampling (so a seed always gives the same text);
 see ``planner.RoundPlanner``. Every arm is exact on its own and the choice
@@ -32,6 +33,9 @@ WARMUP_ROUNDS = 1
 # An arm left out this many rounds gets one more: its worth may have changed
 # since (a single unlucky warm-up round would otherwise keep it out for good).
 REPROBE_AFTER = 16
+# Each re-probe that leaves its arm behind doubles that arm's wait, up to
+# this; an arm that leads again waits REPROBE_AFTER.
+MAX_REPROBE_AFTER = 256
 # While lookup rounds earn less than the best other choice, a match length is
 # proposed only if its first token is accepted at least this often.
 LOSING_LOOKUP_BAR = 0.5
@@ -64,6 +68,8 @@ class AutoDrafter:
         self.totals: Dict[str, Tuple[float, float]] = {}  # decayed (tokens, cost)
         self.rounds = 0
         self.last_round: Dict[str, int] = {}  # the round each arm last ran
+        self.wait: Dict[str, int] = {}  # rounds an arm left out waits for a re-probe
+        self.reprobing = False  # this round re-probes its arm
         self.rng = random.Random(seed)
         self.current: Optional[str] = None
         self.kept_all = False  # the last round accepted every draft it made
@@ -75,14 +81,17 @@ class AutoDrafter:
 
     def _pick(self) -> str:
         """The arm of a round without a lookup match."""
+        self.reprobing = False
         if self.kept_all and self.current in self.choices:
             return self.current
         for name in self.choices:
             if self.tries.get(name, 0) < WARMUP_ROUNDS and self._worth_trying(name):
                 return name
         for name in self.choices:
-            stale = self.rounds - self.last_round.get(name, 0) >= REPROBE_AFTER
+            waited = self.rounds - self.last_round.get(name, 0)
+            stale = waited >= self.wait.get(name, REPROBE_AFTER)
             if REPROBE_AFTER and stale and self._worth_trying(name):
+                self.reprobing = True
                 return name
         best = max(self.choices, key=lambda name: self.rate.get(name) or 0.0)
         if len(self.choices) > 1 and self.rng.random() < EXPLORE:
@@ -172,7 +181,7 @@ class AutoDrafter:
                 arm.chain_only()
         self.choices = [c for c in self.choices if c == PLAIN or c in self.arms]
         self.rate, self.tries, self.totals = {}, {}, {}
-        self.last_round = {}
+        self.last_round, self.wait = {}, {}
 
     def observe(self, emitted: int, cost: float, drafted: int = 0):
         """Feed back one round: tokens emitted, its cost (seconds or units) and
@@ -189,6 +198,17 @@ class AutoDrafter:
         tokens, spent = keep * tokens + emitted, keep * spent + cost
         self.totals[name] = (tokens, spent)
         self.rate[name] = tokens / max(spent, 1e-9)
+        self._update_wait(name)
+
+    def _update_wait(self, name: str):
+        """Back off re-probing an arm that stays behind; reset it once it leads."""
+        others = [self.rate.get(c) or 0.0 for c in self.choices if c != name]
+        if self.rate[name] >= max(others, default=0.0):
+            self.wait.pop(name, None)
+        elif self.reprobing and name != LOOKUP:
+            wait = 2 * self.wait.get(name, REPROBE_AFTER)
+            self.wait[name] = min(wait, MAX_REPROBE_AFTER)
+        self.reprobing = False
 
     def add_history(self, tokens):
         for arm in self.arms.values():
