@@ -1,24 +1,33 @@
-"""Adaptive draft length against a sweep of fixed ones, in one run.
+"""Adaptive draft length or tree budget against a sweep of fixed ones, in one run.
 
 Usage::
 
     python -m benchmarks.adaptive                       # the default pair in models/
     python -m benchmarks.adaptive --methods draft lookup self --gammas 1 2 3 4 6 8
+    python -m benchmarks.adaptive --methods tree eagle medusa --budgets 1 2 4 8 16 32
     python -m benchmarks.adaptive --model PATH --draft-model PATH --json out.json
 
-For each method it runs plain ``mlx_lm`` decoding, the method with every
-fixed γ in ``--gammas`` (``--no-adaptive``) and the method with adaptive
-control (the default, starting from γ = 4), on the same prompts, token budget
-and seed. A warm-up comes first and the order rotates from prompt to prompt
-so machine noise hits every configuration alike.
+For each method it runs plain ``mlx_lm`` decoding, the method at every fixed
+size with adaptive control off (``adaptive=False``) and the method with
+adaptive control (the default), on the same prompts, token budget and seed.
+A chain method (``draft``, ``lookup``, ``self``) sweeps the draft length γ
+(``--gammas``; adaptive starts from γ = 4). A tree method (``tree``,
+``eagle``, ``medusa``) sweeps the node budget (``--budgets``); adaptive
+picks from 1 to 64 nodes per round (up to 4 × the default budget of 16), a
+drafted tree starting at 4. A Medusa head's stored tree, which ``medusa``
+runs with adaptive control off, is one more fixed row. A warm-up comes
+first and the order rotates from prompt to prompt so machine noise hits
+every configuration alike.
 
-Reported per method and configuration: tokens per target forward, decode
-tokens/s (all tokens after the first over all decode seconds, so the prompt
-and self-speculation's layer search are excluded; one total is steadier than
-a median of short, noisy runs) and its ratio to plain decoding, with the
-per-pass ratios' range, and the verdicts the adaptive controller is held to:
-it beats the default fixed γ and stays within 5% of the best fixed γ. Every
-run's greedy output is checked against plain decoding's.
+Reported per method and configuration: draft tokens (tree nodes) per round,
+which shows the sizes adaptive control settles on, tokens per target
+forward, decode tokens/s (all tokens after the first over all decode
+seconds, so the prompt and self-speculation's layer search are excluded;
+one total is steadier than a median of short, noisy runs) and its ratio to
+plain decoding, with the per-pass ratios' range, and the verdicts the
+adaptive controller is held to: it beats the default fixed size (γ = 4, 16
+nodes, or a Medusa head's stored tree) and stays within 5% of the best
+fixed size. Every run's greedy output is checked against plain decoding's.
 
 The ``draft`` method is then replayed without timing noise: the draft's
 greedy chain is matched against the target's real output at every position,
@@ -32,35 +41,53 @@ import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
 
 # isort: split
 import argparse
+import copy
 import json
 import time
 from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import mlx.core as mx
-import mlx_lm
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
+from mlx_spec.config import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_TREE_BUDGET,
+    MAX_TREE_BUDGET,
+)
 from mlx_spec.costs import model_step_cost
-from mlx_spec.loading import default_model_pair
+from mlx_spec.drafters.heads import (
+    HEAD_KEY,
+    load_head,
+    read_head_config,
+    static_choices,
+)
+from mlx_spec.loading import REPO_ROOT, default_model_pair, load_draft, load_model
 from mlx_spec.planner import make_controller
 
 from .prompts import encode, has_chat_template, prompt_suite
 
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
-DEFAULT_METHODS = ("draft", "lookup", "self")
+DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32)
+CHAIN_METHODS = ("draft", "lookup", "self")
+TREE_METHODS = ("tree", "eagle", "medusa")
+HEAD_METHODS = ("eagle", "medusa")  # the head kind each needs is its name
+DEFAULT_METHODS = CHAIN_METHODS
 DEFAULT_SETS = ("code_completion", "editing", "free_text")
 DEFAULT_CHAT_SETS = ("chat", "code", "editing")
 
 
-def run_once(model, draft, ids: List[int], fields: Optional[Dict], max_tokens: int):
-    """One greedy generation: ``(tokens, decode seconds, target forwards, rounds)``.
+def run_once(model, drafter, ids: List[int], fields: Optional[Dict], max_tokens: int):
+    """One greedy generation: ``(tokens, seconds, forwards, rounds, drafted)``.
 
-    Decode seconds run from the first token to the last, so they cover
-    every round but the first; ``tokens`` is the generated token ids.
+    ``fields`` is ``None`` for plain decoding, else the :class:`SpecConfig`
+    fields of the method, which runs with ``drafter`` as its draft model (a
+    draft model, a head, or ``None``). ``tokens`` is the generated token
+    ids; ``seconds`` the decode time, from the first token to the last, so
+    it covers every round but the first; ``forwards`` the target forwards;
+    ``drafted`` the draft tokens (tree nodes) proposed over all rounds.
     """
     prompt = mx.array(ids)
     times, tokens = [], []
@@ -69,17 +96,18 @@ def run_once(model, draft, ids: List[int], fields: Optional[Dict], max_tokens: i
             times.append(time.perf_counter())
             tokens.append(int(token))
         forwards = rounds = len(times)
+        drafted = 0
     else:
         stats = SpecStats()
         config = SpecConfig(max_tokens=max_tokens, **fields)
-        uses_draft = fields["method"] in ("draft", "tree")
         for token, _, _ in speculative_generate_step(
-            prompt, model, draft if uses_draft else None, config=config, stats=stats
+            prompt, model, drafter, config=config, stats=stats
         ):
             times.append(time.perf_counter())
             tokens.append(int(token))
         forwards, rounds = stats.target_forwards, stats.rounds
-    return tokens, times[-1] - times[0], forwards, rounds
+        drafted = stats.draft_tokens
+    return tokens, times[-1] - times[0], forwards, rounds, drafted
 
 
 def acceptance_runs(model, draft, ids: List[int], path: List[int], depth: int):
@@ -182,21 +210,141 @@ def replay_report(model, draft, encoded, paths, round_costs, gammas, max_tokens)
     return rows, replayed_rounds
 
 
-def configurations(method: str, gammas) -> Dict[str, Dict]:
-    grid = {
-        f"γ={g}": dict(method=method, num_draft_tokens=g, adaptive=False)
-        for g in gammas
-    }
+def configurations(method: str, gammas, budgets, head=None) -> Dict[str, Dict]:
+    """``label -> SpecConfig fields`` of every fixed size of ``method``, then adaptive.
+
+    A chain method sweeps γ (``γ=4``), a tree method the node budget
+    (``budget=16``). For ``medusa``, a ``head`` with a stored tree adds that
+    tree (``stored``), which is what ``medusa`` runs with adaptive control off.
+    """
+    if method in TREE_METHODS:
+        grid = {
+            f"budget={b}": dict(method=method, tree_budget=b, adaptive=False)
+            for b in budgets
+        }
+        if method == "medusa" and head is not None and static_choices(head.config):
+            grid["stored"] = dict(method=method, adaptive=False)
+    else:
+        grid = {
+            f"γ={g}": dict(method=method, num_draft_tokens=g, adaptive=False)
+            for g in gammas
+        }
     grid["adaptive"] = dict(method=method, adaptive=True)
     return grid
+
+
+def default_label(method: str, head=None) -> str:
+    """The fixed row ``adaptive=False`` runs by default, which adaptive must beat."""
+    if method not in TREE_METHODS:
+        return f"γ={DEFAULT_NUM_DRAFT_TOKENS}"
+    if method == "medusa" and head is not None and static_choices(head.config):
+        return "stored"
+    return f"budget={DEFAULT_TREE_BUDGET}"
+
+
+def without_stored_tree(head):
+    """A Medusa ``head`` that builds dynamic trees even with adaptive control off.
+
+    With ``adaptive=False`` the ``medusa`` method runs the tree stored with
+    the head, whatever ``tree_budget`` says; the copy forgets that tree, so a
+    fixed budget sweep can run.
+    """
+    if head is None or not static_choices(head.config):
+        return head
+    dynamic = copy.copy(head)
+    dynamic.config = {k: v for k, v in head.config.items() if k != "tree_choices"}
+    return dynamic
+
+
+def _default_head(kind: str, model):
+    """The head of ``kind`` in ``models/`` trained for ``model``, or ``None``."""
+    root = REPO_ROOT / "models"
+    if not root.is_dir():
+        return None
+    for path in sorted(p for p in root.iterdir() if p.is_dir()):
+        config = read_head_config(path)
+        if config is None or config[HEAD_KEY].get("kind") != kind:
+            continue
+        try:
+            return load_head(path, model)
+        except ValueError:
+            continue  # trained for another target
+    return None
+
+
+def load_drafters(args, model, tokenizer, parser) -> Dict[str, object]:
+    """``method -> draft_model argument`` of every method in ``args.methods``.
+
+    ``draft`` and ``tree`` run with ``--draft-model``, ``eagle`` and
+    ``medusa`` with the ``--head`` (or ``--draft-model``) of their kind, or
+    for the default target its head in ``models/``; ``lookup`` and ``self``
+    with nothing.
+    """
+    draft, heads = None, {}
+    if args.draft_model:
+        draft = load_draft(str(args.draft_model), model, tokenizer)
+    for path in args.head:
+        head = load_draft(str(path), model, tokenizer)
+        if not getattr(head, "is_head", False):
+            parser.error(f"--head {path} holds no head (from mlx_spec train-draft)")
+        heads[head.kind] = head
+    if getattr(draft, "is_head", False):  # --draft-model DIR may hold a head
+        heads.setdefault(draft.kind, draft)
+        draft = None
+    drafters = {}
+    for method in args.methods:
+        if method in ("draft", "tree"):
+            if draft is None:
+                parser.error(f"--methods {method} needs --draft-model (a draft model)")
+            drafters[method] = draft
+        elif method in HEAD_METHODS:
+            if method not in heads and args.default_pair:
+                heads[method] = _default_head(method, model)
+            if heads.get(method) is None:
+                parser.error(f"--methods {method} needs --head DIR (a {method} head)")
+            drafters[method] = heads[method]
+        else:
+            drafters[method] = None
+    return drafters
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="Default: models/ target.")
-    parser.add_argument("--draft-model", default=None, help="Default: models/ draft.")
-    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
-    parser.add_argument("--gammas", type=int, nargs="+", default=list(DEFAULT_GAMMAS))
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="A draft model (or a head) for draft and tree. Default: models/ draft.",
+    )
+    parser.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="A trained head (from mlx_spec train-draft) for the eagle or medusa "
+        "method of its kind. Repeatable. Default: the heads in models/ trained "
+        "for the default target, when --model is not given.",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        help=f"Chains: {', '.join(CHAIN_METHODS)}; trees: {', '.join(TREE_METHODS)}.",
+    )
+    parser.add_argument(
+        "--gammas",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_GAMMAS),
+        help="Fixed draft lengths of the chain methods.",
+    )
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_BUDGETS),
+        help="Fixed node budgets of the tree methods.",
+    )
     parser.add_argument(
         "--prompt-sets",
         nargs="+",
@@ -214,19 +362,30 @@ def main(argv=None):
         help="Skip the noise-free replay of the draft method.",
     )
     args = parser.parse_args(argv)
-    bad = [m for m in args.methods if m not in ("draft", "lookup", "self")]
+    known = CHAIN_METHODS + TREE_METHODS
+    bad = [m for m in args.methods if m not in known]
     if bad:
-        parser.error(f"--methods takes draft, lookup or self, not {bad[0]!r}")
+        parser.error(f"--methods takes {', '.join(known)}, not {bad[0]!r}")
     if min(args.gammas) < 1:
         parser.error(f"--gammas must all be >= 1, got {min(args.gammas)}")
+    if not all(1 <= b <= MAX_TREE_BUDGET for b in args.budgets):
+        parser.error(
+            f"--budgets must all be from 1 to {MAX_TREE_BUDGET}, "
+            f"got {next(b for b in args.budgets if not 1 <= b <= MAX_TREE_BUDGET)}"
+        )
     if args.max_tokens < 2 or args.repeats < 1:
         parser.error("--max-tokens must be >= 2 and --repeats >= 1")
 
-    if args.model is None:
-        args.model, default_draft = default_model_pair()
-        args.draft_model = args.draft_model or default_draft
-    model, tokenizer = mlx_lm.load(str(args.model))
-    draft = mlx_lm.load(str(args.draft_model))[0] if args.draft_model else None
+    args.default_pair = args.model is None
+    try:
+        if args.default_pair:
+            args.model, default_draft = default_model_pair()
+            args.draft_model = args.draft_model or default_draft
+        model, tokenizer = load_model(str(args.model))
+        drafters = load_drafters(args, model, tokenizer, parser)
+    except ValueError as e:
+        parser.error(str(e))
+    draft = drafters.get("draft")
     chat = has_chat_template(tokenizer)
     sets = args.prompt_sets or (DEFAULT_CHAT_SETS if chat else DEFAULT_SETS)
     try:
@@ -235,45 +394,60 @@ def main(argv=None):
         parser.error(str(e))
     encoded = [encode(p, tokenizer, chat=chat) for p in prompts]
 
-    grid = {("plain", "plain"): None}
+    # (method, label) -> (SpecConfig fields, the drafter it runs with)
+    grid = {("plain", "plain"): (None, None)}
     for method in args.methods:
-        if method == "draft" and draft is None:
-            parser.error("--methods draft needs --draft-model")
-        for label, fields in configurations(method, args.gammas).items():
-            grid[(method, label)] = fields
+        drafter = drafters[method]
+        for label, fields in configurations(
+            method, args.gammas, args.budgets, drafter
+        ).items():
+            dynamic = method == "medusa" and label.startswith("budget=")
+            grid[(method, label)] = (
+                fields,
+                without_stored_tree(drafter) if dynamic else drafter,
+            )
     keys = list(grid)
     for key in keys:  # warm-up
-        run_once(model, draft, encoded[0], grid[key], 16)
+        run_once(model, grid[key][1], encoded[0], grid[key][0], 16)
 
     # Per configuration and pass (every prompt once): tokens and decode seconds.
     passes = {key: [[0, 0.0] for _ in range(args.repeats)] for key in keys}
     counts = {
-        key: dict(tokens=0, forwards=0, rounds=0, runs=0, seconds=0.0) for key in keys
+        key: dict(tokens=0, forwards=0, rounds=0, drafted=0, runs=0, seconds=0.0)
+        for key in keys
     }
+    plain = ("plain", "plain")
     paths, mismatches = {}, []
     for rep in range(args.repeats):
         for i, ids in enumerate(encoded):
             shift = (rep + i) % len(keys)
+            outputs = {}
             for key in keys[shift:] + keys[:shift]:
-                tokens, seconds, forwards, rounds = run_once(
-                    model, draft, ids, grid[key], args.max_tokens
+                fields, drafter = grid[key]
+                tokens, seconds, forwards, rounds, drafted = run_once(
+                    model, drafter, ids, fields, args.max_tokens
                 )
-                if paths.setdefault(i, tokens) != tokens:
-                    mismatches.append(f"{key[0]} {key[1]} on {prompts[i].name}")
+                outputs[key] = tokens
                 passes[key][rep][0] += len(tokens) - 1
                 passes[key][rep][1] += seconds
                 c = counts[key]
                 c["tokens"] += len(tokens)
                 c["forwards"] += forwards
                 c["rounds"] += rounds
+                c["drafted"] += drafted
                 c["runs"] += 1
                 c["seconds"] += seconds
+            paths.setdefault(i, outputs[plain])
+            mismatches += [
+                f"{key[0]} {key[1]} on {prompts[i].name}"
+                for key in keys
+                if outputs[key] != outputs[plain]
+            ]
 
     def throughput(key):  # tokens after each run's first, over decode seconds
         c = counts[key]
         return (c["tokens"] - c["runs"]) / max(c["seconds"], 1e-9)
 
-    plain = ("plain", "plain")
     rows = []
     for key in keys:
         per_pass = [
@@ -285,28 +459,37 @@ def main(argv=None):
                 config=key[1],
                 tokens_per_target_forward=counts[key]["tokens"]
                 / max(counts[key]["forwards"], 1),
+                drafted_per_round=counts[key]["drafted"]
+                / max(counts[key]["rounds"], 1),
                 tokens_per_s=throughput(key),
                 speedup_vs_plain=throughput(key) / throughput(plain),
                 speedup_vs_plain_per_pass=per_pass,
             )
         )
 
+    heads = [d.path for d in drafters.values() if getattr(d, "is_head", False)]
     print(
-        f"model {args.model}, draft {args.draft_model}, {args.max_tokens} tokens, "
+        f"model {args.model}, draft {args.draft_model}"
+        + "".join(f", head {path}" for path in heads)
+        + f", {args.max_tokens} tokens, "
         f"greedy, {len(prompts)} prompts x {args.repeats} passes; tok/s = all "
         "decoded tokens / all decode seconds, × plain = its ratio to plain "
         "decoding (per-pass ratios in brackets, min-max)"
     )
-    print("| method | config | tok/fwd | tok/s | × plain |")
-    print("|---|---|---|---|---|")
+    print("| method | config | drafted/round | tok/fwd | tok/s | × plain |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         spread = r["speedup_vs_plain_per_pass"]
         print(
-            f"| {r['method']} | {r['config']} | {r['tokens_per_target_forward']:.2f} "
+            f"| {r['method']} | {r['config']} | {r['drafted_per_round']:.1f} "
+            f"| {r['tokens_per_target_forward']:.2f} "
             f"| {r['tokens_per_s']:.1f} | {r['speedup_vs_plain']:.3f} "
             f"({min(spread):.2f}-{max(spread):.2f}) |"
         )
-    verdicts = [_verdict(method, rows) for method in args.methods]
+    verdicts = [
+        _verdict(method, rows, default_label(method, drafters[method]))
+        for method in args.methods
+    ]
     identical = not mismatches
     verdicts.append(
         "greedy output identical to plain decoding in every run: "
@@ -367,8 +550,8 @@ def main(argv=None):
             )
 
 
-def _verdict(method: str, rows: List[Dict]) -> str:
-    """Adaptive against the best and the default fixed γ of ``method``."""
+def _verdict(method: str, rows: List[Dict], default: str) -> str:
+    """Adaptive against the best fixed size of ``method`` and its ``default`` row."""
     mine = [r for r in rows if r["method"] == method]
     fixed = [r for r in mine if r["config"] != "adaptive"]
     adaptive = next(r for r in mine if r["config"] == "adaptive")
@@ -379,11 +562,13 @@ def _verdict(method: str, rows: List[Dict]) -> str:
         f"{best['config']} {best['speedup_vs_plain']:.3f}x "
         f"(adaptive/best = {within:.3f}, goal >= 0.95)"
     )
-    default = f"γ={DEFAULT_NUM_DRAFT_TOKENS}"
     for r in fixed:
         if r["config"] == default:
             beats = adaptive["tokens_per_s"] / r["tokens_per_s"]
             line += f", adaptive/default {default} = {beats:.3f} (goal > 1)"
+            break
+    else:
+        line += f", default {default} not run"
     return line
 
 

@@ -1,8 +1,11 @@
-"""benchmarks.adaptive: the replay that prices adaptive and fixed γ without noise.
+"""benchmarks.adaptive: adaptive against fixed γ and tree budgets, and the replay.
 
 The replay must reproduce the engine's rounds exactly under greedy decoding,
-so its modelled comparison describes the same rounds the engine runs.
+so its modelled comparison describes the same rounds the engine runs. Tree
+methods sweep fixed node budgets, each capping its rounds' trees.
 """
+
+import json
 
 import pytest
 
@@ -89,11 +92,86 @@ def test_end_to_end_on_test_checkpoints_reports_identity_and_replay(
     assert "replay: adaptive/best fixed" in out
 
 
+def test_tree_methods_sweep_budgets_against_adaptive_with_identity(
+    checkpoints, load_model, tmp_path, capsys
+):
+    heads = pytest.importorskip("mlx_spec.drafters.heads")
+    from mlx_spec.fingerprint import model_fingerprint
+
+    model, _ = load_model("llama")
+    stored = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+    for kind, extra in (("eagle", None), ("medusa", {"tree_choices": stored})):
+        head = heads.random_head(kind, model, seed=3)
+        heads.save_head(
+            tmp_path / kind,
+            kind,
+            head.module,
+            target_fingerprint=model_fingerprint(model),
+            extra=extra,
+        )
+    # fmt: off
+    bench.main(
+        [
+            "--model", str(checkpoints["llama"]),
+            "--draft-model", str(checkpoints["llama-near"]),
+            "--head", str(tmp_path / "eagle"),
+            "--head", str(tmp_path / "medusa"),
+            "--methods", "tree", "eagle", "medusa",
+            "--budgets", "1", "16",
+            "--max-tokens", "8",
+            "--repeats", "1",
+            "--quick",
+            "--json", str(tmp_path / "out.json"),
+        ]
+    )
+    # fmt: on
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "out.json").read_text())
+    configs = {}
+    for row in results["rows"]:
+        configs.setdefault(row["method"], []).append(row["config"])
+    budgets = ["budget=1", "budget=16"]
+    assert configs == {
+        "plain": ["plain"],
+        "tree": [*budgets, "adaptive"],
+        "eagle": [*budgets, "adaptive"],
+        "medusa": [*budgets, "stored", "adaptive"],
+    }
+    drafted = {
+        (r["method"], r["config"]): r["drafted_per_round"] for r in results["rows"]
+    }
+    # A fixed budget caps every round's tree, the stored tree set aside for
+    # medusa; a one-node tree is a one-token chain.
+    for method in ("tree", "eagle", "medusa"):
+        assert 0 < drafted[(method, "budget=1")] <= 1
+        assert drafted[(method, "budget=16")] <= 16
+    assert 1 < drafted[("medusa", "stored")] <= len(stored)
+    verdicts = results["verdicts"]
+    assert verdicts[:3] == [line for line in out.splitlines() if ": adaptive " in line]
+    verdict_of = {line.split(":")[0]: line for line in verdicts[:3]}
+    assert list(verdict_of) == ["tree", "eagle", "medusa"]
+    assert all("adaptive/best = " in line for line in verdicts[:3])
+    # Adaptive is held to what adaptive=False runs by default.
+    assert "adaptive/default budget=16 = " in verdict_of["tree"]
+    assert "adaptive/default budget=16 = " in verdict_of["eagle"]
+    assert "adaptive/default stored = " in verdict_of["medusa"]
+    assert verdicts[3] == "greedy output identical to plain decoding in every run: yes"
+    assert results["replay"] is None  # the replay is the draft method's
+
+
+def test_a_head_method_without_a_head_exits_with_a_one_line_error(checkpoints, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--model", str(checkpoints["llama"]), "--methods", "eagle"])
+    assert e.value.code == 2
+    assert "--methods eagle needs --head DIR" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--gammas", "0"], "--gammas must all be >= 1"),
-        (["--methods", "tree"], "--methods takes draft, lookup or self"),
+        (["--budgets", "4", "0"], "--budgets must all be from 1 to 256, got 0"),
+        (["--methods", "mtp"], "--methods takes draft, lookup, self, tree, eagle"),
         (["--max-tokens", "1"], "--max-tokens must be >= 2"),
     ],
 )
