@@ -29,7 +29,9 @@ For token trees, :meth:`AdaptiveController.choose_budget` picks a node budget
 from ``tree_budgets`` the same way, with the tokens per round (accepted depth
 plus one) measured per budget instead of modelled per depth; budgets not
 measured recently are interpolated in ``log2(budget + 1)``, since a tree's
-gain flattens as it grows.
+gain flattens as it grows, and the next budget above the largest measured
+one is extrapolated at half the last measured slope, so a tree that pays grows
+a step at a time without waiting for exploration.
 
 Early stopping on the draft's own confidence (``--draft-p-min``) lives in
 the drafters (:class:`mlx_spec.drafters.ModelDrafter`).
@@ -52,6 +54,9 @@ GAMMA_LIMIT = 64
 # depth observed every round carries weight ~1/ema, a stale one decays to 0.
 _SHRINK_WEIGHT = 0.5
 _TINY = 1e-12
+# The next tree budget up is priced at this share of the last measured gain
+# slope: enough to climb where wide trees pay, damped where they do not.
+EXTRAPOLATE = 0.5
 
 
 def _check_int(name: str, value, low: int, high: int) -> int:
@@ -300,8 +305,10 @@ class AdaptiveController:
 
         A budget's measured mean is shrunk towards a curve through the
         recently measured budgets, linear in ``log2(budget + 1)`` from
-        ``(0 nodes, 1 token)`` and flat beyond the largest one; the result is
-        made non-decreasing in the budget.
+        ``(0 nodes, 1 token)``, extended to the next budget up at ``EXTRAPOLATE`` of
+        the slope of its last segment (so a growing tree is tried a step larger as soon
+        as that would pay, not only when an exploring round lands there), and
+        flat beyond; the result is made non-decreasing in the budget.
         """
         budgets = self.tree_budgets
         recent = [
@@ -309,7 +316,13 @@ class AdaptiveController:
             for b, s in self._tree_tokens.items()
             if s.weight >= _SHRINK_WEIGHT
         ]
-        curve = [(0.0, 1.0)] + recent
+        curve = sorted([(0.0, 1.0)] + recent)
+        larger = [b for b in budgets if math.log2(b + 1) > curve[-1][0]]
+        if recent and larger:
+            (x0, y0), (x1, y1) = curve[-2], curve[-1]
+            slope = EXTRAPOLATE * max(y1 - y0, 0.0) / (x1 - x0)
+            x = math.log2(larger[0] + 1)
+            curve.append((x, min(y1 + slope * (x - x1), larger[0] + 1.0)))
         tokens, prev = [], 1.0
         for b in budgets:
             prior = _interpolate(curve, math.log2(b + 1))

@@ -183,6 +183,26 @@ def test_tree_budget_follows_cost_and_acceptance():
     assert set(steep.state()["tree_tokens"]) == set(budgets)
 
 
+def test_tree_budget_grows_without_waiting_for_exploration():
+    """Where wide verification is nearly free (a GPU), a tree that starts small
+    must reach its best budget in a few dozen rounds: the next budget up is
+    priced by extrapolating the measured gain, not only when an exploring
+    round (5%) lands there. Where it is dear (a CPU), it stays small."""
+    budgets = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # the engine's set, start 4
+
+    def first_round_at(budget, verify, seed):
+        ctl = AdaptiveController(tree_budgets=budgets, init_budget=4)
+        chosen = simulate_tree(ctl, 150, rng=random.Random(seed), p=0.7, verify=verify)
+        return next((i for i, b in enumerate(chosen) if b >= budget), None), chosen
+
+    for seed in range(4):
+        reached, chosen = first_round_at(48, lambda w: 1.0 + 0.001 * w, seed)
+        assert reached is not None and reached < 60, (seed, reached)
+        assert statistics.median(chosen[-50:]) >= 32
+        _, chosen = first_round_at(64, lambda w: 1.0 + 0.3 * w, seed)
+        assert statistics.median(chosen[-50:]) <= 4
+
+
 def test_tree_initial_budget_and_errors():
     ctl = AdaptiveController(tree_budgets=[16, 4, 8, 8])
     assert ctl.tree_budgets == [4, 8, 16]
