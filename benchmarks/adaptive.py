@@ -58,16 +58,12 @@ from mlx_spec.config import (
     MAX_TREE_BUDGET,
 )
 from mlx_spec.costs import model_step_cost
-from mlx_spec.drafters.heads import (
-    HEAD_KEY,
-    load_head,
-    read_head_config,
-    static_choices,
-)
-from mlx_spec.loading import REPO_ROOT, default_model_pair, load_draft, load_model
+from mlx_spec.drafters.heads import static_choices
+from mlx_spec.loading import default_model_pair, load_draft, load_model
 from mlx_spec.planner import make_controller
 
 from .prompts import encode, has_chat_template, prompt_suite
+from .run import default_heads
 
 DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 DEFAULT_BUDGETS = (1, 2, 4, 8, 16, 32)
@@ -256,22 +252,6 @@ def without_stored_tree(head):
     return dynamic
 
 
-def _default_head(kind: str, model):
-    """The head of ``kind`` in ``models/`` trained for ``model``, or ``None``."""
-    root = REPO_ROOT / "models"
-    if not root.is_dir():
-        return None
-    for path in sorted(p for p in root.iterdir() if p.is_dir()):
-        config = read_head_config(path)
-        if config is None or config[HEAD_KEY].get("kind") != kind:
-            continue
-        try:
-            return load_head(path, model)
-        except ValueError:
-            continue  # trained for another target
-    return None
-
-
 def load_drafters(args, model, tokenizer, parser) -> Dict[str, object]:
     """``method -> draft_model argument`` of every method in ``args.methods``.
 
@@ -299,7 +279,8 @@ def load_drafters(args, model, tokenizer, parser) -> Dict[str, object]:
             drafters[method] = draft
         elif method in HEAD_METHODS:
             if method not in heads and args.default_pair:
-                heads[method] = _default_head(method, model)
+                found = {h.kind: h for h in default_heads(model, lambda _: None)}
+                heads[method] = found.get(method)
             if heads.get(method) is None:
                 parser.error(f"--methods {method} needs --head DIR (a {method} head)")
             drafters[method] = heads[method]

@@ -391,8 +391,9 @@ def _target_mtp(model_path: str, model) -> tuple:
         return None, str(e).strip().splitlines()[0]
 
 
-def _default_heads(model, progress) -> List[object]:
-    """The heads in ``models/`` trained for ``model`` (others are skipped)."""
+def default_heads(model, note) -> List[object]:
+    """The heads in ``models/`` trained for ``model``; ``note(text)`` hears why
+    another was skipped."""
     heads = _heads_module()
     root = REPO_ROOT / "models"
     if heads is None or not root.is_dir():
@@ -405,7 +406,7 @@ def _default_heads(model, progress) -> List[object]:
         try:
             out.append(heads.load_head(path, model))
         except ValueError as e:
-            progress.note(f"not using the head in {path.name}: {e}")
+            note(f"not using the head in {path.name}: {e}")
     return out
 
 
@@ -464,7 +465,7 @@ def benchmark(args) -> dict:
         setup.heads.insert(0, draft)
         setup.draft = draft = None
     elif args.model is None and not setup.heads:
-        setup.heads = _default_heads(model, progress)
+        setup.heads = default_heads(model, progress.note)
     no_drafter = {}  # a kind of drafter this target cannot have -> why
     if not any(getattr(h, "kind", None) == "mtp" for h in setup.heads):
         mtp, no_drafter["mtp"] = _target_mtp(model_path, model)
