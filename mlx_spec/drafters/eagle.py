@@ -184,7 +184,7 @@ class EagleDrafter(TreeDrafter):
             if state.subset_choice_ok:  # over the draft vocabulary's columns
                 small = vocab.small_logits(g.reshape(1, -1))
                 column, law = subset_choice(state, small)
-                token = vocab.to_target(column).astype(mx.uint32)
+                token = vocab.to_target(column)
             else:
                 token, law = state.choose(self._logits(g), tokens)
             mx.async_eval(token)

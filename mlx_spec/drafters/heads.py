@@ -320,9 +320,9 @@ class DraftVocab:
         return full
 
     def to_target(self, index: mx.array) -> mx.array:
-        """Draft-vocabulary indices -> target token ids."""
+        """Draft-vocabulary indices -> target token ids (``uint32``)."""
         ids = self.all_ids
-        return index if ids is None else ids[index]
+        return (index if ids is None else ids[index]).astype(mx.uint32)
 
 
 class _QuantizedRows(nn.Module):

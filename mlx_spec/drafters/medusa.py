@@ -98,7 +98,6 @@ class MedusaDrafter(TreeDrafter):
         if not self.is_tree:
             gamma = min(size, self.num_heads)
             tokens = self.vocab.to_target(mx.argmax(self._levels[:gamma], axis=-1))
-            tokens = tokens.astype(mx.uint32)
             return Proposal(tokens, None, forwards=1)
         proposal = super().propose(state, size)
         proposal.forwards = 1  # one batched step of every head
