@@ -27,6 +27,9 @@ DEFAULT_GAMMA_SWEEP = (1, 2, 3, 4, 6, 8)
 QUICK_GAMMA_SWEEP = ()
 QUICK_MAX_TOKENS = 48
 QUICK_REPEATS = 1
+# Answers drawn per prompt at a temperature > 0, each its own block: a sampled
+# answer (its length too) depends on its seed, so one draw per set says little.
+DEFAULT_DRAWS = 1
 # One bare sample: the mean gap of a chain of this many pipelined forwards.
 BARE_CHAIN = 5
 
@@ -107,6 +110,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"Repetitions over the prompt suite. Default: {DEFAULT_REPEATS} "
         f"({QUICK_REPEATS} with --quick).",
+    )
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=None,
+        help="Answers drawn per prompt and repeat at each temperature > 0, each "
+        f"with its own seed and block. Default: {DEFAULT_DRAWS}.",
     )
     parser.add_argument(
         "--warmup",
@@ -248,6 +258,7 @@ def resolve_settings(args) -> dict:
             args.max_tokens, QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS
         ),
         "repeats": _default(args.repeats, QUICK_REPEATS if quick else DEFAULT_REPEATS),
+        "draws": _default(args.draws, DEFAULT_DRAWS),
         "warmup": args.warmup,
         "seed": args.seed,
         "forward_repeats": args.forward_repeats,
@@ -260,6 +271,7 @@ def resolve_settings(args) -> dict:
     for name, value, low in (
         ("--max-tokens", settings["max_tokens"], 1),
         ("--repeats", settings["repeats"], 1),
+        ("--draws", settings["draws"], 1),
         ("--warmup", settings["warmup"], 0),
         ("--forward-repeats", settings["forward_repeats"], 1),
     ):

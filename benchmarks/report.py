@@ -365,7 +365,9 @@ def markdown(results: dict) -> str:
         f"- machine: {m['platform']}, {m['cpu_count']} CPUs, {m['device']}, BLAS: {m['blas']}",
         f"- versions: mlx {m['mlx']}, mlx-lm {m['mlx_lm']}, mlx-spec {m['mlx_spec']}"
         + (f" (commit {m['git_commit']})" if m.get("git_commit") else ""),
-        f"- {len(s['prompts'])} prompts ({sets}; {suite}) × {s['repeats']} repeat(s), "
+        f"- {len(s['prompts'])} prompts ({sets}; {suite}) × {s['repeats']} repeat(s)"
+        + (f" × {s['draws']} draws when sampling" if s.get("draws", 1) > 1 else "")
+        + ", "
         f"{s['max_tokens']} tokens each, warm-up {s['warmup']}, seed {s['seed']}"
         + (f", γ sweep {s['gamma_sweep']}" if s.get("gamma_sweep") else "")
         + (", quick mode" if s["quick"] else ""),
@@ -391,7 +393,7 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "× mlx_lm: paired decode-only speedup over plain mlx_lm (per block of one "
-        "prompt, repeat and temperature, over the mean of the block's two mlx_lm "
+        "prompt, repeat, temperature and draw, over the mean of the block's two mlx_lm "
         "runs; median over a set's blocks), then the geometric mean over the prompt "
         "sets; × mlx_lm spec pairs with mlx-lm's speculative mode at the same γ. "
         "decode tok/s, e2e tok/s and acceptance are pooled over all prompts. "

@@ -11,9 +11,11 @@ Every method sees the same models, prompts, seeds and token budget:
 (mlx-lm's own speculative mode, same draft and γ) and every mlx-spec method
 that exists (``mlx_spec.drafters.registry.METHODS``, discovered at run time).
 
-The runs come in *blocks*: one prompt, one repeat, one temperature. A block
-runs plain ``mlx_lm`` first, every other configuration in an order that
-rotates from block to block, and plain ``mlx_lm`` again last. Speedups are
+The runs come in *blocks*: one prompt, one repeat, one temperature and, when
+sampling, one draw (``--draws`` seeds per prompt, as a sampled answer and its
+length depend on the seed). A block runs plain ``mlx_lm`` first, every other
+configuration in an order that rotates from block to block, and plain
+``mlx_lm`` again last. Speedups are
 *paired*: each run's tokens/s over the mean of its block's two ``mlx_lm``
 runs, then the median over blocks. After each run one of the bare forwards
 the rounds are made of is timed again (round robin), so they see the same
@@ -216,7 +218,7 @@ def _warm_up(setup, configs, ids, settings, drafters, progress) -> None:
 def _interleaved_runs(
     setup, configs, prompts, ids, settings, drafters, timer, widths, progress
 ) -> List[Run]:
-    """Every block: one prompt, repeat and temperature, all its configurations.
+    """Every block: one prompt, repeat, temperature and draw, all its configurations.
 
     After each run, one bare forward (the next width, round robin) is timed,
     so the bare forwards see the same machine noise as the generations.
@@ -226,13 +228,15 @@ def _interleaved_runs(
     sampled = 0
     temps = settings["temps"]
     per_block = {t: [c for c in configs if c.temp == t] for t in temps}
-    n_runs = sum(len(block_order(c, 0)) for c in per_block.values())
+    draws = {t: settings["draws"] if t > 0 else 1 for t in temps}
+    n_runs = sum(draws[t] * len(block_order(c, 0)) for t, c in per_block.items())
     progress.start(settings["repeats"] * len(prompts) * n_runs, "benchmark")
     block = 0
     for rep in range(settings["repeats"]):
         for pi, p in enumerate(prompts):
-            seed = settings["seed"] + 1000 * rep + pi
-            for t in temps:
+            for t, draw in ((t, d) for t in temps for d in range(draws[t])):
+                # Draw 0 keeps the seed of a run without --draws.
+                seed = settings["seed"] + 1000 * (rep + settings["repeats"] * draw) + pi
                 order = block_order(per_block[t], block)
                 for position, c in enumerate(order):
                     result = generate_once(
@@ -247,6 +251,8 @@ def _interleaved_runs(
                             prompt=p.name,
                             prompt_set=p.prompt_set,
                             repeat=rep,
+                            draw=draw,
+                            seed=seed,
                             block=block,
                             position=position,
                             **result,
@@ -255,7 +261,10 @@ def _interleaved_runs(
                     if cycle:
                         _sample_one(timer, setup, cycle[sampled % len(cycle)])
                     sampled += 1
-                    progress.update(f"rep {rep + 1} {p.name} {c.label()} temp={t}")
+                    progress.update(
+                        f"rep {rep + 1} {p.name} {c.label()} temp={t}"
+                        + (f" draw {draw + 1}" if draws[t] > 1 else "")
+                    )
                 block += 1
     progress.close()
     return runs

@@ -156,6 +156,8 @@ class Run:
     memory_increase_gb: float
     draft_cost_known: bool = True
     fixed: bool = False
+    draw: int = 0  # which of a prompt's sampled answers (see --draws)
+    seed: int = 0
     accepted_per_round: List[int] = field(default_factory=list)
     drafted_per_round: List[int] = field(default_factory=list)
 
@@ -178,6 +180,8 @@ class Run:
             "prompt": self.prompt,
             "prompt_set": self.prompt_set,
             "repeat": self.repeat,
+            "draw": self.draw,
+            "seed": self.seed,
             "block": self.block,
             "position": self.position,
             "generated_tokens": len(self.tokens),

@@ -75,6 +75,8 @@ def quick_results(checkpoints, tmp_path_factory):
         "6",
         "--repeats",
         "2",
+        "--draws",
+        "2",
         "--warmup",
         "1",
         "--gamma-sweep",
@@ -215,6 +217,10 @@ def test_bad_settings_exit_with_a_one_line_error(capsys):
         bench.main(["--max-tokens", "0", "--no-progress"])
     assert e.value.code == 2
     assert "--max-tokens=0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--draws", "0", "--no-progress"])
+    assert e.value.code == 2
+    assert "--draws=0" in capsys.readouterr().err
 
 
 def test_raw_runs_are_stored_with_mlx_lm_first_and_last_in_every_block(quick_results):
@@ -226,12 +232,22 @@ def test_raw_runs_are_stored_with_mlx_lm_first_and_last_in_every_block(quick_res
         assert len(r["round_s"]) == len(r["round_drafted"]) == len(r["round_forwards"])
         assert r["decode_s"] >= 0 and r["wall_s"] >= r["ttft_s"] >= 0
         assert r["memory_increase_gb"] >= 0
-    # 4 prompts x 2 repeats x 2 temps.
-    assert len(blocks) == 16
+    # 4 prompts x 2 repeats x (greedy + 2 sampled draws).
+    assert len(blocks) == 4 * 2 * (1 + 2)
+    seeds = {}
     for block in blocks.values():
         block.sort(key=lambda r: r["position"])
         assert block[0]["method"] == block[-1]["method"] == "mlx_lm"
-        assert len({r["temp"] for r in block}) == 1
+        assert len({(r["temp"], r["draw"], r["seed"]) for r in block}) == 1
+        first = block[0]
+        seeds.setdefault((first["prompt"], first["repeat"], first["temp"]), []).append(
+            (first["draw"], first["seed"])
+        )
+    for (_, _, temp), draws in seeds.items():
+        # Each draw of a sampled block has a seed of its own; greedy runs once.
+        assert sorted(d for d, _ in draws) == ([0, 1] if temp > 0 else [0])
+    sampled = [(p, s) for (p, _, t), ds in seeds.items() if t > 0 for _, s in ds]
+    assert len(set(sampled)) == len(sampled) == 4 * 2 * 2
 
 
 def test_speedup_is_the_median_of_paired_decode_ratios(quick_results):
@@ -280,6 +296,7 @@ def test_quick_mode_runs_once_and_sweeps_gamma_only_when_asked():
     parse = bench.setup_arg_parser().parse_args
     quick = options.resolve_settings(parse(["--quick"]))
     assert quick["repeats"] == options.QUICK_REPEATS
+    assert quick["draws"] == options.DEFAULT_DRAWS
     assert quick["gamma_sweep"] == []
     quick = options.resolve_settings(parse(["--quick", "--gamma-sweep", "2", "4", "6"]))
     configs = bench._configs(["mlx_lm", "mlx_lm_speculative", "draft", "none"], quick)
@@ -296,6 +313,7 @@ def test_quick_mode_runs_once_and_sweeps_gamma_only_when_asked():
     # Quick mode sweeps the first temperature only; full mode sweeps them all.
     assert {c.gamma for c in configs if c.temp == 0.7 and c.method == "draft"} == {4}
     full = options.resolve_settings(parse([]))
+    assert full["draws"] == options.DEFAULT_DRAWS == 1
     configs = bench._configs(["mlx_lm", "draft"], full)
     assert {c.gamma for c in configs if c.temp == 0.7 and c.method == "draft"} == set(
         options.DEFAULT_GAMMA_SWEEP
