@@ -9,6 +9,7 @@ import pytest
 
 from mlx_spec.cli import main as mlx_spec_main
 from mlx_spec.loading import load_draft
+from mlx_spec.train import completions as C
 from mlx_spec.train.cli import main
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -167,6 +168,26 @@ def test_kept_features_serve_a_head_without_a_teacher_pass(
     assert "- Prompts: " in card and " completion tokens (" in card
     draft = ["--out", str(tmp_path / "d2"), "--feature-weight", "0.5", "--skip-eval"]
     assert main([*base, *draft]) == 0
+
+
+def test_medusa_feature_layers_fail_before_anything_loads(trained, monkeypatch):
+    """A data folder that already exists is not read first (nor is the target)."""
+    out, argv = trained
+    argv = argv[: argv.index("--layers")] + argv[argv.index("--layers") + 2 :]
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("loaded before the option was checked")
+
+    monkeypatch.setattr("mlx_spec.loading.load_model", loaded)
+    monkeypatch.setattr(C, "build_completions", loaded)
+    for kind, layers, message in (
+        ("medusa", "2", "--feature-layers is for --kind eagle"),
+        ("eagle", "2,x", "--feature-layers must be comma-separated integers"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--kind", kind, "--feature-layers", layers])
+        text = str(e.value.code)
+        assert message in text and "\n" not in text, text
 
 
 def test_a_feature_layer_the_target_lacks_fails_in_one_line(checkpoints, tmp_path):

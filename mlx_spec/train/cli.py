@@ -254,6 +254,10 @@ def _check_args(args):
         raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
+    if args.kind != "draft" and args.feature_layers is not None:
+        from .head_command import head_feature_layers
+
+        head_feature_layers(args, args.kind, None)  # before any model or data loads
 
 
 def kept_feature_layers(args, model, data_dir: Path) -> List[int]:
