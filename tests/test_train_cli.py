@@ -227,3 +227,28 @@ def test_a_head_card_is_written_from_the_heads_record(kind, reads):
     shipped = iter((folder / "README.md").read_text().splitlines())
     assert all(line in shipped for line in card.splitlines())  # in the same order
     assert f"- Reads: the target's {reads}." in card
+
+
+@pytest.mark.parametrize("name", ["draft", "eagle", "medusa"])
+def test_the_defaults_are_the_recipes_of_the_shipped_drafters(name):
+    """Only the data differs: the shipped drafters trained on more prompts."""
+    import shlex
+
+    from mlx_spec.loading import REPO_ROOT
+    from mlx_spec.train import draft as D
+    from mlx_spec.train import head_command as H
+    from mlx_spec.train.cli import setup_arg_parser
+
+    card = (REPO_ROOT / "models" / f"smollm2-135m-{name}" / "README.md").read_text()
+    line = next(l for l in card.splitlines() if l.startswith("mlx_spec train-draft"))
+    args = setup_arg_parser().parse_args(shlex.split(line)[2:])
+    assert args.kind == name
+    if name == "draft":
+        assert (args.steps, args.lr) == (D.DEFAULT_STEPS, D.DEFAULT_LR)
+        assert args.batch_tokens == D.DEFAULT_BATCH_TOKENS
+    else:
+        assert (args.steps, args.lr) == (H.DEFAULT_STEPS[name], H.DEFAULT_LR[name])
+        assert (args.batch_size, args.window) == (
+            H.DEFAULT_WINDOWS[name],
+            H.DEFAULT_WINDOW_TOKENS[name],
+        )

@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..features import FINAL
+from ..features import FINAL, feature_owner
 from . import completions as C
 from . import draft as D
+from . import head_command as H
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
@@ -123,7 +124,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("training")
     g.add_argument(
-        "--steps", type=int, help=f"Optimizer steps (draft: {D.DEFAULT_STEPS})."
+        "--steps",
+        type=int,
+        help=f"Optimizer steps (draft {D.DEFAULT_STEPS}, {H.per_kind(H.DEFAULT_STEPS)}).",
     )
     g.add_argument(
         "--batch-tokens",
@@ -132,7 +135,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help=f"Draft: padded tokens per step (default: {D.DEFAULT_BATCH_TOKENS}).",
     )
     g.add_argument(
-        "--lr", type=float, help=f"Peak learning rate (draft: {D.DEFAULT_LR})."
+        "--lr",
+        type=float,
+        help=f"Peak learning rate (draft {D.DEFAULT_LR}, {H.per_kind(H.DEFAULT_LR)}).",
     )
     g.add_argument(
         "--draft-vocab",
@@ -210,9 +215,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--skip-eval", action="store_true", help="No engine measurement.")
     p.add_argument("--no-progress", action="store_true", help="No progress bars.")
-    from .head_command import add_head_arguments
-
-    add_head_arguments(p)  # the options of --kind eagle|medusa it lacks
+    H.add_head_arguments(p)  # the options of --kind eagle|medusa it lacks
     return p
 
 
@@ -255,9 +258,7 @@ def _check_args(args):
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
     if args.kind != "draft" and args.feature_layers is not None:
-        from .head_command import head_feature_layers
-
-        head_feature_layers(args, args.kind, None)  # before any model or data loads
+        H.head_feature_layers(args, args.kind, None)  # before any model or data loads
 
 
 def kept_feature_layers(args, model, data_dir: Path) -> List[int]:
@@ -290,10 +291,7 @@ def read_feature_layers(args, model) -> List[int]:
     """The target features this run's drafter reads: a head's, else the final state."""
     if args.kind == "draft":
         return [FINAL]
-    from ..features import feature_owner
-    from .head_command import head_feature_layers
-
-    return head_feature_layers(args, args.kind, len(feature_owner(model).layers))
+    return H.head_feature_layers(args, args.kind, len(feature_owner(model).layers))
 
 
 def choose_prompts(args):
@@ -424,10 +422,8 @@ def run(args, argv: List[str]) -> int:
     if args.data_only:
         return 0
     if args.kind != "draft":
-        from .head_command import run_head_training
-
         info = {**data_record, "model": args.model}
-        run_head_training(
+        H.run_head_training(
             args,
             args.kind,
             model,
