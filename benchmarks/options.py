@@ -114,7 +114,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--draws",
         type=int,
-        default=None,
+        default=DEFAULT_DRAWS,
         help="Answers drawn per prompt and repeat at each temperature > 0, each "
         f"with its own seed and block. Default: {DEFAULT_DRAWS}.",
     )
@@ -258,7 +258,7 @@ def resolve_settings(args) -> dict:
             args.max_tokens, QUICK_MAX_TOKENS if quick else DEFAULT_MAX_TOKENS
         ),
         "repeats": _default(args.repeats, QUICK_REPEATS if quick else DEFAULT_REPEATS),
-        "draws": _default(args.draws, DEFAULT_DRAWS),
+        "draws": args.draws,
         "warmup": args.warmup,
         "seed": args.seed,
         "forward_repeats": args.forward_repeats,

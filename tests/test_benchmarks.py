@@ -163,6 +163,7 @@ def test_markdown_and_charts_are_written(quick_results):
     md = (out / "results.md").read_text()
     assert "| mlx_lm | 0.0 |" in md and "| draft | 0.7 | 4 |" in md
     assert "Draft length sweep" in md and "overhead calibration" in md
+    assert "× 2 repeat(s) × 2 draws when sampling, 6 tokens each" in md
     pytest.importorskip("matplotlib")
     for name in ("tokens_per_s.png", "speedup_vs_temp.png", "acceptance_vs_gamma.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG", name

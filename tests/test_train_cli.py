@@ -10,7 +10,9 @@ import pytest
 from mlx_spec.cli import main as mlx_spec_main
 from mlx_spec.loading import load_draft
 from mlx_spec.train import completions as C
-from mlx_spec.train.cli import main
+from mlx_spec.train import draft as D
+from mlx_spec.train import head_command as H
+from mlx_spec.train.cli import main, setup_arg_parser
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY = [
@@ -170,10 +172,9 @@ def test_kept_features_serve_a_head_without_a_teacher_pass(
     assert main([*base, *draft]) == 0
 
 
-def test_medusa_feature_layers_fail_before_anything_loads(trained, monkeypatch):
+def test_feature_layers_outside_eagle_fail_before_anything_loads(trained, monkeypatch):
     """A data folder that already exists is not read first (nor is the target)."""
     out, argv = trained
-    argv = argv[: argv.index("--layers")] + argv[argv.index("--layers") + 2 :]
 
     def loaded(*args, **kwargs):
         raise AssertionError("loaded before the option was checked")
@@ -181,6 +182,7 @@ def test_medusa_feature_layers_fail_before_anything_loads(trained, monkeypatch):
     monkeypatch.setattr("mlx_spec.loading.load_model", loaded)
     monkeypatch.setattr(C, "build_completions", loaded)
     for kind, layers, message in (
+        ("draft", "2", "--feature-layers is for --kind eagle"),
         ("medusa", "2", "--feature-layers is for --kind eagle"),
         ("eagle", "2,x", "--feature-layers must be comma-separated integers"),
     ):
@@ -229,26 +231,17 @@ def test_a_head_card_is_written_from_the_heads_record(kind, reads):
     assert f"- Reads: the target's {reads}." in card
 
 
-@pytest.mark.parametrize("name", ["draft", "eagle", "medusa"])
-def test_the_defaults_are_the_recipes_of_the_shipped_drafters(name):
+@pytest.mark.parametrize("kind", ["draft", "eagle", "medusa"])
+def test_the_defaults_are_the_recipes_of_the_shipped_drafters(kind):
     """Only the data differs: the shipped drafters trained on more prompts."""
-    import shlex
-
-    from mlx_spec.loading import REPO_ROOT
-    from mlx_spec.train import draft as D
-    from mlx_spec.train import head_command as H
-    from mlx_spec.train.cli import setup_arg_parser
-
-    card = (REPO_ROOT / "models" / f"smollm2-135m-{name}" / "README.md").read_text()
-    line = next(l for l in card.splitlines() if l.startswith("mlx_spec train-draft"))
-    args = setup_arg_parser().parse_args(shlex.split(line)[2:])
-    assert args.kind == name
-    if name == "draft":
-        assert (args.steps, args.lr) == (D.DEFAULT_STEPS, D.DEFAULT_LR)
-        assert args.batch_tokens == D.DEFAULT_BATCH_TOKENS
+    shipped = json.loads((MODELS / f"smollm2-135m-{kind}" / "config.json").read_text())
+    trained = shipped["training"]["config"]
+    args = setup_arg_parser().parse_args(["--model", "m", "--out", "o", "--kind", kind])
+    if kind == "draft":
+        # As train-draft builds its DraftTrainConfig from the options left unset.
+        assert args.steps is None and args.lr is None
+        made = dict(steps=D.DEFAULT_STEPS, lr=D.DEFAULT_LR, batch_tokens=args.batch_tokens)
     else:
-        assert (args.steps, args.lr) == (H.DEFAULT_STEPS[name], H.DEFAULT_LR[name])
-        assert (args.batch_size, args.window) == (
-            H.DEFAULT_WINDOWS[name],
-            H.DEFAULT_WINDOW_TOKENS[name],
-        )
+        made = vars(H.head_config(args, kind, 30))
+    keys = ["steps", "lr"] + (["batch_tokens"] if kind == "draft" else ["batch_size", "window"])
+    assert {k: made[k] for k in keys} == {k: trained[k] for k in keys}

@@ -257,8 +257,13 @@ def _check_args(args):
         raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
-    if args.kind != "draft" and args.feature_layers is not None:
-        H.head_feature_layers(args, args.kind, None)  # before any model or data loads
+    if args.feature_layers is not None:  # checked before any model or data loads
+        if args.kind == "draft":
+            raise ValueError(
+                "--feature-layers is for --kind eagle; a draft model reads no target "
+                "features (--keep-features chooses what the data keeps)."
+            )
+        H.head_feature_layers(args, args.kind, None)
 
 
 def kept_feature_layers(args, model, data_dir: Path) -> List[int]:

@@ -164,7 +164,8 @@ def head_feature_layers(args, kind: str, num_layers: Optional[int]) -> List[int]
 def head_config(args, kind: str, num_layers: Optional[int] = None) -> HeadTrainConfig:
     """A :class:`HeadTrainConfig` from parsed arguments (one-line errors).
 
-    ``--steps`` and ``--lr`` left unset (``None``) take the kind's defaults;
+    ``--steps``, ``--lr``, ``--batch-size`` and ``--window`` left unset
+    (``None``) take the kind's defaults (the shipped heads' recipes);
     ``--feature-layers`` left unset takes :func:`head_feature_layers`' default
     for a target of ``num_layers`` blocks.
     """

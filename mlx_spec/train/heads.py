@@ -40,6 +40,8 @@ from .head_data import HeadData, coverage, draft_vocabulary, token_counts
 from .precision import compute_dtype, computing_in
 
 CHECKPOINT_DIR = "checkpoints"
+# Defaults of HeadTrainConfig used as a library; train-draft's per-kind
+# defaults are the shipped heads' recipes (head_command.DEFAULT_STEPS, ...).
 DEFAULT_STEPS = 2000
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_WINDOW = 256
