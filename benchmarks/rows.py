@@ -55,8 +55,9 @@ DEFINITIONS = {
     "decode_tokens_per_s": "decode only: tokens generated after the first round / "
     "time from the first token to the last, summed over all runs of the row",
     "speedup_vs_plain": "paired, decode only: per block (one prompt, repeat, "
-    "temp and draw), a run's decode tokens/s over the mean of the block's two mlx_lm runs "
-    "(run first and last in the block); the median over blocks. 1 for mlx_lm",
+    "temp and draw), a run's decode tokens/s over the mean of the block's two "
+    "mlx_lm runs (run first and last in the block); the median over blocks. "
+    "1 for mlx_lm",
     "speedup_vs_plain_e2e": "the same with end-to-end tokens/s",
     "speedup_vs_mlx_lm_speculative": "paired, decode only: over the "
     "mlx_lm_speculative run of the same block and gamma; median over blocks",

@@ -15,11 +15,10 @@ The runs come in *blocks*: one prompt, one repeat, one temperature and, when
 sampling, one draw (``--draws`` seeds per prompt, as a sampled answer and its
 length depend on the seed). A block runs plain ``mlx_lm`` first, every other
 configuration in an order that rotates from block to block, and plain
-``mlx_lm`` again last. Speedups are
-*paired*: each run's tokens/s over the mean of its block's two ``mlx_lm``
-runs, then the median over blocks. After each run one of the bare forwards
-the rounds are made of is timed again (round robin), so they see the same
-machine noise.
+``mlx_lm`` again last. Speedups are *paired*: each run's tokens/s over the
+mean of its block's two ``mlx_lm`` runs, then the median over blocks. After
+each run one of the bare forwards the rounds are made of is timed again
+(round robin), so they see the same machine noise.
 
 After the timed blocks, a separate *profiled pass* runs each mlx-spec method
 once per prompt with ``profile=True`` (a sync per round that splits its time

@@ -240,8 +240,12 @@ def test_the_defaults_are_the_recipes_of_the_shipped_drafters(kind):
     if kind == "draft":
         # As train-draft builds its DraftTrainConfig from the options left unset.
         assert args.steps is None and args.lr is None
-        made = dict(steps=D.DEFAULT_STEPS, lr=D.DEFAULT_LR, batch_tokens=args.batch_tokens)
+        made = dict(
+            steps=D.DEFAULT_STEPS, lr=D.DEFAULT_LR, batch_tokens=args.batch_tokens
+        )
     else:
         made = vars(H.head_config(args, kind, 30))
-    keys = ["steps", "lr"] + (["batch_tokens"] if kind == "draft" else ["batch_size", "window"])
+    keys = ["steps", "lr"] + (
+        ["batch_tokens"] if kind == "draft" else ["batch_size", "window"]
+    )
     assert {k: made[k] for k in keys} == {k: trained[k] for k in keys}
