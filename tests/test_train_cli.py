@@ -3,6 +3,8 @@ loadable draft and its card, a rerun resumes instead of redoing, heads train on
 the same completions, and bad options fail in one line."""
 
 import json
+import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -170,6 +172,79 @@ def test_kept_features_serve_a_head_without_a_teacher_pass(
     assert "- Prompts: " in card and " completion tokens (" in card
     draft = ["--out", str(tmp_path / "d2"), "--feature-weight", "0.5", "--skip-eval"]
     assert main([*base, *draft]) == 0
+
+
+def _without(argv, *options):
+    """``argv`` without the named options and their values."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in options:
+            skip = True
+        else:
+            out.append(word)
+    return out
+
+
+def test_a_rerun_leaving_training_options_out_keeps_the_checkpoints(
+    trained, tmp_path, capsys
+):
+    """After the defaults change (or an option is dropped), the same command
+    resumes the run with its own options instead of refusing or mixing."""
+    out, argv = trained
+    copy = tmp_path / "draft"
+    shutil.copytree(out, copy)
+    argv = [str(copy) if word == str(out) else word for word in argv]
+    bare = _without(argv, "--steps", "--eval-every")
+    capsys.readouterr()
+    assert main(bare) == 0
+    err = capsys.readouterr().err
+    assert "with its own --steps 6 --eval-every 3" in err, err
+    assert "resumed from step 6" in err
+    assert json.loads((copy / "config.json").read_text())["training"]["steps"] == 6
+    assert "--steps 6 --eval-every 3" in (copy / "README.md").read_text()
+    # An option given explicitly must still match the checkpoint.
+    with pytest.raises(SystemExit) as e:
+        main([*bare, "--steps", "9"])
+    text = str(e.value.code)
+    assert "other steps" in text and "\n" not in text, text
+
+
+def test_ctrl_c_during_training_pauses_in_one_line(trained, tmp_path, monkeypatch):
+    out, argv = trained
+    real = D.DraftTrainer.train_step
+
+    def pressed_during_step_2(self):
+        if self.step == 1:
+            signal.raise_signal(signal.SIGINT)
+        return real(self)
+
+    monkeypatch.setattr(D.DraftTrainer, "train_step", pressed_during_step_2)
+    paused = tmp_path / "d"
+    argv = [str(paused) if word == str(out) else word for word in argv]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--data", str(out / "data")])
+    text = str(e.value.code)
+    assert text.startswith("mlx_spec train-draft: paused after step 2 ("), text
+    assert text.endswith("run the same command again to go on.") and "\n" not in text
+    assert (paused / "checkpoints" / "state.json").exists()
+
+
+def test_an_eagle_head_resumes_with_the_blocks_it_was_started_on(
+    checkpoints, tmp_path, capsys
+):
+    """A head begun on the final hidden state (once the default) goes on
+    reading it when a later command leaves --feature-layers out."""
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "e"), *TINY]
+    started = [*argv, "--kind", "eagle", "--feature-layers", "-1"]
+    assert main(started) == 0
+    capsys.readouterr()
+    assert main([*argv, "--kind", "eagle"]) == 0
+    err = capsys.readouterr().err
+    assert "with its own --feature-layers -1" in err and "teacher pass" not in err
+    config = json.loads((tmp_path / "e" / "config.json").read_text())
+    assert config["head"]["feature_layers"] == [-1]
 
 
 def test_feature_layers_outside_eagle_fail_before_anything_loads(trained, monkeypatch):

@@ -3,6 +3,7 @@ loading, exactness and target checks, on tiny random targets."""
 
 import itertools
 import json
+import signal
 
 import mlx.core as mx
 import numpy as np
@@ -16,6 +17,7 @@ from mlx_spec.engine import speculative_events
 from mlx_spec.loading import load_draft
 from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
+from mlx_spec.train.checkpoint import TrainingPaused, read_state
 from mlx_spec.train.prompts import mixed_prompts
 
 CHAT_ONLY = {"chat": 1.0}
@@ -377,6 +379,80 @@ def test_train_draft_resumes_after_an_interruption(target, data, tmp_path, monke
     )
     assert lines[0] == "resumed from step 6" and trainer.step == 12
     assert [e["step"] for e in trainer.evals] == [0, 6, 12]
+
+
+def test_ctrl_c_pauses_after_the_step_and_the_run_goes_on_unchanged(
+    target, data, tmp_path, monkeypatch
+):
+    """The first Ctrl-C lets the step finish and writes a checkpoint; the same
+    call again ends with the weights of a run never paused."""
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    straight = D.train_draft(
+        model, tokenizer, train, heldout, _config(), tmp_path / "a", progress=False
+    )
+    real = D.DraftTrainer.train_step
+
+    def pressed_during_step_8(self):
+        if self.step == 7:
+            signal.raise_signal(signal.SIGINT)
+        return real(self)
+
+    monkeypatch.setattr(D.DraftTrainer, "train_step", pressed_during_step_8)
+    with pytest.raises(TrainingPaused) as paused:
+        D.train_draft(
+            model, tokenizer, train, heldout, _config(), tmp_path / "b", progress=False
+        )
+    assert paused.value.step == 8
+    assert read_state(tmp_path / "b")["step"] == 8
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.setattr(D.DraftTrainer, "train_step", real)
+    lines = []
+    resumed = D.train_draft(
+        model,
+        tokenizer,
+        train,
+        heldout,
+        _config(),
+        tmp_path / "b",
+        progress=False,
+        log=lines.append,
+    )
+    assert lines[0] == "resumed from step 8" and resumed.step == 12
+    assert [e["step"] for e in resumed.evals] == [0, 6, 12]
+    for name, value in straight.draft.trainable_state().items():
+        other = resumed.draft.trainable_state()[name]
+        assert mx.allclose(value, other, atol=1e-5).item(), name
+
+
+def test_a_checkpoint_killed_while_written_keeps_the_previous_one(
+    target, data, tmp_path, monkeypatch
+):
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    trainer = D.DraftTrainer(model, tokenizer, train, heldout, _config())
+    trainer.train_step()
+    trainer.save_checkpoint(tmp_path)
+    trainer.train_step()
+    real, calls = mx.save_safetensors, []
+
+    def dies_on_the_second_file(path, arrays):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(path, arrays)
+
+    monkeypatch.setattr(mx, "save_safetensors", dies_on_the_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_checkpoint(tmp_path)
+    monkeypatch.setattr(mx, "save_safetensors", real)
+    resumed = D.DraftTrainer(model, tokenizer, train, heldout, _config())
+    assert resumed.load_checkpoint(tmp_path) and resumed.step == 1
+    # Killed between the two renames: the previous checkpoint, kept aside, loads.
+    trainer.save_checkpoint(tmp_path)
+    (tmp_path / "checkpoints").rename(tmp_path / "checkpoints.old")
+    again = D.DraftTrainer(model, tokenizer, train, heldout, _config())
+    assert again.load_checkpoint(tmp_path) and again.step == 2
 
 
 def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(

@@ -5,6 +5,7 @@ head learns in seconds.
 """
 
 import argparse
+import signal
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -25,6 +26,7 @@ from mlx_spec.train.head_command import (
     head_config,
     run_head_training,
 )
+from mlx_spec.train.checkpoint import TrainingPaused, read_state
 from mlx_spec.train.head_data import teacher_data
 from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer, train_head
 from mlx_spec.train.medusa import calibrated_choices
@@ -143,6 +145,42 @@ def test_training_raises_held_out_acceptance_and_resumes(tiny, sequences, tmp_pa
     ]
     assert out == _greedy(tiny, prompt, 30)
     assert stats.tokens_per_target_forward > 1.5
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_ctrl_c_pauses_a_head_after_the_step_and_the_run_goes_on_unchanged(
+    tiny, sequences, tmp_path, monkeypatch, kind
+):
+    config = HeadTrainConfig(
+        kind=kind,
+        steps=12,
+        batch_size=4,
+        window=24,
+        lr=1e-2,
+        draft_vocab=0,
+        heldout=4,
+        eval_every=6,
+        checkpoint_every=6,
+    )
+    data = teacher_data(tiny, sequences, [5] * len(sequences))
+    straight = train_head(tiny, data, config, tmp_path / "a", progress=False)
+    real = HeadTrainer.train_step
+
+    def pressed_during_step_8(self):
+        if self.step == 7:
+            signal.raise_signal(signal.SIGINT)
+        return real(self)
+
+    monkeypatch.setattr(HeadTrainer, "train_step", pressed_during_step_8)
+    with pytest.raises(TrainingPaused) as paused:
+        train_head(tiny, data, config, tmp_path / "b", progress=False)
+    assert paused.value.step == 8 and read_state(tmp_path / "b")["step"] == 8
+    monkeypatch.setattr(HeadTrainer, "train_step", real)
+    resumed = train_head(tiny, data, config, tmp_path / "b", progress=False)
+    assert resumed.step == 12 and [e["step"] for e in resumed.evals] == [6, 12]
+    theirs = dict(tree_flatten(resumed.head.parameters()))
+    for name, value in tree_flatten(straight.head.parameters()):
+        assert mx.allclose(value, theirs[name], atol=1e-5).item(), name
 
 
 def test_a_head_warm_starts_from_a_trained_one_of_its_kind(tiny, sequences, tmp_path):

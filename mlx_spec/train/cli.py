@@ -24,6 +24,7 @@ import resource
 import shlex
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -31,6 +32,7 @@ from ..features import FINAL, feature_owner
 from . import completions as C
 from . import draft as D
 from . import head_command as H
+from .checkpoint import TrainingPaused, read_state
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
@@ -333,6 +335,77 @@ def _or(value, default):
     return default if value is None else value
 
 
+def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
+    """The draft's training options: the arguments, defaults where left unset."""
+    return D.DraftTrainConfig(
+        steps=_or(args.steps, D.DEFAULT_STEPS),
+        batch_tokens=args.batch_tokens,
+        lr=_or(args.lr, D.DEFAULT_LR),
+        draft_vocab=_or(args.draft_vocab, D.DEFAULT_DRAFT_VOCAB),
+        layers=layers,
+        soft_weight=args.soft_weight,
+        prompt_weight=args.prompt_weight,
+        feature_weight=_or(args.feature_weight, D.DEFAULT_FEATURE_WEIGHT),
+        precision=args.precision,
+        eval_every=args.eval_every,
+        checkpoint_every=args.eval_every,
+        seed=args.seed,
+        compile=not args.no_compile,
+        init_from=args.init_from or "",
+    )
+
+
+# Training options that a resumed run takes from its checkpoint when the
+# command line leaves them unset (the names of both the config and the option).
+RESUMED_OPTIONS = (
+    "steps",
+    "lr",
+    "batch_tokens",
+    "draft_vocab",
+    "layers",
+    "soft_weight",
+    "prompt_weight",
+    "feature_weight",
+    "precision",
+    "eval_every",
+    "seed",
+    "batch_size",
+    "window",
+    "feature_layers",
+    "train_steps",
+    "num_heads",
+)
+
+
+def given_options(argv: List[str]) -> set:
+    """The options ``argv`` names, as argument names (the rest keep defaults)."""
+    parser = setup_arg_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def resume_options(args, argv: List[str], current: Dict) -> List[str]:
+    """Set the options of the run checkpointed in ``--out`` that ``argv`` leaves unset.
+
+    So the same command resumes a run with its own settings, even after the
+    defaults changed. ``current`` holds the training options this command
+    would use otherwise. Returns the restored options as command-line words.
+    """
+    state = read_state(args.out)
+    if state is None or state["config"].get("kind", "draft") != args.kind:
+        return []  # nothing to resume, or another kind (refused when it loads)
+    saved, given, words = state["config"], given_options(argv), []
+    for name in RESUMED_OPTIONS:
+        if name in given or name not in saved or saved[name] == current.get(name):
+            continue
+        value = saved[name]
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        setattr(args, name, text if isinstance(value, list) else value)
+        words += [f"--{name.replace('_', '-')}", text]
+    return words
+
+
 def run(args, argv: List[str]) -> int:
     _check_args(args)
     layers = _ints(args.layers, "layers")
@@ -352,6 +425,17 @@ def run(args, argv: List[str]) -> int:
             "(negative counts from the end)."
         )
     out = Path(args.out)
+    if args.kind == "draft":
+        current = asdict(draft_config(args, layers))
+    else:
+        current = asdict(
+            H.head_config(args, args.kind, len(feature_owner(model).layers))
+        )
+    restored = resume_options(args, argv, current)
+    if restored:
+        layers = [i + n_layers if i < 0 else i for i in _ints(args.layers, "layers")]
+        argv = [*argv, *restored]  # the card's command reproduces the run
+        _log(f"resuming the run in {out} with its own {' '.join(restored)}")
     data_dir = Path(args.data) if args.data else out / "data"
     progress = not args.no_progress
     timing: Dict[str, Dict] = {}
@@ -441,22 +525,7 @@ def run(args, argv: List[str]) -> int:
         return 0
 
     # Stage 3: training (resumed from the last checkpoint).
-    config = D.DraftTrainConfig(
-        steps=_or(args.steps, D.DEFAULT_STEPS),
-        batch_tokens=args.batch_tokens,
-        lr=_or(args.lr, D.DEFAULT_LR),
-        draft_vocab=_or(args.draft_vocab, D.DEFAULT_DRAFT_VOCAB),
-        layers=layers,
-        soft_weight=args.soft_weight,
-        prompt_weight=args.prompt_weight,
-        feature_weight=_or(args.feature_weight, D.DEFAULT_FEATURE_WEIGHT),
-        precision=args.precision,
-        eval_every=args.eval_every,
-        checkpoint_every=args.eval_every,
-        seed=args.seed,
-        compile=not args.no_compile,
-        init_from=args.init_from or "",
-    )
+    config = draft_config(args, layers)
     if config.feature_weight > 0:  # the draft regresses on the final hidden state
         train, heldout = (part.with_features([FINAL]) for part in (train, heldout))
         if train is None or heldout is None:
@@ -583,6 +652,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return run(args, argv)
     except ValueError as e:
         sys.exit(f"mlx_spec train-draft: error: {e}")
+    except TrainingPaused as paused:
+        sys.exit(
+            f"mlx_spec train-draft: paused after step {paused.step} (checkpoint in "
+            f"{paused.path}); run the same command again to go on."
+        )
     except KeyboardInterrupt:
         sys.exit(
             "mlx_spec train-draft: interrupted; run the same command again to resume."

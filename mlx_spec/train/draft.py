@@ -44,10 +44,16 @@ from ..drafters.distilled import (
     load_draft,
     save_draft,
 )
+from .checkpoint import (
+    STATE_FILE,
+    PauseOnInterrupt,
+    TrainingPaused,
+    checkpoint_dir,
+    write_checkpoint,
+)
 from .completions import Completions
 from .precision import compute_dtype, computing_in
 
-CHECKPOINT_DIR = "checkpoints"
 # The shipped draft's recipe: about an hour on a 2-core CPU (float32).
 DEFAULT_STEPS = 1000
 DEFAULT_BATCH_TOKENS = 4096
@@ -600,18 +606,11 @@ class DraftTrainer:
         return summary
 
     # Checkpoints: the draft's weights, the optimizer state, the counters.
-    def save_checkpoint(self, out_dir):
-        path = Path(out_dir) / CHECKPOINT_DIR
-        path.mkdir(parents=True, exist_ok=True)
-        mx.save_safetensors(
-            str(path / "draft.tmp.safetensors"), self.draft.trainable_state()
-        )
-        mx.save_safetensors(
-            str(path / "optimizer.tmp.safetensors"),
-            dict(tree_flatten(self.optimizer.state)),
-        )
-        (path / "draft.tmp.safetensors").replace(path / "draft.safetensors")
-        (path / "optimizer.tmp.safetensors").replace(path / "optimizer.safetensors")
+    def save_checkpoint(self, out_dir) -> Path:
+        tensors = {
+            "draft.safetensors": self.draft.trainable_state(),
+            "optimizer.safetensors": dict(tree_flatten(self.optimizer.state)),
+        }
         meta = {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -621,16 +620,14 @@ class DraftTrainer:
             "config": asdict(self.config),
             "token_ids_sha": _digest(self.token_ids),
         }
-        tmp = path / "state.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(path / "state.json")
+        return write_checkpoint(out_dir, tensors, meta)
 
     def load_checkpoint(self, out_dir) -> bool:
         """Resume from ``out_dir``'s checkpoint if there is one; True if resumed."""
-        path = Path(out_dir) / CHECKPOINT_DIR
-        if not (path / "state.json").exists():
+        path = checkpoint_dir(out_dir)
+        if path is None:
             return False
-        meta = json.loads((path / "state.json").read_text())
+        meta = json.loads((path / STATE_FILE).read_text())
         saved, mine = meta["config"], asdict(self.config)
         differ = [k for k in _RESUME_KEYS if saved.get(k) != mine.get(k)]
         if meta.get("token_ids_sha") != _digest(self.token_ids):
@@ -727,24 +724,29 @@ def train_draft(
         bar = tqdm(
             total=config.steps, initial=trainer.step, desc="train draft", unit="step"
         )
-    while trainer.step < config.steps:
-        record = trainer.train_step()
-        at_end = trainer.step == config.steps
-        if trainer.step % config.eval_every == 0 or at_end:
-            last = trainer.evaluate()
-            if log:
-                log(json.dumps({k: v for k, v in last.items() if k != "chains"}))
-        if trainer.step % config.checkpoint_every == 0 or at_end:
-            trainer.save_checkpoint(out_dir)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(
-                loss=record["loss"],
-                acc=record["acc"],
-                heldout_alpha=last["alpha"],
-                tok_fwd=last["best_tokens_per_forward"],
-                refresh=False,
-            )
+    with PauseOnInterrupt() as pause:
+        while trainer.step < config.steps:
+            record = trainer.train_step()
+            at_end = trainer.step == config.steps
+            if trainer.step % config.eval_every == 0 or at_end:
+                last = trainer.evaluate()
+                if log:
+                    log(json.dumps({k: v for k, v in last.items() if k != "chains"}))
+            if trainer.step % config.checkpoint_every == 0 or at_end or pause.requested:
+                path = trainer.save_checkpoint(out_dir)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=record["loss"],
+                    acc=record["acc"],
+                    heldout_alpha=last["alpha"],
+                    tok_fwd=last["best_tokens_per_forward"],
+                    refresh=False,
+                )
+            if pause.requested and not at_end:
+                if bar is not None:
+                    bar.close()
+                raise TrainingPaused(trainer.step, path)
     if bar is not None:
         bar.close()
     trainer.save(out_dir, extra)

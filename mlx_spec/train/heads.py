@@ -36,10 +36,16 @@ from ..features import embed, feature_owner, output_layer
 from ..fingerprint import model_fingerprint
 from . import eagle as eagle_train
 from . import medusa as medusa_train
+from .checkpoint import (
+    STATE_FILE,
+    PauseOnInterrupt,
+    TrainingPaused,
+    checkpoint_dir,
+    write_checkpoint,
+)
 from .head_data import HeadData, coverage, draft_vocabulary, token_counts
 from .precision import compute_dtype, computing_in
 
-CHECKPOINT_DIR = "checkpoints"
 # Defaults of HeadTrainConfig used as a library; train-draft's per-kind
 # defaults are the shipped heads' recipes (head_command.DEFAULT_STEPS, ...).
 DEFAULT_STEPS = 2000
@@ -314,16 +320,14 @@ class HeadTrainer:
         return summary
 
     # Checkpoints: the head, the optimizer state and the loop's counters.
-    def save_checkpoint(self, out_dir: Path):
-        path = Path(out_dir) / CHECKPOINT_DIR
-        path.mkdir(parents=True, exist_ok=True)
-        mx.save_safetensors(
-            str(path / "head.safetensors"), dict(tree_flatten(self.head.parameters()))
-        )
-        state = dict(tree_flatten(self.optimizer.state))
-        mx.save_safetensors(str(path / "optimizer.safetensors"), state)
+    def save_checkpoint(self, out_dir: Path) -> Path:
+        tensors = {
+            "head.safetensors": dict(tree_flatten(self.head.parameters())),
+            "optimizer.safetensors": dict(tree_flatten(self.optimizer.state)),
+        }
+        arrays = {}
         if self.draft_ids is not None:  # fixed for the run, even if data grows
-            np.save(path / "draft_vocab.npy", self.draft_ids)
+            arrays["draft_vocab.npy"] = self.draft_ids
         meta = {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -333,16 +337,14 @@ class HeadTrainer:
             "rng": self.rng.bit_generator.state,
             "config": asdict(self.config),
         }
-        tmp = path / "state.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(path / "state.json")
+        return write_checkpoint(out_dir, tensors, meta, arrays)
 
     def load_checkpoint(self, out_dir: Path) -> bool:
         """Resume from ``out_dir``'s checkpoint if there is one; True if resumed."""
-        path = Path(out_dir) / CHECKPOINT_DIR
-        if not (path / "state.json").exists():
+        path = checkpoint_dir(out_dir)
+        if path is None:
             return False
-        meta = json.loads((path / "state.json").read_text())
+        meta = json.loads((path / STATE_FILE).read_text())
         saved = meta["config"]
         mine = asdict(self.config)
         differ = [
@@ -430,26 +432,31 @@ def train_head(
             total=config.steps, initial=trainer.step, desc=f"train {config.kind}"
         )
     last_eval = trainer.evals[-1] if trainer.evals else {}
-    while trainer.step < config.steps:
-        record = trainer.train_step()
-        at_end = trainer.step == config.steps
-        if trainer.step % config.eval_every == 0 or at_end:
-            last_eval = trainer.evaluate()
-            if log:
-                log(
-                    json.dumps(
-                        {k: v for k, v in last_eval.items() if k != "rank_accuracy"}
+    with PauseOnInterrupt() as pause:
+        while trainer.step < config.steps:
+            record = trainer.train_step()
+            at_end = trainer.step == config.steps
+            if trainer.step % config.eval_every == 0 or at_end:
+                last_eval = trainer.evaluate()
+                if log:
+                    log(
+                        json.dumps(
+                            {k: v for k, v in last_eval.items() if k != "rank_accuracy"}
+                        )
                     )
+            if trainer.step % config.checkpoint_every == 0 or at_end or pause.requested:
+                path = trainer.save_checkpoint(out_dir)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=record["loss"],
+                    acc1=record["acc"][0],
+                    heldout_tpr=last_eval.get("tokens_per_round", float("nan")),
                 )
-        if trainer.step % config.checkpoint_every == 0 or at_end:
-            trainer.save_checkpoint(out_dir)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(
-                loss=record["loss"],
-                acc1=record["acc"][0],
-                heldout_tpr=last_eval.get("tokens_per_round", float("nan")),
-            )
+            if pause.requested and not at_end:
+                if bar is not None:
+                    bar.close()
+                raise TrainingPaused(trainer.step, path)
     if bar is not None:
         bar.close()
     if not trainer.evals or trainer.evals[-1].get("step") != trainer.step:

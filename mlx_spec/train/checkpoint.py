@@ -1,0 +1,119 @@
+"""Training checkpoints that are written whole or not at all, and a Ctrl-C that pauses.
+
+A checkpoint is the folder ``OUT/checkpoints``: safetensors and numpy files
+plus ``state.json``. It is first written beside it and then swapped in by
+renames, so a run killed while writing keeps the previous checkpoint.
+
+During training the first Ctrl-C asks for a pause (:class:`PauseOnInterrupt`):
+the step in progress finishes, a checkpoint is written and
+:class:`TrainingPaused` is raised, so running the same command again loses
+no step. A second Ctrl-C stops at once, as Ctrl-C usually does.
+"""
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Dict, Optional
+
+import mlx.core as mx
+import numpy as np
+
+CHECKPOINT_DIR = "checkpoints"
+STATE_FILE = "state.json"
+_NEW, _OLD = CHECKPOINT_DIR + ".tmp", CHECKPOINT_DIR + ".old"
+
+
+class TrainingPaused(KeyboardInterrupt):
+    """Ctrl-C paused a training after step ``step``, whose checkpoint is written."""
+
+    def __init__(self, step: int, path: Path):
+        super().__init__(f"paused after step {step}")
+        self.step, self.path = step, path
+
+
+def checkpoint_dir(out_dir) -> Optional[Path]:
+    """The folder holding ``out_dir``'s latest complete checkpoint, or ``None``.
+
+    That is ``OUT/checkpoints``, or the previous one kept aside while a new
+    one was being swapped in, if the run died between the two renames.
+    """
+    for name in (CHECKPOINT_DIR, _OLD):
+        path = Path(out_dir) / name
+        if (path / STATE_FILE).exists():
+            return path
+    return None
+
+
+def read_state(out_dir) -> Optional[Dict]:
+    """The ``state.json`` of ``out_dir``'s latest checkpoint, or ``None``."""
+    path = checkpoint_dir(out_dir)
+    return None if path is None else json.loads((path / STATE_FILE).read_text())
+
+
+def write_checkpoint(
+    out_dir,
+    tensors: Dict[str, Dict[str, mx.array]],
+    state: Dict,
+    arrays: Optional[Dict[str, np.ndarray]] = None,
+) -> Path:
+    """Write a checkpoint of ``OUT``: safetensors files, ``.npy`` files and the state.
+
+    Args:
+        out_dir: The drafter's output folder.
+        tensors: File name -> the arrays it holds (``mx.save_safetensors``).
+        state: The JSON-serialisable counters and options (``state.json``).
+        arrays: File name -> a numpy array (``np.save``).
+    """
+    out = Path(out_dir)
+    final, new, old = out / CHECKPOINT_DIR, out / _NEW, out / _OLD
+    shutil.rmtree(new, ignore_errors=True)
+    new.mkdir(parents=True)
+    for name, values in tensors.items():
+        mx.save_safetensors(str(new / name), values)
+    for name, values in (arrays or {}).items():
+        np.save(new / name, values)
+    (new / STATE_FILE).write_text(json.dumps(state))
+    if (final / STATE_FILE).exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    else:
+        shutil.rmtree(final, ignore_errors=True)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+class PauseOnInterrupt:
+    """Within ``with``, the first SIGINT sets :attr:`requested` instead of raising.
+
+    The loop checks ``requested`` after each step. A second SIGINT raises
+    ``KeyboardInterrupt`` as usual. Outside the main thread (where Python
+    allows no signal handlers) it does nothing and Ctrl-C works as usual.
+    """
+
+    def __init__(
+        self, message: str = "pausing after this step (Ctrl-C again to stop now)"
+    ):
+        self.message = message
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{self.message}", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
