@@ -3,6 +3,7 @@ loadable draft and its card, a rerun resumes instead of redoing, heads train on
 the same completions, and bad options fail in one line."""
 
 import json
+import shlex
 import shutil
 import signal
 from pathlib import Path
@@ -200,10 +201,11 @@ def test_a_rerun_leaving_training_options_out_keeps_the_checkpoints(
     capsys.readouterr()
     assert main(bare) == 0
     err = capsys.readouterr().err
-    assert "with its own --steps 6 --eval-every 3" in err, err
+    assert "kept: --steps=6 --eval-every=3" in err, err
     assert "resumed from step 6" in err
     assert json.loads((copy / "config.json").read_text())["training"]["steps"] == 6
-    assert "--steps 6 --eval-every 3" in (copy / "README.md").read_text()
+    command = json.loads((copy / "config.json").read_text())["command"]
+    assert command.endswith("--steps=6 --eval-every=3"), command
     # An option given explicitly must still match the checkpoint.
     with pytest.raises(SystemExit) as e:
         main([*bare, "--steps", "9"])
@@ -217,6 +219,7 @@ def test_ctrl_c_during_training_pauses_in_one_line(trained, tmp_path, monkeypatc
 
     def pressed_during_step_2(self):
         if self.step == 1:
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
             signal.raise_signal(signal.SIGINT)
         return real(self)
 
@@ -242,9 +245,13 @@ def test_an_eagle_head_resumes_with_the_blocks_it_was_started_on(
     capsys.readouterr()
     assert main([*argv, "--kind", "eagle"]) == 0
     err = capsys.readouterr().err
-    assert "with its own --feature-layers -1" in err and "teacher pass" not in err
+    assert "kept: --feature-layers=-1" in err and "teacher pass" not in err
     config = json.loads((tmp_path / "e" / "config.json").read_text())
     assert config["head"]["feature_layers"] == [-1]
+    # The card's command reproduces the run: it parses, with the blocks read.
+    command = config["command"]
+    again = setup_arg_parser().parse_args(shlex.split(command)[2:])
+    assert again.feature_layers == "-1" and again.kind == "eagle"
 
 
 def test_feature_layers_outside_eagle_fail_before_anything_loads(trained, monkeypatch):

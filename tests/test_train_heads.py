@@ -168,6 +168,7 @@ def test_ctrl_c_pauses_a_head_after_the_step_and_the_run_goes_on_unchanged(
 
     def pressed_during_step_8(self):
         if self.step == 7:
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
             signal.raise_signal(signal.SIGINT)
         return real(self)
 
@@ -181,6 +182,30 @@ def test_ctrl_c_pauses_a_head_after_the_step_and_the_run_goes_on_unchanged(
     theirs = dict(tree_flatten(resumed.head.parameters()))
     for name, value in tree_flatten(straight.head.parameters()):
         assert mx.allclose(value, theirs[name], atol=1e-5).item(), name
+
+
+def test_ctrl_c_in_the_last_step_pauses_before_the_head_is_written(
+    tiny, sequences, tmp_path, monkeypatch
+):
+    config = HeadTrainConfig(
+        kind="medusa", steps=3, batch_size=4, window=24, draft_vocab=0, heldout=4
+    )
+    data = teacher_data(tiny, sequences, [5] * len(sequences))
+    real = HeadTrainer.train_step
+
+    def pressed_during_the_last_step(self):
+        if self.step == 2:
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            signal.raise_signal(signal.SIGINT)
+        return real(self)
+
+    monkeypatch.setattr(HeadTrainer, "train_step", pressed_during_the_last_step)
+    with pytest.raises(TrainingPaused) as paused:
+        train_head(tiny, data, config, tmp_path, progress=False)
+    assert paused.value.step == 3 and not (tmp_path / "config.json").exists()
+    monkeypatch.setattr(HeadTrainer, "train_step", real)
+    assert train_head(tiny, data, config, tmp_path, progress=False).step == 3
+    assert read_head_config(tmp_path)["mlx_spec_head"]["kind"] == "medusa"
 
 
 def test_a_head_warm_starts_from_a_trained_one_of_its_kind(tiny, sequences, tmp_path):

@@ -78,11 +78,24 @@ def write_checkpoint(
     if (final / STATE_FILE).exists():
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
-    else:
+    else:  # no checkpoint, or files of one whose writing was cut short
         shutil.rmtree(final, ignore_errors=True)
     new.rename(final)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoint_or_pause(trainer, out_dir, pause: "PauseOnInterrupt", due: bool):
+    """After a step: write ``trainer``'s checkpoint if ``due`` or a pause was
+    asked for, then pause (raise :class:`TrainingPaused`) if it was.
+
+    The flag is read once: a Ctrl-C arriving meanwhile waits for the next step.
+    """
+    stop = pause.requested
+    if due or stop:
+        path = trainer.save_checkpoint(out_dir)
+    if stop:
+        raise TrainingPaused(trainer.step, path)
 
 
 class PauseOnInterrupt:
@@ -90,7 +103,8 @@ class PauseOnInterrupt:
 
     The loop checks ``requested`` after each step. A second SIGINT raises
     ``KeyboardInterrupt`` as usual. Outside the main thread (where Python
-    allows no signal handlers) it does nothing and Ctrl-C works as usual.
+    allows no signal handlers), or where SIGINT is ignored (a background
+    job), it changes nothing.
     """
 
     def __init__(
@@ -98,6 +112,7 @@ class PauseOnInterrupt:
     ):
         self.message = message
         self.requested = False
+        self._installed = False
         self._previous = None
 
     def _handle(self, signum, frame):
@@ -108,12 +123,17 @@ class PauseOnInterrupt:
 
     def __enter__(self):
         try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not signal.SIG_IGN:
+                self._previous = signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
         except ValueError:  # not the main thread
-            self._previous = None
+            pass
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        if self._installed:
+            # None: a handler not set from Python, which cannot be put back.
+            previous = signal.SIG_DFL if self._previous is None else self._previous
+            signal.signal(signal.SIGINT, previous)
         return False

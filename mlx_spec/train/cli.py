@@ -374,6 +374,7 @@ RESUMED_OPTIONS = (
     "feature_layers",
     "train_steps",
     "num_heads",
+    "init_from",
 )
 
 
@@ -385,57 +386,63 @@ def given_options(argv: List[str]) -> set:
     return set(vars(parser.parse_args(argv)))
 
 
-def resume_options(args, argv: List[str], current: Dict) -> List[str]:
-    """Set the options of the run checkpointed in ``--out`` that ``argv`` leaves unset.
+def draft_layers(args, num_layers: int) -> List[int]:
+    """``--layers`` as indices of the target's ``num_layers`` blocks (one-line errors)."""
+    layers = [i + num_layers if i < 0 else i for i in _ints(args.layers, "layers")]
+    if args.kind == "draft" and (
+        not layers or not all(0 <= i < num_layers for i in layers)
+    ):
+        raise ValueError(
+            f"draft layers {layers} must be indices of the target's {num_layers} "
+            "layers (negative counts from the end)."
+        )
+    return layers
 
-    So the same command resumes a run with its own settings, even after the
-    defaults changed. ``current`` holds the training options this command
-    would use otherwise. Returns the restored options as command-line words.
+
+def resume_options(args, argv: List[str], model) -> List[str]:
+    """Set the training options of the run checkpointed in ``--out`` that ``argv`` leaves unset.
+
+    So the same command resumes a run with its own options, even after the
+    defaults changed. Only options whose saved value differs from what this
+    command would use are set. Returns them as command-line words.
     """
     state = read_state(args.out)
     if state is None or state["config"].get("kind", "draft") != args.kind:
         return []  # nothing to resume, or another kind (refused when it loads)
+    if args.kind == "draft":
+        current = asdict(draft_config(args, draft_layers(args, len(model.layers))))
+    else:
+        blocks = len(feature_owner(model).layers)
+        current = asdict(H.head_config(args, args.kind, blocks))
     saved, given, words = state["config"], given_options(argv), []
     for name in RESUMED_OPTIONS:
         if name in given or name not in saved or saved[name] == current.get(name):
             continue
         value = saved[name]
+        if name == "init_from" and not Path(value).is_dir():
+            continue  # gone since; the checkpoint holds the weights anyway
         text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         setattr(args, name, text if isinstance(value, list) else value)
-        words += [f"--{name.replace('_', '-')}", text]
+        # One word: a value such as "-1,5" would read as an option.
+        words.append(f"--{name.replace('_', '-')}={text}")
     return words
 
 
 def run(args, argv: List[str]) -> int:
     _check_args(args)
-    layers = _ints(args.layers, "layers")
+    _ints(args.layers, "layers")  # fails before the target loads
     import mlx.core as mx  # noqa: F401  (after mlx_spec set up BLAS)
 
     from ..fingerprint import model_fingerprint
     from ..loading import load_model
 
     model, tokenizer = load_model(args.model, "model")
-    n_layers = len(model.layers)
-    layers = [i + n_layers if i < 0 else i for i in layers]
-    if args.kind == "draft" and (
-        not layers or not all(0 <= i < n_layers for i in layers)
-    ):
-        raise ValueError(
-            f"draft layers {layers} must be indices of the target's {n_layers} layers "
-            "(negative counts from the end)."
-        )
     out = Path(args.out)
-    if args.kind == "draft":
-        current = asdict(draft_config(args, layers))
-    else:
-        current = asdict(
-            H.head_config(args, args.kind, len(feature_owner(model).layers))
-        )
-    restored = resume_options(args, argv, current)
+    restored = resume_options(args, argv, model)
     if restored:
-        layers = [i + n_layers if i < 0 else i for i in _ints(args.layers, "layers")]
         argv = [*argv, *restored]  # the card's command reproduces the run
-        _log(f"resuming the run in {out} with its own {' '.join(restored)}")
+        _log(f"options of the checkpoint in {out} kept: {' '.join(restored)}")
+    layers = draft_layers(args, len(model.layers))
     data_dir = Path(args.data) if args.data else out / "data"
     progress = not args.no_progress
     timing: Dict[str, Dict] = {}

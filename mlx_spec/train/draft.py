@@ -47,8 +47,8 @@ from ..drafters.distilled import (
 from .checkpoint import (
     STATE_FILE,
     PauseOnInterrupt,
-    TrainingPaused,
     checkpoint_dir,
+    checkpoint_or_pause,
     write_checkpoint,
 )
 from .completions import Completions
@@ -724,30 +724,30 @@ def train_draft(
         bar = tqdm(
             total=config.steps, initial=trainer.step, desc="train draft", unit="step"
         )
-    with PauseOnInterrupt() as pause:
-        while trainer.step < config.steps:
-            record = trainer.train_step()
-            at_end = trainer.step == config.steps
-            if trainer.step % config.eval_every == 0 or at_end:
-                last = trainer.evaluate()
-                if log:
-                    log(json.dumps({k: v for k, v in last.items() if k != "chains"}))
-            if trainer.step % config.checkpoint_every == 0 or at_end or pause.requested:
-                path = trainer.save_checkpoint(out_dir)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    loss=record["loss"],
-                    acc=record["acc"],
-                    heldout_alpha=last["alpha"],
-                    tok_fwd=last["best_tokens_per_forward"],
-                    refresh=False,
-                )
-            if pause.requested and not at_end:
+    try:
+        with PauseOnInterrupt() as pause:
+            while trainer.step < config.steps:
+                record = trainer.train_step()
+                at_end = trainer.step == config.steps
+                if trainer.step % config.eval_every == 0 or at_end:
+                    last = trainer.evaluate()
+                    if log:
+                        log(
+                            json.dumps({k: v for k, v in last.items() if k != "chains"})
+                        )
                 if bar is not None:
-                    bar.close()
-                raise TrainingPaused(trainer.step, path)
-    if bar is not None:
-        bar.close()
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=record["loss"],
+                        acc=record["acc"],
+                        heldout_alpha=last["alpha"],
+                        tok_fwd=last["best_tokens_per_forward"],
+                        refresh=False,
+                    )
+                due = trainer.step % config.checkpoint_every == 0 or at_end
+                checkpoint_or_pause(trainer, out_dir, pause, due)
+    finally:
+        if bar is not None:
+            bar.close()
     trainer.save(out_dir, extra)
     return trainer

@@ -39,8 +39,8 @@ from . import medusa as medusa_train
 from .checkpoint import (
     STATE_FILE,
     PauseOnInterrupt,
-    TrainingPaused,
     checkpoint_dir,
+    checkpoint_or_pause,
     write_checkpoint,
 )
 from .head_data import HeadData, coverage, draft_vocabulary, token_counts
@@ -432,33 +432,30 @@ def train_head(
             total=config.steps, initial=trainer.step, desc=f"train {config.kind}"
         )
     last_eval = trainer.evals[-1] if trainer.evals else {}
-    with PauseOnInterrupt() as pause:
-        while trainer.step < config.steps:
-            record = trainer.train_step()
-            at_end = trainer.step == config.steps
-            if trainer.step % config.eval_every == 0 or at_end:
-                last_eval = trainer.evaluate()
-                if log:
-                    log(
-                        json.dumps(
-                            {k: v for k, v in last_eval.items() if k != "rank_accuracy"}
-                        )
-                    )
-            if trainer.step % config.checkpoint_every == 0 or at_end or pause.requested:
-                path = trainer.save_checkpoint(out_dir)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    loss=record["loss"],
-                    acc1=record["acc"][0],
-                    heldout_tpr=last_eval.get("tokens_per_round", float("nan")),
-                )
-            if pause.requested and not at_end:
+    try:
+        with PauseOnInterrupt() as pause:
+            while trainer.step < config.steps:
+                record = trainer.train_step()
+                at_end = trainer.step == config.steps
+                if trainer.step % config.eval_every == 0 or at_end:
+                    last_eval = trainer.evaluate()
+                    if log:
+                        shown = {
+                            k: v for k, v in last_eval.items() if k != "rank_accuracy"
+                        }
+                        log(json.dumps(shown))
                 if bar is not None:
-                    bar.close()
-                raise TrainingPaused(trainer.step, path)
-    if bar is not None:
-        bar.close()
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=record["loss"],
+                        acc1=record["acc"][0],
+                        heldout_tpr=last_eval.get("tokens_per_round", float("nan")),
+                    )
+                due = trainer.step % config.checkpoint_every == 0 or at_end
+                checkpoint_or_pause(trainer, out_dir, pause, due)
+    finally:
+        if bar is not None:
+            bar.close()
     if not trainer.evals or trainer.evals[-1].get("step") != trainer.step:
         trainer.evaluate()
     trainer.save_head(out_dir, extra)
