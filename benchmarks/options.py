@@ -7,9 +7,11 @@ value. The defaults of the full and the ``--quick`` benchmark live here.
 """
 
 import argparse
+import dataclasses
 import json
+from pathlib import Path
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from mlx_spec.drafters.registry import METHODS
 
 from .measure import QWEN2_SHAPES
@@ -284,4 +286,32 @@ def resolve_settings(args) -> dict:
         raise ValueError(
             f"--temps {settings['temps']}: every temperature must be >= 0."
         )
+    check_method_options(settings["method_options"])
+    check_out(args.out)
     return settings
+
+
+def check_method_options(options: dict):
+    """``--option KEY=VALUE`` pairs must be valid ``SpecConfig`` fields and values."""
+    fields = {f.name for f in dataclasses.fields(SpecConfig)} - {"method"}
+    for key in options:
+        if key not in fields:
+            raise ValueError(
+                f"--option {key}: not an mlx-spec option; use a SpecConfig field, "
+                "e.g. tree_budget=32."
+            )
+    try:
+        SpecConfig(**options)  # its own one-line range checks
+    except TypeError as e:  # a value of the wrong kind
+        raise ValueError(f"--option: {e}") from None
+
+
+def check_out(out: str):
+    """``--out`` must be a directory, or one that can be made (it is made now)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a directory.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out} cannot be made ({e.strerror}).") from None

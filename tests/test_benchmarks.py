@@ -213,15 +213,21 @@ def test_projection_is_labelled_and_follows_its_formula():
     assert p["projected_speedup"] == pytest.approx(3.0 * 0.1 / (4 * 0.01 + t_verify))
 
 
-def test_bad_settings_exit_with_a_one_line_error(capsys):
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--max-tokens", "0", "--no-progress"])
-    assert e.value.code == 2
-    assert "--max-tokens=0" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--draws", "0", "--no-progress"])
-    assert e.value.code == 2
-    assert "--draws=0" in capsys.readouterr().err
+def test_bad_settings_exit_with_a_one_line_error(capsys, tmp_path):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("")
+    for argv, message in (
+        (["--max-tokens", "0"], "--max-tokens=0"),
+        (["--draws", "0"], "--draws=0"),
+        (["--option", "nonsense=3"], "--option nonsense: not an mlx-spec option"),
+        (["--option", "tree_budget=0"], "tree_budget"),
+        (["--out", str(afile)], f"--out {afile} is a file; pass a directory."),
+    ):
+        with pytest.raises(SystemExit) as e:
+            bench.main([*argv, "--no-progress"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_raw_runs_are_stored_with_mlx_lm_first_and_last_in_every_block(quick_results):

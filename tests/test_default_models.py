@@ -53,6 +53,26 @@ def test_default_pair_is_smollm2_and_its_shipped_draft():
     }
 
 
+def test_a_heads_method_defaults_to_the_shipped_head_of_its_kind(capsys):
+    """``--speculative eagle`` with no --model drafts with the shipped EAGLE head."""
+    from mlx_spec.cli.generate import main
+
+    for method, name in (
+        ("eagle", "eagle"),
+        ("eagle-chain", "eagle"),
+        ("medusa", "medusa"),
+    ):
+        assert default_model_pair(method) == (
+            str(TARGET),
+            str(MODELS / f"smollm2-135m-{name}"),
+        )
+    assert default_model_pair("draft") == default_model_pair()
+    argv = ["--prompt", "Hi", "--max-tokens", "4", "--speculative", "eagle"]
+    main(argv)
+    shown = "".join(capsys.readouterr())
+    assert "Speculation: eagle" in shown, shown
+
+
 def test_tracked_weights_fit_the_budget():
     tracked = subprocess.run(
         ["git", "ls-files", "models"], cwd=REPO, capture_output=True, text=True

@@ -156,6 +156,19 @@ BAD_INPUTS = [
     (["--prompt", ""], "prompt is empty"),
     (["--speculative", "tree", "--tree-budget", "0"], "tree_budget"),
     (["--speculative", "tree", "--tree-choices", "[[0], [1"], "tree_choices"),
+    (
+        ["--stats-json", "/no/such/folder/stats.json"],
+        "folder /no/such/folder does not exist",
+    ),
+    (
+        [
+            "--speculative",
+            "draft",
+            "--draft-model",
+            str(REPO / "models" / "smollm2-135m-eagle"),
+        ],
+        "needs a draft model (got an eagle head); use --speculative eagle.",
+    ),
 ]
 
 

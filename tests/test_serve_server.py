@@ -251,6 +251,54 @@ def test_bad_isolation_value_gets_400(server):
     assert status == 400 and "speculative_isolation" in body["error"]
 
 
+def _post_to(server, path, body):
+    request = urllib.request.Request(
+        server.url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+CHAT = "/v1/chat/completions"
+BAD_FIELDS = [
+    (CHAT, {"messages": "hi"}, "messages must be a list"),
+    (
+        CHAT,
+        {"messages": [{"content": "hi"}]},
+        "messages[0] must be an object with a string role",
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": 5}]},
+        "messages[0].content must be a string",
+    ),
+    ("/v1/completions", {"prompt": "x", "stop": 5}, "stop must be a string or a list"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n=2 is not supported"),
+]
+
+
+@pytest.mark.parametrize("path, body, message", BAD_FIELDS)
+def test_malformed_request_fields_get_400_naming_the_field(server, path, body, message):
+    status, answer = _post_to(server, path, {"max_tokens": 4, **body})
+    assert status == 400 and message in answer["error"], (status, answer)
+    assert "\n" not in answer["error"]
+    status, answer = _post_to(
+        server,
+        path,
+        {
+            "max_tokens": 4,
+            "prompt": "x",
+            "messages": [{"role": "user", "content": "x"}],
+        },
+    )
+    assert status == 200, answer  # the server still serves
+
+
 @pytest.mark.parametrize(
     "fields, note",
     [

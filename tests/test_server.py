@@ -333,6 +333,28 @@ def test_mismatched_draft_tokenizer_is_refused_at_startup(checkpoints, capsys):
     assert "tokenizer differs" in err
 
 
+EAGLE_HEAD = REPO / "models" / "smollm2-135m-eagle"
+BAD_STARTUP = [
+    (["--decode-concurrency", "0"], "--decode-concurrency=0 is out of range"),
+    (["--top-p", "2"], "--top-p=2.0 is out of range"),
+    (["--temp", "-1"], "--temp=-1.0 is out of range"),
+    (["--max-tokens", "0"], "--max-tokens=0 is out of range"),
+    (["--cross-request-tokens", "10"], "--cross-request-tokens=10 is out of range"),
+    (
+        ["--speculative", "draft", "--draft-model", str(EAGLE_HEAD)],
+        "needs a draft model (got an eagle head); use --speculative eagle.",
+    ),
+]
+
+
+@pytest.mark.parametrize("extra, message", BAD_STARTUP)
+def test_bad_server_wide_values_are_refused_at_startup(
+    extra, message, checkpoints, capsys
+):
+    argv = ["--model", str(checkpoints["llama"]), "--port", str(_free_port())]
+    assert message in _exit_message([*argv, *extra], capsys)
+
+
 @pytest.mark.parametrize("port", ["0", "-1", "65536"])
 def test_port_out_of_range_is_a_one_line_error(port, capsys):
     err = _exit_message(["--port", port], capsys)

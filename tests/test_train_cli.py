@@ -45,6 +45,17 @@ TINY = [
 ]
 
 
+def _error(argv, capsys) -> str:
+    """The message of a train-draft command refused with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after any progress log
+    assert last.startswith("mlx_spec train-draft: error: "), last
+    return last
+
+
 @pytest.fixture(scope="module")
 def trained(checkpoints, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "draft"
@@ -100,9 +111,7 @@ def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, mess
         *TINY,
         *extra,
     ]
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    text = str(e.value.code)
+    text = _error(argv, capsys)
     assert message in text and "\n" not in text, text
 
 
@@ -207,9 +216,7 @@ def test_a_rerun_leaving_training_options_out_keeps_the_checkpoints(
     command = json.loads((copy / "config.json").read_text())["command"]
     assert command.endswith("--steps=6 --eval-every=3"), command
     # An option given explicitly must still match the checkpoint.
-    with pytest.raises(SystemExit) as e:
-        main([*bare, "--steps", "9"])
-    text = str(e.value.code)
+    text = _error([*bare, "--steps", "9"], capsys)
     assert "other steps" in text and "\n" not in text, text
 
 
@@ -254,31 +261,52 @@ def test_an_eagle_head_resumes_with_the_blocks_it_was_started_on(
     assert again.feature_layers == "-1" and again.kind == "eagle"
 
 
-def test_feature_layers_outside_eagle_fail_before_anything_loads(trained, monkeypatch):
-    """A data folder that already exists is not read first (nor is the target)."""
+def test_bad_options_fail_before_anything_loads(trained, tmp_path, monkeypatch, capsys):
+    """Nothing is loaded or written first: not the target, not a data folder."""
     out, argv = trained
+    afile = tmp_path / "afile.txt"
+    afile.write_text("")
 
     def loaded(*args, **kwargs):
         raise AssertionError("loaded before the option was checked")
 
     monkeypatch.setattr("mlx_spec.loading.load_model", loaded)
     monkeypatch.setattr(C, "build_completions", loaded)
-    for kind, layers, message in (
-        ("draft", "2", "--feature-layers is for --kind eagle"),
-        ("medusa", "2", "--feature-layers is for --kind eagle"),
-        ("eagle", "2,x", "--feature-layers must be comma-separated integers"),
+    eagle = str(MODELS / "smollm2-135m-eagle")
+    for extra, message in (
+        (
+            ["--kind", "draft", "--feature-layers", "2"],
+            "--feature-layers is for --kind eagle",
+        ),
+        (
+            ["--kind", "medusa", "--feature-layers", "2"],
+            "--feature-layers is for --kind eagle",
+        ),
+        (
+            ["--kind", "eagle", "--feature-layers", "2,x"],
+            "--feature-layers must be comma-separated integers",
+        ),
+        (["--lr", "-1"], "--lr=-1.0 is out of range"),
+        (["--kind", "medusa", "--num-heads", "0"], "--num-heads is out of range"),
+        (["--kind", "eagle", "--window", "4"], "--window is out of range"),
+        (
+            ["--init-from", eagle],
+            "holds an eagle drafter; pass a directory that `mlx_spec train-draft --kind draft` wrote",
+        ),
+        (["--init-from", str(tmp_path)], "holds no drafter written by train-draft"),
     ):
-        with pytest.raises(SystemExit) as e:
-            main([*argv, "--kind", kind, "--feature-layers", layers])
-        text = str(e.value.code)
+        text = _error([*argv, *extra], capsys)
         assert message in text and "\n" not in text, text
+    moved = [str(afile) if word == str(out) else word for word in argv]
+    text = _error(moved, capsys)
+    assert f"--out {afile} is a file; pass a directory." in text
 
 
-def test_a_feature_layer_the_target_lacks_fails_in_one_line(checkpoints, tmp_path):
+def test_a_feature_layer_the_target_lacks_fails_in_one_line(
+    checkpoints, tmp_path, capsys
+):
     argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "d"), *TINY]
-    with pytest.raises(SystemExit) as e:
-        main([*argv, "--keep-features", "0,9"])
-    text = str(e.value.code)
+    text = _error([*argv, "--keep-features", "0,9"], capsys)
     assert "feature layers [0, 9]" in text and "\n" not in text, text
 
 

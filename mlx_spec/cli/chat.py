@@ -27,7 +27,7 @@ from ..config import SpecConfig
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import default_model_pair, load_pair
-from ..options import add_speculative_options, method_options
+from ..options import add_speculative_options, check_sampling_options, method_options
 
 DRAFT_METHODS = ("draft", "tree")
 HELP = "commands: q exit, r reset the conversation, h help"
@@ -177,13 +177,14 @@ def _read(prompt: str) -> Optional[str]:
 def run(args, out=sys.stdout):
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
-        model_path, default_draft = default_model_pair()
+        model_path, default_draft = default_model_pair(args.speculative)
         if draft_path is None and args.speculative not in ("none", "lookup", "self"):
             draft_path = default_draft
     method, _ = plan_method(args.speculative, draft_path)
     if method in DRAFT_METHODS and draft_path is None:
         raise ValueError(f"--speculative {method} needs a --draft-model.")
     SpecConfig(method=method, temp=args.temp, **method_options(args))
+    check_sampling_options(args)
     if args.max_tokens < 1:
         raise ValueError(
             f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."

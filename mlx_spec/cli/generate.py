@@ -4,6 +4,7 @@ plus ``--speculative``, the method options and the speculation statistics."""
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import List
 
 import mlx.core as mx
@@ -11,7 +12,12 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
-from ..loading import default_model_pair, load_model, resolve_draft
+from ..loading import (
+    check_drafter_kind,
+    default_model_pair,
+    load_model,
+    resolve_draft,
+)
 from ..options import add_speculative_options, method_options
 
 
@@ -75,6 +81,12 @@ def _check_args(args):
         raise ValueError(
             "--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate."
         )
+    if args.stats_json:  # checked now, not after generating
+        folder = Path(args.stats_json).expanduser().parent
+        if not folder.is_dir():
+            raise ValueError(
+                f"--stats-json {args.stats_json}: the folder {folder} does not exist."
+            )
 
 
 def _build_prompt(args, tokenizer) -> List[int]:
@@ -115,9 +127,10 @@ def run(args) -> str:
     _check_args(args)
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
-        model_path, default_draft = default_model_pair()
+        model_path, default_draft = default_model_pair(args.speculative)
         if draft_path is None and args.speculative not in ("none",):
             draft_path = default_draft
+    check_drafter_kind(args.speculative, draft_path)  # before the target loads
     if args.seed is not None:
         mx.random.seed(args.seed)
     model, tokenizer = load_model(

@@ -33,8 +33,8 @@ from typing import Callable, Dict, List, Optional
 from .. import integration
 from ..config import METHODS, SpecConfig
 from ..generation import collect_text, stream_generate
-from ..loading import load_draft, resolve_draft
-from ..options import add_speculative_options, method_options
+from ..loading import check_model_path, load_draft, resolve_draft
+from ..options import add_speculative_options, check_sampling_options, method_options
 
 # Methods that need a draft model.
 DRAFT_METHODS = ("draft", "tree")
@@ -91,6 +91,7 @@ def check_method(parser: argparse.ArgumentParser, method: str, args) -> None:
     """A one-line usage error for bad method options or a missing draft model."""
     try:
         SpecConfig(method=method, **method_options(args))
+        check_sampling_options(args)
     except ValueError as error:
         parser.error(str(error))
     draft_model = getattr(args, "draft_model", None)
@@ -195,6 +196,7 @@ def _generate_runner() -> Runner:
             if target and path == args.draft_model:
                 model, tokenizer = target[0]
                 return load_draft(path, model, tokenizer), tokenizer
+            check_model_path(path, "model")  # one line, not a hub error
             loaded = lm_load(path, *load_args, **load_kwargs)
             target.append(loaded[:2])
             return loaded

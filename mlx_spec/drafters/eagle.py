@@ -264,7 +264,7 @@ def _check_head(draft_model, method: str, kind: str, target) -> LoadedHead:
             "no draft"
             if draft_model is None
             else (
-                f"a {draft_model.kind} head"
+                f"{'an' if draft_model.kind == 'eagle' else 'a'} {draft_model.kind} head"
                 if getattr(draft_model, "is_head", False)
                 else "a draft model"
             )

@@ -32,6 +32,9 @@ DEFAULT_MAX_TOKENS = 1 << 17
 DEFAULT_NGRAM = 3
 DEFAULT_MAX_MATCH = 64
 DEFAULT_MAX_OCCURRENCES = 16
+# The cap holds at least this many tokens per n-gram token, and at most MAX_CAP.
+MIN_CAP_PER_NGRAM = 16
+MAX_CAP = 1 << 30
 _SEPARATOR = -1
 _KEY_BITS = 24  # token ids below 2**24 pack into one exact key
 # Evict down to this fraction of the cap, so eviction runs rarely.
@@ -76,7 +79,8 @@ class CrossRequestIndex:
         max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
     ):
         self.ngram = _check_int("ngram", ngram, 1, 16)
-        self.max_tokens = _check_int("max_tokens", max_tokens, 16 * ngram, 1 << 30)
+        low = MIN_CAP_PER_NGRAM * ngram
+        self.max_tokens = _check_int("max_tokens", max_tokens, low, MAX_CAP)
         self.max_match = _check_int("max_match", max_match, ngram, 1 << 16)
         self.max_occurrences = _check_int(
             "max_occurrences", max_occurrences, 1, 1 << 12

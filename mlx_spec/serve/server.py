@@ -60,7 +60,13 @@ from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from ..drafters.heads import read_head_config
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
-from ..loading import check_draft_tokenizer, default_model_pair, load_draft, load_model
+from ..loading import (
+    check_draft_tokenizer,
+    check_drafter_kind,
+    default_model_pair,
+    load_draft,
+    load_model,
+)
 from ..options import (
     add_speculative_options,
     method_option_fields,
@@ -71,7 +77,8 @@ from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
 from .batch_cache import batchable
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
-from .index import CrossRequestIndex
+from .index import DEFAULT_NGRAM as DEFAULT_INDEX_NGRAM
+from .index import MAX_CAP, MIN_CAP_PER_NGRAM, CrossRequestIndex
 
 # Methods that run a draft model next to the target (their prompt caches
 # hold the target's layers followed by the draft's).
@@ -194,7 +201,7 @@ def check_port(port: int) -> int:
 def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill in the default pair and check the speculative options (``ValueError``)."""
     if args.model is None:
-        target, draft = default_model_pair()
+        target, draft = default_model_pair(args.speculative)
         args.model = target
         if args.draft_model is None and args.speculative not in (
             "none",
@@ -205,11 +212,49 @@ def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
     method, _ = plan_method(args.speculative, args.draft_model)
     if method in DRAFT_METHODS and args.draft_model is None:
         raise ValueError(f"--speculative {method} needs a --draft-model.")
+    check_drafter_kind(method, args.draft_model)
     SpecConfig(method=method, **method_options(args))
-    tokens = getattr(args, "cross_request_tokens", 0)
-    if tokens:  # the index's own check, as a one-line error
-        CrossRequestIndex(tokens)
+    check_request_defaults(args)
     return args
+
+
+def check_request_defaults(args: argparse.Namespace) -> None:
+    """The server-wide values requests fall back on, checked at start-up.
+
+    Otherwise a bad one would be reported to every client as its own error.
+    """
+    checks = [
+        ("max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
+        ("temp", args.temp, args.temp >= 0, "a number >= 0 (0 is greedy)"),
+        ("top-p", args.top_p, 0 < args.top_p <= 1, "0 < top_p <= 1"),
+        ("top-k", args.top_k, args.top_k >= 0, "an integer >= 0 (0 is off)"),
+        ("min-p", args.min_p, 0 <= args.min_p <= 1, "0 <= min_p <= 1"),
+        (
+            "decode-concurrency",
+            args.decode_concurrency,
+            args.decode_concurrency >= 1,
+            "an integer >= 1",
+        ),
+        (
+            "prompt-concurrency",
+            args.prompt_concurrency,
+            args.prompt_concurrency >= 1,
+            "an integer >= 1",
+        ),
+    ]
+    tokens = getattr(args, "cross_request_tokens", 0)
+    low, high = MIN_CAP_PER_NGRAM * DEFAULT_INDEX_NGRAM, MAX_CAP
+    checks.append(
+        (
+            "cross-request-tokens",
+            tokens,
+            tokens == 0 or low <= tokens <= high,
+            f"0 (off) or an integer from {low} to {high}",
+        )
+    )
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"--{flag}={value} is out of range: {allowed}.")
 
 
 # --------------------------------------------------------------------------- #
@@ -995,6 +1040,32 @@ class _SoloRun:
 # --------------------------------------------------------------------------- #
 
 
+def check_request_fields(body: dict, chat: bool) -> None:
+    """One-line ``ValueError`` (a 400) for request fields mlx_lm reads unchecked."""
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise ValueError(f"n={n!r} is not supported: the server returns one choice.")
+    stop = body.get("stop")
+    words = [stop] if isinstance(stop, str) else stop
+    if stop is not None and not (
+        isinstance(words, list) and all(isinstance(w, str) for w in words)
+    ):
+        raise ValueError("stop must be a string or a list of strings.")
+    messages = body.get("messages")
+    if not chat or messages is None:
+        return  # a missing list gets mlx_lm's own error
+    if not isinstance(messages, list):
+        raise ValueError("messages must be a list of {role, content} objects.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string role.")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ValueError(
+                f"messages[{i}].content must be a string or a list of parts."
+            )
+
+
 class SpecAPIHandler(lm_server.APIHandler):
     """mlx_lm's handler with speculative request fields and statistics."""
 
@@ -1010,6 +1081,7 @@ class SpecAPIHandler(lm_server.APIHandler):
 
     def validate_model_parameters(self) -> None:
         super().validate_model_parameters()
+        check_request_fields(self.body, chat=self.path != "/v1/completions")
         body = dict(self.body)
         body["num_draft_tokens"] = self.num_draft_tokens
         self._speculation = request_speculation(body, self.response_generator.cli_args)

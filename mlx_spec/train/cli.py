@@ -259,13 +259,38 @@ def _check_args(args):
         raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
-    if args.feature_layers is not None:  # checked before any model or data loads
-        if args.kind == "draft":
-            raise ValueError(
-                "--feature-layers is for --kind eagle; a draft model reads no target "
-                "features (--keep-features chooses what the data keeps)."
-            )
-        H.head_feature_layers(args, args.kind, None)
+    if args.lr is not None and not args.lr > 0:
+        raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {args.out} is a file; pass a directory.")
+    if args.init_from:
+        check_init_from(args.init_from, args.kind)
+    # Head options are checked before any model or data loads.
+    if args.kind == "draft" and args.feature_layers is not None:
+        raise ValueError(
+            "--feature-layers is for --kind eagle; a draft model reads no target "
+            "features (--keep-features chooses what the data keeps)."
+        )
+    if args.kind != "draft":
+        H.head_config(args, args.kind)
+
+
+def check_init_from(path: str, kind: str):
+    """``--init-from`` must be a drafter that train-draft wrote for ``kind``."""
+    from ..drafters.heads import HEAD_KEY, read_head_config
+
+    config = read_head_config(path)
+    got = config[HEAD_KEY].get("kind", "draft") if config else None
+    if got != kind:
+        article = "an" if got == "eagle" else "a"
+        what = (
+            f"{article} {got} drafter" if got else "no drafter written by train-draft"
+        )
+        raise ValueError(
+            f"--init-from {path} holds {what}; pass a directory that "
+            f"`mlx_spec train-draft --kind {kind}` wrote."
+        )
 
 
 def kept_feature_layers(args, model, data_dir: Path) -> List[int]:
@@ -657,8 +682,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = setup_arg_parser().parse_args(argv)
     try:
         return run(args, argv)
-    except ValueError as e:
-        sys.exit(f"mlx_spec train-draft: error: {e}")
+    except (ValueError, OSError) as e:  # bad options, unusable paths
+        print(f"mlx_spec train-draft: error: {e}", file=sys.stderr)
+        sys.exit(2)
     except TrainingPaused as paused:
         sys.exit(
             f"mlx_spec train-draft: paused after step {paused.step} (checkpoint in "

@@ -167,9 +167,17 @@ def head_config(args, kind: str, num_layers: Optional[int] = None) -> HeadTrainC
     ``--steps``, ``--lr``, ``--batch-size`` and ``--window`` left unset
     (``None``) take the kind's defaults (the shipped heads' recipes);
     ``--feature-layers`` left unset takes :func:`head_feature_layers`' default
-    for a target of ``num_layers`` blocks.
+    for a target of ``num_layers`` blocks (left empty without ``num_layers``,
+    which checks the options before the target loads).
     """
-    layers = head_feature_layers(args, kind, num_layers)
+    if (
+        num_layers is None
+        and kind == "eagle"
+        and _arg(args, "feature_layers", None) is None
+    ):
+        layers = []  # EAGLE-3's blocks, once the target's block count is known
+    else:
+        layers = head_feature_layers(args, kind, num_layers)
     config = HeadTrainConfig(
         kind=kind,
         steps=int(_arg(args, "steps", DEFAULT_STEPS[kind])),
