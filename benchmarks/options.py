@@ -7,12 +7,13 @@ value. The defaults of the full and the ``--quick`` benchmark live here.
 """
 
 import argparse
-import dataclasses
 import json
+import os
 from pathlib import Path
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from mlx_spec.drafters.registry import METHODS
+from mlx_spec.options import method_option_names
 
 from .measure import QWEN2_SHAPES
 from .prompts import BASE_SETS, CHAT_SETS
@@ -186,7 +187,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         type=_parse_option,
         default=[],
         metavar="KEY=VALUE",
-        help="An extra mlx-spec option (a SpecConfig field), e.g. "
+        help="A method option (as the --tree-budget, --ngram-max, ... flags), e.g. "
         "tree_budget=32. Repeatable.",
     )
     parser.add_argument(
@@ -292,13 +293,13 @@ def resolve_settings(args) -> dict:
 
 
 def check_method_options(options: dict):
-    """``--option KEY=VALUE`` pairs must be valid ``SpecConfig`` fields and values."""
-    fields = {f.name for f in dataclasses.fields(SpecConfig)} - {"method"}
+    """``--option KEY=VALUE`` pairs must be method options with valid values."""
+    fields = set(method_option_names()) - {"num_draft_tokens"}  # its own flag
     for key in options:
         if key not in fields:
             raise ValueError(
-                f"--option {key}: not an mlx-spec option; use a SpecConfig field, "
-                "e.g. tree_budget=32."
+                f"--option {key}: not a method option; use one of "
+                f"{', '.join(sorted(fields))}."
             )
     try:
         SpecConfig(**options)  # its own one-line range checks
@@ -307,11 +308,10 @@ def check_method_options(options: dict):
 
 
 def check_out(out: str):
-    """``--out`` must be a directory, or one that can be made (it is made now)."""
-    path = Path(out)
+    """``--out`` must be a directory, or one that can be made in a writable one."""
+    path = Path(out).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out} is a file; pass a directory.")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {out} cannot be made ({e.strerror}).") from None
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ValueError(f"--out {out} cannot be written ({existing} is not writable).")

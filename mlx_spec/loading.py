@@ -117,10 +117,6 @@ METHOD_KINDS = {
 }
 
 
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
-
-
 def check_drafter_kind(method: Optional[str], draft_path: Optional[str]) -> None:
     """A one-line ``ValueError``, before anything loads, when ``draft_path`` holds
     a head that ``method`` cannot draft with (or a draft model for a head's method)."""
@@ -133,15 +129,15 @@ def check_drafter_kind(method: Optional[str], draft_path: Optional[str]) -> None
     kind = config[HEAD_KEY].get("kind", "draft") if config else "draft"
     if kind == wanted:
         return
-    got = "a draft model" if kind == "draft" else f"{_article(kind)} {kind} head"
+    given = "the draft model given" if kind == "draft" else f"the {kind} head given"
     if wanted == "draft":
         raise ValueError(
-            f"--speculative {method} needs a draft model (got {got}); "
+            f"--speculative {method} needs a draft model, not {given}; "
             f"use --speculative {kind}."
         )
     raise ValueError(
-        f"--speculative {method} needs a trained {wanted} head as --draft-model "
-        f"(got {got}); train one with: mlx_spec train-draft --kind {wanted}."
+        f"--speculative {method} needs a trained {wanted} head as --draft-model, "
+        f"not {given}; train one with: mlx_spec train-draft --kind {wanted}."
     )
 
 

@@ -129,7 +129,7 @@ def check_sampling_options(args: argparse.Namespace) -> None:
     """A one-line ``ValueError`` for a sampling flag out of range (those ``args`` has)."""
     ranges = {
         "temp": (lambda v: v >= 0, "a number >= 0 (0 is greedy)"),
-        "top_p": (lambda v: 0 < v <= 1, "0 < top_p <= 1"),
+        "top_p": (lambda v: 0 <= v <= 1, "0 <= top_p <= 1 (0 and 1 are off)"),
         "min_p": (lambda v: 0 <= v <= 1, "0 <= min_p <= 1"),
         "top_k": (lambda v: v >= 0, "an integer >= 0 (0 is off)"),
     }

@@ -219,7 +219,7 @@ def test_bad_settings_exit_with_a_one_line_error(capsys, tmp_path):
     for argv, message in (
         (["--max-tokens", "0"], "--max-tokens=0"),
         (["--draws", "0"], "--draws=0"),
-        (["--option", "nonsense=3"], "--option nonsense: not an mlx-spec option"),
+        (["--option", "nonsense=3"], "--option nonsense: not a method option"),
         (["--option", "tree_budget=0"], "tree_budget"),
         (["--out", str(afile)], f"--out {afile} is a file; pass a directory."),
     ):

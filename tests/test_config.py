@@ -1,5 +1,7 @@
 """SpecConfig: every bad knob value gets a one-line ValueError naming it."""
 
+import argparse
+
 import pytest
 
 from mlx_spec import SpecConfig
@@ -43,3 +45,14 @@ def test_defaults_are_adaptive_and_valid():
     config = SpecConfig()
     assert config.adaptive is True and config.draft_p_min == 0.0
     assert SpecConfig(adaptive=False, draft_p_min=0.5, seed=3).seed == 3
+
+
+def test_sampling_flags_are_checked_with_mlx_lm_meanings():
+    from mlx_spec.options import check_sampling_options
+
+    # top_p 0 and 1 both turn top-p off, as in mlx_lm.
+    check_sampling_options(argparse.Namespace(temp=0.0, top_p=0.0, min_p=0.0, top_k=0))
+    for name, value in (("temp", -1.0), ("top_p", 1.5), ("min_p", 2.0), ("top_k", -1)):
+        flag = name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"--{flag}={value} is out of range"):
+            check_sampling_options(argparse.Namespace(**{name: value}))

@@ -167,7 +167,7 @@ BAD_INPUTS = [
             "--draft-model",
             str(REPO / "models" / "smollm2-135m-eagle"),
         ],
-        "needs a draft model (got an eagle head); use --speculative eagle.",
+        "needs a draft model, not the eagle head given; use --speculative eagle.",
     ),
 ]
 

@@ -282,6 +282,14 @@ BAD_FIELDS = [
 ]
 
 
+@pytest.mark.parametrize(
+    "fields", [{"n": None}, {"n": 1.0}, {"stop": None}, {"stop": ["\n\n"]}]
+)
+def test_well_formed_optional_fields_are_accepted(server, fields):
+    status, answer = _post(server, {"prompt": "x", "max_tokens": 4, **fields})
+    assert status == 200, answer
+
+
 @pytest.mark.parametrize("path, body, message", BAD_FIELDS)
 def test_malformed_request_fields_get_400_naming_the_field(server, path, body, message):
     status, answer = _post_to(server, path, {"max_tokens": 4, **body})

@@ -26,7 +26,13 @@ from openai import OpenAI
 from mlx_spec.config import METHODS
 from mlx_spec.integration import plan_method
 from mlx_spec.serve import server as server_module
-from mlx_spec.serve.server import STATS_FIELD, SpecServer, main, setup_arg_parser
+from mlx_spec.serve.server import (
+    STATS_FIELD,
+    SpecServer,
+    main,
+    resolve_model_args,
+    setup_arg_parser,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -342,17 +348,18 @@ BAD_STARTUP = [
     (["--cross-request-tokens", "10"], "--cross-request-tokens=10 is out of range"),
     (
         ["--speculative", "draft", "--draft-model", str(EAGLE_HEAD)],
-        "needs a draft model (got an eagle head); use --speculative eagle.",
+        "needs a draft model, not the eagle head given; use --speculative eagle.",
     ),
 ]
 
 
 @pytest.mark.parametrize("extra, message", BAD_STARTUP)
-def test_bad_server_wide_values_are_refused_at_startup(
-    extra, message, checkpoints, capsys
-):
-    argv = ["--model", str(checkpoints["llama"]), "--port", str(_free_port())]
-    assert message in _exit_message([*argv, *extra], capsys)
+def test_bad_server_wide_values_are_refused_at_startup(extra, message, checkpoints):
+    """Checked before anything loads (so a client is never blamed for them)."""
+    args = setup_arg_parser().parse_args(["--model", str(checkpoints["llama"]), *extra])
+    with pytest.raises(ValueError) as e:
+        resolve_model_args(args)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("port", ["0", "-1", "65536"])

@@ -291,7 +291,7 @@ def test_bad_options_fail_before_anything_loads(trained, tmp_path, monkeypatch, 
         (["--kind", "eagle", "--window", "4"], "--window is out of range"),
         (
             ["--init-from", eagle],
-            "holds an eagle drafter; pass a directory that `mlx_spec train-draft --kind draft` wrote",
+            "holds the eagle drafter; pass a directory that `mlx_spec train-draft --kind draft` wrote",
         ),
         (["--init-from", str(tmp_path)], "holds no drafter written by train-draft"),
     ):

@@ -18,7 +18,7 @@ from ..loading import (
     load_model,
     resolve_draft,
 )
-from ..options import add_speculative_options, method_options
+from ..options import add_speculative_options, check_sampling_options, method_options
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -71,6 +71,7 @@ def _check_args(args):
         raise ValueError(
             f"--num-draft-tokens={args.num_draft_tokens} is out of range: an integer from 1 to 64."
         )
+    check_sampling_options(args)  # --min-p and --top-k (the two above name their own)
     if args.xtc_probability > 0:
         raise ValueError(
             "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
@@ -168,7 +169,7 @@ def run(args) -> str:
     if not args.verbose:
         print(text)
     if args.stats_json:
-        with open(args.stats_json, "w") as f:
+        with open(Path(args.stats_json).expanduser(), "w") as f:
             json.dump(stream.stats.as_dict(), f, indent=2)
     return text
 

@@ -33,7 +33,12 @@ from typing import Callable, Dict, List, Optional
 from .. import integration
 from ..config import METHODS, SpecConfig
 from ..generation import collect_text, stream_generate
-from ..loading import check_model_path, load_draft, resolve_draft
+from ..loading import (
+    check_drafter_kind,
+    check_model_path,
+    load_draft,
+    resolve_draft,
+)
 from ..options import add_speculative_options, check_sampling_options, method_options
 
 # Methods that need a draft model.
@@ -92,6 +97,7 @@ def check_method(parser: argparse.ArgumentParser, method: str, args) -> None:
     try:
         SpecConfig(method=method, **method_options(args))
         check_sampling_options(args)
+        check_drafter_kind(method, getattr(args, "draft_model", None))
     except ValueError as error:
         parser.error(str(error))
     draft_model = getattr(args, "draft_model", None)

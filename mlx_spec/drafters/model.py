@@ -124,8 +124,8 @@ def make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
         draft_model, "is_head", False
     ):  # a trained head drafts by its own method
         raise ValueError(
-            f"--speculative {config.method} needs a draft model (got a "
-            f"{draft_model.kind} head); use --speculative {draft_model.kind}."
+            f"--speculative {config.method} needs a draft model, not the "
+            f"{draft_model.kind} head given; use --speculative {draft_model.kind}."
         )
     if cache is not None:
         if not cache:

@@ -68,6 +68,7 @@ from ..loading import (
     load_model,
 )
 from ..options import (
+    check_sampling_options,
     add_speculative_options,
     method_option_fields,
     method_options,
@@ -223,12 +224,9 @@ def check_request_defaults(args: argparse.Namespace) -> None:
 
     Otherwise a bad one would be reported to every client as its own error.
     """
+    check_sampling_options(args)
     checks = [
         ("max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
-        ("temp", args.temp, args.temp >= 0, "a number >= 0 (0 is greedy)"),
-        ("top-p", args.top_p, 0 < args.top_p <= 1, "0 < top_p <= 1"),
-        ("top-k", args.top_k, args.top_k >= 0, "an integer >= 0 (0 is off)"),
-        ("min-p", args.min_p, 0 <= args.min_p <= 1, "0 <= min_p <= 1"),
         (
             "decode-concurrency",
             args.decode_concurrency,
@@ -1042,8 +1040,8 @@ class _SoloRun:
 
 def check_request_fields(body: dict, chat: bool) -> None:
     """One-line ``ValueError`` (a 400) for request fields mlx_lm reads unchecked."""
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise ValueError(f"n={n!r} is not supported: the server returns one choice.")
     stop = body.get("stop")
     words = [stop] if isinstance(stop, str) else stop

@@ -281,12 +281,9 @@ def check_init_from(path: str, kind: str):
     from ..drafters.heads import HEAD_KEY, read_head_config
 
     config = read_head_config(path)
-    got = config[HEAD_KEY].get("kind", "draft") if config else None
+    got = config[HEAD_KEY].get("kind") if config else None
     if got != kind:
-        article = "an" if got == "eagle" else "a"
-        what = (
-            f"{article} {got} drafter" if got else "no drafter written by train-draft"
-        )
+        what = f"the {got} drafter" if got else "no drafter written by train-draft"
         raise ValueError(
             f"--init-from {path} holds {what}; pass a directory that "
             f"`mlx_spec train-draft --kind {kind}` wrote."
@@ -682,9 +679,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = setup_arg_parser().parse_args(argv)
     try:
         return run(args, argv)
-    except (ValueError, OSError) as e:  # bad options, unusable paths
+    except ValueError as e:  # bad options
         print(f"mlx_spec train-draft: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:  # an unusable path, a full disk
+        sys.exit(f"mlx_spec train-draft: error: {e}")
     except TrainingPaused as paused:
         sys.exit(
             f"mlx_spec train-draft: paused after step {paused.step} (checkpoint in "
