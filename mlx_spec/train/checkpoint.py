@@ -1,4 +1,5 @@
-"""Training checkpoints that are written whole or not at all, and a Ctrl-C that pauses.
+"""Training checkpoints written whole or not at all, a Ctrl-C that pauses, and
+the step loop of both trainers (:func:`train_steps`).
 
 A checkpoint is the folder ``OUT/checkpoints``: safetensors and numpy files
 plus ``state.json``. It is first written beside it and then swapped in by
@@ -15,7 +16,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -137,3 +138,49 @@ class PauseOnInterrupt:
             previous = signal.SIG_DFL if self._previous is None else self._previous
             signal.signal(signal.SIGINT, previous)
         return False
+
+
+def train_steps(
+    trainer,
+    config,
+    out_dir,
+    *,
+    desc: str,
+    postfix: Callable[[Dict, Dict], Dict],
+    progress: bool = True,
+    log: Optional[Callable[[str], None]] = None,
+    unlogged: str = "",
+):
+    """Run ``trainer``'s steps up to ``config.steps``.
+
+    Every ``config.eval_every`` steps (and at the end) it evaluates on the
+    held-out data and logs the summary (without its ``unlogged`` field);
+    every ``config.checkpoint_every`` steps it writes a checkpoint; Ctrl-C
+    pauses (:func:`checkpoint_or_pause`). The progress bar shows
+    ``postfix(step_record, last_evaluation)``.
+    """
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.steps, initial=trainer.step, desc=desc, unit="step")
+    last = trainer.evals[-1] if trainer.evals else {}
+    try:
+        with PauseOnInterrupt() as pause:
+            while trainer.step < config.steps:
+                record = trainer.train_step()
+                at_end = trainer.step == config.steps
+                if trainer.step % config.eval_every == 0 or at_end:
+                    last = trainer.evaluate()
+                    if log:
+                        log(
+                            json.dumps({k: v for k, v in last.items() if k != unlogged})
+                        )
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(**postfix(record, last), refresh=False)
+                due = trainer.step % config.checkpoint_every == 0 or at_end
+                checkpoint_or_pause(trainer, out_dir, pause, due)
+    finally:
+        if bar is not None:
+            bar.close()

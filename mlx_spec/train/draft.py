@@ -46,9 +46,8 @@ from ..drafters.distilled import (
 )
 from .checkpoint import (
     STATE_FILE,
-    PauseOnInterrupt,
     checkpoint_dir,
-    checkpoint_or_pause,
+    train_steps,
     write_checkpoint,
 )
 from .completions import Completions
@@ -716,38 +715,20 @@ def train_draft(
         log(f"resumed from step {trainer.step}")
     if not trainer.evals:
         trainer.evaluate()  # the starting point, for the card
-    last = trainer.evals[-1]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=config.steps, initial=trainer.step, desc="train draft", unit="step"
-        )
-    try:
-        with PauseOnInterrupt() as pause:
-            while trainer.step < config.steps:
-                record = trainer.train_step()
-                at_end = trainer.step == config.steps
-                if trainer.step % config.eval_every == 0 or at_end:
-                    last = trainer.evaluate()
-                    if log:
-                        log(
-                            json.dumps({k: v for k, v in last.items() if k != "chains"})
-                        )
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        loss=record["loss"],
-                        acc=record["acc"],
-                        heldout_alpha=last["alpha"],
-                        tok_fwd=last["best_tokens_per_forward"],
-                        refresh=False,
-                    )
-                due = trainer.step % config.checkpoint_every == 0 or at_end
-                checkpoint_or_pause(trainer, out_dir, pause, due)
-    finally:
-        if bar is not None:
-            bar.close()
+    train_steps(
+        trainer,
+        config,
+        out_dir,
+        desc="train draft",
+        postfix=lambda record, last: dict(
+            loss=record["loss"],
+            acc=record["acc"],
+            heldout_alpha=last["alpha"],
+            tok_fwd=last["best_tokens_per_forward"],
+        ),
+        progress=progress,
+        log=log,
+        unlogged="chains",
+    )
     trainer.save(out_dir, extra)
     return trainer

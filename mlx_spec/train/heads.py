@@ -38,9 +38,8 @@ from . import eagle as eagle_train
 from . import medusa as medusa_train
 from .checkpoint import (
     STATE_FILE,
-    PauseOnInterrupt,
     checkpoint_dir,
-    checkpoint_or_pause,
+    train_steps,
     write_checkpoint,
 )
 from .head_data import HeadData, coverage, draft_vocabulary, token_counts
@@ -424,38 +423,20 @@ def train_head(
     out_dir = Path(out_dir)
     if resume and trainer.load_checkpoint(out_dir) and log:
         log(f"resumed from step {trainer.step}")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=config.steps, initial=trainer.step, desc=f"train {config.kind}"
-        )
-    last_eval = trainer.evals[-1] if trainer.evals else {}
-    try:
-        with PauseOnInterrupt() as pause:
-            while trainer.step < config.steps:
-                record = trainer.train_step()
-                at_end = trainer.step == config.steps
-                if trainer.step % config.eval_every == 0 or at_end:
-                    last_eval = trainer.evaluate()
-                    if log:
-                        shown = {
-                            k: v for k, v in last_eval.items() if k != "rank_accuracy"
-                        }
-                        log(json.dumps(shown))
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        loss=record["loss"],
-                        acc1=record["acc"][0],
-                        heldout_tpr=last_eval.get("tokens_per_round", float("nan")),
-                    )
-                due = trainer.step % config.checkpoint_every == 0 or at_end
-                checkpoint_or_pause(trainer, out_dir, pause, due)
-    finally:
-        if bar is not None:
-            bar.close()
+    train_steps(
+        trainer,
+        config,
+        out_dir,
+        desc=f"train {config.kind}",
+        postfix=lambda record, last: dict(
+            loss=record["loss"],
+            acc1=record["acc"][0],
+            heldout_tpr=last.get("tokens_per_round", float("nan")),
+        ),
+        progress=progress,
+        log=log,
+        unlogged="rank_accuracy",
+    )
     if not trainer.evals or trainer.evals[-1].get("step") != trainer.step:
         trainer.evaluate()
     trainer.save_head(out_dir, extra)
