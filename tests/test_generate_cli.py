@@ -150,7 +150,7 @@ BAD_INPUTS = [
     (["--num-draft-tokens", "0"], "num-draft-tokens"),
     (["--num-draft-tokens", "65"], "num-draft-tokens"),
     (["--temp", "-0.5"], "temp"),
-    (["--top-p", "0"], "top-p"),
+    (["--top-p", "-0.1"], "top-p"),
     (["--top-p", "1.5"], "top-p"),
     (["--max-tokens", "0"], "max-tokens"),
     (["--prompt", ""], "prompt is empty"),
@@ -258,3 +258,15 @@ def test_stdin_prompt(checkpoints, monkeypatch, capsys):
         capsys,
     )
     assert code == 0, err and "Generation: 5 tokens" in out
+
+
+def test_top_p_zero_is_off_as_in_mlx_lm(checkpoints, capsys):
+    """--top-p 0 samples the whole law, exactly as --top-p 1 does."""
+    argv = model_args(checkpoints) + ["--prompt", "x = 1", "--max-tokens", "12"]
+    argv += ["--temp", "0.8", "--seed", "3", "--speculative", "draft"]
+    outputs = []
+    for top_p in ("0", "1.0"):
+        code, out, err = run_cli([*argv, "--top-p", top_p], capsys)
+        assert code in (0, None), err
+        outputs.append(out.split("==========")[1])  # the text, not the timings
+    assert outputs[0] == outputs[1] and outputs[0].strip()

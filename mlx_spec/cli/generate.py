@@ -61,17 +61,11 @@ def _check_args(args):
         raise ValueError(
             f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
         )
-    if args.temp < 0:
-        raise ValueError(
-            f"--temp={args.temp} is out of range: temp >= 0 (0 is greedy)."
-        )
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p={args.top_p} is out of range: 0 < top_p <= 1.")
+    check_sampling_options(args)  # top_p 0 is off, as in mlx_lm.generate
     if not 1 <= args.num_draft_tokens <= 64:
         raise ValueError(
             f"--num-draft-tokens={args.num_draft_tokens} is out of range: an integer from 1 to 64."
         )
-    check_sampling_options(args)  # --min-p and --top-k (the two above name their own)
     if args.xtc_probability > 0:
         raise ValueError(
             "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
@@ -152,7 +146,7 @@ def run(args) -> str:
         draft_model,
         speculative=args.speculative,
         temp=args.temp,
-        top_p=args.top_p,
+        top_p=args.top_p if args.top_p > 0 else 1.0,  # mlx_lm: 0 is off
         top_k=args.top_k,
         min_p=args.min_p,
         min_tokens_to_keep=args.min_tokens_to_keep,
