@@ -34,7 +34,7 @@ _lm_generate = importlib.import_module("mlx_lm.generate")
 _lm_sample_utils = importlib.import_module("mlx_lm.sample_utils")
 
 from .config import DEFAULT_NUM_DRAFT_TOKENS
-from .sampling import SamplingParams
+from .sampling import SamplingParams, top_p_or_off
 
 # The keyword that turns a call into a speculative one without a draft model.
 SPECULATIVE_KEY = "speculative"
@@ -86,7 +86,7 @@ def wants_speculation(draft_model, kwargs) -> bool:
 
 def _tag(sampler, temp, top_p, min_p, min_tokens_to_keep, top_k):
     """Attach the sampler's law; ``top_p`` 0 or 1 both mean "off" in mlx_lm."""
-    top_p = top_p if 0 < top_p < 1 else 1.0
+    top_p = top_p_or_off(top_p)
     sampler.sampling_params = SamplingParams(
         temp=float(temp),
         top_p=float(top_p),

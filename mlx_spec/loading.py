@@ -174,7 +174,6 @@ def resolve_draft(
     """
     from .mtp import load_mtp
 
-    check_drafter_kind(method, draft_path)
     source = draft_source(method, model_path, draft_path, model)
     if source is None:
         return None

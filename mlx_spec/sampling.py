@@ -31,6 +31,11 @@ class SamplingParams:
         return self.temp == 0
 
 
+def top_p_or_off(top_p: float) -> float:
+    """mlx_lm's ``top_p``: 0 and 1 both turn top-p off (returned as 1.0)."""
+    return top_p if 0 < top_p < 1 else 1.0
+
+
 def normalize(logits: mx.array) -> mx.array:
     """Log-softmax over the last axis, as mlx_lm does it."""
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -96,11 +96,9 @@ class Chat:
                 xtc_special_tokens=special,
             )
         else:
-            from ..sampling import make_sampler
+            from ..sampling import make_sampler, top_p_or_off
 
-            self.sampler = make_sampler(
-                args.temp, args.top_p if 0 < args.top_p < 1 else 1.0
-            )
+            self.sampler = make_sampler(args.temp, top_p_or_off(args.top_p))
         self.reset()
 
     def reset(self):

@@ -19,6 +19,7 @@ from ..loading import (
     resolve_draft,
 )
 from ..options import add_speculative_options, check_sampling_options, method_options
+from ..sampling import top_p_or_off
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -146,7 +147,7 @@ def run(args) -> str:
         draft_model,
         speculative=args.speculative,
         temp=args.temp,
-        top_p=args.top_p if args.top_p > 0 else 1.0,  # mlx_lm: 0 is off
+        top_p=top_p_or_off(args.top_p),
         top_k=args.top_k,
         min_p=args.min_p,
         min_tokens_to_keep=args.min_tokens_to_keep,

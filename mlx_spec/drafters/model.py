@@ -120,9 +120,8 @@ def make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
         raise ValueError(
             f"speculative method '{config.method}' needs a draft model (--draft-model)."
         )
-    if getattr(
-        draft_model, "is_head", False
-    ):  # a trained head drafts by its own method
+    # A trained head drafts by its own method.
+    if getattr(draft_model, "is_head", False):
         raise ValueError(
             f"--speculative {config.method} needs a draft model, not the "
             f"{draft_model.kind} head given; use --speculative {draft_model.kind}."

@@ -53,6 +53,11 @@ def _check_int(name: str, value, low: int, high: int) -> int:
     return value
 
 
+def cap_range(ngram: int = DEFAULT_NGRAM) -> Tuple[int, int]:
+    """The ``max_tokens`` an index over n-grams of ``ngram`` tokens may have."""
+    return MIN_CAP_PER_NGRAM * ngram, MAX_CAP
+
+
 class CrossRequestIndex:
     """An n-gram index over recent documents, capped at ``max_tokens`` tokens.
 
@@ -79,8 +84,7 @@ class CrossRequestIndex:
         max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
     ):
         self.ngram = _check_int("ngram", ngram, 1, 16)
-        low = MIN_CAP_PER_NGRAM * ngram
-        self.max_tokens = _check_int("max_tokens", max_tokens, low, MAX_CAP)
+        self.max_tokens = _check_int("max_tokens", max_tokens, *cap_range(ngram))
         self.max_match = _check_int("max_match", max_match, ngram, 1 << 16)
         self.max_occurrences = _check_int(
             "max_occurrences", max_occurrences, 1, 1 << 12

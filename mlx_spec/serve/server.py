@@ -68,18 +68,17 @@ from ..loading import (
     load_model,
 )
 from ..options import (
-    check_sampling_options,
     add_speculative_options,
+    check_sampling_options,
     method_option_fields,
     method_options,
 )
-from ..sampling import make_sampler
+from ..sampling import make_sampler, top_p_or_off
 from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
 from .batch_cache import batchable
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
-from .index import DEFAULT_NGRAM as DEFAULT_INDEX_NGRAM
-from .index import MAX_CAP, MIN_CAP_PER_NGRAM, CrossRequestIndex
+from .index import CrossRequestIndex, cap_range
 
 # Methods that run a draft model next to the target (their prompt caches
 # hold the target's layers followed by the draft's).
@@ -241,7 +240,7 @@ def check_request_defaults(args: argparse.Namespace) -> None:
         ),
     ]
     tokens = getattr(args, "cross_request_tokens", 0)
-    low, high = MIN_CAP_PER_NGRAM * DEFAULT_INDEX_NGRAM, MAX_CAP
+    low, high = cap_range()
     checks.append(
         (
             "cross-request-tokens",
@@ -394,7 +393,7 @@ def _sampler(args, tokenizer):
     sampling = args.sampling
     if sampling.xtc_probability > 0:
         return lm_server._make_sampler(args, tokenizer)
-    top_p = sampling.top_p if 0 < sampling.top_p < 1 else 1.0
+    top_p = top_p_or_off(sampling.top_p)
     return make_sampler(sampling.temperature, top_p, sampling.min_p, 1, sampling.top_k)
 
 
