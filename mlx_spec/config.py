@@ -155,10 +155,10 @@ class SpecConfig:
             "a number >= 0 (0 is greedy)",
         )
         _check(
-            _is_number(self.top_p) and 0 < self.top_p <= 1,
+            _is_number(self.top_p) and 0 <= self.top_p <= 1,
             "top_p",
             self.top_p,
-            "a number with 0 < top_p <= 1 (1 disables it)",
+            "a number with 0 <= top_p <= 1 (0 and 1 disable it, as in mlx_lm)",
         )
         _check(
             _is_int(self.top_k) and self.top_k >= 0,

@@ -239,6 +239,28 @@ def test_seed_makes_sampling_reproducible(load_model):
     assert run(3) != run(4)
 
 
+def test_top_p_zero_is_off_in_the_python_api(load_model):
+    """top_p=0 turns top-p off, as in mlx_lm's make_sampler: the same draws as top_p=1."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+
+    def run(top_p):
+        responses = stream_generate(
+            model,
+            tokenizer,
+            PROMPTS[0],
+            draft,
+            temp=0.8,
+            top_p=top_p,
+            max_tokens=16,
+            seed=5,
+        )
+        return [r.token for r in responses]
+
+    assert run(0.0) == run(1.0)
+    assert run(0.0) != run(0.05)  # a real cut changes the draws
+
+
 def test_sampled_first_token_follows_target_law(load_model):
     """Chi-square of the first emitted token against the exact target law, and
     the first draft token's acceptance frequency against sum(min(p, q))."""
