@@ -59,7 +59,8 @@ from mlx_spec.config import (
 )
 from mlx_spec.costs import model_step_cost
 from mlx_spec.drafters.heads import static_choices
-from mlx_spec.loading import default_model_pair, load_draft, load_model
+from mlx_spec.loading import DRAFT_METHODS, default_model_pair, load_draft, load_model
+from mlx_spec.options import one_line_errors
 from mlx_spec.planner import make_controller
 
 from .prompts import encode, has_chat_template, prompt_suite
@@ -273,7 +274,7 @@ def load_drafters(args, model, tokenizer, parser) -> Dict[str, object]:
         draft = None
     drafters = {}
     for method in args.methods:
-        if method in ("draft", "tree"):
+        if method in DRAFT_METHODS:
             if draft is None:
                 parser.error(f"--methods {method} needs --draft-model (a draft model)")
             drafters[method] = draft
@@ -290,7 +291,10 @@ def load_drafters(args, model, tokenizer, parser) -> Dict[str, object]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.adaptive", description=__doc__.split("\n")[0]
+    )
+    one_line_errors(parser)
     parser.add_argument("--model", default=None, help="Default: models/ target.")
     parser.add_argument(
         "--draft-model",

@@ -36,6 +36,7 @@ from mlx_lm.generate import generate_step
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
 from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
 from mlx_spec.drafters.self_spec import SelfDrafter
+from mlx_spec.options import one_line_errors
 
 from .prompts import encode, has_chat_template, prompt_suite
 
@@ -140,7 +141,10 @@ def run_once(model, ids: List[int], fields, max_tokens: int, temp: float):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.draft_free", description=__doc__.split("\n")[0]
+    )
+    one_line_errors(parser)
     parser.add_argument("--model", required=True, help="Target model path or repo.")
     parser.add_argument("--gammas", type=int, nargs="+", default=list(DEFAULT_GAMMAS))
     parser.add_argument(

@@ -452,11 +452,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import sys
     from pathlib import Path
 
+    from mlx_spec.options import one_line_errors
+
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.measure",
         description="Measure forward time against verified width for random-weight "
         "models of real shapes; reuse with `benchmarks.run --cost-curves-from FILE`.",
     )
+    one_line_errors(parser)
     parser.add_argument("out", help="JSON file to write.")
     parser.add_argument(
         "--shapes", nargs="+", default=list(QWEN2_SHAPES), choices=list(QWEN2_SHAPES)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from mlx_spec.drafters.registry import METHODS
-from mlx_spec.options import method_option_names
+from mlx_spec.options import method_option_names, one_line_errors
 
 from .measure import QWEN2_SHAPES
 from .prompts import BASE_SETS, CHAT_SETS
@@ -53,6 +53,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         description="Benchmark mlx-spec methods against mlx_lm and mlx_lm's "
         "speculative decoding, side by side in one process.",
     )
+    one_line_errors(parser)
     parser.add_argument(
         "--model",
         default=None,

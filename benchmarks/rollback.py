@@ -47,6 +47,7 @@ from mlx_lm.generate import generate_step
 from mlx_spec import SpecConfig, SpecStats
 from mlx_spec.caches import CacheRollback, capture, leaf_caches
 from mlx_spec.engine import speculative_events
+from mlx_spec.options import one_line_errors
 from mlx_spec.testing import PROMPTS, ROLLBACK_ARCHITECTURES, test_checkpoints
 
 DEFAULT_GAMMA = 4
@@ -220,6 +221,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.rollback", description=__doc__.split("\n")[0]
     )
+    one_line_errors(parser)
     parser.add_argument("--archs", nargs="+", default=list(ROLLBACK_ARCHITECTURES))
     parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA)
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)

@@ -69,7 +69,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from mlx_spec.drafters.heads import read_head_config
-from mlx_spec.loading import default_model_pair
+from mlx_spec.loading import DRAFT_METHODS, default_model_pair
+from mlx_spec.options import one_line_errors
 
 from .machine import machine_info
 from .prompts import prompt_suite
@@ -519,6 +520,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks.serve",
         description="Load benchmark: mlx_lm.server against mlx_spec.server.",
     )
+    one_line_errors(parser)
     parser.add_argument("--model", help="Target model (default: the embedded pair).")
     parser.add_argument(
         "--draft-model",
@@ -577,7 +579,7 @@ def main(argv: Optional[Sequence[str]] = None):
     if draft in (None, "none"):
         draft = None  # no draft model: mlx_lm_draft is left out
         args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
-        if args.method in ("draft", "tree"):
+        if args.method in DRAFT_METHODS:
             raise SystemExit(f"--method {args.method} needs a --draft-model.")
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """Loading models with clear one-line errors, and the embedded default pair."""
 
 import os
+import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -107,6 +108,10 @@ def load_draft(path: str, model, tokenizer):
     return draft_model
 
 
+# Methods that need a draft model (a trained head will not do).
+DRAFT_METHODS = ("draft", "tree")
+# Methods that draft without a draft model or head (one given goes unused).
+DRAFTLESS_METHODS = ("none", "lookup", "self")
 # The drafter each method drafts with: the ``kind`` a train-draft directory records.
 METHOD_KINDS = {
     "draft": "draft",
@@ -115,6 +120,29 @@ METHOD_KINDS = {
     "eagle-chain": "eagle",
     "medusa": "medusa",
 }
+
+
+def check_draft_given(method: Optional[str], draft_path: Optional[str]) -> None:
+    """A one-line ``ValueError`` when ``method`` needs a draft model and none is given."""
+    if method in DRAFT_METHODS and draft_path is None:
+        raise ValueError(f"--speculative {method} needs a --draft-model.")
+
+
+def skip_unused_draft(
+    method: Optional[str], draft_path: Optional[str]
+) -> Optional[str]:
+    """``draft_path``, or ``None`` (with a note on stderr) when ``method`` drafts without it.
+
+    Saves loading a draft model that ``none``, ``lookup`` and ``self`` would ignore.
+    """
+    if method not in DRAFTLESS_METHODS or draft_path is None:
+        return draft_path
+    print(
+        f"note: --speculative {method} does not use a draft model; "
+        f"--draft-model {draft_path} is not loaded.",
+        file=sys.stderr,
+    )
+    return None
 
 
 def check_drafter_kind(method: Optional[str], draft_path: Optional[str]) -> None:

@@ -2,12 +2,13 @@
 
 One flag per method option of :class:`~mlx_spec.config.SpecConfig`, so new
 options of later methods become flags (and server request fields) without
-further changes. This module imports only the configuration, so every
-command can use it.
+further changes; and :func:`one_line_errors`, which every command's parser
+uses. This module imports only the configuration, so every command can use it.
 """
 
 import argparse
 import dataclasses
+import functools
 from typing import Dict, List, Optional
 
 from .config import METHODS, SpecConfig, resolve_method
@@ -39,6 +40,42 @@ OPTION_HELP = {
     "draft_p_min": "Stop drafting when the draft's top probability drops below it, "
     "like llama.cpp's --draft-p-min (one host sync per draft step; 0 = off)",
 }
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage block), exit code 2."""
+
+    def error(self, message: str):
+        message = " ".join(str(message).splitlines())
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@functools.lru_cache(maxsize=None)
+def _one_line_class(cls: type) -> type:
+    if issubclass(cls, OneLineErrorParser):
+        return cls
+    if cls is argparse.ArgumentParser:
+        return OneLineErrorParser
+    return type(f"OneLine{cls.__name__}", (OneLineErrorParser, cls), {})
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` report bad input as ``PROG: error: MESSAGE (see PROG --help)``.
+
+    One line on stderr and exit code 2, for argparse's own errors and
+    ``parser.error()`` calls alike; ``--help`` is unchanged. Subcommand
+    parsers, those added already and those added later, do the same.
+
+    Returns:
+        ``parser`` itself, now a :class:`OneLineErrorParser`.
+    """
+    parser.__class__ = _one_line_class(type(parser))
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            action._parser_class = _one_line_class(action._parser_class)
+            for subparser in action.choices.values():
+                one_line_errors(subparser)
+    return parser
 
 
 def method_option_fields() -> List[dataclasses.Field]:

@@ -161,6 +161,28 @@ def test_reset_empties_the_cache(pair):
     assert chat.cached_tokens == 0
 
 
+def test_lookup_leaves_a_given_draft_model_unloaded_with_a_note(
+    checkpoints, monkeypatch, capsys
+):
+    from mlx_spec.cli import chat as chat_module
+
+    lines = iter(["def add(a, b):", "q"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    other = str(checkpoints["llama-othertok"])  # refused, were it loaded
+    args = setup_arg_parser().parse_args(
+        ["--model", str(checkpoints["llama"]), "--draft-model", other]
+        + ["--speculative", "lookup", "--max-tokens", "4"]
+    )
+    out = io.StringIO()
+    chat_module.run(args, out)
+    assert capsys.readouterr().err.splitlines() == [
+        "note: --speculative lookup does not use a draft model; "
+        f"--draft-model {other} is not loaded."
+    ]
+    text = out.getvalue()
+    assert "[draft " not in text and "[Speculation: lookup" in text
+
+
 def test_run_says_when_it_falls_back_to_continuation_mode(checkpoints, monkeypatch):
     from mlx_spec.cli import chat as chat_module
 

@@ -227,4 +227,61 @@ def test_bench_bad_option_is_reported_under_mlx_spec_bench(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "--tree-budget", "many"])
     assert exit_info.value.code == 2
-    assert "mlx_spec bench: error:" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "mlx_spec bench: error: argument --tree-budget: invalid int value: 'many' "
+        "(see mlx_spec bench --help)"
+    ]
+
+
+BAD_FLAGS = [
+    (
+        ["generate", "--speculative", "bogus"],
+        "mlx_spec.generate",
+        "invalid choice: 'bogus'",
+    ),
+    (["chat", "--max-tokens", "many"], "mlx_spec.chat", "invalid int value: 'many'"),
+    (
+        ["server", "--speculative", "bogus"],
+        "mlx_spec.server",
+        "invalid choice: 'bogus'",
+    ),
+    (["doctor", "--size", "big"], "mlx_spec doctor", "invalid int value: 'big'"),
+    (["doctor", "--size", "0"], "mlx_spec doctor", "--size and --reps must be >= 1."),
+    (["train-draft", "--kind", "x"], "mlx_spec train-draft", "invalid choice: 'x'"),
+    (["convert", "nope"], "python -m mlx_spec.convert", "invalid choice: 'nope'"),
+    (["convert", "gguf"], "python -m mlx_spec.convert gguf", "arguments are required"),
+    (["frobnicate"], "mlx_spec", "unknown subcommand 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize(
+    "argv, prog, message", BAD_FLAGS, ids=[b[0][0] + " " + b[2] for b in BAD_FLAGS]
+)
+def test_bad_flag_is_one_line_naming_it_with_exit_code_2(argv, prog, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"{prog}: error: ") and message in err
+    assert err.rstrip().endswith(f"(see {prog} --help)")
+
+
+def test_one_line_errors_reach_subcommands_added_later(capsys):
+    import argparse
+
+    from mlx_spec.options import one_line_errors
+
+    parser = one_line_errors(argparse.ArgumentParser(prog="tool"))
+    sub = parser.add_subparsers(dest="command", required=True).add_parser("run")
+    sub.add_argument("--n", type=int)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["run", "--n", "x"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "tool run: error: argument --n: invalid int value: 'x' (see tool run --help)\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["run", "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: tool run [-h] [--n N]")

@@ -248,6 +248,32 @@ def test_bad_input_as_a_real_process_has_no_traceback(checkpoints):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("method", ["none", "lookup", "self"])
+def test_method_without_a_draft_skips_the_draft_model_with_a_note(
+    checkpoints, capsys, method
+):
+    # A draft with another tokenizer would be refused, were it loaded.
+    other = str(checkpoints["llama-othertok"])
+    argv = model_args(checkpoints, "llama", "llama-othertok")
+    argv += ["--prompt", "x = 1", "--max-tokens", "8", "--speculative", method]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert err.splitlines() == [
+        f"note: --speculative {method} does not use a draft model; "
+        f"--draft-model {other} is not loaded."
+    ]
+    assert out.count("==========\n") == 2 and f"Speculation: {method}" in out
+
+
+def test_bad_flag_value_is_one_line_with_exit_code_2(checkpoints, capsys):
+    code, out, err = run_cli(model_args(checkpoints) + ["--top-k", "many"], capsys)
+    assert code == 2 and not out
+    assert err.splitlines() == [
+        "mlx_spec.generate: error: argument --top-k: invalid int value: 'many' "
+        "(see mlx_spec.generate --help)"
+    ]
+
+
 def test_stdin_prompt(checkpoints, monkeypatch, capsys):
     import io
 

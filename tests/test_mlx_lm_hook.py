@@ -254,6 +254,42 @@ def test_bad_speculative_input_is_a_one_line_error(models, checkpoints, flags, m
     assert_usage_error(result, message)
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--speculative", "bogus"],
+            "argument --speculative: invalid choice: 'bogus' (choose from",
+        ),
+        (["--speculative", "lookup", "--ngram-max", "x"], "invalid int value: 'x'"),
+        (["--speculative", "tree"], "--speculative tree needs a --draft-model."),
+    ],
+)
+def test_usage_errors_are_one_line_without_the_usage_block(models, flags, message):
+    target, _ = models
+    result = run([BIN / "mlx_lm.generate", "--model", target, *GENERATE_ARGS, *flags])
+    assert_usage_error(result, message)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("mlx_lm.generate: error: ")
+    assert line.endswith("(see mlx_lm.generate --help)")
+
+
+def test_a_draft_model_the_method_does_not_use_is_not_loaded(
+    models, plain, checkpoints
+):
+    target, _ = models
+    other = str(checkpoints["llama-othertok"])  # refused, were it loaded
+    argv = [BIN / "mlx_lm.generate", "--model", target, *GENERATE_ARGS]
+    result = run([*argv, "--speculative", "lookup", "--draft-model", other])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "note: --speculative lookup does not use a draft model; "
+        f"--draft-model {other} is not loaded."
+    ]
+    assert generated_text(result.stdout) == plain[1]
+    assert stats_line(result.stdout).startswith("Speculation: lookup")
+
+
 def test_a_failing_runtime_half_warns_once_and_mlx_lm_runs_unchanged(
     models, plain, tmp_path
 ):

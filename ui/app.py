@@ -24,6 +24,7 @@ from typing import List, Optional, Tuple
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 from mlx_spec.loading import default_model_pair
+from mlx_spec.options import one_line_errors
 
 from .handlers import DEFAULT_METHOD, App
 from .layout import launch_kwargs
@@ -58,6 +59,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         prog="python -m ui.app",
         description="The mlx-spec web app: chat with speculative decoding and watch it work.",
     )
+    one_line_errors(parser)
     parser.add_argument(
         "--host",
         default=DEFAULT_HOST,

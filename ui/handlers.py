@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_TREE_BUDGET, METHODS
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
+from mlx_spec.loading import METHOD_KINDS
 
 from . import layout, render
 from .layout import (
@@ -48,7 +49,7 @@ log = logging.getLogger("mlx_spec.ui")
 
 DEFAULT_METHOD = "auto"
 # The methods that need a draft model (or a trained head) to be chosen.
-DRAFT_METHODS = ("draft", "tree", "eagle", "eagle-chain", "medusa")
+DRAFTER_METHODS = tuple(METHOD_KINDS)
 MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1
@@ -648,7 +649,7 @@ def _prompt_for_mode(prompt: Optional[str], chat: bool):
 
 def _check_pair(options: Options, pair: Pair):
     """Refuse a method that needs a draft model when there is none."""
-    if options.method in DRAFT_METHODS and pair.draft_model is None:
+    if options.method in DRAFTER_METHODS and pair.draft_model is None:
         raise ValueError(
             f"the {options.method} method needs a draft model: choose one under "
             "'Models and method', or pick lookup, self or auto."

@@ -62,8 +62,13 @@ def main(argv: Optional[List[str]] = None):
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(_usage(), file=sys.stderr)
-        sys.exit(f"mlx_spec: error: unknown subcommand '{name}'")
+        choices = ", ".join(SUBCOMMANDS)
+        print(
+            f"mlx_spec: error: unknown subcommand '{name}'; choose from: {choices} "
+            "(see mlx_spec --help)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     # Subcommands parse sys.argv; make it look like their own console script.
     sys.argv = [f"mlx_spec {name}", *rest]
     result = _load(SUBCOMMANDS[name])(rest)

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from ..options import add_speculative_options
+from ..options import add_speculative_options, one_line_errors
 
 BENCH_ENTRY = "benchmarks.run:main"
 # The harness flag that carries one extra SpecConfig field as KEY=VALUE (JSON).
@@ -33,7 +33,7 @@ def bench_arg_parser(
     harness_parser.prog = prog
     harness_parser.allow_abbrev = False  # flags must reach bench_argv unabbreviated
     add_speculative_options(harness_parser, include_method=False)
-    return harness_parser
+    return one_line_errors(harness_parser)
 
 
 def bench_argv(

@@ -26,16 +26,26 @@ from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 from ..config import SpecConfig
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
-from ..loading import default_model_pair, load_pair
-from ..options import add_speculative_options, check_sampling_options, method_options
+from ..loading import (
+    DRAFTLESS_METHODS,
+    check_draft_given,
+    default_model_pair,
+    load_pair,
+    skip_unused_draft,
+)
+from ..options import (
+    add_speculative_options,
+    check_sampling_options,
+    method_options,
+    one_line_errors,
+)
 
-DRAFT_METHODS = ("draft", "tree")
 HELP = "commands: q exit, r reset the conversation, h help"
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
     """mlx_lm.chat's parser plus the draft model and the speculative options."""
-    parser = mlx_lm_chat_parser()
+    parser = one_line_errors(mlx_lm_chat_parser())
     parser.prog = "mlx_spec.chat"
     parser.description = "Chat with an LLM, with exact speculative decoding."
     for action in parser._actions:
@@ -80,8 +90,7 @@ class Chat:
         self.args = args
         self.out = out
         self.method, uses_draft = plan_method(args.speculative, draft_model)
-        if self.method in DRAFT_METHODS and not uses_draft:
-            raise ValueError(f"--speculative {self.method} needs a --draft-model.")
+        check_draft_given(self.method, draft_model)
         self.draft_model = draft_model if uses_draft else None
         self.use_template = (
             tokenizer.has_chat_template and not args.ignore_chat_template
@@ -176,11 +185,10 @@ def run(args, out=sys.stdout):
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
-        if draft_path is None and args.speculative not in ("none", "lookup", "self"):
+        if draft_path is None and args.speculative not in DRAFTLESS_METHODS:
             draft_path = default_draft
     method, _ = plan_method(args.speculative, draft_path)
-    if method in DRAFT_METHODS and draft_path is None:
-        raise ValueError(f"--speculative {method} needs a --draft-model.")
+    check_draft_given(method, draft_path)
     SpecConfig(method=method, temp=args.temp, **method_options(args))
     check_sampling_options(args)
     if args.max_tokens < 1:
@@ -192,6 +200,7 @@ def run(args, out=sys.stdout):
         raise ValueError(
             "--pipeline (distributed inference) is not supported by mlx_spec.chat."
         )
+    draft_path = skip_unused_draft(method, draft_path)  # after the checks
     model, tokenizer, draft_model = load_pair(
         model_path,
         draft_path,

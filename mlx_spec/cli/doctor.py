@@ -20,6 +20,7 @@ import mlx.core as mx
 from .. import __version__
 from .._blas import _state as _blas_state
 from .._blas import blas_in_use, preload_in_environment
+from ..options import one_line_errors
 
 DEFAULT_SIZE = 1024
 DEFAULT_REPS = 5
@@ -98,6 +99,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         prog="mlx_spec doctor",
         description="Check the platform, the mlx device and the BLAS in use.",
     )
+    one_line_errors(parser)
     parser.add_argument(
         "--size",
         type=int,
@@ -114,9 +116,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None):
-    args = setup_arg_parser().parse_args(argv)
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
     if args.size < 1 or args.reps < 1:
-        sys.exit("mlx_spec doctor: error: --size and --reps must be >= 1.")
+        parser.error("--size and --reps must be >= 1.")
     for line in report(args.size, args.reps):
         print(line)
     return 0

@@ -13,18 +13,25 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
+    DRAFTLESS_METHODS,
     check_drafter_kind,
     default_model_pair,
     load_model,
     resolve_draft,
+    skip_unused_draft,
 )
-from ..options import add_speculative_options, check_sampling_options, method_options
+from ..options import (
+    add_speculative_options,
+    check_sampling_options,
+    method_options,
+    one_line_errors,
+)
 from ..sampling import top_p_or_off
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
     """mlx_lm.generate's parser plus the speculative options."""
-    parser = mlx_lm_arg_parser()
+    parser = one_line_errors(mlx_lm_arg_parser())
     parser.prog = "mlx_spec.generate"
     parser.description = (
         "Speculative text generation with MLX (a superset of mlx_lm.generate)."
@@ -124,9 +131,10 @@ def run(args) -> str:
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
-        if draft_path is None and args.speculative not in ("none",):
+        if draft_path is None and args.speculative not in DRAFTLESS_METHODS:
             draft_path = default_draft
     check_drafter_kind(args.speculative, draft_path)  # before the target loads
+    draft_path = skip_unused_draft(args.speculative, draft_path)
     if args.seed is not None:
         mx.random.seed(args.seed)
     model, tokenizer = load_model(

@@ -34,15 +34,20 @@ from .. import integration
 from ..config import METHODS, SpecConfig
 from ..generation import collect_text, stream_generate
 from ..loading import (
+    check_draft_given,
     check_drafter_kind,
     check_model_path,
     load_draft,
     resolve_draft,
+    skip_unused_draft,
 )
-from ..options import add_speculative_options, check_sampling_options, method_options
+from ..options import (
+    add_speculative_options,
+    check_sampling_options,
+    method_options,
+    one_line_errors,
+)
 
-# Methods that need a draft model.
-DRAFT_METHODS = ("draft", "tree")
 # The method ``--draft-model`` alone runs (mlx-lm's speculative decoding).
 DRAFT_MODEL_METHOD = "draft"
 # mlx-lm's ``--max-tokens -1`` (until the end of sequence) as a token budget.
@@ -94,15 +99,14 @@ def speculative_method(args: argparse.Namespace) -> Optional[str]:
 
 def check_method(parser: argparse.ArgumentParser, method: str, args) -> None:
     """A one-line usage error for bad method options or a missing draft model."""
+    draft_model = getattr(args, "draft_model", None)
     try:
         SpecConfig(method=method, **method_options(args))
         check_sampling_options(args)
-        check_drafter_kind(method, getattr(args, "draft_model", None))
+        check_drafter_kind(method, draft_model)
+        check_draft_given(method, draft_model)
     except ValueError as error:
         parser.error(str(error))
-    draft_model = getattr(args, "draft_model", None)
-    if method in DRAFT_METHODS and draft_model is None:
-        parser.error(f"--speculative {method} needs a --draft-model.")
     uses_draft = integration.plan_method(method, draft_model)[1]
     if uses_draft and getattr(args, "prompt_cache_file", None):
         parser.error(
@@ -176,7 +180,7 @@ def _generate_runner() -> Runner:
     base_parser = lm.setup_arg_parser
 
     def make_parser():
-        parser = base_parser()
+        parser = one_line_errors(base_parser())
         add_speculative_options(parser)
         explain_method_flag(parser)
         return parser
@@ -190,6 +194,7 @@ def _generate_runner() -> Runner:
         if method is None:
             return original(*main_args, **main_kwargs)
         check_method(parser, method, args)
+        args.draft_model = skip_unused_draft(method, args.draft_model)
         options = method_options(args)
 
         def parsed_parser():

@@ -19,6 +19,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from ..options import one_line_errors
 from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype
 from .hf import DTYPES as HF_DTYPES
 from .hf import convert_hf
@@ -31,6 +32,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         prog="python -m mlx_spec.convert",
         description="Convert GGUF and Hugging Face models to mlx-lm checkpoints.",
     )
+    one_line_errors(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     dtype_help = (
         "weights written: dequantized float32/float16/bfloat16, or "

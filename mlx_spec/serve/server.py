@@ -61,6 +61,9 @@ from ..drafters.heads import read_head_config
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import (
+    DRAFT_METHODS,
+    DRAFTLESS_METHODS,
+    check_draft_given,
     check_draft_tokenizer,
     check_drafter_kind,
     default_model_pair,
@@ -72,6 +75,7 @@ from ..options import (
     check_sampling_options,
     method_option_fields,
     method_options,
+    one_line_errors,
 )
 from ..sampling import make_sampler, top_p_or_off
 from ..stats import SpecStats
@@ -80,9 +84,6 @@ from .batch_cache import batchable
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
 from .index import CrossRequestIndex, cap_range
 
-# Methods that run a draft model next to the target (their prompt caches
-# hold the target's layers followed by the draft's).
-DRAFT_METHODS = ("draft", "tree")
 # Statistics left out of responses (per-round lists grow with the output).
 _STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
 STATS_FIELD = "speculative_stats"
@@ -143,7 +144,7 @@ def mlx_lm_server_parser() -> argparse.ArgumentParser:
 
 def setup_arg_parser() -> argparse.ArgumentParser:
     """mlx_lm.server's parser plus ``--speculative`` and the method options."""
-    parser = mlx_lm_server_parser()
+    parser = one_line_errors(mlx_lm_server_parser())
     parser.prog = "mlx_spec.server"
     parser.description = (
         "OpenAI-compatible HTTP server with exact speculative decoding "
@@ -203,15 +204,10 @@ def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.model is None:
         target, draft = default_model_pair(args.speculative)
         args.model = target
-        if args.draft_model is None and args.speculative not in (
-            "none",
-            "lookup",
-            "self",
-        ):
+        if args.draft_model is None and args.speculative not in DRAFTLESS_METHODS:
             args.draft_model = draft
     method, _ = plan_method(args.speculative, args.draft_model)
-    if method in DRAFT_METHODS and args.draft_model is None:
-        raise ValueError(f"--speculative {method} needs a --draft-model.")
+    check_draft_given(method, args.draft_model)
     check_drafter_kind(method, args.draft_model)
     SpecConfig(method=method, **method_options(args))
     check_request_defaults(args)

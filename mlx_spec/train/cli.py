@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..features import FINAL, feature_owner
+from ..options import one_line_errors
 from . import completions as C
 from . import draft as D
 from . import head_command as H
@@ -50,6 +51,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         prog="mlx_spec train-draft",
         description="Train a drafter for a target model by self-distillation, with MLX.",
     )
+    one_line_errors(p)
     p.add_argument("--model", required=True, help="The target model (path or repo).")
     p.add_argument("--kind", choices=KINDS, default="draft", help="What to train.")
     p.add_argument("--out", required=True, help="Output directory of the drafter.")
