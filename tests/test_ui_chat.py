@@ -268,6 +268,43 @@ def test_the_chat_handler_keeps_turns_and_per_turn_stats_until_new_chat(checkpoi
     assert session.turns == [] and session.cache is None
 
 
+def test_a_drafter_of_another_kind_is_refused_in_the_uis_words(checkpoints, tmp_path):
+    """A head chosen for draft (or a draft model for eagle) names the UI's choices, not flags."""
+    from mlx_spec.drafters.heads import random_head, save_head
+    from mlx_spec.fingerprint import model_fingerprint
+    from mlx_spec.loading import load_model
+
+    target = str(checkpoints["llama"])
+    model, _ = load_model(target)
+    head = random_head("eagle", model, seed=2)
+    save_head(
+        tmp_path / "eagle",
+        "eagle",
+        head.module,
+        target_fingerprint=model_fingerprint(model),
+    )
+    app = App(target, None)
+    cases = [
+        (
+            str(tmp_path / "eagle"),
+            "draft",
+            "needs a draft model, but the draft model "
+            "chosen is a trained eagle head: pick the eagle method",
+        ),
+        (
+            str(checkpoints["llama-near"]),
+            "eagle",
+            "needs a trained eagle head, but the "
+            "draft model chosen is a draft model: pick the draft method",
+        ),
+    ]
+    for draft, method, message in cases:
+        *_, last = app.on_generate("hi", *_settings(target, draft, method), None)
+        status = last[3]
+        assert message in status and "\n" not in status and "--" not in status, status
+    assert app.sessions.get(None).turns == []  # refused turns leave no trace
+
+
 # --- a checkpoint's own MTP layer, resolved as the command line does -----------------------
 
 MTP_TARGET = "qwen3_next-mtp"

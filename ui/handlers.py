@@ -48,8 +48,6 @@ from .session import (
 log = logging.getLogger("mlx_spec.ui")
 
 DEFAULT_METHOD = "auto"
-# The methods that need a draft model (or a trained head) to be chosen.
-DRAFTER_METHODS = tuple(METHOD_KINDS)
 MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1
@@ -648,11 +646,24 @@ def _prompt_for_mode(prompt: Optional[str], chat: bool):
 
 
 def _check_pair(options: Options, pair: Pair):
-    """Refuse a method that needs a draft model when there is none."""
-    if options.method in DRAFTER_METHODS and pair.draft_model is None:
+    """Refuse a method whose drafter is missing or of another kind, in the UI's words."""
+    method = options.method
+    wanted = METHOD_KINDS.get(method)
+    if wanted is None:
+        return
+    if pair.draft_model is None:
         raise ValueError(
-            f"the {options.method} method needs a draft model: choose one under "
+            f"the {method} method needs a draft model: choose one under "
             "'Models and method', or pick lookup, self or auto."
+        )
+    draft = pair.draft_model
+    kind = draft.kind if getattr(draft, "is_head", False) else "draft"
+    if kind != wanted:
+        needed = "a draft model" if wanted == "draft" else f"a trained {wanted} head"
+        given = "a draft model" if kind == "draft" else f"a trained {kind} head"
+        raise ValueError(
+            f"the {method} method needs {needed}, but the draft model chosen is "
+            f"{given}: pick the {kind} method, or choose another draft model."
         )
 
 
