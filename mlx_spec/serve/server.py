@@ -62,7 +62,6 @@ from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import (
     DRAFT_METHODS,
-    DRAFTLESS_METHODS,
     check_draft_given,
     check_draft_tokenizer,
     check_drafter_kind,
@@ -202,10 +201,8 @@ def check_port(port: int) -> int:
 def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill in the default pair and check the speculative options (``ValueError``)."""
     if args.model is None:
-        target, draft = default_model_pair(args.speculative)
-        args.model = target
-        if args.draft_model is None and args.speculative not in DRAFTLESS_METHODS:
-            args.draft_model = draft
+        args.model, draft = default_model_pair(args.speculative)
+        args.draft_model = args.draft_model or draft
     method, _ = plan_method(args.speculative, args.draft_model)
     check_draft_given(method, args.draft_model)
     check_drafter_kind(method, args.draft_model)
