@@ -38,8 +38,11 @@ fi
 extras="ui"
 [ $dev -eq 1 ] && extras="ui,dev"
 stamp=".venv/.mlx_spec_installed"
-want="$(cat pyproject.toml setup.py mlx_spec_hook.py | sha1sum | cut -d' ' -f1) $extras"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+digest="$(cat pyproject.toml setup.py mlx_spec_hook.py | sha1sum | cut -d' ' -f1)"
+want="$digest $extras"
+have="$(cat "$stamp" 2>/dev/null || true)"
+# The dev install holds the runtime one too: make demo after make test reinstalls nothing.
+if [ "$have" != "$want" ] && [ "$have" != "$digest ui,dev" ]; then
     echo "setup: installing mlx-spec[$extras] into .venv"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | grep -v "^WARNING: Location" || true
