@@ -296,3 +296,10 @@ def test_top_p_zero_is_off_as_in_mlx_lm(checkpoints, capsys):
         assert code in (0, None), err
         outputs.append(out.split("==========")[1])  # the text, not the timings
     assert outputs[0] == outputs[1] and outputs[0].strip()
+
+
+def test_adapter_path_is_passed_to_mlx_lm_load(checkpoints, capsys):
+    """--adapter-path keeps mlx_lm.generate's meaning (it used to be ignored)."""
+    argv = model_args(checkpoints) + ["--prompt", "x", "--max-tokens", "3"]
+    code, out, err = run_cli([*argv, "--adapter-path", "/no/such/adapter"], capsys)
+    assert code == 2 and "adapter path does not exist" in err and "\n" not in err.strip()

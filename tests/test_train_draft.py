@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
 from mlx_spec import SpecConfig, SpecStats, stream_generate
@@ -813,3 +814,16 @@ def test_replay_chains_counts_rounds_positions_and_tokens():
     r1 = D.replay_chains([np.array([False, True, False])], 1)
     # γ=1: a rejected round (1 token), then an accepted one (2 tokens).
     assert r1["by_position"] == [0.5] and r1["tokens_per_forward"] == 1.5
+
+
+def test_default_layers_are_the_targets_first_and_last_blocks():
+    """The default --layers (0 and -1) fits a target of any depth (it named block 29)."""
+    model, *_ = _subset_pair_and_law()
+    assert list(D.DEFAULT_LAYERS) == [0, -1]
+    assert distilled.target_layer_indices(model, D.DEFAULT_LAYERS) == [0, 1]
+    draft = distilled.build_draft(model, [0, 2, 5, 7], D.DEFAULT_LAYERS)
+    last = dict(tree_flatten(model.layers[1].parameters()))
+    copied = dict(tree_flatten(draft.layers[1].parameters()))
+    assert all(mx.array_equal(copied[k], last[k]) for k in last)
+    with pytest.raises(ValueError, match=r"draft layers \[0, 2\] must be indices"):
+        distilled.build_draft(model, [0, 2, 5, 7], [0, 2])

@@ -48,6 +48,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
             )
         if action.dest == "num_draft_tokens":
             action.help = f"Draft tokens per round, 1 to 64 (default: {DEFAULT_NUM_DRAFT_TOKENS})."
+        if action.dest == "prefill_step_size":
+            action.help = "Prompt tokens processed at a time (default: 512)."
     group = add_speculative_options(parser)
     group.add_argument(
         "--stats-json",
@@ -138,7 +140,9 @@ def run(args) -> str:
     model, tokenizer = load_model(
         model_path,
         "model",
+        adapter_path=args.adapter_path,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
+        model_config={"quantize_activations": args.quantize_activations},
     )
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)

@@ -213,6 +213,18 @@ def _body(target: nn.Module, args) -> nn.Module:
 # --------------------------------------------------------------------------- #
 
 
+def target_layer_indices(target: nn.Module, layers: Sequence[int]) -> List[int]:
+    """``layers`` as indices of ``target``'s blocks (negative counts from the end)."""
+    count = len(target.layers)
+    indices = [i + count if i < 0 else i for i in layers]
+    if not indices or any(not 0 <= i < count for i in indices):
+        raise ValueError(
+            f"draft layers {list(layers)} must be indices of the target's "
+            f"{count} layers."
+        )
+    return indices
+
+
 def build_draft(
     target: nn.Module,
     token_ids: Sequence[int],
@@ -223,7 +235,8 @@ def build_draft(
     Args:
         target: The target model (any mlx-lm model with the usual layout).
         token_ids: Target ids of the draft vocabulary, ``(k,)``.
-        init_layers: Target layers copied into the draft, in order.
+        init_layers: Target layers copied into the draft, in order (negative
+          counts from the end).
 
     Returns:
         A float32 :class:`DistilledDraft` whose head rows are the target's
@@ -231,12 +244,7 @@ def build_draft(
     """
     embedding = input_embedding(target)
     vocab_size = int(target.args.vocab_size)
-    layers = list(init_layers)
-    if not layers or any(not 0 <= i < len(target.layers) for i in layers):
-        raise ValueError(
-            f"draft layers {layers} must be indices of the target's "
-            f"{len(target.layers)} layers."
-        )
+    layers = target_layer_indices(target, init_layers)
     body = _body(target, _body_args(target, len(layers), vocab_size))
     for j, i in enumerate(layers):
         body.model.layers[j].update(

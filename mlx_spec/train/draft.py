@@ -43,6 +43,7 @@ from ..drafters.distilled import (
     drafter_config,
     load_draft,
     save_draft,
+    target_layer_indices,
 )
 from .checkpoint import (
     STATE_FILE,
@@ -59,7 +60,7 @@ DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_LR = 8e-4
 DEFAULT_WARMUP = 100
 DEFAULT_DRAFT_VOCAB = 8192
-DEFAULT_LAYERS = (0, 29)
+DEFAULT_LAYERS = (0, -1)  # the first and the last block
 DEFAULT_SOFT_WEIGHT = 0.5
 DEFAULT_PROMPT_WEIGHT = 0.3
 DEFAULT_FEATURE_WEIGHT = 0.0
@@ -463,7 +464,8 @@ class DraftTrainer:
         self.coverage = float(written[ids].sum() / max(written.sum(), 1))
         self.to_draft = np.full(vocab_size, -1, np.int32)
         self.to_draft[ids] = np.arange(len(ids), dtype=np.int32)
-        self.draft = build_draft(target, self.token_ids, config.layers)
+        self.layers = target_layer_indices(target, config.layers)
+        self.draft = build_draft(target, self.token_ids, self.layers)
         if config.init_from:
             warm_start(self.draft, load_draft(config.init_from, target))
         self.batches = plan_batches(
@@ -670,7 +672,7 @@ class DraftTrainer:
         config = drafter_config(
             self.draft,
             self.target,
-            self.config.layers,
+            self.layers,
             training=self.record(),
             **(extra or {}),
         )
