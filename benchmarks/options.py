@@ -131,9 +131,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"One prompt per set, {QUICK_REPEATS} repeats, {QUICK_MAX_TOKENS}-token "
-        f"generations, a short γ sweep ({' '.join(map(str, QUICK_GAMMA_SWEEP))}) at "
-        "the first temperature only, and method 'none' left out unless named.",
+        help=f"One prompt per set, {QUICK_REPEATS} repeat(s), {QUICK_MAX_TOKENS}-token "
+        "generations, no γ sweep unless --gamma-sweep, and method 'none' left out "
+        "unless named.",
     )
     parser.add_argument(
         "--prompt-sets",

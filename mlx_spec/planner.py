@@ -144,8 +144,9 @@ def make_controller(config: SpecConfig, arm, alone: bool = True):
     the γ that estimate favours, capped at the fixed default. An arm that
     can draft nothing for a round at no later cost (``drafts_nothing``:
     self, whose draft is the target) may choose γ 0, a plain round, when
-    drafting does not pay in measured time; a draft model would have to
-    catch up later, so its arms keep γ ≥ 1.
+    drafting does not pay in measured time. So may a draft model drafting
+    alone (it catches up in its next drafting round); under ``auto``, where
+    plain rounds are an arm of their own, its arms keep γ ≥ 1.
     """
     if arm.is_tree:
         # Down to 1 node (a one-token chain): where wide verification costs

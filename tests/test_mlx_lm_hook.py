@@ -520,3 +520,21 @@ def test_pip_install_into_a_fresh_venv_hooks_mlx_lm(models, plain, tmp_path):
     assert stats_line(hooked.stdout).startswith("Speculation: lookup")
     quiet = run([*argv, "--verbose", "False"], cwd=tmp_path)
     assert quiet.stdout == plain[0]
+
+
+def test_kept_defaults_bring_their_help_along():
+    """A flag whose default the hook restores to mlx-lm's also shows mlx-lm's help
+    (the hooked mlx_lm.chat --help named mlx-spec's default model)."""
+    import argparse
+
+    from mlx_spec.cli.hook import keep_defaults
+
+    ours, base = argparse.ArgumentParser(), argparse.ArgumentParser()
+    ours.add_argument("--model", default=None, help="Default: the embedded pair.")
+    ours.add_argument("--temp", default=0.0, help="Ours.")
+    base.add_argument("--model", default="org/llama", help="Default: org/llama.")
+    base.add_argument("--temp", default=0.0, help="Theirs.")
+    keep_defaults(ours, base)
+    model, temp = ours._actions[1], ours._actions[2]
+    assert (model.default, model.help) == ("org/llama", "Default: org/llama.")
+    assert (temp.default, temp.help) == (0.0, "Ours.")  # same default: our help stays

@@ -62,11 +62,13 @@ def program_name() -> str:
 
 
 def keep_defaults(parser: argparse.ArgumentParser, base: argparse.ArgumentParser):
-    """Give every flag of ``parser`` that ``base`` also has ``base``'s default."""
-    defaults = {action.dest: action.default for action in base._actions}
+    """Give every flag of ``parser`` that ``base`` also has ``base``'s default
+    (and, where that changes the default, ``base``'s help, which names it)."""
+    base_actions = {action.dest: action for action in base._actions}
     for action in parser._actions:
-        if action.dest in defaults:
-            action.default = defaults[action.dest]
+        original = base_actions.get(action.dest)
+        if original is not None and original.default != action.default:
+            action.default, action.help = original.default, original.help
 
 
 def explain_method_flag(parser: argparse.ArgumentParser):

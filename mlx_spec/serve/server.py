@@ -339,9 +339,9 @@ def stats_payload(stats, serving: Optional[dict] = None) -> Optional[dict]:
 class SpecModelProvider(lm_server.ModelProvider):
     """mlx_lm's provider with one-line load errors and a checked draft.
 
-    Requests are never batched (each runs mlx_spec's loop). A draft whose
-    tokenizer differs from the target's is refused (``ValueError``) rather
-    than merely warned about.
+    A distributed (``--pipeline``) load is mlx_lm's and serves one request at
+    a time. A draft whose tokenizer differs from the target's is refused
+    (``ValueError``) rather than merely warned about.
     """
 
     def _load(self, model_path, adapter_path=None, draft_model_path=None):

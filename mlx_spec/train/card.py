@@ -178,8 +178,8 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         command,
         "```",
         "",
-        "The command resumes where it stopped (completions in `data/`, checkpoints in "
-        "`checkpoints/`, both git-ignored).",
+        "The command resumes where it stopped (completions in the data folder, "
+        "`--data` or `data/`, checkpoints in `checkpoints/`, both git-ignored).",
         "",
     ]
     return "\n".join(lines)

@@ -65,7 +65,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="Also N requests written by the target itself from its chat template's "
-        "empty user turn (varied prompts without a dataset; kept in OUT/data).",
+        "empty user turn (varied prompts without a dataset; kept in the data folder).",
     )
     g.add_argument(
         "--num-prompts",
