@@ -327,6 +327,23 @@ def test_requests_that_cannot_batch_run_alone_and_say_why(
         assert body["choices"][0]["text"] == _greedy(model, tokenizer, PROMPTS[0])
 
 
+def test_switching_models_between_requests_keeps_each_models_answers(
+    server, checkpoints, load_model
+):
+    """A request for another model, then one running alone, then the default
+    model again: each answer is its own model's greedy text (the batch built for
+    the other model was reused)."""
+    model, tokenizer = load_model("llama")
+    other = str(checkpoints["qwen2"])
+    expected = _greedy(model, tokenizer, PROMPTS[1])
+    for fields in ({}, {"model": other}, {"speculative": "none"}, {}):
+        status, body = _post(server, {"prompt": PROMPTS[1], **fields})
+        assert status == 200, body
+    assert body["choices"][0]["text"] == expected
+    status, body = _post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
+    assert body["choices"][0]["text"] == _greedy(model, tokenizer, PROMPTS[2])
+
+
 def test_a_model_without_batched_rollback_is_served_alone(checkpoints, caplog):
     caplog.set_level(logging.INFO)
     server = _start(

@@ -624,6 +624,8 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 return
             if isinstance(request, SpecCompletionRequest):
                 request.serving = {"batched": False, "batch_note": ALONE_NOTE}
+            if self._batch is not None and self._batch_key != key:
+                self._batch = None  # idle, and built for another model
             self._solo, self._batch_key = run, key
             if run.step():
                 self._solo = None
