@@ -13,6 +13,7 @@ from .drafters.registry import METHODS
 
 MAX_DRAFT_TOKENS = 64
 MAX_TREE_BUDGET = 256
+MAX_TREE_TOP_K = 16  # also bounds a static tree's child ranks
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 DEFAULT_TREE_BUDGET = 16
@@ -67,13 +68,24 @@ def parse_tree_choices(choices) -> Optional[List[Tuple[int, ...]]]:
         if (
             not isinstance(path, (list, tuple))
             or not path
-            or not all(isinstance(i, int) and i >= 0 for i in path)
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in path)
+            or not all(0 <= i < MAX_TREE_TOP_K for i in path)
         ):
             raise ValueError(
-                f"tree_choices entry {path!r} is not a non-empty list of "
-                "non-negative integers."
+                f"tree_choices entry {path!r} is not a non-empty list of child "
+                f"ranks from 0 to {MAX_TREE_TOP_K - 1}."
+            )
+        if len(path) > MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"tree_choices entry {list(path)[:4]}... is {len(path)} deep; "
+                f"at most {MAX_DRAFT_TOKENS}."
             )
         paths.append(tuple(path))
+        if len(paths) > MAX_TREE_BUDGET:
+            raise ValueError(
+                f"tree_choices lists more than {MAX_TREE_BUDGET} nodes; "
+                "pass a smaller tree."
+            )
     known = set(paths)
     for path in paths:
         if len(path) > 1 and path[:-1] not in known:
@@ -191,7 +203,7 @@ class SpecConfig:
             f"an integer from 1 to {MAX_TREE_BUDGET}",
         )
         _check(
-            _is_int(self.tree_top_k) and 1 <= self.tree_top_k <= 16,
+            _is_int(self.tree_top_k) and 1 <= self.tree_top_k <= MAX_TREE_TOP_K,
             "tree_top_k",
             self.tree_top_k,
             "an integer from 1 to 16",

@@ -279,6 +279,43 @@ BAD_FIELDS = [
     ),
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop must be a string or a list"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n=2 is not supported"),
+    # These crashed the process, broke sampling for good, or dropped the connection.
+    (
+        "/v1/completions",
+        {"prompt": "x", "temperature": 0.7, "min_p": float("nan")},
+        "min_p=nan must be a finite number",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "temperature": float("inf")},
+        "temperature=inf",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "logit_bias": {"5": None}},
+        "logit_bias[5]=None",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "logit_bias": [1]},
+        "logit_bias must be an object",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "logit_bias": {"100000": 5}},
+        "logit_bias token 100000 is out of range",
+    ),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, "seed=-1 is out of range"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "stream": True, "stream_options": "x"},
+        "stream_options must be an object",
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "x", "speculative": "tree", "tree_choices": [[0], [1000]]},
+        "tree_choices entry [1000]",
+    ),
 ]
 
 
@@ -305,6 +342,10 @@ def test_malformed_request_fields_get_400_naming_the_field(server, path, body, m
         },
     )
     assert status == 200, answer  # the server still serves
+    status, answer = _post_to(
+        server, "/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 0.7}
+    )
+    assert status == 200, answer  # and still samples
 
 
 @pytest.mark.parametrize(

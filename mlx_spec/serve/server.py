@@ -37,6 +37,7 @@ import argparse
 import gc
 import json
 import logging
+import math
 import socket
 import sys
 import threading
@@ -886,6 +887,9 @@ class _SoloRun:
         provider = owner.model_provider
         model, tokenizer = provider.model, provider.tokenizer
         self.tokenizer = tokenizer
+        # Out-of-range ids would index past the logits (and crash the process).
+        vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
+        check_logit_bias_ids(args.logits.logit_bias, vocab_size)
         self.speculation = getattr(request, "speculation", None) or {}
         method, uses_draft = plan_method(
             self.speculation.get("speculative"), provider.draft_model
@@ -1032,6 +1036,68 @@ class _SoloRun:
 # --------------------------------------------------------------------------- #
 
 
+# Numeric fields mlx_lm checks by type and range, which NaN and infinity pass.
+FINITE_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "xtc_probability",
+    "xtc_threshold",
+)
+MAX_SEED = 2**64 - 1
+
+
+def check_request_values(body: dict) -> None:
+    """One-line ``ValueError`` (a 400) for values that would break mlx_lm's own
+    checks or the process: non-finite numbers, a malformed ``logit_bias``, a
+    seed mx.random.seed cannot take, malformed ``stream_options``."""
+    for name in FINITE_FIELDS:
+        value = body.get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}={value} must be a finite number.")
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise ValueError("logit_bias must be an object of token id to number.")
+        for token, value in bias.items():
+            if not str(token).isdigit():
+                raise ValueError(f"logit_bias key {token!r} is not a token id (>= 0).")
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value):
+                raise ValueError(
+                    f"logit_bias[{token}]={value!r} must be a finite number."
+                )
+    seed = body.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(
+                f"seed={seed} is out of range: an integer from 0 to 2**64 - 1."
+            )
+    options = body.get("stream_options")
+    if options is not None and not (
+        isinstance(options, dict)
+        and isinstance(options.get("include_usage", False), bool)
+    ):
+        raise ValueError(
+            'stream_options must be an object such as {"include_usage": true}.'
+        )
+
+
+def check_logit_bias_ids(logit_bias, vocab_size: Optional[int]) -> None:
+    """A :class:`RequestError` for a biased token id outside the model's vocabulary."""
+    if not logit_bias or not vocab_size:
+        return
+    for token in logit_bias:
+        if not 0 <= int(token) < vocab_size:
+            raise RequestError(
+                f"logit_bias token {token} is out of range: ids go from 0 to "
+                f"{vocab_size - 1} for this model."
+            )
+
+
 def check_request_fields(body: dict, chat: bool) -> None:
     """One-line ``ValueError`` (a 400) for request fields mlx_lm reads unchecked."""
     n = body.get("n")
@@ -1072,6 +1138,7 @@ class SpecAPIHandler(lm_server.APIHandler):
         super().do_POST()
 
     def validate_model_parameters(self) -> None:
+        check_request_values(self.body)  # before mlx_lm converts logit_bias
         super().validate_model_parameters()
         check_request_fields(self.body, chat=self.path != "/v1/completions")
         body = dict(self.body)
