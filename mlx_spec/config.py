@@ -248,10 +248,10 @@ class SpecConfig:
             value = getattr(self, name)
             _check(isinstance(value, bool), name, value, "True or False")
         _check(
-            self.seed is None or _is_int(self.seed),
+            self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**64,
             "seed",
             self.seed,
-            "an integer or None",
+            "an integer from 0 to 2**64 - 1, or None (mx.random.seed's range)",
         )
 
     @property

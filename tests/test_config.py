@@ -32,6 +32,8 @@ from mlx_spec import SpecConfig
         (dict(draft_p_min="high"), "draft_p_min"),
         (dict(draft_p_min=1.0), "draft_p_min"),
         (dict(seed="x"), "seed"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=2**64), "seed"),
         (dict(profile=None), "profile"),
     ],
 )

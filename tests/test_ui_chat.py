@@ -305,6 +305,19 @@ def test_a_drafter_of_another_kind_is_refused_in_the_uis_words(checkpoints, tmp_
     assert app.sessions.get(None).turns == []  # refused turns leave no trace
 
 
+def test_a_seed_out_of_mx_random_seeds_range_is_a_readable_error(checkpoints):
+    """Seed -1 or 1e30 named the seed in one line (it was a pybind TypeError)."""
+    target = str(checkpoints["llama"])
+    app = App(target, None)
+    for seed in (-1, 1e30):
+        settings = _settings(target, "(none)")
+        settings[9] = seed
+        *_, last = app.on_generate("hi", *settings, None)
+        status = last[3]
+        assert "seed=" in status and "out of range" in status, status
+        assert "TypeError" not in status and "\n" not in status
+
+
 # --- a checkpoint's own MTP layer, resolved as the command line does -----------------------
 
 MTP_TARGET = "qwen3_next-mtp"
