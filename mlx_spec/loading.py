@@ -124,9 +124,17 @@ def load_draft(path: str, model, tokenizer):
 
 
 def check_draft_given(method: Optional[str], draft_path: Optional[str]) -> None:
-    """A one-line ``ValueError`` when ``method`` needs a draft model and none is given."""
-    if method in DRAFT_METHODS and draft_path is None:
+    """A one-line ``ValueError`` when ``method`` needs a draft model or a trained
+    head and none is given."""
+    wanted = METHOD_KINDS.get(method)
+    if wanted is None or draft_path is not None:
+        return
+    if wanted == "draft":
         raise ValueError(f"--speculative {method} needs a --draft-model.")
+    raise ValueError(
+        f"--speculative {method} needs a trained {wanted} head as --draft-model; "
+        f"train one with: mlx_spec train-draft --kind {wanted}."
+    )
 
 
 def skip_unused_draft(

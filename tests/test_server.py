@@ -350,6 +350,9 @@ BAD_STARTUP = [
         ["--speculative", "draft", "--draft-model", str(EAGLE_HEAD)],
         "needs a draft model, not the eagle head given; use --speculative eagle.",
     ),
+    # It started, and then refused every request.
+    (["--speculative", "eagle"], "--speculative eagle needs a trained eagle head"),
+    (["--speculative", "medusa"], "--speculative medusa needs a trained medusa head"),
 ]
 
 
