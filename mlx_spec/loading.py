@@ -187,11 +187,14 @@ def draft_source(
     for :func:`load_draft`). ``mtp`` reads the MTP layer of ``draft_path``
     (say, the original checkpoint of an mlx-community conversion) or else of
     ``model_path``; ``auto`` (and ``None``) takes the model's own MTP layer
-    when it has one and no draft is given. Nothing is loaded, so callers
-    may use the result to name a cached drafter.
+    when it has one and no draft is given; ``none``, ``lookup`` and ``self``
+    read nothing. Nothing is loaded, so callers may use the result to name a
+    cached drafter.
     """
     from .mtp import has_mtp
 
+    if method in DRAFTLESS_METHODS:
+        return None
     if method == "mtp":
         return "mtp", draft_path or model_path
     if draft_path is not None:

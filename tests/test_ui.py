@@ -200,6 +200,37 @@ def test_access_flags():
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--port", "99999"], "--port=99999 is out of range"),
+        (["--max-tokens", "0"], "--max-tokens=0 is out of range"),
+        (["--num-draft-tokens", "0"], "num_draft_tokens=0 is out of range"),
+    ],
+)
+def test_bad_start_values_are_one_line_errors(argv, message, capsys):
+    """They started the page (or raised a traceback) and failed on first use."""
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--no-preload"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and message in err and "\n" not in err, err
+
+
+def test_a_method_needing_a_draft_without_one_stops_at_start(checkpoints, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(
+            [
+                "--model",
+                str(checkpoints["llama"]),
+                "--speculative",
+                "tree",
+                "--no-preload",
+            ]
+        )
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--speculative tree needs a --draft-model" in err, err
+
+
 # --- the app in this process ---------------------------------------------------------------
 
 

@@ -318,6 +318,18 @@ def test_a_seed_out_of_mx_random_seeds_range_is_a_readable_error(checkpoints):
         assert "TypeError" not in status and "\n" not in status
 
 
+def test_a_draft_the_method_does_not_use_is_not_loaded(checkpoints):
+    """lookup with a draft of another tokenizer runs (it refused the unused draft)."""
+    target = str(checkpoints["llama"])
+    app = App(target, None)
+    other = str(checkpoints["llama-othertok"])
+    for method in ("none", "lookup"):
+        *_, last = app.on_generate("hi", *_settings(target, other, method), None)
+        assert "Done:" in last[3], last[3]
+    *_, last = app.on_generate("hi", *_settings(target, other, "draft"), None)
+    assert "tokenizer differs" in last[3]  # a method that uses it still checks it
+
+
 # --- a checkpoint's own MTP layer, resolved as the command line does -----------------------
 
 MTP_TARGET = "qwen3_next-mtp"

@@ -21,12 +21,12 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
-from mlx_spec.loading import default_model_pair
+from mlx_spec.loading import check_draft_given, default_model_pair
 from mlx_spec.options import one_line_errors
 
-from .handlers import DEFAULT_METHOD, App
+from .handlers import DEFAULT_METHOD, MAX_UI_TOKENS, App
 from .layout import launch_kwargs
 
 DEFAULT_HOST = "127.0.0.1"
@@ -132,6 +132,17 @@ def create_app(
     return App(model, draft_model, **kwargs)
 
 
+def check_start_values(args) -> None:
+    """A one-line ``ValueError`` for a start-up value the page would refuse later."""
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port={args.port} is out of range: 1 to 65535.")
+    if not 1 <= args.max_tokens <= MAX_UI_TOKENS:
+        raise ValueError(
+            f"--max-tokens={args.max_tokens} is out of range: 1 to {MAX_UI_TOKENS}."
+        )
+    SpecConfig(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
+
+
 def main(argv=None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
@@ -141,6 +152,7 @@ def main(argv=None):
     env_auth = [a for a in os.environ.get("MLX_SPEC_UI_AUTH", "").split(",") if a]
     try:
         auth = parse_auth(args.auth or env_auth)
+        check_start_values(args)
     except ValueError as e:
         parser.error(str(e))
     if not is_loopback(args.host):
@@ -162,6 +174,7 @@ def main(argv=None):
             num_draft_tokens=args.num_draft_tokens,
             max_tokens=args.max_tokens,
         )
+        check_draft_given(args.speculative, app.default_draft)
         if not args.no_preload:
             print("Loading the models...", file=sys.stderr)
             app.preload()
@@ -169,9 +182,14 @@ def main(argv=None):
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     demo = app.build()
     demo.queue()
-    demo.launch(
-        server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs()
-    )
+    try:
+        demo.launch(
+            server_name=args.host, server_port=args.port, auth=auth, **launch_kwargs()
+        )
+    except OSError as e:  # the port is taken
+        parser.exit(
+            1, f"{parser.prog}: error: cannot listen on port {args.port}: {e}\n"
+        )
 
 
 if __name__ == "__main__":
