@@ -279,6 +279,22 @@ BAD_FIELDS = [
     ),
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop must be a string or a list"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n=2 is not supported"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt must be a string"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        'a "text" part needs a string text',
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": ["hi"]}]},
+        "content parts must be objects with a type",
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": "x", "tool_calls": "bad"}]},
+        "tool_calls must be a list",
+    ),
     # These crashed the process, broke sampling for good, or dropped the connection.
     (
         "/v1/completions",

@@ -1109,6 +1109,9 @@ def check_request_fields(body: dict, chat: bool) -> None:
         isinstance(words, list) and all(isinstance(w, str) for w in words)
     ):
         raise ValueError("stop must be a string or a list of strings.")
+    prompt = body.get("prompt")
+    if not chat and "prompt" in body and not isinstance(prompt, str):
+        raise ValueError("prompt must be a string.")
     messages = body.get("messages")
     if not chat or messages is None:
         return  # a missing list gets mlx_lm's own error
@@ -1122,6 +1125,19 @@ def check_request_fields(body: dict, chat: bool) -> None:
             raise ValueError(
                 f"messages[{i}].content must be a string or a list of parts."
             )
+        for part in content if isinstance(content, list) else ():
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ValueError(
+                    f"messages[{i}].content parts must be objects with a type, "
+                    'such as {"type": "text", "text": "..."}.'
+                )
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f'messages[{i}].content: a "text" part needs a string text.'
+                )
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise ValueError(f"messages[{i}].tool_calls must be a list.")
 
 
 class SpecAPIHandler(lm_server.APIHandler):
