@@ -14,6 +14,7 @@ from .drafters.registry import METHODS
 MAX_DRAFT_TOKENS = 64
 MAX_TREE_BUDGET = 256
 MAX_TREE_TOP_K = 16  # also bounds a static tree's child ranks
+MAX_SEED = 2**64 - 1  # mx.random.seed's range
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 DEFAULT_TREE_BUDGET = 16
@@ -248,10 +249,10 @@ class SpecConfig:
             value = getattr(self, name)
             _check(isinstance(value, bool), name, value, "True or False")
         _check(
-            self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**64,
+            self.seed is None or _is_int(self.seed) and 0 <= self.seed <= MAX_SEED,
             "seed",
             self.seed,
-            "an integer from 0 to 2**64 - 1, or None (mx.random.seed's range)",
+            "an integer from 0 to 2**64 - 1, or None",
         )
 
     @property

@@ -57,7 +57,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
+from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_SEED, SpecConfig
 from ..drafters.heads import read_head_config
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
@@ -1047,7 +1047,6 @@ FINITE_FIELDS = (
     "xtc_probability",
     "xtc_threshold",
 )
-MAX_SEED = 2**64 - 1
 
 
 def check_request_values(body: dict) -> None:
