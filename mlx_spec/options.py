@@ -31,7 +31,8 @@ OPTION_HELP = {
     "starts at 4 at most and grows up to 4x this where it pays)",
     "tree_top_k": "tree: children per node, 1 to 16",
     "tree_depth": "tree: maximum tree depth",
-    "tree_choices": 'tree: a static tree as JSON index paths, e.g. "[[0], [1], [0, 0]]"',
+    "tree_choices": "tree: a static tree as JSON index paths of child ranks 0-15, "
+    'e.g. "[[0], [1], [0, 0]]" (at most 256 nodes, 64 deep)',
     "ngram_min": "lookup: shortest n-gram to match",
     "ngram_max": "lookup: longest n-gram to match",
     "lookup_candidates": "lookup: matches verified together as one token tree (1 = a chain)",
