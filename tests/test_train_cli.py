@@ -87,9 +87,14 @@ def test_one_command_writes_a_draft_its_card_and_its_record(trained, load_model)
 def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
     out, argv = trained
     shards = {p: p.stat().st_mtime_ns for p in (out / "data").glob("*.npz")}
+    trained_for = json.loads((out / "config.json").read_text())["timing"]["train"]
     assert main(argv) == 0
     assert {p: p.stat().st_mtime_ns for p in (out / "data").glob("*.npz")} == shards
     assert "resumed from step 6" in capsys.readouterr().err
+    # A rerun with no step left measures again but keeps the training's time.
+    timing = json.loads((out / "config.json").read_text())["timing"]
+    assert timing["train"] == trained_for
+    assert f"train {trained_for['wall_s'] / 60:.1f} min" in timing["summary"]
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "written token, over completion tokens;",
         f"- {training.get('tokens_seen')} completion tokens seen; final training loss "
         f"{_fmt(training.get('final_loss'))};",
-        f"- time of this run: {config.get('timing', {}).get('summary', '-')}.",
+        f"- time of the last run of each stage: {config.get('timing', {}).get('summary', '-')}.",
         "",
     ]
     if evals:

@@ -564,6 +564,7 @@ def run(args, argv: List[str]) -> int:
                 f"--feature-weight needs the final hidden state ({FINAL}) among the "
                 f"data's kept features; pass --keep-features with {FINAL} in it."
             )
+    earlier_timing = saved_timing(out)  # the config is rewritten by training
     tic, cpu = time.perf_counter(), _cpu_seconds()
     extra = {
         "name": out.name,
@@ -582,7 +583,10 @@ def run(args, argv: List[str]) -> int:
         log=_log,
         extra=extra,
     )
-    timing["train"] = _stage(tic, cpu)
+    if trainer.step > trainer.start_step:
+        timing["train"] = _stage(tic, cpu)
+    elif "train" in earlier_timing:  # nothing left to train: keep the run that did
+        timing["train"] = earlier_timing["train"]
 
     # Stage 4: measurement with the engine, then the card.
     evaluation = None
@@ -652,6 +656,18 @@ def measure(args, model, tokenizer, out: Path, heldout_prompts) -> Dict:
         "end_to_end": e2e,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
     }
+
+
+def saved_timing(out: Path) -> Dict:
+    """The stage times recorded by an earlier run in ``out`` (empty if none)."""
+    from ..drafters.heads import CONFIG_FILE
+
+    try:
+        config = json.loads((out / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    timing = config.get("timing", {})
+    return {name: t for name, t in timing.items() if name != "summary"}
 
 
 def write_card(out: Path, extra: Dict, evaluation: Optional[Dict], timing: Dict):

@@ -485,6 +485,7 @@ class DraftTrainer:
         self.optimizer = optim.AdamW(learning_rate=self.schedule, weight_decay=0.0)
         self.optimizer.init(self.draft.trainable_parameters())
         self.step = 0
+        self.start_step = 0  # the step this run started from (after a resume)
         self.tokens_seen = 0
         self.train_time = 0.0
         self.history: List[Dict] = []
@@ -715,6 +716,7 @@ def train_draft(
     trainer = DraftTrainer(target, tokenizer, train, heldout, config)
     if resume and trainer.load_checkpoint(out_dir) and log:
         log(f"resumed from step {trainer.step}")
+    trainer.start_step = trainer.step
     if not trainer.evals:
         trainer.evaluate()  # the starting point, for the card
     train_steps(
