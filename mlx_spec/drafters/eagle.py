@@ -22,10 +22,9 @@ head's processed law, which the engine's rejection sampling uses; tree
 children are the head's top-k (point masses), both exact.
 """
 
-from typing import List, Optional
+from typing import List
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 from ..costs import DRAFT_LATENCY, weight_bytes
 from ..sampling import normalize
@@ -37,65 +36,37 @@ from .base import (
     subset_choice,
 )
 from .heads import LoadedHead
+from .pairs import FeaturePairs
 from .tree import TreeDrafter, _StaticShape
 
 
-class EagleContext:
-    """The head's cache and the target features it has not read yet.
+class EagleContext(FeaturePairs):
+    """The head's cache of pairs and the target features it has not read yet.
 
     Shared by the chain and tree drafters of one generation (``auto``).
     """
 
     def __init__(self, head: LoadedHead):
-        self.head = head
-        self.module = head.module
+        super().__init__(head)
         self.vocab = head.vocab  # this call's: plus the context's tokens
-        self.cache = KVCache()
-        self.pending: List[mx.array] = []  # (m, F) features of pairs fed.. fed+m-1
-        self.fed = 0  # pairs in the cache, built from the target's features
-        self.last: Optional[mx.array] = None  # head output at the last pair (1, 1, H)
 
     def add_tokens(self, tokens):
         """Let the head propose ``tokens`` too (the prompt's: names, code to copy)."""
         self.vocab = self.vocab.with_tokens(tokens)
 
-    def add_features(self, features: mx.array, rows: Optional[List[int]]):
-        """Features ``(T, F)`` of a target forward; ``rows`` are the accepted ones.
-
-        ``rows=None`` (the prompt's prefill) keeps every row.
-        """
-        if rows is not None:
-            features = features[mx.array(rows, mx.int32)]
-        self.pending.append(features)
-
-    def catch_up(self, state: RoundState) -> Optional[mx.array]:
-        """Feed the pending pairs; return the head output at the last pair ``(1, 1, H)``.
-
-        ``None`` when no pair was ever fed (a one-token prompt's first round).
-        """
-        if self.pending:
-            feats = (
-                self.pending[0]
-                if len(self.pending) == 1
-                else mx.concatenate(self.pending)
-            )
-            self.pending = []
-            m = feats.shape[0]
-            tokens = mx.array(state.seq[self.fed + 1 : self.fed + 1 + m], mx.uint32)
-            start = self.cache.offset
-            positions = mx.arange(self.fed, self.fed + m)[None]
-            slots = mx.arange(start + m)[None, :]
-            mask = slots <= (start + mx.arange(m))[:, None]  # (m, S + m) causal
-            out, _ = self.module(
-                self.module.project(feats)[None],
-                self.head.embed(tokens)[None],
-                positions,
-                mask,
-                cache=self.cache,
-            )
-            self.fed += m
-            self.last = out[:, -1:]
-        return self.last
+    def feed(self, feats: mx.array, tokens: mx.array, state: RoundState) -> mx.array:
+        m, start = feats.shape[0], self.cache.offset
+        positions = mx.arange(self.fed, self.fed + m)[None]
+        slots = mx.arange(start + m)[None, :]
+        mask = slots <= (start + mx.arange(m))[:, None]  # (m, S + m) causal
+        out, _ = self.module(
+            self.module.project(feats)[None],
+            self.head.embed(tokens)[None],
+            positions,
+            mask,
+            cache=self.cache,
+        )
+        return out
 
     def step(self, g: mx.array, token: mx.array, position: int) -> mx.array:
         """One draft step on the pair ``(g, token)`` at ``position``: ``(1, 1, H)``."""
@@ -107,12 +78,6 @@ class EagleContext:
             self.cache,
         )
         return out
-
-    def rewind(self):
-        """Drop the draft entries: keep the pairs built from true features."""
-        extra = self.cache.offset - self.fed
-        if extra > 0:
-            self.cache.trim(extra)
 
 
 class EagleDrafter(TreeDrafter):

@@ -22,73 +22,33 @@ each draft is drawn from the MTP's processed law and the engine's
 rejection sampling keeps the target's law exact.
 """
 
-from typing import List, Optional
+from typing import List
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 from ..costs import DRAFT_LATENCY, weight_bytes
 from ..features import FINAL, output_layer
 from ..mtp import MTPHead
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
+from .pairs import FeaturePairs
 
 
-class MTPContext:
-    """The MTP cache and the target features it has not read yet.
+class MTPContext(FeaturePairs):
+    """The MTP cache of pairs and the target features it has not read yet.
 
-    Pair ``j`` is ``(feature of seq[j], seq[j + 1])``, counted from this
-    call's prompt; it sits at cache slot (and rope position) ``j``.
+    Pair ``j`` sits at cache slot (and rope position) ``j``.
     """
 
-    def __init__(self, head: MTPHead):
-        self.head = head
-        self.module = head.module
-        self.cache = KVCache()
-        self.pending: List[mx.array] = []  # (m, H) features of pairs fed.. fed+m-1
-        self.fed = 0  # pairs in the cache, all built from the target's features
-        self.last: Optional[mx.array] = None  # output at the last pair (1, 1, H)
-
-    def add_features(self, features: mx.array, rows: Optional[List[int]]):
-        """Features ``(T, H)`` of a target forward; ``rows`` are the accepted ones.
-
-        ``rows=None`` (the prompt's prefill) keeps every row.
-        """
-        if rows is not None:
-            features = features[mx.array(rows, mx.int32)]
-        self.pending.append(features)
-
-    def catch_up(self, state: RoundState) -> Optional[mx.array]:
-        """Feed the pending pairs; the output at the last pair ``(1, 1, H)``.
-
-        ``None`` when no pair was ever fed (a one-token prompt's first round).
-        """
-        if self.pending:
-            feats = (
-                mx.concatenate(self.pending)
-                if len(self.pending) > 1
-                else self.pending[0]
-            )
-            self.pending = []
-            m = feats.shape[0]
-            tokens = mx.array(state.seq[self.fed + 1 : self.fed + 1 + m], mx.uint32)
-            emb = self.head.embed(tokens)
-            if self.module.mask_first and state.base + self.fed == 0:
-                # DeepSeek's MTP zeroes the embedding at absolute position 0.
-                emb = mx.concatenate([mx.zeros_like(emb[:1]), emb[1:]])
-            out = self.module(feats[None], emb[None], self.cache)
-            self.fed += m
-            self.last = out[:, -1:]
-        return self.last
+    def feed(self, feats: mx.array, tokens: mx.array, state: RoundState) -> mx.array:
+        emb = self.head.embed(tokens)
+        if self.module.mask_first and state.base + self.fed == 0:
+            # DeepSeek's MTP zeroes the embedding at absolute position 0.
+            emb = mx.concatenate([mx.zeros_like(emb[:1]), emb[1:]])
+        return self.module(feats[None], emb[None], self.cache)
 
     def step(self, g: mx.array, token: mx.array) -> mx.array:
         """One draft step on the pair ``(g, token)``: ``(1, 1, H)``."""
         return self.module(g, self.head.embed(token.reshape(1, 1)), self.cache)
-
-    def rewind(self):
-        """Drop the draft entries: keep the pairs built from the target's features."""
-        extra = self.cache.offset - self.fed
-        if extra > 0:
-            self.cache.trim(extra)
 
 
 class MTPDrafter:
