@@ -542,6 +542,45 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copyfile(src / name, dst / name)
 
 
+def tiny_llama(
+    vocab_size: int, *, num_layers: int = 1, seed: int = 0, head_scale: float = 0.2
+):
+    """A random in-memory llama (width 32, 2 heads), evaluated, with no checkpoint.
+
+    Its untied ``lm_head`` is redrawn small so that the logits spread over a
+    tiny vocabulary, as exact-law and head tests want.
+
+    Args:
+        vocab_size: Vocabulary size.
+        num_layers: Number of transformer blocks. Default: ``1``.
+        seed: Seed of ``mx.random`` before the weights are drawn. Default: ``0``.
+        head_scale: Standard deviation of the ``lm_head`` weights.
+            Default: ``0.2``.
+
+    Returns:
+        An ``mlx_lm.models.llama.Model``.
+    """
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_hidden_layers=num_layers,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        tie_word_embeddings=False,
+    )
+    mx.random.seed(seed)
+    model = llama.Model(args)
+    model.lm_head.weight = head_scale * mx.random.normal(model.lm_head.weight.shape)
+    mx.eval(model.parameters())
+    return model
+
+
 # --------------------------------------------------------------------------- #
 # Checkpoints with MTP layers, in their original (Hugging Face) layout
 # --------------------------------------------------------------------------- #

@@ -13,7 +13,6 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
-from mlx_lm.models import llama
 
 from mlx_spec import SpecConfig, SpecStats, stream_generate
 from mlx_spec.drafters.eagle import EagleContext, EagleDrafter
@@ -30,6 +29,7 @@ from mlx_spec.engine import speculative_events
 from mlx_spec.features import FINAL, FeatureCapture, feature_logits
 from mlx_spec.fingerprint import model_fingerprint
 from mlx_spec.loading import load_pair
+from mlx_spec.testing import greedy_continuation, tiny_llama
 from mlx_spec.train.head_data import teacher_data
 from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer
 
@@ -39,29 +39,9 @@ VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5]
 
 
-def _tiny_llama(seed: int = 0, scale: float = 0.2) -> llama.Model:
-    """A 1-layer llama over 8 tokens whose logits spread over the vocabulary."""
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        vocab_size=VOCAB,
-        tie_word_embeddings=False,
-    )
-    mx.random.seed(seed)
-    model = llama.Model(args)
-    model.lm_head.weight = scale * mx.random.normal(model.lm_head.weight.shape)
-    mx.eval(model.parameters())
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    return _tiny_llama()
+    return tiny_llama(VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +51,7 @@ def trained(tiny):
     sequences = []
     for _ in range(24):
         prompt = rng.integers(0, VOCAB, size=5).tolist()
-        sequences.append(prompt + list(_plain_greedy(tiny, prompt, 40)))
+        sequences.append(prompt + greedy_continuation(tiny, prompt, 40)[0])
     data = teacher_data(tiny, sequences, [5] * len(sequences))
     heads = {}
     for kind in ("eagle", "medusa"):
@@ -163,7 +143,7 @@ def test_heads_greedy_identity_every_architecture(load_model, arch):
 def test_trained_heads_greedy_identity_with_deep_accepted_drafts(tiny, trained, method):
     """Trained heads get several drafts accepted per round, and stay exact."""
     head = trained["medusa" if method == "medusa" else "eagle"]
-    plain = list(_plain_greedy(tiny, PROMPT, 60))
+    plain = greedy_continuation(tiny, PROMPT, 60)[0]
     stats = SpecStats()
     config = SpecConfig(
         method=method, max_tokens=60, tree_budget=6, tree_depth=4, adaptive=False
@@ -189,19 +169,8 @@ def test_eagle_with_a_draft_vocabulary_greedy_identity(tiny):
             mx.array(PROMPT), tiny, head, config=config, stats=stats
         )
     ]
-    assert out == list(_plain_greedy(tiny, PROMPT, 40))
+    assert out == greedy_continuation(tiny, PROMPT, 40)[0]
     assert stats.accepted_tokens > 0
-
-
-def _plain_greedy(model, prompt, n):
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)[0, -1]
-    for _ in range(n):
-        token = int(mx.argmax(logits).item())
-        yield token
-        logits = model(mx.array([[token]]), cache=cache)[0, -1]
 
 
 def _exact_law_of_three(model, temp) -> np.ndarray:
@@ -291,7 +260,7 @@ def trained_on_blocks(tiny):
     sequences = []
     for _ in range(24):
         prompt = rng.integers(0, VOCAB, size=5).tolist()
-        sequences.append(prompt + list(_plain_greedy(tiny, prompt, 40)))
+        sequences.append(prompt + greedy_continuation(tiny, prompt, 40)[0])
     layers = [0, FINAL]
     data = teacher_data(tiny, sequences, [5] * len(sequences), feature_layers=layers)
     config = HeadTrainConfig(
@@ -323,7 +292,7 @@ def test_an_eagle_head_on_several_blocks_is_exact(tiny, trained_on_blocks, metho
     greedy = speculative_events(
         mx.array(PROMPT), tiny, head, config=config, stats=stats
     )
-    assert [e.token for e in greedy] == list(_plain_greedy(tiny, PROMPT, 60))
+    assert [e.token for e in greedy] == greedy_continuation(tiny, PROMPT, 60)[0]
     assert stats.accepted_tokens > 10 and max(stats.accepted_per_round) >= 2
     law = _exact_law_of_three(tiny, 1.0)
     config = SpecConfig(
@@ -426,7 +395,7 @@ def test_medusa_grows_adaptive_trees_and_keeps_its_stored_tree_when_fixed(tiny):
         sizes[adaptive] = set(stats.tree_sizes)
     assert sizes[False] == {6}
     assert len(sizes[True]) > 1 and sizes[True] != {6}
-    assert outputs[True] == outputs[False] == list(_plain_greedy(tiny, PROMPT, 40))
+    assert outputs[True] == outputs[False] == greedy_continuation(tiny, PROMPT, 40)[0]
 
 
 # --------------------------------------------------------------------------- #
@@ -554,7 +523,7 @@ def test_heads_with_a_draft_vocabulary_propose_target_ids_best_first(
     out = [
         e.token for e in speculative_events(mx.array(PROMPT), tiny, head, config=config)
     ]
-    assert out == list(_plain_greedy(tiny, PROMPT, 30))
+    assert out == greedy_continuation(tiny, PROMPT, 30)[0]
     assert len(seen) > 3
     for tokens, allowed, best in seen:
         assert {6, 7} <= set(allowed)

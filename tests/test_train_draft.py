@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama
 
 from mlx_spec import SpecConfig, SpecStats, stream_generate
 from mlx_spec.drafters import distilled
 from mlx_spec.engine import speculative_events
 from mlx_spec.loading import load_draft
+from mlx_spec.testing import tiny_llama
 from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train.checkpoint import TrainingPaused, read_state
@@ -710,21 +710,7 @@ def test_a_law_drawn_over_the_subset_widens_to_the_full_width_law(params):
 def _subset_pair_and_law():
     """A tiny target, a draft whose vocabulary is {0, 2, 5, 7} of its 8 tokens,
     and the target's exact joint law of the first three tokens (temp 1)."""
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        vocab_size=VOCAB,
-        tie_word_embeddings=False,
-    )
-    mx.random.seed(0)
-    model = llama.Model(args)
-    model.lm_head.weight = 0.2 * mx.random.normal(model.lm_head.weight.shape)
-    mx.eval(model.parameters())
+    model = tiny_llama(VOCAB, num_layers=2)
     draft = distilled.build_draft(model, [0, 2, 5, 7], [0])
     pairs = list(itertools.product(range(VOCAB), repeat=2))
     probs = np.array(

@@ -12,13 +12,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_spec import SpecConfig, SpecStats
 from mlx_spec.drafters.heads import load_head, read_head_config
 from mlx_spec.engine import speculative_events
 from mlx_spec.features import FeatureCapture
+from mlx_spec.testing import greedy_continuation, tiny_llama
 from mlx_spec.train import eagle as eagle_train
 from mlx_spec.train.head_command import (
     add_head_arguments,
@@ -34,38 +33,9 @@ from mlx_spec.train.medusa import calibrated_choices
 VOCAB = 8
 
 
-def _tiny_llama() -> llama.Model:
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        vocab_size=VOCAB,
-        tie_word_embeddings=False,
-    )
-    mx.random.seed(0)
-    model = llama.Model(args)
-    model.lm_head.weight = 0.2 * mx.random.normal(model.lm_head.weight.shape)
-    mx.eval(model.parameters())
-    return model
-
-
-def _greedy(model, prompt, n):
-    cache = make_prompt_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)[0, -1]
-    out = []
-    for _ in range(n):
-        out.append(int(mx.argmax(logits).item()))
-        logits = model(mx.array([[out[-1]]]), cache=cache)[0, -1]
-    return out
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    return _tiny_llama()
+    return tiny_llama(VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +44,7 @@ def sequences(tiny):
     out = []
     for _ in range(20):
         prompt = rng.integers(0, VOCAB, size=5).tolist()
-        out.append(prompt + _greedy(tiny, prompt, 30))
+        out.append(prompt + greedy_continuation(tiny, prompt, 30)[0])
     return out
 
 
@@ -143,7 +113,7 @@ def test_training_raises_held_out_acceptance_and_resumes(tiny, sequences, tmp_pa
             mx.array(prompt), tiny, head, config=spec, stats=stats
         )
     ]
-    assert out == _greedy(tiny, prompt, 30)
+    assert out == greedy_continuation(tiny, prompt, 30)[0]
     assert stats.tokens_per_target_forward > 1.5
 
 

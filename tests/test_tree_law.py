@@ -12,7 +12,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
-from mlx_lm.models import llama
 
 from mlx_spec import SpecConfig, SpecStats
 from mlx_spec.drafters import tree as tree_drafter
@@ -20,6 +19,7 @@ from mlx_spec.drafters.base import RoundState
 from mlx_spec.drafters.tree import TreeDrafter, select_budget, top_children
 from mlx_spec.engine import speculative_events
 from mlx_spec.models import CachedModel, KVSettings
+from mlx_spec.testing import tiny_llama
 
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5]
@@ -30,30 +30,10 @@ SHAPES = {
 }
 
 
-def _tiny_llama(seed: int, scale: float) -> llama.Model:
-    """A 1-layer llama over 8 tokens whose logits spread over the vocabulary."""
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        vocab_size=VOCAB,
-        tie_word_embeddings=False,
-    )
-    mx.random.seed(seed)
-    model = llama.Model(args)
-    model.lm_head.weight = scale * mx.random.normal(model.lm_head.weight.shape)
-    mx.eval(model.parameters())
-    return model
-
-
 @pytest.fixture(scope="module")
 def tiny_pair():
-    target = _tiny_llama(0, 0.2)
-    draft = _tiny_llama(0, 0.2)  # same body, perturbed head: close, not equal
+    target = tiny_llama(VOCAB)
+    draft = tiny_llama(VOCAB)  # same body, perturbed head: close, not equal
     draft.lm_head.weight = target.lm_head.weight + 0.1 * mx.random.normal(
         target.lm_head.weight.shape, key=mx.random.key(1)
     )
