@@ -7,6 +7,7 @@ from ._blas import ensure_fast_blas
 
 ensure_fast_blas()
 
+from .batching import SpecBatchResponse, batch_generate  # noqa: E402
 from .config import SpecConfig  # noqa: E402
 from .engine import speculative_generate_step  # noqa: E402
 from .generation import (  # noqa: E402
@@ -23,9 +24,11 @@ from .stats import SpecStats  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "SpecBatchResponse",
     "SpecConfig",
     "SpecResponse",
     "SpecStats",
+    "batch_generate",
     "generate",
     "load_mtp",
     "make_sampler",
