@@ -9,6 +9,8 @@ swaps module attributes (never installed files):
   ``draft_model``, or a ``speculative=`` method) runs mlx-spec's loop and
   yields mlx-lm ``GenerationResponse`` objects (with ``from_draft``); every
   other call goes to the saved original, unchanged.
+- ``batch_generate`` likewise: a call with a ``draft_model`` or
+  ``speculative=`` runs :func:`mlx_spec.batch_generate`.
 - ``make_sampler`` in ``mlx_lm.sample_utils`` (and importers): samplers
   it makes carry ``.sampling_params``, so routed calls at ``temp > 0`` use
   exact rejection sampling. Every ``temp == 0`` call returns the same
@@ -198,21 +200,23 @@ def _responses(stream):
         stream.close()
 
 
-def _bind_original(args: tuple, kwargs: dict) -> Dict[str, Any]:
-    """Bind a call as mlx_lm's ``stream_generate`` would (its ``TypeError``s too).
+def _bind_original(
+    args: tuple, kwargs: dict, name: str = "stream_generate"
+) -> Dict[str, Any]:
+    """Bind a call as mlx_lm's function ``name`` would (its ``TypeError``s too).
 
     Returns every named argument given, with the ``**kwargs`` catch-all
     merged in, so positional extras (such as mlx_lm's sixth, ``stream``)
     are seen by name.
     """
-    signature = inspect.signature(_originals["stream_generate"])
+    signature = inspect.signature(_originals[name])
     bound = signature.bind(*args, **kwargs).arguments
     named = {}
-    for name, value in bound.items():
-        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+    for key, value in bound.items():
+        if signature.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
             named.update(value)
         else:
-            named[name] = value
+            named[key] = value
     return named
 
 
@@ -263,11 +267,70 @@ def generate(model, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
     return collect_text(stream, verbose)
 
 
+# mlx_lm BatchGenerator keywords and what mlx_spec.batch_generate calls them.
+_BATCH_RENAMED = {"completion_batch_size": "max_batch"}
+# BatchGenerator keywords with no bearing on the result (mlx-spec's batch
+# prefills one prompt at a time, on its own stream).
+_BATCH_DROPPED = ("prefill_batch_size", "stream")
+
+
+def batch_generate(model, tokenizer, prompts, *args, **kwargs):
+    """``mlx_lm.batch_generate``, speculative when the call asks for it.
+
+    With a ``draft_model`` or a ``speculative=`` method the call runs
+    :func:`mlx_spec.batch_generate` (a ``sampler`` from ``make_sampler`` gives
+    its law); any other call is mlx_lm's original.
+    """
+    draft_model = kwargs.pop("draft_model", None)
+    original = _originals["batch_generate"]
+    if not wants_speculation(draft_model, kwargs):
+        return original(model, tokenizer, prompts, *args, **kwargs)
+    named = _bind_original((model, tokenizer, prompts, *args), kwargs, "batch_generate")
+    for name in ("model", "tokenizer", "prompts", *_BATCH_DROPPED):
+        named.pop(name, None)
+    if named.pop("prompt_caches", None) is not None:
+        raise ValueError(
+            "batch_generate does not take prompt_caches with speculation; pass the "
+            "whole prompts (or call without draft_model and speculative)."
+        )
+    for name in ("logits_processors", "max_kv_size"):
+        if named.get(name) is not None:
+            raise ValueError(f"batch_generate does not take {name} with speculation.")
+        named.pop(name, None)
+    sampler = named.pop("sampler", None)
+    if sampler is not None:
+        named.update(_sampler_options(sampler))
+    named = {_BATCH_RENAMED.get(k, k): v for k, v in named.items()}
+    from .batching import batch_generate as spec_batch_generate
+
+    return spec_batch_generate(model, tokenizer, prompts, draft_model, **named)
+
+
+def _sampler_options(sampler) -> Dict[str, Any]:
+    """The sampling keywords of a tagged sampler (from ``make_sampler``)."""
+    from .sampling import sampling_params_of
+
+    params = sampling_params_of(sampler)
+    if params is None:
+        raise ValueError(
+            "batch_generate with speculation needs a sampler made by make_sampler "
+            "(an XTC or custom sampler has no law to accept drafts against)."
+        )
+    return dict(
+        temp=params.temp,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        top_k=params.top_k,
+        min_tokens_to_keep=params.min_tokens_to_keep,
+    )
+
+
 # name -> (home module, replacement)
 def _targets():
     return {
         "stream_generate": (_lm_generate, stream_generate),
         "generate": (_lm_generate, generate),
+        "batch_generate": (_lm_generate, batch_generate),
         "make_sampler": (_lm_sample_utils, make_sampler),
     }
 
@@ -286,7 +349,7 @@ def _swap_everywhere(old: Dict[str, Any], new: Dict[str, Any]):
 def register():
     """Route speculative mlx_lm generation calls through mlx-spec.
 
-    Patches ``mlx_lm.generate``/``stream_generate`` (package and module
+    Patches ``mlx_lm.generate``/``stream_generate``/``batch_generate`` (package and module
     names, and the names already imported by ``mlx_lm.server``,
     ``mlx_lm.chat`` and any other loaded module) and
     ``mlx_lm.sample_utils.make_sampler``. Idempotent.

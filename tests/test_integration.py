@@ -28,6 +28,7 @@ DEFAULT_METHOD = integration.plan_method(None, draft_model=object())[0]
 ORIGINALS = {
     "stream_generate": lm_generate.stream_generate,
     "generate": lm_generate.generate,
+    "batch_generate": lm_generate.batch_generate,
     "make_sampler": lm_sample_utils.make_sampler,
 }
 # (module, attribute) pairs that register() must patch.
@@ -36,6 +37,8 @@ PATCHED_NAMES = [
     (mlx_lm, "generate"),
     (lm_generate, "stream_generate"),
     (lm_generate, "generate"),
+    (mlx_lm, "batch_generate"),
+    (lm_generate, "batch_generate"),
     (lm_generate, "make_sampler"),
     (lm_sample_utils, "make_sampler"),
     (mlx_lm.server, "stream_generate"),
@@ -449,3 +452,43 @@ def test_history_kwargs_only_for_engines_that_take_history():
     }
     assert integration.history_kwargs(with_history, []) == {}
     assert integration.history_kwargs(without, [1, 2]) == {}
+
+
+def test_registered_batch_generate_speculates_and_equals_unpatched(
+    registered, pair, references
+):
+    model, tokenizer, draft = pair
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    out = mlx_lm.batch_generate(
+        model,
+        tokenizer,
+        prompts,
+        max_tokens=MAX_TOKENS,
+        draft_model=draft,
+        sampler=mlx_lm.sample_utils.make_sampler(0.0),
+        completion_batch_size=8,
+        return_token_ids=True,
+    )
+    assert isinstance(out, mlx_spec.SpecBatchResponse) and out.batched
+    for p, tokens in zip(PROMPTS, out.token_ids):
+        assert tokens == references[p][: len(tokens)]
+    plain = mlx_lm.batch_generate(model, tokenizer, prompts, max_tokens=MAX_TOKENS)
+    assert not isinstance(plain, mlx_spec.SpecBatchResponse)
+    assert plain.texts == out.texts
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt_caches=[None, None]), "prompt_caches"),
+        (dict(logits_processors=[lambda t, x: x]), "logits_processors"),
+        (dict(sampler=lambda x: mx.argmax(x, -1)), "make_sampler"),
+    ],
+)
+def test_registered_batch_generate_refuses_what_it_cannot_honour(
+    registered, pair, kwargs, message
+):
+    model, tokenizer, _ = pair
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    with pytest.raises(ValueError, match=message):
+        mlx_lm.batch_generate(model, tokenizer, prompts, speculative="lookup", **kwargs)
