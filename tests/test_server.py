@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -213,6 +214,43 @@ def test_bad_json_gets_400(server):
     connection.close()
 
 
+def _post_raw(server, body: bytes, length=None):
+    """POST ``body`` as is, with Content-Length ``length`` (default: its size)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.putrequest("POST", "/v1/completions")
+        connection.putheader("Content-Length", length or str(len(body)))
+        connection.endheaders(body)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "body, length, message",
+    [
+        # These dropped the connection, or left it waiting for the client.
+        (
+            b'{"prompt": "\xff"}',
+            None,
+            "request body is not valid UTF-8 JSON: 'utf-8' codec can't decode byte 0xff",
+        ),
+        (b"[" * 100000, None, "request body is not valid UTF-8 JSON: it is nested"),
+        (b"{}", "-5", "Content-Length must be a non-negative integer, got '-5'."),
+        (b"{not json", None, "request body is not valid UTF-8 JSON: Expecting"),
+        (b"[1, 2]", None, "must be a JSON object of request fields, got an array."),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_gets_400_saying_why(
+    server, body, length, message
+):
+    status, answer = _post_raw(server, body, length)
+    assert status == 400 and message in answer["error"], (status, answer)
+    assert "\n" not in answer["error"]
+    assert _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+
+
 def test_concurrent_requests_each_equal_plain_greedy(server, references):
     results = {}
 
@@ -284,6 +322,70 @@ def test_every_method_per_request_equals_plain_greedy(server, references, method
     assert body["choices"][0]["text"] == references[PROMPTS[0]]
     if method != "auto":
         assert body[STATS_FIELD]["method"] == method
+
+
+@pytest.mark.parametrize(
+    "method, needs",
+    [
+        ("eagle", "a trained eagle head"),
+        ("eagle-chain", "a trained eagle head"),
+        ("medusa", "a trained medusa head"),
+    ],
+)
+def test_a_head_method_without_its_head_gets_400_naming_what_to_ask_instead(
+    server, method, needs
+):
+    status, body = _post(
+        server, "/v1/completions", {"prompt": "x", "speculative": method}
+    )
+    assert status == 400, body
+    assert body["error"] == (
+        f"speculative='{method}' needs {needs}, which this server was not started "
+        f"with (it has a draft model); ask for one of {', '.join(FIXTURE_METHODS)} "
+        "instead; to serve it, start the server with --draft-model DIR holding one "
+        f"(mlx_spec train-draft --kind {method.split('-')[0]})."
+    )
+
+
+@pytest.fixture(scope="module")
+def server_without_draft(checkpoints):
+    args = setup_arg_parser().parse_args(
+        ["--model", str(checkpoints["llama"]), "--port", "0", "--max-tokens", "4"]
+    )
+    server = SpecServer(args).start()
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "method, stream", [("draft", False), ("draft", True), ("tree", False)]
+)
+def test_a_draft_method_on_a_server_without_a_draft_gets_400_naming_the_fix(
+    server_without_draft, method, stream
+):
+    body = {"prompt": "x", "speculative": method, "stream": stream}
+    status, answer = _post(server_without_draft, "/v1/completions", body)
+    assert status == 400, answer
+    assert answer["error"] == (
+        f"speculative='{method}' needs a draft model, which this server was not "
+        "started with (it has no drafter); ask for one of none, lookup, self, auto "
+        "instead; to serve it, start the server with --draft-model DIR."
+    )
+    body = {"prompt": "x", "speculative": "lookup"}
+    assert _post(server_without_draft, "/v1/completions", body)[0] == 200
+
+
+def test_a_server_holding_an_eagle_head_offers_the_eagle_methods():
+    head = types.SimpleNamespace(is_head=True, kind="eagle")
+    runnable = ["none", "lookup", "self", "auto", "eagle", "eagle-chain"]
+    assert server_module.runnable_methods(head) == runnable
+    server_module.check_request_method("eagle-chain", head)
+    with pytest.raises(server_module.RequestError) as e:
+        server_module.check_request_method("medusa", head)
+    assert "(it has a trained eagle head); ask for one of " + ", ".join(runnable) in (
+        str(e.value)
+    )
 
 
 def test_sampled_requests_with_a_seed_are_reproducible(server):
@@ -467,3 +569,80 @@ def test_cached_conversation_reaches_the_engine_as_history(
     # The second time the whole prompt is cached but for the token it recomputes.
     assert seen[1] == tokens[:-1]
     assert seen[0] is None or len(seen[0]) < len(seen[1])
+
+
+@pytest.fixture(scope="module")
+def adapters(checkpoints, tmp_path_factory):
+    """Adapter directories for the llama checkpoint: ``lora`` (random, non-zero
+    LoRA weights, as ``mlx_lm.lora`` saves them), ``misfit`` (weights for no
+    layer of the model) and ``empty``."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _ = mlx_lm.load(str(checkpoints["llama"]))  # its own copy: changed in place
+    model.freeze()
+    lora = {"rank": 4, "scale": 20.0, "dropout": 0.0}
+    linear_to_lora_layers(model, len(model.layers), lora)
+    mx.random.seed(0)
+    weights = {
+        name: 0.1 * mx.random.normal(w.shape)
+        for name, w in tree_flatten(model.trainable_parameters())
+    }
+    config = {"fine_tune_type": "lora", "num_layers": len(model.layers)}
+    config["lora_parameters"] = lora
+    root = tmp_path_factory.mktemp("adapters")
+    for name, tensors in (("lora", weights), ("misfit", {"no.lora_a": mx.zeros(2)})):
+        (root / name).mkdir()
+        mx.save_safetensors(str(root / name / "adapters.safetensors"), tensors)
+        (root / name / "adapter_config.json").write_text(json.dumps(config))
+    (root / "empty").mkdir()
+    return {name: str(root / name) for name in ("lora", "misfit", "empty")}
+
+
+def test_request_adapters_apply_to_the_default_model(
+    server, checkpoints, references, adapters
+):
+    """mlx_lm's server ignores ``adapters`` unless the request names a model."""
+    model, tokenizer = mlx_lm.load(
+        str(checkpoints["llama"]), adapter_path=adapters["lora"]
+    )
+    expected = _greedy(model, tokenizer, tokenizer.encode(PROMPTS[0]))
+    assert expected != references[PROMPTS[0]]  # the adapter changes the answer
+    for method in ("draft", "tree"):  # batched, and alone
+        body = {
+            "prompt": PROMPTS[0],
+            "adapters": adapters["lora"],
+            "speculative": method,
+        }
+        status, answer = _post(server, "/v1/completions", body)
+        assert status == 200, answer
+        assert answer["choices"][0]["text"] == expected
+    status, answer = _post(server, "/v1/completions", {"prompt": PROMPTS[0]})
+    assert (
+        answer["choices"][0]["text"] == references[PROMPTS[0]]
+    )  # none: the base model
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "/no/such/adapter",
+            "adapters='/no/such/adapter': no such directory on the server.",
+        ),
+        (5, "adapters must be the path of an adapter directory, got 5."),
+        ("empty", "is not an adapter directory (no adapter_config.json or adapters"),
+        ("misfit", "contains incompatible tensors"),  # refused while loading
+    ],
+)
+def test_bad_request_adapters_get_400_and_the_server_goes_on(
+    server, references, adapters, name, message
+):
+    path = adapters.get(name, name)
+    body = {"prompt": PROMPTS[1], "adapters": path}
+    status, answer = _post(server, "/v1/completions", body)
+    assert status == 400 and message in answer["error"], (status, answer)
+    assert "\n" not in answer["error"]
+    status, answer = _post(server, "/v1/completions", {"prompt": PROMPTS[1]})
+    assert status == 200 and answer["choices"][0]["text"] == references[PROMPTS[1]]

@@ -19,7 +19,11 @@ model provider and its prompt cache. What changes:
 - per-request JSON fields ``speculative``, ``num_draft_tokens``,
   ``tree_budget``, ``tree_top_k``, ``tree_depth``, ``tree_choices``,
   ``ngram_min``, ``ngram_max``, ``adaptive`` and ``speculative_isolation``;
-  a bad value gets HTTP 400 with ``{"error": "..."}``;
+  a bad value gets HTTP 400 with ``{"error": "..."}``, and so does a
+  method that needs a drafter the server lacks, or a body that is not a
+  UTF-8 JSON object;
+- mlx_lm's ``adapters`` field (an adapter directory) applies to the default
+  model too (mlx_lm's server uses it only with an explicit ``model``);
 - responses carry the speculation statistics in ``speculative_stats``
   (the final chunk of a stream); ``usage`` keeps OpenAI's shape;
 - the models are loaded (and a draft's tokenizer checked against the
@@ -35,6 +39,7 @@ ensure_fast_blas()
 
 import argparse
 import gc
+import io
 import json
 import logging
 import math
@@ -57,12 +62,12 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_SEED, SpecConfig
+from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_SEED, METHODS, SpecConfig
 from ..drafters.heads import read_head_config
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import (
-    DRAFT_METHODS,
+    METHOD_KINDS,
     check_draft_given,
     check_draft_tokenizer,
     check_drafter_kind,
@@ -317,6 +322,52 @@ def request_isolation(body: dict) -> bool:
     return value
 
 
+# The drafter each method needs (``METHOD_KINDS``, plus a checkpoint's MTP layer).
+_NEEDED_DRAFTER = dict(METHOD_KINDS, mtp="mtp")
+_DRAFTER_NAMES = {
+    None: "no drafter",
+    "draft": "a draft model",
+    "eagle": "a trained eagle head",
+    "medusa": "a trained medusa head",
+    "mtp": "the model's MTP layer",
+}
+
+
+def drafter_kind(draft_model) -> Optional[str]:
+    """What the server drafts with: ``None``, ``"draft"`` or a head's kind."""
+    if draft_model is None:
+        return None
+    return draft_model.kind if getattr(draft_model, "is_head", False) else "draft"
+
+
+def runnable_methods(draft_model) -> List[str]:
+    """The ``speculative`` values a server holding ``draft_model`` can run."""
+    kind = drafter_kind(draft_model)
+    return [m for m in METHODS if _NEEDED_DRAFTER.get(m) in (None, kind)]
+
+
+def check_request_method(method: str, draft_model) -> None:
+    """A one-line :class:`RequestError` when ``method`` needs a drafter the server lacks.
+
+    It names the request value, what is missing, what the client may ask
+    instead and how the operator enables the method.
+    """
+    needed = _NEEDED_DRAFTER.get(method)
+    has = drafter_kind(draft_model)
+    if needed is None or needed == has:
+        return
+    lacks = f"which this server was not started with (it has {_DRAFTER_NAMES[has]})"
+    enable = "; to serve it, start the server with --draft-model DIR"
+    if needed == "mtp":
+        lacks, enable = "which mlx_spec.server does not load", ""
+    elif needed != "draft":
+        enable += f" holding one (mlx_spec train-draft --kind {needed})"
+    raise RequestError(
+        f"speculative={method!r} needs {_DRAFTER_NAMES[needed]}, {lacks}; ask for "
+        f"one of {', '.join(runnable_methods(draft_model))} instead{enable}."
+    )
+
+
 def stats_payload(stats, serving: Optional[dict] = None) -> Optional[dict]:
     """The JSON ``speculative_stats`` of a :class:`SpecStats` (lists left out).
 
@@ -532,9 +583,13 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         return self._solo is not None or (batch is not None and batch.has_work)
 
     def _model_key(self, args):
-        """The model key ``args`` asks for, as ``ModelProvider.load`` maps it."""
+        """The model key ``args`` asks for, as ``ModelProvider.load`` maps it.
+
+        A request's ``adapters`` apply to the default model too (mlx_lm's map
+        drops them there); without them the default model keeps ``--adapter-path``.
+        """
         p, m = self.model_provider, args.model
-        adapter = p._adapter_map.get(m.model, m.adapter)
+        adapter = m.adapter if m.adapter is not None else p._adapter_map.get(m.model)
         model = p._model_map.get(m.model, m.model)
         draft = p._draft_model_map.get(m.draft, m.draft)
         return (model, adapter, draft)
@@ -639,11 +694,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             method, uses_draft = plan_method(
                 speculation.get("speculative"), provider.draft_model
             )
-            if method in DRAFT_METHODS and not uses_draft:
-                raise RequestError(
-                    f"speculative='{method}' needs a draft model; start the server "
-                    "with --draft-model or choose another method."
-                )
+            check_request_method(method, provider.draft_model)
             tokenizer = provider.tokenizer
             prompt, _, _, initial_state, vision = self._tokenize(
                 tokenizer, request, args
@@ -707,8 +758,10 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             self.prompt_cache.trim_to(n_bytes=limit - self._batch_nbytes())
 
     def _ensure_batch(self, key):
-        if self._batch is None or self._batch_key != key:
-            provider = self.model_provider
+        provider = self.model_provider
+        # A reload of the same key gives new model objects: drop the old batch.
+        stale = self._batch is not None and self._batch.model is not provider.model
+        if self._batch is None or self._batch_key != key or stale:
             self._batch = SpecBatchGenerator(
                 provider.model,
                 provider.draft_model,
@@ -894,11 +947,7 @@ class _SoloRun:
         method, uses_draft = plan_method(
             self.speculation.get("speculative"), provider.draft_model
         )
-        if method in DRAFT_METHODS and not uses_draft:
-            raise RequestError(
-                f"speculative='{method}' needs a draft model; start the server with "
-                "--draft-model or choose another method."
-            )
+        check_request_method(method, provider.draft_model)
         self.method = method
         draft_model = provider.draft_model if uses_draft else None
 
@@ -1085,6 +1134,48 @@ def check_request_values(body: dict) -> None:
         )
 
 
+# JSON names of the values ``json.loads`` returns.
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+def body_error(raw: bytes) -> Optional[str]:
+    """Why a POST body is not a UTF-8 JSON object (one line), or ``None``."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
+        return f"request body is not valid UTF-8 JSON: {e}."
+    except RecursionError:
+        return "request body is not valid UTF-8 JSON: it is nested too deeply."
+    if not isinstance(body, dict):
+        kind = _JSON_KINDS.get(type(body), "a number")
+        return f"request body must be a JSON object of request fields, got {kind}."
+    return None
+
+
+# What an mlx_lm adapter directory holds (``mlx_lm.tuner.utils.load_adapters``).
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+def check_adapters(adapters) -> None:
+    """One-line ``ValueError`` (a 400) unless ``adapters`` is absent or names
+    an adapter directory on the server."""
+    if adapters is None:
+        return
+    if not isinstance(adapters, str) or not adapters:
+        raise ValueError(
+            f"adapters must be the path of an adapter directory, got {adapters!r}."
+        )
+    path = Path(adapters)
+    if not path.is_dir():
+        raise ValueError(f"adapters={adapters!r}: no such directory on the server.")
+    missing = [name for name in ADAPTER_FILES if not (path / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"adapters={adapters!r} is not an adapter directory "
+            f"(no {' or '.join(missing)} in it); mlx_lm.lora writes one."
+        )
+
+
 def check_logit_bias_ids(logit_bias, vocab_size: Optional[int]) -> None:
     """A :class:`RequestError` for a biased token id outside the model's vocabulary."""
     if not logit_bias or not vocab_size:
@@ -1150,10 +1241,48 @@ class SpecAPIHandler(lm_server.APIHandler):
         self._spec_request = None
         self._speculation = None
         self._isolation = False
-        super().do_POST()
+        if self.headers.get("Content-Length") is None:
+            return super().do_POST()  # mlx_lm's 411
+        raw = self._checked_body()
+        if raw is None:
+            return  # refused with a 400
+        # mlx_lm reads the body itself: it gets the bytes already read.
+        connection, self.rfile = self.rfile, io.BytesIO(raw)
+        try:
+            super().do_POST()
+        finally:
+            self.rfile = connection
+
+    def _checked_body(self) -> Optional[bytes]:
+        """The POST body, or ``None`` once a 400 has said why it is not a JSON object.
+
+        mlx_lm drops the connection on a body that is not UTF-8, and waits
+        for the client to hang up on a negative Content-Length.
+        """
+        length = self.headers["Content-Length"]
+        if not length.strip().isdecimal():
+            self._refuse(
+                f"Content-Length must be a non-negative integer, got {length!r}."
+            )
+            return None
+        raw = self.rfile.read(int(length))
+        error = body_error(raw)
+        if error is not None:
+            self._refuse(error)
+            return None
+        return raw
+
+    def _refuse(self, message: str, status: int = 400):
+        """Answer ``{"error": message}`` with ``status``."""
+        body = json.dumps({"error": message}).encode()
+        self._set_completion_headers(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def validate_model_parameters(self) -> None:
         check_request_values(self.body)  # before mlx_lm converts logit_bias
+        check_adapters(self.body.get("adapters"))
         super().validate_model_parameters()
         check_request_fields(self.body, chat=self.path != "/v1/completions")
         body = dict(self.body)
