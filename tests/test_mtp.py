@@ -12,6 +12,7 @@ import itertools
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import mlx.core as mx
@@ -32,6 +33,7 @@ from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import speculative_events
 from mlx_spec.loading import load_pair, resolve_draft
 from mlx_spec.mtp import MTP_FILE, MTPMissing, load_mtp, missing_message, random_mtp
+from mlx_spec.serve.server import SpecServer, setup_arg_parser
 from mlx_spec.testing import (
     MTP_ARCHITECTURES,
     PROMPTS,
@@ -570,3 +572,38 @@ def test_command_line_mtp_and_auto_use_the_checkpoints_mtp_layer(mtp_model, tmp_
             assert record["method"] == "auto" and "mtp" in record["auto_rounds"]
     _, _, draft = load_pair(str(path), None, "lookup")
     assert draft is None  # methods that need no draft do not load it
+
+
+def test_the_server_loads_the_checkpoints_mtp_layer_and_stays_exact(mtp_model):
+    """``mlx_spec.server --speculative mtp`` drafts with the checkpoint's own
+    MTP layer (no --draft-model), and every request equals plain decoding."""
+    path, model, tokenizer = mtp_model("qwen3_next")
+    args = setup_arg_parser().parse_args(
+        [
+            *("--model", str(path), "--speculative", "mtp", "--port", "0"),
+            *("--max-tokens", "20", "--log-level", "CRITICAL"),
+        ]
+    )
+    server = SpecServer(args).start()
+    server.wait_ready()
+    try:
+        expected = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=20)
+        for method in (None, "mtp", "auto"):
+            body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 0.0}
+            if method is not None:
+                body["speculative"] = method
+            answer = _post_json(server.url + "/v1/completions", body)
+            assert answer["choices"][0]["text"] == expected, method
+            assert answer["speculative_stats"]["method"] == (method or "mtp")
+    finally:
+        server.stop()
+
+
+def _post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())

@@ -64,6 +64,7 @@ from mlx_lm.models.cache import (
 
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_SEED, METHODS, SpecConfig
 from ..drafters.heads import read_head_config
+from ..mtp import load_mtp
 from ..generation import stream_generate
 from ..integration import history_kwargs, plan_method
 from ..loading import (
@@ -72,6 +73,7 @@ from ..loading import (
     check_draft_tokenizer,
     check_drafter_kind,
     default_model_pair,
+    draft_source,
     load_draft,
     load_model,
 )
@@ -359,7 +361,7 @@ def check_request_method(method: str, draft_model) -> None:
     lacks = f"which this server was not started with (it has {_DRAFTER_NAMES[has]})"
     enable = "; to serve it, start the server with --draft-model DIR"
     if needed == "mtp":
-        lacks, enable = "which mlx_spec.server does not load", ""
+        enable = "; to serve it, start the server with --speculative mtp"
     elif needed != "draft":
         enable += f" holding one (mlx_spec train-draft --kind {needed})"
     raise RequestError(
@@ -415,7 +417,12 @@ class SpecModelProvider(lm_server.ModelProvider):
         if self.cli_args.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
         draft_model = None
-        if draft_model_path is not None and read_head_config(draft_model_path):
+        source = draft_source(
+            self.cli_args.speculative, model_path, draft_model_path, model
+        )
+        if source is not None and source[0] == "mtp":
+            draft_model = load_mtp(source[1], model)  # a checkpoint's MTP layer
+        elif draft_model_path is not None and read_head_config(draft_model_path):
             # A trained head, bound to this target after checking it fits.
             draft_model = load_draft(draft_model_path, model, tokenizer)
         elif draft_model_path is not None:
