@@ -8,6 +8,7 @@ their set-up installs ``chromium chromium-driver`` with apt-get when they are
 missing and skips with the reason only if that fails.
 """
 
+import html
 import re
 import shutil
 import socket
@@ -41,7 +42,7 @@ from ui.app import (  # noqa: E402
     parse_auth,
     setup_arg_parser,
 )
-from ui.handlers import DEFAULT_METHOD, App  # noqa: E402
+from ui.handlers import DEFAULT_METHOD, App, parse_options  # noqa: E402
 from ui.layout import CHAT_EXAMPLES, COMPLETION_PROMPT, launch_kwargs  # noqa: E402
 from ui.session import (  # noqa: E402
     Options,
@@ -200,6 +201,69 @@ def test_access_flags():
     assert e.value.code == 2
 
 
+def _options(**values) -> Options:
+    """:func:`parse_options` on the page's defaults with ``values`` changed."""
+    defaults = dict(
+        method="auto",
+        num_draft_tokens=4,
+        tree_budget=16,
+        temp=0.0,
+        top_p=1.0,
+        max_tokens=8,
+        seed="",
+        adaptive=False,
+    )
+    return parse_options(**{**defaults, **values})
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(temp="hot"), "temp='hot' is not a number."),
+        (dict(top_p="x"), "top_p='x' is not a number."),
+        (dict(temp="inf"), "temp='inf' is not a finite number."),
+        (dict(num_draft_tokens="x"), "γ (draft tokens per round)='x' is not a number."),
+        (dict(max_tokens=2.5), "max tokens=2.5 is not a whole number."),
+        (dict(max_tokens=True), "max tokens=True is not a number."),
+        (dict(num_draft_tokens=3.5), "γ (draft tokens per round)=3.5 is not a whole"),
+        (dict(tree_budget="2.5"), "tree budget='2.5' is not a whole number."),
+        (dict(seed=2.5), "seed=2.5 is not a whole number."),
+        (dict(adaptive="maybe"), "adaptive='maybe' is not true or false"),
+        (dict(adaptive=2), "adaptive=2 is not true or false"),
+        (dict(adaptive=""), "adaptive='' is not true or false"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_field(values, message):
+    """In one line each: temp "hot" gave Python's words ("could not convert
+    string to float"), and any adaptive string was taken as true."""
+    with pytest.raises(ValueError) as error:
+        _options(**values)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_whole_floats_and_yes_no_words_are_accepted():
+    """Gradio's number boxes send floats; API callers may spell a checkbox."""
+    options = _options(max_tokens=3.0, num_draft_tokens="5", tree_budget=8.0, seed="7")
+    assert (options.max_tokens, options.num_draft_tokens) == (3, 5)
+    assert (options.tree_budget, options.seed) == (8, 7)
+    assert isinstance(options.max_tokens, int) and isinstance(options.seed, int)
+    assert _options(temp="0.5", top_p=1).temp == 0.5
+    for word, value in [
+        ("no", False),
+        ("No", False),
+        ("false", False),
+        ("0", False),
+        (0, False),
+        (" YES ", True),
+        ("True", True),
+        ("1", True),
+        (1, True),
+        (True, True),
+        (None, False),
+    ]:
+        assert _options(adaptive=word).adaptive is value, word
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -229,6 +293,36 @@ def test_a_method_needing_a_draft_without_one_stops_at_start(checkpoints, capsys
         )
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "--speculative tree needs a --draft-model" in err, err
+
+
+@pytest.fixture(scope="module")
+def eagle_head(checkpoints, tmp_path_factory):
+    """A random eagle head directory for the llama test target."""
+    from mlx_spec.drafters.heads import random_head, save_head
+    from mlx_spec.fingerprint import model_fingerprint
+    from mlx_spec.loading import load_model
+
+    model, _ = load_model(str(checkpoints["llama"]))
+    path = tmp_path_factory.mktemp("heads") / "tiny-eagle"
+    module = random_head("eagle", model, seed=2).module
+    save_head(path, "eagle", module, target_fingerprint=model_fingerprint(model))
+    return path
+
+
+def test_a_head_given_as_model_stops_at_start_pointing_to_draft_model(
+    eagle_head, capsys
+):
+    """It stopped with mlx_lm's "No safetensors found" (or, without preloading,
+    started a page that failed on first use)."""
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(eagle_head)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err, err
+    assert (
+        f"--model {eagle_head} is a trained eagle head (a drafter), not a target "
+        "model; pass it as --draft-model with --speculative eagle or eagle-chain, "
+        "and its target as --model."
+    ) in err
 
 
 # --- the app in this process ---------------------------------------------------------------
@@ -471,6 +565,64 @@ def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(
         client.predict(CODE_PROMPT, api_name="/generate", method="bogus")
     out = client.predict(CODE_PROMPT, api_name="/generate", raw=True, max_tokens=8)
     assert out["finish_reason"] in ("length", "stop")
+
+
+# The position of each setting in the /chat and /race inputs after the prompt.
+SETTING = dict(gamma=3, tree_budget=4, adaptive=5, temp=6, max_tokens=8, seed=9, raw=10)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temp", "hot", "temp='hot' is not a number."),
+        ("gamma", "x", "γ (draft tokens per round)='x' is not a number."),
+        ("max_tokens", "x", "max tokens='x' is not a number."),
+        ("max_tokens", 2.5, "max tokens=2.5 is not a whole number."),
+        ("tree_budget", 2.5, "tree budget=2.5 is not a whole number."),
+        ("seed", "2.5", "seed='2.5' is not a whole number."),
+        ("adaptive", "maybe", "adaptive='maybe' is not true or false"),
+        ("raw", "maybe", "raw='maybe' is not true or false"),
+    ],
+)
+def test_chat_endpoint_names_the_field_of_a_bad_value(
+    server, checkpoints, field, value, message
+):
+    """Gradio failed on "hot" and "x" with a bare TypeError and rounded 2.5 to 2."""
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    settings = [target, draft, "lookup", 4, 16, False, 0.0, 1.0, 8, "", True, ""]
+    settings[SETTING[field]] = value
+    status = client.predict("hi", *settings, api_name="/chat")[3]
+    assert html.escape(message) in status and "\n" not in status, status
+
+
+def test_chat_endpoint_takes_whole_floats_and_yes_no_words(server, checkpoints):
+    """3.0 max tokens is 3; raw "no" chats (it was taken as true: completion)."""
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
+    settings = [target, draft, "lookup", 4, 16, "no", 0.0, 1.0, 3.0, "", "no", ""]
+    transcript, _, _, status, _ = client.predict("hi", *settings, api_name="/chat")
+    assert "Done: 3 tokens" in status, status
+    assert 'class="spec-role">you<' in transcript  # chat mode
+
+
+def test_generate_endpoint_names_the_field_of_a_bad_value(server):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(server, verbose=False)
+    for field, value, message in [
+        ("temp", "hot", "temp='hot' is not a number."),
+        ("max_tokens", 2.5, "max tokens=2.5 is not a whole number."),
+        ("adaptive", "maybe", "adaptive='maybe' is not true or false"),
+        ("raw", "maybe", "raw='maybe' is not true or false"),
+    ]:
+        with pytest.raises(AppError, match=re.escape(message)):
+            client.predict(CODE_PROMPT, api_name="/generate", **{field: value})
 
 
 # --- a real browser -------------------------------------------------------------------------

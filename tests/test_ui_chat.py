@@ -6,6 +6,7 @@ checkpoints, whose tokenizer has a ChatML-style template.
 """
 
 import functools
+import html
 import re
 import sys
 from pathlib import Path
@@ -268,25 +269,29 @@ def test_the_chat_handler_keeps_turns_and_per_turn_stats_until_new_chat(checkpoi
     assert session.turns == [] and session.cache is None
 
 
-def test_a_drafter_of_another_kind_is_refused_in_the_uis_words(checkpoints, tmp_path):
-    """A head chosen for draft (or a draft model for eagle) names the UI's choices, not flags."""
+@pytest.fixture(scope="module")
+def heads(checkpoints, tmp_path_factory):
+    """Kind -> directory of a random eagle and medusa head for the llama target."""
     from mlx_spec.drafters.heads import random_head, save_head
     from mlx_spec.fingerprint import model_fingerprint
     from mlx_spec.loading import load_model
 
+    model, _ = load_model(str(checkpoints["llama"]))
+    out = {}
+    for kind in ("eagle", "medusa"):
+        out[kind] = tmp_path_factory.mktemp("heads") / f"tiny-{kind}"
+        module = random_head(kind, model, seed=2).module
+        save_head(out[kind], kind, module, target_fingerprint=model_fingerprint(model))
+    return out
+
+
+def test_a_drafter_of_another_kind_is_refused_in_the_uis_words(checkpoints, heads):
+    """A head chosen for draft (or a draft model for eagle) names the UI's choices, not flags."""
     target = str(checkpoints["llama"])
-    model, _ = load_model(target)
-    head = random_head("eagle", model, seed=2)
-    save_head(
-        tmp_path / "eagle",
-        "eagle",
-        head.module,
-        target_fingerprint=model_fingerprint(model),
-    )
     app = App(target, None)
     cases = [
         (
-            str(tmp_path / "eagle"),
+            str(heads["eagle"]),
             "draft",
             "needs a draft model, but the draft model "
             "chosen is a trained eagle head: pick the eagle method",
@@ -303,6 +308,31 @@ def test_a_drafter_of_another_kind_is_refused_in_the_uis_words(checkpoints, tmp_
         status = last[3]
         assert message in status and "\n" not in status and "--" not in status, status
     assert app.sessions.get(None).turns == []  # refused turns leave no trace
+
+
+@pytest.mark.parametrize(
+    "kind, methods", [("eagle", "eagle or eagle-chain"), ("medusa", "medusa")]
+)
+def test_a_head_chosen_as_the_target_says_to_choose_it_as_the_draft(
+    checkpoints, heads, kind, methods
+):
+    """It said "could not load model ...: No safetensors found" (mlx_lm's words)."""
+    from gradio import Error
+
+    head = str(heads[kind])
+    message = (
+        f"'tiny-{kind}' is a trained {kind} head (a drafter), not a target model: "
+        f"choose it as the draft model and pick the {methods} method."
+    )
+    app = App(str(checkpoints["llama"]), None)
+    *_, last = app.on_generate("hi", *_settings(head, "(none)"), None)
+    status = app.on_models(head, "(none)", False, "", "", "auto", None)[0]
+    with pytest.raises(Error) as error:
+        app.api_generate("hi", model=head)
+    assert error.value.message == message
+    for shown in (last[3], status):
+        assert html.escape(message) in shown and "\n" not in shown, shown
+    assert app.sessions.get(None).turns == []  # the refused turn left no trace
 
 
 def test_a_seed_out_of_mx_random_seeds_range_is_a_readable_error(checkpoints):

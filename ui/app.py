@@ -28,6 +28,7 @@ from mlx_spec.options import one_line_errors
 
 from .handlers import DEFAULT_METHOD, MAX_UI_TOKENS, App
 from .layout import launch_kwargs
+from .session import head_kind, head_methods
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -141,6 +142,13 @@ def check_start_values(args) -> None:
             f"--max-tokens={args.max_tokens} is out of range: 1 to {MAX_UI_TOKENS}."
         )
     SpecConfig(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
+    kind = head_kind(args.model)
+    if kind is not None:
+        raise ValueError(
+            f"--model {args.model} is a trained {kind} head (a drafter), not a target "
+            f"model; pass it as --draft-model with --speculative "
+            f"{head_methods(kind)}, and its target as --model."
+        )
 
 
 def main(argv=None):

@@ -13,6 +13,7 @@ import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
 
 import html
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -53,34 +54,80 @@ MAX_UI_TOKENS = 8192
 UPDATE_INTERVAL = 0.1
 
 
+# The words an API caller may send for a checkbox (any case).
+BOOL_WORDS = {
+    "true": True,
+    "yes": True,
+    "1": True,
+    "false": False,
+    "no": False,
+    "0": False,
+}
+
+
+def _as_number(value, name: str) -> float:
+    """A finite number from a UI value (a number or its text), else a ``ValueError``."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} is not a number.") from None
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise ValueError(f"{name}={value!r} is not a number.")
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ValueError(f"{name}={value!r} is not a finite number.")
+    return number
+
+
 def _as_int(value, name: str, optional: bool = False) -> Optional[int]:
-    """An integer from a UI number, or a readable ``ValueError``."""
+    """An integer from a UI number (3.0 will do, not 2.5), else a ``ValueError``."""
     if value is None or value == "":
         if optional:
             return None
         raise ValueError(f"{name} is empty; enter a whole number.")
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"{name}={value!r} is not a number.") from None
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"{name}={value} is out of range: a whole number.")
-        value = int(value)
-    return value
+    number = _as_number(value, name)
+    if isinstance(number, float) and not number.is_integer():
+        raise ValueError(f"{name}={value!r} is not a whole number.")
+    return int(number)
+
+
+def _as_float(value, name: str, default: float) -> float:
+    """A float from a UI number (``default`` when empty), else a ``ValueError``."""
+    if value is None or value == "":
+        return default
+    return float(_as_number(value, name))
+
+
+def _as_bool(value, name: str) -> bool:
+    """A checkbox value: a bool, or from the API 0/1 or a word of :data:`BOOL_WORDS`."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word in BOOL_WORDS:
+        return BOOL_WORDS[word]
+    raise ValueError(
+        f"{name}={value!r} is not true or false (also accepted: yes/no, 1/0)."
+    )
 
 
 def parse_options(
     method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed, adaptive=False
 ) -> Options:
-    """UI values to :class:`Options`; ``SpecConfig`` checks the ranges later."""
+    """UI values to :class:`Options`; ``SpecConfig`` checks the ranges later.
+
+    Each value is checked for its type here, so a bad one names its field.
+    """
     if method not in METHODS:
         raise ValueError(
             f"method {method!r} is unknown; choose one of {', '.join(METHODS)}."
         )
     max_tokens = _as_int(max_tokens, "max tokens")
-    if max_tokens is not None and max_tokens > MAX_UI_TOKENS:
+    if max_tokens > MAX_UI_TOKENS:
         raise ValueError(
             f"max tokens={max_tokens} is out of range: at most {MAX_UI_TOKENS} here."
         )
@@ -88,11 +135,11 @@ def parse_options(
         method=method,
         num_draft_tokens=_as_int(num_draft_tokens, "γ (draft tokens per round)"),
         tree_budget=_as_int(tree_budget, "tree budget"),
-        temp=float(temp if temp is not None else 0.0),
-        top_p=float(top_p if top_p is not None else 1.0),
+        temp=_as_float(temp, "temp", 0.0),
+        top_p=_as_float(top_p, "top_p", 1.0),
         max_tokens=max_tokens,
         seed=_as_int(seed, "seed", optional=True),
-        adaptive=bool(adaptive),
+        adaptive=_as_bool(adaptive, "adaptive"),
     )
 
 
@@ -289,6 +336,7 @@ class App:
             options = parse_options(
                 method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
             )
+            raw = _as_bool(raw, "raw")
             if not (text or "").strip():
                 raise ValueError("the message is empty; type some text first.")
             if self._needs_loading(target, draft, options.method):
@@ -458,6 +506,7 @@ class App:
             options = parse_options(
                 method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
             )
+            raw = _as_bool(raw, "raw")
             if options.method == "none":
                 raise ValueError(
                     "choose a speculative method to race against plain decoding."
@@ -570,6 +619,7 @@ class App:
                 seed,
                 adaptive,
             )
+            raw = _as_bool(raw, "raw")
             if not model:
                 model, draft_model = (
                     self.default_target,

@@ -80,6 +80,23 @@ TRANSCRIPT_MAX_HEIGHT = "max(200px, calc(100vh - 400px))"
 PLAIN_HEAD = '<div class="spec-lane-head">Plain mlx_lm decoding</div>'
 
 
+def checked_by_handler(component):
+    """``component`` handing its value to the handler as sent (range-checked if a
+    number), so the handler names the field of temp "hot" or max tokens 2.5:
+    Gradio fails on "hot" with a bare ``TypeError`` and rounds 2.5 to 2."""
+
+    def preprocess(payload):
+        if isinstance(payload, (int, float)):
+            gr.Number.raise_if_out_of_bounds(
+                payload, component.minimum, component.maximum
+            )
+        return payload
+
+    # On the instance: a subclass would make Gradio write a .pyi next to this file.
+    component.preprocess = preprocess
+    return component
+
+
 def lane_head(method) -> str:
     """The speculative lane's header, naming its method."""
     label = METHOD_LABELS.get(method, str(method))
@@ -299,6 +316,8 @@ def build(app) -> gr.Blocks:
                             "", label="Seed", placeholder="random", elem_id="seed"
                         )
 
+        for number in (gamma, tree_budget, temp, top_p, max_tokens):
+            checked_by_handler(number)
         settings = [
             target,
             draft,

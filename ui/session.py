@@ -31,9 +31,11 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from mlx_spec.drafters.heads import HEAD_KEY, read_head_config
 from mlx_spec.generate import stream_generate
 from mlx_spec.integration import history_kwargs, plan_method
 from mlx_spec.loading import (
+    METHOD_KINDS,
     REPO_ROOT,
     default_model_pair,
     draft_source,
@@ -198,6 +200,7 @@ class ModelStore:
     def _load(self, path: str, role: str):
         key = ("model", path)
         if key not in self._models:
+            _refuse_head_as_target(path)
             self._put(key, load_model(path, role))
         self._models.move_to_end(key)
         return self._models[key]
@@ -253,6 +256,30 @@ class ModelStore:
         model, tokenizer = self._load(target_path, "model")
         draft_model = self._drafter(target_path, draft_path, method, model, tokenizer)
         return Pair(target_path, draft_path, model, tokenizer, draft_model)
+
+
+def head_kind(path: Optional[str]) -> Optional[str]:
+    """The kind (``eagle``, ``medusa``) of the head ``path`` holds, else ``None``."""
+    config = read_head_config(path) if path else None
+    return str(config[HEAD_KEY].get("kind")) if config else None
+
+
+def head_methods(kind: str) -> str:
+    """The methods that draft with a ``kind`` head, as ``eagle or eagle-chain``."""
+    methods = [m for m, k in METHOD_KINDS.items() if k == kind]
+    heads = [m for m, k in METHOD_KINDS.items() if k != "draft"]
+    return " or ".join(methods or heads)
+
+
+def _refuse_head_as_target(path: str):
+    """A one-line ``ValueError`` when a trained head is chosen as the target."""
+    kind = head_kind(path)
+    if kind is not None:  # named by its folder: the advice fits the error banner
+        raise ValueError(
+            f"'{Path(path).name}' is a trained {kind} head (a drafter), not a target "
+            f"model: choose it as the draft model and pick the {head_methods(kind)} "
+            "method."
+        )
 
 
 def _clean_path(path: Optional[str]) -> Optional[str]:
