@@ -30,6 +30,31 @@ def resolve_method(speculative: Optional[str], draft_model) -> str:
     return "auto" if speculative is None else speculative
 
 
+# Methods whose prompt cache holds the draft model's layers after the target's.
+DRAFT_CACHE_METHODS = ("draft", "tree", "auto")
+# Methods of heads (trained, or a checkpoint's MTP layer): given the head as draft
+# model (its cache part is empty).
+HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp")
+
+
+def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
+    """The method a call will run and whether its cache holds draft layers.
+
+    Args:
+        speculative: The requested method (``None`` picks one).
+        draft_model: The draft model on hand, or ``None``.
+
+    Returns:
+        ``(method, uses_draft)``: ``method`` as :func:`mlx_spec.stream_generate`
+        resolves it; with ``uses_draft`` the caller passes the draft model and
+        builds ``make_prompt_cache(model) + make_prompt_cache(draft_model)``,
+        otherwise no draft model and the target's caches only.
+    """
+    method = resolve_method(speculative, draft_model)
+    uses = DRAFT_CACHE_METHODS + HEAD_METHODS
+    return method, draft_model is not None and method in uses
+
+
 def _check(ok: bool, name: str, value, allowed: str):
     if not ok:
         raise ValueError(f"{name}={value!r} is out of range: {allowed}.")

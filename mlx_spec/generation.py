@@ -5,9 +5,10 @@ The same arguments and the same ``GenerationResponse`` objects, plus
 command lives in :mod:`mlx_spec.cli.generate`.
 """
 
+import inspect
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -29,6 +30,9 @@ from .stats import SpecStats
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PROMPT = "def fibonacci(n):\n"
+# The keyword that gives the engine the tokens already in the prompt cache
+# (the n-gram index of prompt lookup reads the whole conversation).
+HISTORY_KEY = "history_tokens"
 
 
 @dataclass
@@ -316,3 +320,24 @@ def collect_text(stream: SpecStream, verbose: bool) -> str:
             print(f"Peak memory: {response.peak_memory:.3f} GB")
             print(stream.stats.summary())
     return text
+
+
+def history_kwargs(generate_fn: Callable, history: Sequence[int]) -> Dict[str, Any]:
+    """``{"history_tokens": history}`` if ``generate_fn`` takes that keyword.
+
+    Chat and server pass only the uncached suffix of a conversation as the
+    prompt; ``history`` is what the prompt cache already holds, so the
+    n-gram index of prompt lookup can match the earlier turns too. An
+    engine without the keyword gets nothing (its index sees the suffix only).
+
+    Args:
+        generate_fn: The ``stream_generate`` about to be called.
+        history: Token ids already in the prompt cache, oldest first.
+    """
+    try:
+        parameters = inspect.signature(generate_fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if HISTORY_KEY not in parameters or not history:
+        return {}
+    return {HISTORY_KEY: list(history)}

@@ -28,7 +28,7 @@ import importlib
 import inspect
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional
 
 # ``import mlx_lm.generate as m`` would give the function: the package
 # re-exports ``generate`` under the submodule's name.
@@ -43,42 +43,12 @@ SPECULATIVE_KEY = "speculative"
 # mlx_lm keywords the mlx-spec loop has no use for: it runs on its own
 # generation stream (``max_kv_size`` is kept for plain decoding).
 _DROPPED = ("stream",)
-# The keyword that gives the engine the tokens already in the prompt cache
-# (the n-gram index of prompt lookup reads the whole conversation).
-HISTORY_KEY = "history_tokens"
 # mlx_lm's ``max_tokens=-1`` means "until EOS".
 _UNLIMITED = 2**31 - 1
 
 _lock = threading.Lock()
 _originals: Dict[str, Any] = {}
 _patched: Dict[str, Any] = {}
-
-
-# Methods whose prompt cache holds the draft model's layers after the target's.
-DRAFT_CACHE_METHODS = ("draft", "tree", "auto")
-# Methods of heads (trained, or a checkpoint's MTP layer): given the head as draft
-# model (its cache part is empty).
-HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp")
-
-
-def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
-    """The method a call will run and whether its cache holds draft layers.
-
-    Args:
-        speculative: The requested method (``None`` picks one).
-        draft_model: The draft model on hand, or ``None``.
-
-    Returns:
-        ``(method, uses_draft)``: ``method`` as :func:`mlx_spec.stream_generate`
-        resolves it; with ``uses_draft`` the caller passes the draft model and
-        builds ``make_prompt_cache(model) + make_prompt_cache(draft_model)``,
-        otherwise no draft model and the target's caches only.
-    """
-    from .config import resolve_method
-
-    method = resolve_method(speculative, draft_model)
-    uses = DRAFT_CACHE_METHODS + HEAD_METHODS
-    return method, draft_model is not None and method in uses
 
 
 def wants_speculation(draft_model, kwargs) -> bool:
@@ -144,27 +114,6 @@ def make_sampler(
     if xtc_probability > 0.0:
         return sampler
     return _tag(sampler, temp, top_p, min_p, min_tokens_to_keep, top_k)
-
-
-def history_kwargs(generate_fn: Callable, history: Sequence[int]) -> Dict[str, Any]:
-    """``{"history_tokens": history}`` if ``generate_fn`` takes that keyword.
-
-    Chat and server pass only the uncached suffix of a conversation as the
-    prompt; ``history`` is what the prompt cache already holds, so the
-    n-gram index of prompt lookup can match the earlier turns too. An
-    engine without the keyword gets nothing (its index sees the suffix only).
-
-    Args:
-        generate_fn: The ``stream_generate`` about to be called.
-        history: Token ids already in the prompt cache, oldest first.
-    """
-    try:
-        parameters = inspect.signature(generate_fn).parameters
-    except (TypeError, ValueError):
-        return {}
-    if HISTORY_KEY not in parameters or not history:
-        return {}
-    return {HISTORY_KEY: list(history)}
 
 
 def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):

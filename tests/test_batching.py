@@ -75,9 +75,7 @@ def test_the_texts_equal_mlx_lm_batch_generate(load_model):
     assert ours.texts == theirs.texts
 
 
-def test_a_model_without_batched_rollback_runs_one_prompt_at_a_time(
-    load_model, capsys
-):
+def test_a_model_without_batched_rollback_runs_one_prompt_at_a_time(load_model, capsys):
     model, tokenizer = load_model("gemma3")
     prompts = [tokenizer.encode(p) for p in PROMPTS[:2]]
     out = mlx_spec.batch_generate(

@@ -302,4 +302,6 @@ def test_adapter_path_is_passed_to_mlx_lm_load(checkpoints, capsys):
     """--adapter-path keeps mlx_lm.generate's meaning (it used to be ignored)."""
     argv = model_args(checkpoints) + ["--prompt", "x", "--max-tokens", "3"]
     code, out, err = run_cli([*argv, "--adapter-path", "/no/such/adapter"], capsys)
-    assert code == 2 and "adapter path does not exist" in err and "\n" not in err.strip()
+    assert (
+        code == 2 and "adapter path does not exist" in err and "\n" not in err.strip()
+    )

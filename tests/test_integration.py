@@ -14,7 +14,8 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import mlx_spec
 from mlx_spec import integration
-from mlx_spec.config import METHODS
+from mlx_spec.config import METHODS, plan_method
+from mlx_spec.generation import HISTORY_KEY, history_kwargs
 from mlx_spec.sampling import SamplingParams
 
 lm_generate = importlib.import_module("mlx_lm.generate")
@@ -23,7 +24,7 @@ lm_sample_utils = importlib.import_module("mlx_lm.sample_utils")
 PROMPTS = ("def fibonacci(n):", "import os\nimport sys\n")
 MAX_TOKENS = 24
 # What a call with a draft model and no speculative= runs.
-DEFAULT_METHOD = integration.plan_method(None, draft_model=object())[0]
+DEFAULT_METHOD = plan_method(None, draft_model=object())[0]
 
 ORIGINALS = {
     "stream_generate": lm_generate.stream_generate,
@@ -447,11 +448,9 @@ def test_history_kwargs_only_for_engines_that_take_history():
     def without(prompt, **kwargs):
         pass
 
-    assert integration.history_kwargs(with_history, (1, 2, 3)) == {
-        integration.HISTORY_KEY: [1, 2, 3]
-    }
-    assert integration.history_kwargs(with_history, []) == {}
-    assert integration.history_kwargs(without, [1, 2]) == {}
+    assert history_kwargs(with_history, (1, 2, 3)) == {HISTORY_KEY: [1, 2, 3]}
+    assert history_kwargs(with_history, []) == {}
+    assert history_kwargs(without, [1, 2]) == {}
 
 
 def test_registered_batch_generate_speculates_and_equals_unpatched(

@@ -25,7 +25,7 @@ import pytest
 from openai import OpenAI
 
 from mlx_spec.config import METHODS
-from mlx_spec.integration import plan_method
+from mlx_spec.config import plan_method
 from mlx_spec.serve import server as server_module
 from mlx_spec.serve.server import (
     STATS_FIELD,

@@ -31,9 +31,10 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from mlx_spec.config import plan_method
 from mlx_spec.drafters.heads import HEAD_KEY, read_head_config
 from mlx_spec.generate import stream_generate
-from mlx_spec.integration import history_kwargs, plan_method
+from mlx_spec.generation import history_kwargs
 from mlx_spec.loading import (
     METHOD_KINDS,
     REPO_ROOT,

@@ -10,7 +10,7 @@ completion model) run in plain continuation mode: each input is appended
 to the text so far and the model continues it.
 """
 
-from .. import ensure_fast_blas
+from .._blas import ensure_fast_blas
 
 ensure_fast_blas()
 
@@ -23,9 +23,8 @@ from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
-from ..config import SpecConfig
-from ..generation import stream_generate
-from ..integration import history_kwargs, plan_method
+from ..config import SpecConfig, plan_method
+from ..generation import history_kwargs, stream_generate
 from ..loading import (
     check_draft_given,
     default_model_pair,

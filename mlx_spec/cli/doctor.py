@@ -5,7 +5,7 @@ matmuls to, whether OpenBLAS was preloaded, and a measured float32 matmul
 throughput.
 """
 
-from .. import ensure_fast_blas
+from .._blas import ensure_fast_blas
 
 ensure_fast_blas()
 

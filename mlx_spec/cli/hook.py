@@ -31,7 +31,7 @@ import sys
 from typing import Callable, Dict, List, Optional
 
 from .. import integration
-from ..config import METHODS, SpecConfig
+from ..config import METHODS, SpecConfig, plan_method
 from ..generation import collect_text, stream_generate
 from ..loading import (
     check_draft_given,
@@ -109,7 +109,7 @@ def check_method(parser: argparse.ArgumentParser, method: str, args) -> None:
         check_draft_given(method, draft_model)
     except ValueError as error:
         parser.error(str(error))
-    uses_draft = integration.plan_method(method, draft_model)[1]
+    uses_draft = plan_method(method, draft_model)[1]
     if uses_draft and getattr(args, "prompt_cache_file", None):
         parser.error(
             "--prompt-cache-file holds the target's cache only; with it, use "

@@ -33,7 +33,7 @@ model provider and its prompt cache. What changes:
   is processed, as mlx_lm's do.
 """
 
-from .. import ensure_fast_blas
+from .._blas import ensure_fast_blas
 
 ensure_fast_blas()
 
@@ -62,11 +62,16 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_SEED, METHODS, SpecConfig
+from ..config import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    MAX_SEED,
+    METHODS,
+    SpecConfig,
+    plan_method,
+)
 from ..drafters.heads import read_head_config
 from ..mtp import load_mtp
-from ..generation import stream_generate
-from ..integration import history_kwargs, plan_method
+from ..generation import history_kwargs, stream_generate
 from ..loading import (
     METHOD_KINDS,
     check_draft_given,
