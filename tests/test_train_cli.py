@@ -80,6 +80,7 @@ def test_one_command_writes_a_draft_its_card_and_its_record(trained, load_model)
         "mlx_spec train-draft --model",
     ):
         assert part in card, part
+    assert "--no-progress" not in config["command"]  # it changes no result
     model, tokenizer = load_model("llama")
     assert load_draft(str(out), model, tokenizer) is not None
 

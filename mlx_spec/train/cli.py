@@ -350,9 +350,14 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# Options that change only what the run shows, left out of the recorded command.
+DISPLAY_OPTIONS = ("--no-progress",)
+
+
 def command_line(argv: List[str]) -> str:
     """The reproducing command: the subcommand plus the options given."""
-    return " ".join(["mlx_spec train-draft", *(shlex.quote(a) for a in argv)])
+    kept = [a for a in argv if a not in DISPLAY_OPTIONS]
+    return " ".join(["mlx_spec train-draft", *(shlex.quote(a) for a in kept)])
 
 
 def _or(value, default):
