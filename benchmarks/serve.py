@@ -563,7 +563,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None):
-    args = setup_arg_parser().parse_args(argv)
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
     if args.quick:
         args.clients = [c for c in args.clients if c in (1, 4)] or [1]
         args.requests_per_client = 1
@@ -580,7 +581,7 @@ def main(argv: Optional[Sequence[str]] = None):
         draft = None  # no draft model: mlx_lm_draft is left out
         args.servers = [s for s in args.servers if s != "mlx_lm_draft"]
         if args.method in DRAFT_METHODS:
-            raise SystemExit(f"--method {args.method} needs a --draft-model.")
+            parser.error(f"--method {args.method} needs a --draft-model.")
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     notes, lm_draft = [], draft

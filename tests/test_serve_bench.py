@@ -99,3 +99,12 @@ def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
     assert set(agent) == {"mlx_lm", "mlx_spec", "mlx_spec_isolated"}
     assert all(r["errors"] == 0 and r["requests"] == 4 for r in agent.values())
     assert agent["mlx_spec_isolated"]["cross_request_accepted"] in (0, None)
+
+
+def test_a_draft_method_without_a_draft_stops_in_one_line(checkpoints, capsys):
+    argv = ["--model", str(checkpoints["llama"]), "--draft-model", "none"]
+    with pytest.raises(SystemExit) as stop:
+        bench.main([*argv, "--method", "draft"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--method draft needs a --draft-model" in err and "\n" not in err
