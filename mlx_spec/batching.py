@@ -191,6 +191,7 @@ def _batched(gen, tokenizer, ids, configs, params, verbose, keep_caches: bool):
         rows.append(row)
     model, target_layers = gen.model, gen.num_target_caches
     tic, finished = time.perf_counter(), 0
+    gen.prefill_waiting()  # as mlx_lm does: every row decodes from the first round
     while gen.has_work:
         for out in gen.next():
             row = uids[out.uid]

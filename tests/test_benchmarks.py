@@ -1067,3 +1067,29 @@ def test_quick_runs_the_slowest_methods_greedy_unless_they_are_named(named):
     tree_temps = {c.temp for c in configs if c.method == "tree"}
     assert tree_temps == ({0.0, 0.7} if named else {0.0})
     assert {c.temp for c in configs if c.method == "draft"} == {0.0, 0.7}
+
+
+def test_batch_benchmark_compares_every_batched_method_with_mlx_lm(
+    checkpoints, tmp_path, capsys
+):
+    from benchmarks import batch
+
+    out = tmp_path / "batch.json"
+    argv = ["--model", str(checkpoints["llama"])]
+    argv += ["--draft-model", str(checkpoints["llama-near"]), "--batch-sizes", "3"]
+    argv += ["--max-tokens", "6", "--repeats", "1", "--json", str(out)]
+    rows = batch.main(argv)
+    assert [r["method"] for r in rows] == ["mlx_lm", "none", "lookup", "draft", "auto"]
+    assert all(r["identical"] for r in rows)
+    assert rows[0]["speedup"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows)
+    assert json.loads(out.read_text())["rows"] == rows
+    assert "| 3 | auto |" in capsys.readouterr().out
+
+
+def test_batch_benchmark_refuses_a_bad_model_in_one_line(tmp_path, capsys):
+    from benchmarks import batch
+
+    with pytest.raises(SystemExit) as stop:
+        batch.main(["--model", str(tmp_path / "missing")])
+    assert stop.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

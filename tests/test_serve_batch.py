@@ -368,3 +368,21 @@ def test_models_without_batched_rollback_are_refused(load_model, arch):
     model, _ = load_model(arch)
     reason = batchable(model)
     assert reason is not None and "no batched rollback" in reason
+
+
+def test_prefilling_every_waiting_prompt_lets_all_rows_decode_from_round_one(
+    load_model,
+):
+    model, tokenizer = load_model("llama")
+    gen = SpecBatchGenerator(model, prefill_step_size=4)  # several chunks each
+    uids = [gen.insert(_spec(tokenizer, p, "lookup", 12)) for p in PROMPTS[:3]]
+    gen.prefill_waiting()
+    assert not gen.waiting
+    first = {out.uid: out.tokens for out in gen.next()}
+    assert all(first.get(uid) for uid in uids)
+    outputs = _run(
+        gen,
+        {uid: {"tokens": first[uid], "finish": None, "progress": []} for uid in uids},
+    )
+    for uid, prompt in zip(uids, PROMPTS):
+        assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 12)

@@ -447,6 +447,13 @@ class SpecBatchGenerator:
             outputs += self._prefill_chunk()
         return outputs
 
+    def prefill_waiting(self):
+        """Process every waiting prompt now, so that an offline batch decodes
+        all its rows from the first round (a server interleaves them instead)."""
+        with mx.stream(generation_stream):
+            while self.waiting:
+                self._prefill_chunk()
+
     def _join(self):
         room = self.max_batch - len(self.active)
         joining, self.ready = self.ready[:room], self.ready[room:]
