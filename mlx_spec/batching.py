@@ -17,13 +17,12 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchResponse, BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, resolve_method
+from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, plan_method
 from .generation import _encode, stream_generate
-from .loading import DRAFTLESS_METHODS
 from .models import num_caches
 from .sampling import SamplingParams
 from .serve.batch import BATCH_METHODS, DEFAULT_MAX_BATCH, SeqSpec, SpecBatchGenerator
-from .serve.batch_cache import batchable
+from .serve.batch_cache import pair_unbatchable
 from .stats import SpecStats
 
 Prompt = Union[str, List[int]]
@@ -91,7 +90,7 @@ def batch_generate(
     """
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    method = resolve_method(speculative, draft_model)
+    method, uses_draft = plan_method(speculative, draft_model)
     limits = _max_tokens_per_prompt(max_tokens, len(prompts))
     options = dict(
         num_draft_tokens=num_draft_tokens,
@@ -108,25 +107,19 @@ def batch_generate(
         raise ValueError("a prompt is empty; give each prompt some text or tokens.")
     if seed is not None:
         mx.random.seed(seed)
-    reason = _why_not_batched(method, model, draft_model)
+    drafter = draft_model if uses_draft else None
+    reason = _why_not_batched(method, model, drafter)
+    keep = (return_prompt_caches, return_logprobs)
     if reason is None:
         params = SamplingParams(temp, top_p, min_p, top_k, min_tokens_to_keep)
         gen = SpecBatchGenerator(
-            model, draft_model, prefill_step_size=prefill_step_size, max_batch=max_batch
+            model, drafter, prefill_step_size=prefill_step_size, max_batch=max_batch
         )
-        rows, stats = _batched(
-            gen, tokenizer, ids, configs, params, verbose, return_prompt_caches
-        )
+        rows, stats = _batched(gen, tokenizer, ids, configs, params, verbose, keep)
     else:
+        run = dict(prefill_step_size=prefill_step_size, **options)
         rows, stats = _one_at_a_time(
-            model,
-            tokenizer,
-            ids,
-            draft_model,
-            configs,
-            options,
-            verbose,
-            prefill_step_size,
+            model, tokenizer, ids, drafter, configs, run, verbose, keep
         )
     if verbose:
         _print_totals(stats, reason)
@@ -164,17 +157,14 @@ def _max_tokens_per_prompt(max_tokens, count: int) -> List[int]:
     return limits
 
 
-def _why_not_batched(method: str, model, draft_model) -> Optional[str]:
+def _why_not_batched(method: str, model, drafter) -> Optional[str]:
     """Why these prompts decode one at a time, or ``None`` if they batch."""
     if method not in BATCH_METHODS:
         return f"speculative={method!r} is not batched (batched: {', '.join(BATCH_METHODS)})"
-    reason = batchable(model)
-    if reason is None and draft_model is not None and method in ("draft", "auto"):
-        reason = batchable(draft_model)
-    return reason
+    return pair_unbatchable(model, drafter)
 
 
-def _batched(gen, tokenizer, ids, configs, params, verbose, keep_caches: bool):
+def _batched(gen, tokenizer, ids, configs, params, verbose, keep):
     """Decode every prompt in one continuous batch."""
     eos = frozenset(tokenizer.eos_token_ids)
     rows, uids = [], {}
@@ -190,6 +180,7 @@ def _batched(gen, tokenizer, ids, configs, params, verbose, keep_caches: bool):
         uids[gen.insert(spec, row.stats)] = row
         rows.append(row)
     model, target_layers = gen.model, gen.num_target_caches
+    keep_caches, _ = keep
     tic, finished = time.perf_counter(), 0
     gen.prefill_waiting()  # as mlx_lm does: every row decodes from the first round
     while gen.has_work:
@@ -210,18 +201,16 @@ def _batched(gen, tokenizer, ids, configs, params, verbose, keep_caches: bool):
     return rows, _batch_stats(rows, gen.rounds, time.perf_counter() - tic)
 
 
-def _one_at_a_time(
-    model, tokenizer, ids, draft_model, configs, options, verbose, prefill_step_size
-):
+def _one_at_a_time(model, tokenizer, ids, drafter, configs, options, verbose, keep):
     """Decode the prompts one after another on the single-sequence engine."""
     from mlx_lm.models.cache import make_prompt_cache
 
+    keep_caches, keep_logprobs = keep
     rows, tic = [], time.perf_counter()
     for i, (prompt, config) in enumerate(zip(ids, configs)):
-        drafter = None if config.method in DRAFTLESS_METHODS else draft_model
         cache = make_prompt_cache(model)
-        if drafter is not None and not getattr(drafter, "is_head", False):
-            cache += make_prompt_cache(drafter)  # a head keeps its own cache
+        if drafter is not None:
+            cache += make_prompt_cache(drafter)  # empty for a head
         stream = stream_generate(
             model,
             tokenizer,
@@ -230,15 +219,16 @@ def _one_at_a_time(
             speculative=config.method,
             max_tokens=config.max_tokens,
             prompt_cache=cache,
-            prefill_step_size=prefill_step_size,
             **options,
         )
         row = _Row(stream.stats, prompt)
         for r in stream:
-            if r.finish_reason != "stop" or r.token not in tokenizer.eos_token_ids:
+            if r.finish_reason != "stop":  # mlx_lm leaves the EOS token out
                 row.tokens.append(r.token)
-                row.logprobs.append(r.logprobs[r.token].item())
-        row.cache = cache[: num_caches(model)]
+                if keep_logprobs:
+                    row.logprobs.append(r.logprobs[r.token].item())
+        if keep_caches:
+            row.cache = cache[: num_caches(model)]
         rows.append(row)
         if verbose:
             print(f"[batch_generate] Finished {i + 1}/{len(ids)} ...", end="\r")

@@ -25,6 +25,7 @@ are restored as well.
 """
 
 import importlib
+from dataclasses import asdict
 import inspect
 import sys
 import threading
@@ -265,13 +266,7 @@ def _sampler_options(sampler) -> Dict[str, Any]:
             "batch_generate with speculation needs a sampler made by make_sampler "
             "(an XTC or custom sampler has no law to accept drafts against)."
         )
-    return dict(
-        temp=params.temp,
-        top_p=params.top_p,
-        min_p=params.min_p,
-        top_k=params.top_k,
-        min_tokens_to_keep=params.min_tokens_to_keep,
-    )
+    return asdict(params)
 
 
 # name -> (home module, replacement)

@@ -102,13 +102,14 @@ def check_draft_tokenizer(tokenizer, draft_tokenizer):
         )
 
 
-def load_draft(path: str, model, tokenizer):
+def load_draft(path: str, model, tokenizer, **kwargs):
     """Load ``--draft-model``: a draft model or a trained head, checked against the target.
 
     A directory written by ``mlx_spec train-draft`` holds a head (``--kind
     eagle|medusa``) or a distilled draft model (``--kind draft``): it is bound
     to ``model`` after checking that it was trained for it. Anything else is
-    loaded with mlx_lm and must share the tokenizer.
+    loaded with mlx_lm (``kwargs`` go to :func:`load_model`) and must share
+    the tokenizer.
     """
     from .drafters.distilled import is_draft_dir
     from .drafters.distilled import load_draft as load_distilled
@@ -118,9 +119,17 @@ def load_draft(path: str, model, tokenizer):
         return load_distilled(Path(path).expanduser(), model)
     if read_head_config(path) is not None:
         return load_head(Path(path).expanduser(), model)
-    draft_model, draft_tokenizer = load_model(path, "draft model")
+    draft_model, draft_tokenizer = load_model(path, "draft model", **kwargs)
     check_draft_tokenizer(tokenizer, draft_tokenizer)
     return draft_model
+
+
+def drafter_kind(draft_model) -> Optional[str]:
+    """What a loaded drafter is: ``None``, ``"draft"`` or a head's kind
+    (the values of :data:`METHOD_KINDS`, and ``"mtp"``)."""
+    if draft_model is None:
+        return None
+    return draft_model.kind if getattr(draft_model, "is_head", False) else "draft"
 
 
 def check_draft_given(method: Optional[str], draft_path: Optional[str]) -> None:

@@ -170,3 +170,29 @@ def test_an_empty_prompt_is_refused(load_model):
     model, tokenizer = load_model("llama")
     with pytest.raises(ValueError, match="empty"):
         mlx_spec.batch_generate(model, tokenizer, ["hello", []])
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_head_given_as_draft_decodes_one_prompt_at_a_time(load_model, kind):
+    """A head cannot join the batch's draft forward: ``auto`` with one runs
+    each prompt alone, exactly (a head was called as a model before)."""
+    from mlx_spec.drafters.heads import random_head
+
+    model, tokenizer = load_model("llama")
+    prompts = [tokenizer.encode(p) for p in PROMPTS[:2]]
+    head = random_head(kind, model, seed=2)
+    out = mlx_spec.batch_generate(
+        model, tokenizer, prompts, head, max_tokens=10, return_token_ids=True
+    )
+    assert not out.batched
+    _assert_plain(model, tokenizer, prompts, out, [10, 10])
+
+
+def test_more_prompts_than_the_batch_holds_prefill_only_what_fits(load_model):
+    model, tokenizer = load_model("llama")
+    prompts = [tokenizer.encode(p) for p in PROMPTS] * 2
+    out = mlx_spec.batch_generate(
+        model, tokenizer, prompts, max_batch=3, max_tokens=8, return_token_ids=True
+    )
+    assert out.batched
+    _assert_plain(model, tokenizer, prompts, out, [8] * len(prompts))

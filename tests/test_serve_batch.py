@@ -386,3 +386,14 @@ def test_prefilling_every_waiting_prompt_lets_all_rows_decode_from_round_one(
     )
     for uid, prompt in zip(uids, PROMPTS):
         assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 12)
+
+
+def test_prefilling_waiting_prompts_stops_when_the_batch_is_full(load_model):
+    model, tokenizer = load_model("llama")
+    gen = SpecBatchGenerator(model, max_batch=2)
+    uids = [gen.insert(_spec(tokenizer, p, "none", 6)) for p in PROMPTS]
+    gen.prefill_waiting()
+    assert len(gen.ready) == 2 and len(gen.waiting) == len(PROMPTS) - 2
+    outputs = _run(gen)
+    for uid, prompt in zip(uids, PROMPTS):
+        assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 6)

@@ -251,6 +251,17 @@ def test_a_body_that_is_not_a_json_object_gets_400_saying_why(
     assert _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
 
 
+def test_an_unknown_path_gets_404_whatever_its_body(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request(
+            "POST", "/v1/nope", body=b"\xff", headers={"Content-Length": "1"}
+        )
+        assert connection.getresponse().status == 404
+    finally:
+        connection.close()
+
+
 def test_concurrent_requests_each_equal_plain_greedy(server, references):
     results = {}
 

@@ -28,7 +28,7 @@ from mlx_spec.options import one_line_errors
 
 from .handlers import DEFAULT_METHOD, MAX_UI_TOKENS, App
 from .layout import launch_kwargs
-from .session import head_kind, head_methods
+from .session import drafter_words, head_kind, head_methods
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -145,7 +145,7 @@ def check_start_values(args) -> None:
     kind = head_kind(args.model)
     if kind is not None:
         raise ValueError(
-            f"--model {args.model} is a trained {kind} head (a drafter), not a target "
+            f"--model {args.model} is {drafter_words(kind)} (a drafter), not a target "
             f"model; pass it as --draft-model with --speculative "
             f"{head_methods(kind)}, and its target as --model."
         )

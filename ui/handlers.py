@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_TREE_BUDGET, METHODS
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
-from mlx_spec.loading import METHOD_KINDS
+from mlx_spec.loading import METHOD_KINDS, drafter_kind
 
 from . import layout, render
 from .layout import (
@@ -706,8 +706,7 @@ def _check_pair(options: Options, pair: Pair):
             f"the {method} method needs a draft model: choose one under "
             "'Models and method', or pick lookup, self or auto."
         )
-    draft = pair.draft_model
-    kind = draft.kind if getattr(draft, "is_head", False) else "draft"
+    kind = drafter_kind(pair.draft_model)
     if kind != wanted:
         needed = "a draft model" if wanted == "draft" else f"a trained {wanted} head"
         given = "a draft model" if kind == "draft" else f"a trained {kind} head"

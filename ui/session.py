@@ -260,9 +260,15 @@ class ModelStore:
 
 
 def head_kind(path: Optional[str]) -> Optional[str]:
-    """The kind (``eagle``, ``medusa``) of the head ``path`` holds, else ``None``."""
+    """The kind (``draft``, ``eagle``, ``medusa``) of the drafter a ``train-draft``
+    directory ``path`` holds, else ``None``."""
     config = read_head_config(path) if path else None
     return str(config[HEAD_KEY].get("kind")) if config else None
+
+
+def drafter_words(kind: str) -> str:
+    """``a distilled draft model`` or ``a trained eagle head``."""
+    return "a distilled draft model" if kind == "draft" else f"a trained {kind} head"
 
 
 def head_methods(kind: str) -> str:
@@ -277,7 +283,7 @@ def _refuse_head_as_target(path: str):
     kind = head_kind(path)
     if kind is not None:  # named by its folder: the advice fits the error banner
         raise ValueError(
-            f"'{Path(path).name}' is a trained {kind} head (a drafter), not a target "
+            f"'{Path(path).name}' is {drafter_words(kind)} (a drafter), not a target "
             f"model: choose it as the draft model and pick the {head_methods(kind)} "
             "method."
         )

@@ -448,10 +448,11 @@ class SpecBatchGenerator:
         return outputs
 
     def prefill_waiting(self):
-        """Process every waiting prompt now, so that an offline batch decodes
-        all its rows from the first round (a server interleaves them instead)."""
+        """Process waiting prompts now, as many as the batch has room for, so
+        that an offline batch decodes them all from its first round (a server
+        interleaves prefill with rounds instead)."""
         with mx.stream(generation_stream):
-            while self.waiting:
+            while self.waiting and len(self.ready) + len(self.active) < self.max_batch:
                 self._prefill_chunk()
 
     def _join(self):

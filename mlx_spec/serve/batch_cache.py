@@ -56,6 +56,17 @@ def batchable(model) -> Optional[str]:
     return None
 
 
+def pair_unbatchable(model, draft_model=None) -> Optional[str]:
+    """``None`` if ``model`` and its drafter can decode in a batch, else why."""
+    reason = batchable(model)
+    if reason is None and getattr(draft_model, "is_head", False):
+        return "a draft head drafts for one request at a time"
+    if reason is None and draft_model is not None:
+        reason = batchable(draft_model)
+        return reason and f"the draft model: {reason}"
+    return reason
+
+
 class RaggedKVCache(BatchKVCache):
     """One layer's cache in a :class:`RaggedBatch`.
 

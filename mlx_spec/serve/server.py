@@ -69,16 +69,15 @@ from ..config import (
     SpecConfig,
     plan_method,
 )
-from ..drafters.heads import read_head_config
 from ..mtp import load_mtp
 from ..generation import history_kwargs, stream_generate
 from ..loading import (
     METHOD_KINDS,
     check_draft_given,
-    check_draft_tokenizer,
     check_drafter_kind,
     default_model_pair,
     draft_source,
+    drafter_kind,
     load_draft,
     load_model,
 )
@@ -92,7 +91,7 @@ from ..options import (
 from ..sampling import make_sampler, top_p_or_off
 from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
-from .batch_cache import batchable
+from .batch_cache import pair_unbatchable
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
 from .index import CrossRequestIndex, cap_range
 
@@ -340,13 +339,6 @@ _DRAFTER_NAMES = {
 }
 
 
-def drafter_kind(draft_model) -> Optional[str]:
-    """What the server drafts with: ``None``, ``"draft"`` or a head's kind."""
-    if draft_model is None:
-        return None
-    return draft_model.kind if getattr(draft_model, "is_head", False) else "draft"
-
-
 def runnable_methods(draft_model) -> List[str]:
     """The ``speculative`` values a server holding ``draft_model`` can run."""
     kind = drafter_kind(draft_model)
@@ -427,16 +419,13 @@ class SpecModelProvider(lm_server.ModelProvider):
         )
         if source is not None and source[0] == "mtp":
             draft_model = load_mtp(source[1], model)  # a checkpoint's MTP layer
-        elif draft_model_path is not None and read_head_config(draft_model_path):
-            # A trained head, bound to this target after checking it fits.
-            draft_model = load_draft(draft_model_path, model, tokenizer)
-        elif draft_model_path is not None:
-            draft_model, draft_tokenizer = load_model(
+        elif draft_model_path is not None:  # a model, or a head bound to this target
+            draft_model = load_draft(
                 draft_model_path,
-                "draft model",
+                model,
+                tokenizer,
                 trust_remote_code=self.cli_args.trust_remote_code,
             )
-            check_draft_tokenizer(tokenizer, draft_tokenizer)
         self.model_key = (model_path, adapter_path, draft_model_path)
         self.model = model
         self.tokenizer = tokenizer
@@ -648,12 +637,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         provider = self.model_provider
         if provider.model_key in self._model_reasons:
             return self._model_reasons[provider.model_key]
-        reason = batchable(provider.model)
-        if reason is None and getattr(provider.draft_model, "is_head", False):
-            reason = "a draft head drafts for one request at a time"
-        elif reason is None and provider.draft_model is not None:
-            reason = batchable(provider.draft_model)
-            reason = reason and f"the draft model: {reason}"
+        reason = pair_unbatchable(provider.model, provider.draft_model)
         if reason is not None:
             reason = f"the model cannot batch: {reason}"
             logging.info("Serving one request at a time: %s.", reason)
@@ -1146,6 +1130,8 @@ def check_request_values(body: dict) -> None:
         )
 
 
+# The paths mlx_lm's handler answers POST requests on (others get its 404).
+POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
 # JSON names of the values ``json.loads`` returns.
 _JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
 
@@ -1253,8 +1239,8 @@ class SpecAPIHandler(lm_server.APIHandler):
         self._spec_request = None
         self._speculation = None
         self._isolation = False
-        if self.headers.get("Content-Length") is None:
-            return super().do_POST()  # mlx_lm's 411
+        if self.path not in POST_PATHS or self.headers.get("Content-Length") is None:
+            return super().do_POST()  # mlx_lm's 404 and 411
         raw = self._checked_body()
         if raw is None:
             return  # refused with a 400
