@@ -196,3 +196,25 @@ def test_more_prompts_than_the_batch_holds_prefill_only_what_fits(load_model):
     )
     assert out.batched
     _assert_plain(model, tokenizer, prompts, out, [8] * len(prompts))
+
+
+@pytest.mark.parametrize("method", ["draft", "tree"])
+def test_the_sampling_law_reaches_every_row(load_model, method):
+    """top_k=1 leaves one token to sample at any temperature: the rows are
+    greedy decoding, batched (draft) or alone (tree)."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    prompts = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    out = mlx_spec.batch_generate(
+        model,
+        tokenizer,
+        prompts,
+        draft,
+        speculative=method,
+        temp=0.9,
+        top_k=1,
+        seed=3,
+        max_tokens=12,
+        return_token_ids=True,
+    )
+    _assert_plain(model, tokenizer, prompts, out, [12] * 3)
