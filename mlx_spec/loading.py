@@ -79,12 +79,31 @@ def load_model(path: str, role: str = "model", **kwargs):
     from mlx_lm import load
 
     check_model_path(path, role)
+    check_not_a_drafter(path, role)
     local = Path(path).expanduser()
     try:
         return load(str(local) if local.exists() else path, **kwargs)
     except Exception as e:  # hub errors are long; keep the first line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"could not load {role} '{path}': {first}") from None
+
+
+def check_not_a_drafter(path: str, role: str) -> None:
+    """A one-line ``ValueError`` when ``path`` is a ``train-draft`` directory:
+    it drafts for its target and is loaded as ``--draft-model``, not as a model."""
+    from .drafters.heads import HEAD_KEY, read_head_config
+
+    config = read_head_config(path)
+    if config is None:
+        return
+    kind = config[HEAD_KEY].get("kind")
+    what = "a distilled draft model" if kind == "draft" else f"a trained {kind} head"
+    methods = " or ".join(m for m, k in METHOD_KINDS.items() if k == kind)
+    raise ValueError(
+        f"{path} is {what} written by mlx_spec train-draft and cannot be loaded as "
+        f"the {role}: pass it as --draft-model next to its target, with "
+        f"--speculative {methods or 'auto'}."
+    )
 
 
 def tokenizer_size(tokenizer) -> int:

@@ -305,3 +305,21 @@ def test_adapter_path_is_passed_to_mlx_lm_load(checkpoints, capsys):
     assert (
         code == 2 and "adapter path does not exist" in err and "\n" not in err.strip()
     )
+
+
+@pytest.mark.parametrize(
+    "folder, methods",
+    [
+        ("smollm2-135m-draft", "draft or tree"),
+        ("smollm2-135m-eagle", "eagle or eagle-chain"),
+    ],
+)
+def test_a_drafter_folder_given_as_the_model_says_where_it_goes(
+    folder, methods, capsys
+):
+    """A train-draft folder as --model named a missing safetensors file before."""
+    path = str(Path(__file__).resolve().parents[1] / "models" / folder)
+    code, _, err = run_cli(["--model", path, "--prompt", "x"], capsys)
+    assert code == 2 and "\n" not in err.strip(), err
+    assert "written by mlx_spec train-draft and cannot be loaded as the model" in err
+    assert f"--draft-model next to its target, with --speculative {methods}." in err
