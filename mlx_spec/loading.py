@@ -88,22 +88,35 @@ def load_model(path: str, role: str = "model", **kwargs):
         raise ValueError(f"could not load {role} '{path}': {first}") from None
 
 
+def drafter_dir_kind(path: Optional[str]) -> Optional[str]:
+    """The kind (``draft``, ``eagle``, ``medusa``) of the drafter a ``train-draft``
+    directory ``path`` holds, else ``None``."""
+    from .drafters.heads import HEAD_KEY, read_head_config
+
+    config = read_head_config(path) if path else None
+    return str(config[HEAD_KEY].get("kind")) if config else None
+
+
+def drafter_description(kind: str) -> str:
+    """``a distilled draft model`` or ``a trained eagle head``."""
+    return "a distilled draft model" if kind == "draft" else f"a trained {kind} head"
+
+
+def drafter_methods(kind: str) -> str:
+    """The methods that draft with a ``kind`` drafter: ``eagle or eagle-chain``."""
+    return " or ".join(m for m, k in METHOD_KINDS.items() if k == kind) or "auto"
+
+
 def check_not_a_drafter(path: str, role: str) -> None:
     """A one-line ``ValueError`` when ``path`` is a ``train-draft`` directory:
     it drafts for its target and is loaded as ``--draft-model``, not as a model."""
-    from .drafters.heads import HEAD_KEY, read_head_config
-
-    config = read_head_config(path)
-    if config is None:
-        return
-    kind = config[HEAD_KEY].get("kind")
-    what = "a distilled draft model" if kind == "draft" else f"a trained {kind} head"
-    methods = " or ".join(m for m, k in METHOD_KINDS.items() if k == kind)
-    raise ValueError(
-        f"{path} is {what} written by mlx_spec train-draft and cannot be loaded as "
-        f"the {role}: pass it as --draft-model next to its target, with "
-        f"--speculative {methods or 'auto'}."
-    )
+    kind = drafter_dir_kind(path)
+    if kind is not None:
+        raise ValueError(
+            f"{path} is {drafter_description(kind)} written by mlx_spec train-draft "
+            f"and cannot be loaded as the {role}: pass it as --draft-model next to "
+            f"its target, with --speculative {drafter_methods(kind)}."
+        )
 
 
 def tokenizer_size(tokenizer) -> int:

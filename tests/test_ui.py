@@ -319,9 +319,9 @@ def test_a_head_given_as_model_stops_at_start_pointing_to_draft_model(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err, err
     assert (
-        f"--model {eagle_head} is a trained eagle head (a drafter), not a target "
-        "model; pass it as --draft-model with --speculative eagle or eagle-chain, "
-        "and its target as --model."
+        f"{eagle_head} is a trained eagle head written by mlx_spec train-draft and "
+        "cannot be loaded as the model: pass it as --draft-model next to its "
+        "target, with --speculative eagle or eagle-chain."
     ) in err
 
 

@@ -23,12 +23,11 @@ from typing import List, Optional, Tuple
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
-from mlx_spec.loading import check_draft_given, default_model_pair
+from mlx_spec.loading import check_draft_given, check_not_a_drafter, default_model_pair
 from mlx_spec.options import one_line_errors
 
 from .handlers import DEFAULT_METHOD, MAX_UI_TOKENS, App
 from .layout import launch_kwargs
-from .session import drafter_words, head_kind, head_methods
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -142,13 +141,8 @@ def check_start_values(args) -> None:
             f"--max-tokens={args.max_tokens} is out of range: 1 to {MAX_UI_TOKENS}."
         )
     SpecConfig(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
-    kind = head_kind(args.model)
-    if kind is not None:
-        raise ValueError(
-            f"--model {args.model} is {drafter_words(kind)} (a drafter), not a target "
-            f"model; pass it as --draft-model with --speculative "
-            f"{head_methods(kind)}, and its target as --model."
-        )
+    if args.model is not None:
+        check_not_a_drafter(args.model, "model")
 
 
 def main(argv=None):

@@ -32,14 +32,15 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_spec.config import plan_method
-from mlx_spec.drafters.heads import HEAD_KEY, read_head_config
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
 from mlx_spec.loading import (
-    METHOD_KINDS,
     REPO_ROOT,
     default_model_pair,
     draft_source,
+    drafter_description,
+    drafter_dir_kind,
+    drafter_methods,
     load_model,
     resolve_draft,
 )
@@ -259,33 +260,14 @@ class ModelStore:
         return Pair(target_path, draft_path, model, tokenizer, draft_model)
 
 
-def head_kind(path: Optional[str]) -> Optional[str]:
-    """The kind (``draft``, ``eagle``, ``medusa``) of the drafter a ``train-draft``
-    directory ``path`` holds, else ``None``."""
-    config = read_head_config(path) if path else None
-    return str(config[HEAD_KEY].get("kind")) if config else None
-
-
-def drafter_words(kind: str) -> str:
-    """``a distilled draft model`` or ``a trained eagle head``."""
-    return "a distilled draft model" if kind == "draft" else f"a trained {kind} head"
-
-
-def head_methods(kind: str) -> str:
-    """The methods that draft with a ``kind`` head, as ``eagle or eagle-chain``."""
-    methods = [m for m, k in METHOD_KINDS.items() if k == kind]
-    heads = [m for m, k in METHOD_KINDS.items() if k != "draft"]
-    return " or ".join(methods or heads)
-
-
 def _refuse_head_as_target(path: str):
     """A one-line ``ValueError`` when a trained head is chosen as the target."""
-    kind = head_kind(path)
+    kind = drafter_dir_kind(path)
     if kind is not None:  # named by its folder: the advice fits the error banner
         raise ValueError(
-            f"'{Path(path).name}' is {drafter_words(kind)} (a drafter), not a target "
-            f"model: choose it as the draft model and pick the {head_methods(kind)} "
-            "method."
+            f"'{Path(path).name}' is {drafter_description(kind)} (a drafter), not a "
+            f"target model: choose it as the draft model and pick the "
+            f"{drafter_methods(kind)} method."
         )
 
 
