@@ -8,14 +8,16 @@ Usage::
 Each batch holds the first prompts of the built-in suite (chat, code, editing
 and summarize in turn, through the chat template when the model has one).
 Every batch size runs ``mlx_lm.batch_generate`` and ``mlx_spec.batch_generate``
-with each method on the same prompts and token budget, greedy; warm-up runs
+with each method on the same prompts and token budget (greedy unless
+``--temp``, sampled rows seeded alike); warm-up runs
 come first and repeats are interleaved, so machine noise hits every method
 alike. Reported per batch size and method:
 
 * ``tok/s``: generated tokens over the wall time of the call (prompt
   processing included, as a caller sees it);
 * ``× mlx_lm``: that over ``mlx_lm.batch_generate``'s, from the best repeat of each;
-* ``identical``: every row's tokens equal mlx_lm's.
+* ``identical``: every row's tokens equal mlx_lm's (greedy only: sampled
+  rows draw their own answers).
 """
 
 import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
@@ -26,7 +28,9 @@ import json
 import time
 from typing import Dict, List
 
+import mlx.core as mx
 import mlx_lm
+from mlx_lm.sample_utils import make_sampler
 
 from mlx_spec.loading import default_model_pair, load_draft, load_model
 from mlx_spec.options import one_line_errors
@@ -53,12 +57,20 @@ def batch_prompts(tokenizer, size: int) -> List[List[int]]:
     return [encode(p, tokenizer, chat=chat) for p in chosen]
 
 
-def run_once(method: str, model, tokenizer, draft, prompts, max_tokens: int):
+def run_once(
+    method: str, model, tokenizer, draft, prompts, max_tokens: int, temp: float = 0.0
+):
     """One call: ``(token ids per row, seconds)``."""
+    mx.random.seed(0)
     tic = time.perf_counter()
     if method == BASELINE:
         out = mlx_lm.batch_generate(
-            model, tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True
+            model,
+            tokenizer,
+            prompts,
+            max_tokens=max_tokens,
+            sampler=make_sampler(temp),
+            return_token_ids=True,
         )
     else:
         out = mlx_spec.batch_generate(
@@ -68,6 +80,7 @@ def run_once(method: str, model, tokenizer, draft, prompts, max_tokens: int):
             draft,
             speculative=method,
             max_tokens=max_tokens,
+            temp=temp,
             return_token_ids=True,
         )
     return out.token_ids, time.perf_counter() - tic
@@ -89,6 +102,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--methods", nargs="+", choices=BATCH_METHODS, default=list(BATCH_METHODS)
     )
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    parser.add_argument("--temp", type=float, default=0.0, help="Sampling temperature.")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--json", default=None, help="Also write the rows here.")
     return parser
@@ -99,6 +113,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if min(args.batch_sizes) < 1 or args.max_tokens < 1 or args.repeats < 1:
         parser.error("--batch-sizes, --max-tokens and --repeats must be at least 1.")
+    if not 0 <= args.temp < float("inf"):
+        parser.error(f"--temp={args.temp} is out of range: 0 or more.")
     target, draft_path = args.model, args.draft_model
     if target is None:
         target, pair_draft = default_model_pair()
@@ -122,23 +138,27 @@ def main(argv=None):
             shift = rep % len(grid)  # rotate the method order
             for method in grid[shift:] + grid[:shift]:
                 ids, seconds = run_once(
-                    method, model, tokenizer, draft, prompts, args.max_tokens
+                    method, model, tokenizer, draft, prompts, args.max_tokens, args.temp
                 )
                 best[method] = min(best.get(method, seconds), seconds)
                 tokens[method] = ids
+        # Each call reseeds, so a method's repeats emit the same tokens.
+        rate = {m: sum(map(len, tokens[m])) / best[m] for m in grid}
         for method in grid:
-            generated = sum(map(len, tokens[method]))
             rows.append(
                 dict(
                     batch_size=size,
                     method=method,
-                    tokens_per_s=generated / best[method],
-                    speedup=best[BASELINE] / best[method],
-                    identical=tokens[method] == tokens[BASELINE],
+                    tokens_per_s=rate[method],
+                    speedup=rate[method] / rate[BASELINE],
+                    identical=(
+                        tokens[method] == tokens[BASELINE] if args.temp == 0 else None
+                    ),
                 )
             )
 
-    print(f"model {target}, draft {draft_path}, {args.max_tokens} tokens, greedy")
+    sampling = "greedy" if args.temp == 0 else f"temp {args.temp}"
+    print(f"model {target}, draft {draft_path}, {args.max_tokens} tokens, {sampling}")
     print("| prompts | method | tok/s | × mlx_lm | identical |")
     print("|---|---|---|---|---|")
     for r in rows:

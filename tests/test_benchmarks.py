@@ -1093,3 +1093,13 @@ def test_batch_benchmark_refuses_a_bad_model_in_one_line(tmp_path, capsys):
         batch.main(["--model", str(tmp_path / "missing")])
     assert stop.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_batch_benchmark_samples_with_temp_and_leaves_identity_open(checkpoints):
+    from benchmarks import batch
+
+    argv = ["--model", str(checkpoints["llama"]), "--batch-sizes", "2"]
+    argv += ["--max-tokens", "5", "--repeats", "1", "--temp", "0.8"]
+    rows = batch.main([*argv, "--methods", "lookup"])
+    assert [r["method"] for r in rows] == ["mlx_lm", "lookup"]
+    assert all(r["identical"] is None and r["tokens_per_s"] > 0 for r in rows)
