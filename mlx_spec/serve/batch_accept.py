@@ -81,20 +81,18 @@ def rejection_accept_rows(
     """
     B, W, V = target_law.shape
     K = drafts.shape[1]
-    if K > 0:
-        index = drafts[..., None].astype(mx.int32)
-        log_p = mx.take_along_axis(target_law[:, :K], index, axis=-1)[..., 0]
-        log_q = mx.take_along_axis(draft_law, index, axis=-1)[..., 0]
-        if uniforms is None:
-            uniforms = mx.random.uniform(shape=(B, K))
-        accept = uniforms < mx.minimum(mx.exp(log_p - log_q), 1.0)
-        n = prefix_lengths(accept, sizes)
-        at = mx.minimum(n, K - 1)[:, None, None]
-        q_n = mx.exp(mx.take_along_axis(draft_law, at, axis=1)[:, 0])
-        q_n = mx.where((n < sizes)[:, None], q_n, 0.0)
-    else:
-        n = mx.zeros((B,), mx.int32)
-        q_n = mx.zeros((B, V), target_law.dtype)
+    if K == 0:  # a plain round: every row samples its law (no residual to form)
+        return mx.zeros((B,), mx.int32), mx.random.categorical(target_law[:, 0])
+    index = drafts[..., None].astype(mx.int32)
+    log_p = mx.take_along_axis(target_law[:, :K], index, axis=-1)[..., 0]
+    log_q = mx.take_along_axis(draft_law, index, axis=-1)[..., 0]
+    if uniforms is None:
+        uniforms = mx.random.uniform(shape=(B, K))
+    accept = uniforms < mx.minimum(mx.exp(log_p - log_q), 1.0)
+    n = prefix_lengths(accept, sizes)
+    at = mx.minimum(n, K - 1)[:, None, None]
+    q_n = mx.exp(mx.take_along_axis(draft_law, at, axis=1)[:, 0])
+    q_n = mx.where((n < sizes)[:, None], q_n, 0.0)
     p_n = mx.exp(mx.take_along_axis(target_law, n[:, None, None], axis=1)[:, 0])
     law = residual_probs(p_n, q_n)
     return n, mx.random.categorical(mx.log(law))
