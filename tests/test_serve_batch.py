@@ -397,3 +397,21 @@ def test_prefilling_waiting_prompts_stops_when_the_batch_is_full(load_model):
     outputs = _run(gen)
     for uid, prompt in zip(uids, PROMPTS):
         assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 6)
+
+
+def test_plain_sampled_rounds_in_a_batch_follow_the_target_law(load_model):
+    """Rows that draft nothing sample their law directly (no residual): the
+    first token of many such batched requests follows the target's law."""
+    model, tokenizer = load_model("llama")
+    ids = tokenizer.encode("x = x + x + x + x + x +")
+    temp = 1.5
+    mx.random.seed(6)
+    gen = SpecBatchGenerator(model, max_batch=16)
+    for _ in range(320):
+        gen.insert(_spec(tokenizer, ids, "none", 1, params=SamplingParams(temp=temp)))
+    outputs = _run(gen)
+    first = np.array([out["tokens"][0] for out in outputs.values()])
+    assert len(first) == 320
+    logits = model(mx.array([ids]))[0, -1] / temp
+    law = np.array(mx.softmax(logits), dtype=np.float64)
+    assert_counts_follow_law(np.bincount(first, minlength=law.size), law)
