@@ -20,7 +20,6 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, plan_method
 from .generation import _encode, stream_generate
 from .models import num_caches
-from .sampling import SamplingParams
 from .serve.batch import BATCH_METHODS, DEFAULT_MAX_BATCH, SeqSpec, SpecBatchGenerator
 from .serve.batch_cache import pair_unbatchable
 from .stats import SpecStats
@@ -111,7 +110,7 @@ def batch_generate(
     reason = _why_not_batched(method, model, drafter)
     keep = (return_prompt_caches, return_logprobs)
     if reason is None:
-        params = SamplingParams(temp, top_p, min_p, top_k, min_tokens_to_keep)
+        params = configs[0].sampling_params
         gen = SpecBatchGenerator(
             model, drafter, prefill_step_size=prefill_step_size, max_batch=max_batch
         )

@@ -281,6 +281,15 @@ class SpecConfig:
         )
 
     @property
+    def sampling_params(self):
+        """The :class:`~mlx_spec.sampling.SamplingParams` of these sampling fields."""
+        from .sampling import SamplingParams
+
+        return SamplingParams(
+            self.temp, self.top_p, self.min_p, self.top_k, self.min_tokens_to_keep
+        )
+
+    @property
     def greedy(self) -> bool:
         return self.temp == 0
 

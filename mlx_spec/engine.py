@@ -24,7 +24,7 @@ from .drafters.registry import make_drafter
 from .features import FeatureCapture, maybe_capturing
 from .models import CachedModel, KVSettings, cache_offset, num_caches, output_size
 from .planner import RoundPlanner
-from .sampling import SamplingParams, sampling_params_of
+from .sampling import sampling_params_of
 from .stats import SpecStats
 from .verify import Law, LogitsProcessor, process_logits, verify_chain, verify_tree
 
@@ -192,13 +192,7 @@ def speculative_events(
             drafter.add_history(list(history_tokens))
     params = sampling_params_of(sampler)
     if sampler is None:
-        params = SamplingParams(
-            config.temp,
-            config.top_p,
-            config.min_p,
-            config.top_k,
-            config.min_tokens_to_keep,
-        )
+        params = config.sampling_params
     law = Law(params, sampler)
     if logits_processors and hasattr(drafter, "chain_only"):
         drafter.chain_only()  # processors need one token history per position

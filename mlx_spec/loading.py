@@ -94,7 +94,7 @@ def drafter_dir_kind(path: Optional[str]) -> Optional[str]:
     from .drafters.heads import HEAD_KEY, read_head_config
 
     config = read_head_config(path) if path else None
-    return str(config[HEAD_KEY].get("kind")) if config else None
+    return str(config[HEAD_KEY].get("kind", "draft")) if config else None
 
 
 def drafter_description(kind: str) -> str:
@@ -198,13 +198,10 @@ def skip_unused_draft(
 def check_drafter_kind(method: Optional[str], draft_path: Optional[str]) -> None:
     """A one-line ``ValueError``, before anything loads, when ``draft_path`` holds
     a head that ``method`` cannot draft with (or a draft model for a head's method)."""
-    from .drafters.heads import HEAD_KEY, read_head_config
-
     wanted = METHOD_KINDS.get(method)
     if wanted is None or draft_path is None:
         return
-    config = read_head_config(draft_path)
-    kind = config[HEAD_KEY].get("kind", "draft") if config else "draft"
+    kind = drafter_dir_kind(draft_path) or "draft"  # a plain model drafts as one
     if kind == wanted:
         return
     given = "the draft model given" if kind == "draft" else f"the {kind} head given"
