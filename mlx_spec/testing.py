@@ -581,6 +581,40 @@ def tiny_llama(
     return model
 
 
+def quantized_checkpoint(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    bits: int = 4,
+    group_size: int = 32,
+    vocab_bits: int = 8,
+) -> Path:
+    """``src`` quantized by mlx-lm's own ``quantize_model`` into ``dst``.
+
+    The blocks take ``bits``, the embedding and output layer ``vocab_bits``,
+    as in the GGUF of the default target (and mlx-lm's mixed recipes).
+
+    Returns:
+        ``dst`` as a ``Path``.
+    """
+    import mlx_lm
+    from mlx_lm.utils import quantize_model, save
+
+    model, tokenizer, config = mlx_lm.load(str(src), return_config=True)
+    vocab = {"group_size": group_size, "bits": vocab_bits}
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        return vocab if path in ("model.embed_tokens", "lm_head") else True
+
+    model, config = quantize_model(
+        model, config, group_size, bits, quant_predicate=predicate
+    )
+    save(dst, src, model, tokenizer, config)
+    return Path(dst)
+
+
 # --------------------------------------------------------------------------- #
 # Checkpoints with MTP layers, in their original (Hugging Face) layout
 # --------------------------------------------------------------------------- #

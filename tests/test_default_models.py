@@ -204,6 +204,17 @@ def quantized_target(tmp_path_factory):
     return load(str(out))
 
 
+def test_draft_step_reads_at_most_a_tenth_of_the_target_as_macos_converts_it(
+    quantized_target,
+):
+    """Next to the 4-bit target the draft is quantized as it is (float16: 24%)."""
+    from mlx_spec.costs import weight_bytes
+
+    model, tokenizer = quantized_target
+    draft = load_draft(str(DRAFT), model, tokenizer)
+    assert weight_bytes(draft) <= 0.10 * weight_bytes(model)
+
+
 @pytest.fixture(scope="module")
 def quantized_prompt_and_greedy(quantized_target):
     from mlx_lm.generate import stream_generate

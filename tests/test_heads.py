@@ -426,6 +426,45 @@ def test_head_directory_loads_as_its_kind_and_checks_the_target(checkpoints, tmp
     assert load_head(tmp_path / "eagle", half).kind == "eagle"
 
 
+def test_a_head_next_to_a_quantized_target_takes_its_quantization(
+    tiny, trained, tmp_path
+):
+    """Its linear layers as the target's blocks: fewer bytes a step than in
+    float, drafts still accepted, and decoding stays exact."""
+    from mlx_spec.costs import weight_bytes
+
+    quantized = tiny_llama(VOCAB)
+    nn.quantize(quantized, group_size=32, bits=4)
+    plain = greedy_continuation(quantized, PROMPT, 40)[0]
+    for kind, methods in METHODS.items():
+        for name, target in (("quantized", quantized), ("float", tiny)):
+            fingerprint = model_fingerprint(target)
+            module = trained[kind].module
+            save_head(
+                tmp_path / name / kind, kind, module, target_fingerprint=fingerprint
+            )
+        head = load_head(tmp_path / "quantized" / kind, quantized)
+        linears = [
+            m
+            for _, m in head.module.named_modules()
+            if isinstance(m, (nn.Linear, nn.QuantizedLinear))
+        ]
+        assert linears and all(
+            isinstance(m, nn.QuantizedLinear) and (m.bits, m.group_size) == (4, 32)
+            for m in linears
+        ), kind
+        float_head = load_head(tmp_path / "float" / kind, tiny)
+        assert weight_bytes(head.module) < 0.5 * weight_bytes(float_head.module)
+        for method in methods:
+            stats = SpecStats()
+            config = SpecConfig(method=method, max_tokens=40, adaptive=False)
+            events = speculative_events(
+                mx.array(PROMPT), quantized, head, config=config, stats=stats
+            )
+            assert [e.token for e in events] == plain, (kind, method)
+            assert stats.accepted_tokens > 0, (kind, method)
+
+
 def test_head_of_another_kind_one_line_error(tiny):
     head = random_head("medusa", tiny)
     config = SpecConfig(method="eagle", max_tokens=4)

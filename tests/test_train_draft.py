@@ -3,6 +3,7 @@ loading, exactness and target checks, on tiny random targets."""
 
 import itertools
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -651,6 +652,98 @@ def test_draft_written_as_mlx_lm_checkpoint_gives_the_same_subset_logits(
     outside = np.ones(theirs.shape[-1], bool)
     outside[np.array(ids)] = False
     assert (np.array(theirs[0])[:, outside] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoints, trained, tmp_path_factory):
+    """The tiny target as mlx-lm quantizes it (4-bit blocks, 8-bit vocabulary
+    layers), and the trained draft's directory re-pointed at that target."""
+    import mlx_lm
+
+    from mlx_spec.fingerprint import model_fingerprint
+    from mlx_spec.testing import quantized_checkpoint
+
+    root = tmp_path_factory.mktemp("quantized")
+    target_dir = quantized_checkpoint(checkpoints["llama"], root / "target")
+    model, tokenizer = mlx_lm.load(str(target_dir))
+    draft_dir = root / "draft"
+    shutil.copytree(trained, draft_dir)
+    config = json.loads((draft_dir / "config.json").read_text())
+    config["target"] = model_fingerprint(model)
+    (draft_dir / "config.json").write_text(json.dumps(config))
+    return model, tokenizer, target_dir, draft_dir
+
+
+def test_a_draft_next_to_a_quantized_target_takes_its_quantization(
+    target, trained, quantized
+):
+    """Its blocks as the target's blocks, its head as the target's output layer;
+    fewer bytes a step than in float, and decoding stays exact."""
+    import mlx.nn as nn
+    from mlx_lm.generate import stream_generate as plain
+
+    from mlx_spec.costs import weight_bytes
+
+    model, tokenizer, _, draft_dir = quantized
+    draft = load_draft(str(draft_dir), model, tokenizer)
+    linears = [
+        m
+        for _, m in draft.model.named_modules()
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear))
+    ]
+    assert linears and all(
+        isinstance(m, nn.QuantizedLinear) and (m.bits, m.group_size) == (4, 32)
+        for m in linears
+    )
+    assert draft.lm_head.quantization == (32, 8, "affine")
+    float_draft = distilled.load_draft(draft_dir, model, like_target=False)
+    assert float_draft.lm_head.quantization is None
+    assert weight_bytes(draft) < 0.5 * weight_bytes(float_draft)
+    prompt = tokenizer.encode("def fibonacci(n):")
+    expected = [r.token for r in plain(model, tokenizer, prompt, max_tokens=24)]
+    for method in ("draft", "tree"):
+        stream = stream_generate(
+            model, tokenizer, prompt, draft, speculative=method, max_tokens=24
+        )
+        assert [r.token for r in stream] == expected, method
+    # A float draft keeps float layers next to a float target.
+    float_target, _ = target
+    assert (
+        load_draft(str(trained), float_target, tokenizer).lm_head.quantization is None
+    )
+
+
+def test_a_quantized_draft_written_as_mlx_lm_checkpoint_gives_the_same_subset_logits(
+    quantized, tmp_path
+):
+    import mlx_lm
+
+    model, tokenizer, target_dir, draft_dir = quantized
+    draft = load_draft(str(draft_dir), model, tokenizer)
+    out = distilled.save_as_mlx_lm(draft, target_dir, tmp_path / "plain")
+    plain, _ = mlx_lm.load(str(out))
+    inputs = mx.array([[1, 2, 3, 4]])
+    ids = draft.lm_head.token_ids
+    assert mx.allclose(
+        draft(inputs)[..., ids], plain(inputs)[..., ids], atol=1e-4
+    ).item()
+
+
+def test_warm_start_next_to_a_quantized_target_copies_the_float_layers(quantized, data):
+    """Training (here --init-from) reads the draft's float weights, not the
+    quantized copy that decoding next to such a target uses."""
+    model, tokenizer, _, draft_dir = quantized
+    train, heldout, _, _ = data
+    old = distilled.load_draft(draft_dir, model, like_target=False)
+    config = _config(init_from=str(draft_dir))
+    warm = D.DraftTrainer(
+        model, tokenizer, train, heldout, config
+    ).draft.trainable_state()
+    body = [k for k in old.trainable_state() if not k.startswith("lm_head.")]
+    assert any(".mlp." in k for k in body)
+    for name in body:
+        value = old.trainable_state()[name].astype(mx.float32)
+        assert mx.array_equal(warm[name], value).item(), name
 
 
 def test_sampled_stream_with_the_draft_follows_target_law(target, trained):

@@ -23,14 +23,16 @@ Directory layout (the one draft heads use, :mod:`mlx_spec.drafters.heads`)::
     draft.safetensors    layers.*, norm.weight, lm_head.weight, lm_head.token_ids
     README.md            the model card
 
-Weights are stored in float16 and cast on load to the dtype the target's
-embedding produces (float32 for a float32 target on a CPU).
+Weights are stored in float16. On load they take the dtype of the target's
+hidden states (float32 for a float32 target on a CPU), and next to a
+quantized target the layers take its quantization
+(:mod:`mlx_spec.drafters.storage`).
 """
 
 import copy
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +41,13 @@ from mlx.utils import tree_flatten, tree_unflatten
 from ..features import feature_owner, output_layer
 from ..fingerprint import fingerprint_mismatch, model_fingerprint
 from .heads import CONFIG_FILE, HEAD_KEY, read_head_config
+from .storage import (
+    Quantization,
+    activation_dtype,
+    block_quantization,
+    output_quantization,
+    quantize_linears,
+)
 
 WEIGHTS_FILE = "draft.safetensors"
 FORMAT_VERSION = 1
@@ -64,9 +73,15 @@ class VocabHead(nn.Module):
         inverse[ids] = mx.arange(len(token_ids), dtype=mx.int32)
         self._inverse = inverse
         self._vocab_size = vocab_size
+        self._quantization: Optional[Quantization] = None
         # Evaluated now: a lazy array is tied to the stream of the thread that
         # built it, and a server decodes on a thread of its own.
         mx.eval(self._token_ids, self._inverse)
+
+    @property
+    def quantization(self) -> Optional[Quantization]:
+        """``(group_size, bits, mode)`` of the rows, or ``None`` when they are float."""
+        return self._quantization
 
     @property
     def token_ids(self) -> mx.array:
@@ -79,7 +94,31 @@ class VocabHead(nn.Module):
 
     def subset_logits(self, h: mx.array) -> mx.array:
         """Logits over the subset: ``(..., H) -> (..., k)``."""
-        return h @ self.weight.T
+        if self._quantization is None:
+            return h @ self.weight.T
+        group_size, bits, mode = self._quantization
+        return mx.quantized_matmul(
+            h,
+            self.weight,
+            self.scales,
+            self.get("biases"),
+            transpose=True,
+            group_size=group_size,
+            bits=bits,
+            mode=mode,
+        )
+
+    def quantize(self, quantization: Optional[Quantization]):
+        """Hold the rows quantized, as ``(group_size, bits, mode)`` (``None``: as they are)."""
+        if quantization is None:
+            return
+        group_size, bits, mode = quantization
+        self.weight, self.scales, *biases = mx.quantize(
+            self.weight, group_size, bits, mode=mode
+        )
+        if biases:
+            self.biases = biases[0]
+        self._quantization = quantization
 
     def widen(self, small: mx.array) -> mx.array:
         """Columns of the subset ``(..., k)`` -> the full vocabulary ``(..., V)``,
@@ -162,7 +201,8 @@ class DistilledDraft(nn.Module):
 
     def read_bytes(self) -> int:
         """Bytes one single-token forward reads (the embedding table is not read)."""
-        return sum(v.nbytes for v in self.trainable_state().values())
+        flat = tree_flatten(self.parameters())
+        return sum(v.nbytes for k, v in flat if not k.startswith("model.embed_tokens"))
 
 
 # --------------------------------------------------------------------------- #
@@ -306,9 +346,13 @@ def save_as_mlx_lm(draft: DistilledDraft, target_dir, out_dir) -> Path:
         config["layer_types"] = list(draft.args.layer_types)
     weights = {"model." + k: v for k, v in tree_flatten(draft.model.parameters())}
     head = draft.lm_head
-    full = mx.zeros((draft.args.vocab_size, head.weight.shape[1]), head.weight.dtype)
-    full[head.token_ids] = head.weight
-    weights["lm_head.weight"] = full
+    # A quantized head widens too: zero rows of codes, scales and biases.
+    for name in ("weight", "scales", "biases"):
+        rows = head.get(name)
+        if rows is not None:
+            full = mx.zeros((draft.args.vocab_size, rows.shape[1]), rows.dtype)
+            full[head.token_ids] = rows
+            weights[f"lm_head.{name}"] = full
     mx.save_safetensors(str(out / "model.safetensors"), weights, {"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -340,16 +384,20 @@ def is_draft_dir(path) -> bool:
     return config is not None and config[HEAD_KEY].get("kind") == KIND
 
 
-def load_draft(path, target: nn.Module) -> DistilledDraft:
+def load_draft(path, target: nn.Module, *, like_target: bool = True) -> DistilledDraft:
     """Load a distilled draft for ``target``, checking it was trained for it.
 
     Args:
         path: The drafter directory.
         target: The loaded target model (its embedding is shared).
+        like_target: Quantize the draft's layers as the target's blocks and
+          its output layer as the target's, when those are quantized
+          (:mod:`mlx_spec.drafters.storage`); ``False`` keeps float weights
+          (to train on). Default: ``True``.
 
     Returns:
-        The draft, in the dtype of the target's embedding output (float32
-        for a float32 target; weights are stored as float16).
+        The draft, in the dtype of the target's hidden states (float32 for a
+        float32 target; weights are stored as float16).
 
     Raises:
         ValueError: One line: not a draft directory, unreadable weights, or
@@ -384,7 +432,7 @@ def load_draft(path, target: nn.Module) -> DistilledDraft:
     head = VocabHead(int(target.args.hidden_size), token_ids.tolist(), vocab_size)
     embedding = input_embedding(target)
     draft = DistilledDraft(_body(target, args), head, embedding)
-    dtype = embedding(mx.array([0])).dtype
+    dtype = activation_dtype(target)
     named = {
         (k if k.startswith("lm_head.") else "model." + k): v.astype(dtype)
         for k, v in weights.items()
@@ -398,8 +446,11 @@ def load_draft(path, target: nn.Module) -> DistilledDraft:
             f"(missing {missing}, unexpected {unexpected})."
         )
     draft.load_weights(list(named.items()), strict=False)
+    if like_target:
+        quantize_linears(draft.model, block_quantization(target))
+        head.quantize(output_quantization(target))
     draft.eval()
-    mx.eval(draft.trainable_state())
+    mx.eval(draft.parameters())
     return draft
 
 

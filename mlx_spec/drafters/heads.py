@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..features import FINAL, embed, feature_logits, output_layer
+from .storage import activation_dtype, block_quantization, quantize_linears
 
 HEAD_KEY = "mlx_spec_head"
 KINDS = ("eagle", "medusa")
@@ -481,6 +482,10 @@ def build_head(kind: str, args: SimpleNamespace) -> nn.Module:
 def load_head(path, target: nn.Module, vocab_size: Optional[int] = None) -> LoadedHead:
     """Load a head directory for ``target``, checking that it was trained for it.
 
+    The head takes the dtype of the target's hidden states and, next to a
+    quantized target, the quantization of its blocks
+    (:mod:`mlx_spec.drafters.storage`).
+
     Raises:
         ValueError: One line naming the problem: not a head, another kind of
           file, or a target that does not match (shape, vocabulary, weights).
@@ -505,10 +510,9 @@ def load_head(path, target: nn.Module, vocab_size: Optional[int] = None) -> Load
     ids = weights.pop("draft_vocab", None)
     args = SimpleNamespace(**config["head"])
     module = build_head(kind, args)
-    dtype = output_layer(target).weight.dtype
-    if dtype not in (mx.float32, mx.float16, mx.bfloat16):
-        dtype = mx.float32  # quantized target: compute the head in float32
+    dtype = activation_dtype(target)
     module.load_weights([(k, v.astype(dtype)) for k, v in weights.items()])
+    quantize_linears(module, block_quantization(target))
     module.eval()
     mx.eval(module.parameters())
     if vocab_size is None:

@@ -77,7 +77,9 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "scattered to the full vocabulary with -inf elsewhere, so under rejection sampling "
         "the draft's law is zero outside the subset and decoding stays exact;",
         "- weights stored as float16 (`draft.safetensors`); loading casts them to the dtype "
-        "of the target's embedding output (float32 for a float32 target on a CPU).",
+        "of the target's embedding output (float32 for a float32 target on a CPU), and "
+        "next to a quantized target (the macOS conversion) quantizes the layers as the "
+        "target's blocks and the output layer as the target's.",
         "",
         "## Data",
         "",

@@ -467,7 +467,9 @@ class DraftTrainer:
         self.layers = target_layer_indices(target, config.layers)
         self.draft = build_draft(target, self.token_ids, self.layers)
         if config.init_from:
-            warm_start(self.draft, load_draft(config.init_from, target))
+            warm_start(
+                self.draft, load_draft(config.init_from, target, like_target=False)
+            )
         self.batches = plan_batches(
             [len(t) for t in train.tokens], config.batch_tokens, config.max_length
         )

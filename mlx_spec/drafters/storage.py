@@ -1,0 +1,64 @@
+"""A trained drafter held in memory as its target is held.
+
+Drafters are saved in float16. Next to a quantized target (an mlx-lm 4-bit
+model, or the default target as macOS builds it, which keeps the GGUF's
+4-/8-bit values), a float16 draft of SmolLM2-135M would read a quarter of
+the target's bytes per step instead of a tenth, and the cost model that
+chooses the draft length would price it so. So a drafter takes the dtype of
+its target's hidden states, and its linear layers take the bits and group
+size of the target's blocks. Quantizing changes what a drafter proposes,
+never which tokens are accepted.
+"""
+
+from typing import Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..features import embed, feature_owner, output_layer
+
+# (group_size, bits, mode) of a quantized layer.
+Quantization = Tuple[int, int, str]
+
+
+def activation_dtype(target: nn.Module) -> mx.Dtype:
+    """The dtype of the target's hidden states (its input embedding's output)."""
+    return embed(target, mx.array([[0]])).dtype
+
+
+def quantization_of(layer: nn.Module) -> Optional[Quantization]:
+    """``(group_size, bits, mode)`` of a quantized layer, ``None`` for a float one."""
+    if getattr(layer, "scales", None) is None:
+        return None
+    return layer.group_size, layer.bits, getattr(layer, "mode", "affine")
+
+
+def block_quantization(target: nn.Module) -> Optional[Quantization]:
+    """How the linear layers of the target's first block are quantized, if they are."""
+    for _, module in feature_owner(target).layers[0].named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            return quantization_of(module)
+    return None
+
+
+def output_quantization(target: nn.Module) -> Optional[Quantization]:
+    """How the target's output layer (or tied embedding) is quantized, if it is."""
+    return quantization_of(output_layer(target))
+
+
+def quantize_linears(module: nn.Module, quantization: Optional[Quantization]):
+    """Quantize ``module``'s linear layers in place (no-op for ``None``).
+
+    Layers whose input width the group size does not divide stay float.
+    """
+    if quantization is None:
+        return
+    group_size, bits, mode = quantization
+    nn.quantize(
+        module,
+        group_size,
+        bits,
+        mode=mode,
+        class_predicate=lambda _, m: isinstance(m, nn.Linear)
+        and m.weight.shape[-1] % group_size == 0,
+    )
