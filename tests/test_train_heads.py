@@ -284,3 +284,27 @@ def test_calibrated_tree_keeps_every_prefix_and_the_best_paths():
     # Path values: (0,) .6, (0, 0) .3, (1,) .2, (0, 0, 0) .12, (0, 1) .12, then <= .1.
     assert choices == [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
     assert all(c[:-1] in choices for c in choices if len(c) > 1)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_head_trains_on_a_quantized_target(kind, tmp_path):
+    """As on a Mac, whose models are mostly 4-bit: the head is as wide as the
+    target's hidden states, not as its packed embedding rows."""
+    import mlx.nn as nn
+
+    target = tiny_llama(VOCAB)
+    nn.quantize(target, group_size=32, bits=4)
+    sequences = []
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        prompt = rng.integers(0, VOCAB, size=5).tolist()
+        sequences.append(prompt + greedy_continuation(target, prompt, 30)[0])
+    config = HeadTrainConfig(
+        kind=kind, steps=40, batch_size=8, window=40, lr=1e-2, draft_vocab=0, heldout=4
+    )
+    data = teacher_data(target, sequences, [5] * len(sequences))
+    start = HeadTrainer(target, data, config).evaluate()["tokens_per_round"]
+    trainer = train_head(target, data, config, tmp_path, progress=False)
+    assert trainer.head.args.hidden_size == 32
+    assert trainer.evaluate()["tokens_per_round"] > start + 0.3
+    assert load_head(tmp_path, target).kind == kind
