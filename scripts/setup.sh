@@ -38,7 +38,8 @@ fi
 extras="ui"
 [ $dev -eq 1 ] && extras="ui,dev"
 stamp=".venv/.mlx_spec_installed"
-digest="$(cat pyproject.toml setup.py mlx_spec_hook.py | sha1sum | cut -d' ' -f1)"
+# Python's hashlib: macOS has no sha1sum.
+digest="$("$PYTHON" -c 'import hashlib, sys; print(hashlib.sha1(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest())' pyproject.toml setup.py mlx_spec_hook.py)"
 want="$digest $extras"
 have="$(cat "$stamp" 2>/dev/null || true)"
 # The dev install holds the runtime one too: make demo after make test reinstalls nothing.
