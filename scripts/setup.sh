@@ -31,6 +31,15 @@ if [ "$(uname -s)" = "Linux" ]; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
+    # macOS's own python3 (Xcode tools) is 3.9; mlx-spec needs 3.10 or newer.
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        echo "setup: no $PYTHON found; install Python 3.10 or newer, or name one with PYTHON=..."
+        exit 1
+    fi
+    if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+        echo "setup: mlx-spec needs Python 3.10 or newer, and $PYTHON is $("$PYTHON" -V 2>&1); run again with PYTHON=python3.12 (or another 3.10+)"
+        exit 1
+    fi
     echo "setup: creating .venv"
     "$PYTHON" -m venv .venv
 fi
@@ -39,7 +48,7 @@ extras="ui"
 [ $dev -eq 1 ] && extras="ui,dev"
 stamp=".venv/.mlx_spec_installed"
 # Python's hashlib: macOS has no sha1sum.
-digest="$("$PYTHON" -c 'import hashlib, sys; print(hashlib.sha1(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest())' pyproject.toml setup.py mlx_spec_hook.py)"
+digest="$(.venv/bin/python -c 'import hashlib, sys; print(hashlib.sha1(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest())' pyproject.toml setup.py mlx_spec_hook.py)"
 want="$digest $extras"
 have="$(cat "$stamp" 2>/dev/null || true)"
 # The dev install holds the runtime one too: make demo after make test reinstalls nothing.
