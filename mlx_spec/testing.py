@@ -615,6 +615,17 @@ def quantized_checkpoint(
     return Path(dst)
 
 
+def linear_quantizations(module) -> set:
+    """``(bits, group_size)`` of each linear layer under ``module``, ``None`` for a float one."""
+    import mlx.nn as nn
+
+    return {
+        (m.bits, m.group_size) if isinstance(m, nn.QuantizedLinear) else None
+        for _, m in module.named_modules()
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear))
+    }
+
+
 # --------------------------------------------------------------------------- #
 # Checkpoints with MTP layers, in their original (Hugging Face) layout
 # --------------------------------------------------------------------------- #

@@ -29,7 +29,7 @@ from mlx_spec.engine import speculative_events
 from mlx_spec.features import FINAL, FeatureCapture, feature_logits
 from mlx_spec.fingerprint import model_fingerprint
 from mlx_spec.loading import load_pair
-from mlx_spec.testing import greedy_continuation, tiny_llama
+from mlx_spec.testing import greedy_continuation, linear_quantizations, tiny_llama
 from mlx_spec.train.head_data import teacher_data
 from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer
 
@@ -444,15 +444,7 @@ def test_a_head_next_to_a_quantized_target_takes_its_quantization(
                 tmp_path / name / kind, kind, module, target_fingerprint=fingerprint
             )
         head = load_head(tmp_path / "quantized" / kind, quantized)
-        linears = [
-            m
-            for _, m in head.module.named_modules()
-            if isinstance(m, (nn.Linear, nn.QuantizedLinear))
-        ]
-        assert linears and all(
-            isinstance(m, nn.QuantizedLinear) and (m.bits, m.group_size) == (4, 32)
-            for m in linears
-        ), kind
+        assert linear_quantizations(head.module) == {(4, 32)}, kind
         float_head = load_head(tmp_path / "float" / kind, tiny)
         assert weight_bytes(head.module) < 0.5 * weight_bytes(float_head.module)
         for method in methods:

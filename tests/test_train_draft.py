@@ -17,7 +17,7 @@ from mlx_spec import SpecConfig, SpecStats, stream_generate
 from mlx_spec.drafters import distilled
 from mlx_spec.engine import speculative_events
 from mlx_spec.loading import load_draft
-from mlx_spec.testing import tiny_llama
+from mlx_spec.testing import linear_quantizations, tiny_llama
 from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train.checkpoint import TrainingPaused, read_state
@@ -679,22 +679,13 @@ def test_a_draft_next_to_a_quantized_target_takes_its_quantization(
 ):
     """Its blocks as the target's blocks, its head as the target's output layer;
     fewer bytes a step than in float, and decoding stays exact."""
-    import mlx.nn as nn
     from mlx_lm.generate import stream_generate as plain
 
     from mlx_spec.costs import weight_bytes
 
     model, tokenizer, _, draft_dir = quantized
     draft = load_draft(str(draft_dir), model, tokenizer)
-    linears = [
-        m
-        for _, m in draft.model.named_modules()
-        if isinstance(m, (nn.Linear, nn.QuantizedLinear))
-    ]
-    assert linears and all(
-        isinstance(m, nn.QuantizedLinear) and (m.bits, m.group_size) == (4, 32)
-        for m in linears
-    )
+    assert linear_quantizations(draft.model) == {(4, 32)}
     assert draft.lm_head.quantization == (32, 8, "affine")
     float_draft = distilled.load_draft(draft_dir, model, like_target=False)
     assert float_draft.lm_head.quantization is None

@@ -45,6 +45,7 @@ from .storage import (
     Quantization,
     activation_dtype,
     block_quantization,
+    matmul_rows,
     output_quantization,
     quantize_linears,
 )
@@ -94,19 +95,7 @@ class VocabHead(nn.Module):
 
     def subset_logits(self, h: mx.array) -> mx.array:
         """Logits over the subset: ``(..., H) -> (..., k)``."""
-        if self._quantization is None:
-            return h @ self.weight.T
-        group_size, bits, mode = self._quantization
-        return mx.quantized_matmul(
-            h,
-            self.weight,
-            self.scales,
-            self.get("biases"),
-            transpose=True,
-            group_size=group_size,
-            bits=bits,
-            mode=mode,
-        )
+        return matmul_rows(h, self, self._quantization)
 
     def quantize(self, quantization: Optional[Quantization]):
         """Hold the rows quantized, as ``(group_size, bits, mode)`` (``None``: as they are)."""

@@ -27,7 +27,13 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..features import FINAL, embed, feature_logits, output_layer
-from .storage import activation_dtype, block_quantization, quantize_linears
+from .storage import (
+    activation_dtype,
+    block_quantization,
+    matmul_rows,
+    quantization_of,
+    quantize_linears,
+)
 
 HEAD_KEY = "mlx_spec_head"
 KINDS = ("eagle", "medusa")
@@ -212,7 +218,9 @@ def head_args(kind: str, target: nn.Module, **options) -> SimpleNamespace:
     residual blocks (default 1).
     """
     targs = getattr(target, "args", SimpleNamespace())
-    H = int(embed(target, mx.array([[0]])).shape[-1])  # a quantized table packs its rows
+    H = int(
+        embed(target, mx.array([[0]])).shape[-1]
+    )  # a quantized table packs its rows
     if kind == "eagle":
         heads = getattr(targs, "num_attention_heads", max(H // 64, 1))
         if H % heads:
@@ -329,23 +337,13 @@ class _QuantizedRows(nn.Module):
 
     def __init__(self, layer: nn.Module, ids: mx.array):
         super().__init__()
-        self.group_size, self.bits = layer.group_size, layer.bits
-        self.mode = getattr(layer, "mode", "affine")
+        self._quantization = quantization_of(layer)
         self.weight = layer.weight[ids]
         self.scales = layer.scales[ids]
         self.biases = None if layer.get("biases") is None else layer.biases[ids]
 
     def __call__(self, x: mx.array) -> mx.array:
-        return mx.quantized_matmul(
-            x,
-            self.weight,
-            self.scales,
-            self.biases,
-            transpose=True,
-            group_size=self.group_size,
-            bits=self.bits,
-            mode=self.mode,
-        )
+        return matmul_rows(x, self, self._quantization)
 
 
 def _output_rows(layer: nn.Module, ids: mx.array) -> nn.Module:

@@ -62,3 +62,21 @@ def quantize_linears(module: nn.Module, quantization: Optional[Quantization]):
         class_predicate=lambda _, m: isinstance(m, nn.Linear)
         and m.weight.shape[-1] % group_size == 0,
     )
+
+
+def matmul_rows(x: mx.array, layer: nn.Module, quantization: Optional[Quantization]):
+    """``x @ W.T`` for rows ``W`` held as ``layer.weight`` (with ``scales`` and
+    ``biases`` when ``quantization`` is given)."""
+    if quantization is None:
+        return x @ layer.weight.T
+    group_size, bits, mode = quantization
+    return mx.quantized_matmul(
+        x,
+        layer.weight,
+        layer.scales,
+        layer.get("biases"),
+        transpose=True,
+        group_size=group_size,
+        bits=bits,
+        mode=mode,
+    )
