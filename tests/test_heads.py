@@ -426,26 +426,36 @@ def test_head_directory_loads_as_its_kind_and_checks_the_target(checkpoints, tmp
     assert load_head(tmp_path / "eagle", half).kind == "eagle"
 
 
-def test_a_head_next_to_a_quantized_target_takes_its_quantization(
-    tiny, trained, tmp_path
-):
+@pytest.fixture(scope="module")
+def quantized_heads(tiny, trained, tmp_path_factory):
+    """The tiny target quantized to 4 bits, and the trained heads saved for it
+    and for the float target, loaded next to each: ``(target, {kind: (head, float_head)})``.
+    """
+    quantized = tiny_llama(VOCAB)
+    nn.quantize(quantized, group_size=32, bits=4)
+    root = tmp_path_factory.mktemp("quantized_heads")
+    heads = {}
+    for kind in METHODS:
+        loaded = []
+        for name, target in (("quantized", quantized), ("float", tiny)):
+            path = root / name / kind
+            fingerprint = model_fingerprint(target)
+            save_head(path, kind, trained[kind].module, target_fingerprint=fingerprint)
+            loaded.append(load_head(path, target))
+        heads[kind] = tuple(loaded)
+    return quantized, heads
+
+
+def test_a_head_next_to_a_quantized_target_takes_its_quantization(quantized_heads):
     """Its linear layers as the target's blocks: fewer bytes a step than in
     float, drafts still accepted, and decoding stays exact."""
     from mlx_spec.costs import weight_bytes
 
-    quantized = tiny_llama(VOCAB)
-    nn.quantize(quantized, group_size=32, bits=4)
+    quantized, heads = quantized_heads
     plain = greedy_continuation(quantized, PROMPT, 40)[0]
     for kind, methods in METHODS.items():
-        for name, target in (("quantized", quantized), ("float", tiny)):
-            fingerprint = model_fingerprint(target)
-            module = trained[kind].module
-            save_head(
-                tmp_path / name / kind, kind, module, target_fingerprint=fingerprint
-            )
-        head = load_head(tmp_path / "quantized" / kind, quantized)
+        head, float_head = heads[kind]
         assert linear_quantizations(head.module) == {(4, 32)}, kind
-        float_head = load_head(tmp_path / "float" / kind, tiny)
         assert weight_bytes(head.module) < 0.5 * weight_bytes(float_head.module)
         for method in methods:
             stats = SpecStats()
@@ -455,6 +465,23 @@ def test_a_head_next_to_a_quantized_target_takes_its_quantization(
             )
             assert [e.token for e in events] == plain, (kind, method)
             assert stats.accepted_tokens > 0, (kind, method)
+
+
+@pytest.mark.parametrize("method", ["eagle-chain", "medusa"])
+def test_a_quantized_head_samples_the_quantized_targets_exact_law(
+    quantized_heads, method
+):
+    """``eagle-chain`` rejection-samples on the quantized head's own law;
+    ``medusa`` proposes a top-k tree."""
+    quantized, heads = quantized_heads
+    head = heads["medusa" if method == "medusa" else "eagle"][0]
+    config = SpecConfig(
+        method=method, max_tokens=3, temp=1.0, adaptive=False, tree_budget=6
+    )
+    counts, accepted = _sampled_openings(quantized, head, config, seed=9)
+    assert accepted > 200 // 4
+    law = _exact_law_of_three(quantized, 1.0)
+    assert_counts_follow_law(counts, law.reshape(-1))
 
 
 def test_head_of_another_kind_one_line_error(tiny):
