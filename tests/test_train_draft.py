@@ -6,6 +6,7 @@ import json
 import shutil
 import signal
 from pathlib import Path
+from typing import List
 
 import mlx.core as mx
 import numpy as np
@@ -737,16 +738,12 @@ def test_warm_start_next_to_a_quantized_target_copies_the_float_layers(quantized
         assert mx.array_equal(warm[name], value).item(), name
 
 
-def test_sampled_stream_with_a_quantized_draft_follows_the_quantized_target_law(
-    quantized,
-):
-    """Rejection sampling on the law of a draft quantized like its target."""
-    model, tokenizer, _, draft_dir = quantized
-    draft = load_draft(str(draft_dir), model, tokenizer)
-    assert draft.lm_head.quantization is not None
+def _sampled_stream_follows_law(model, tokenizer, draft, seed: int) -> List[int]:
+    """240 tokens drafted and sampled at temp 1: checks they follow ``model``'s
+    law (randomized PIT chi-square, standardised log-likelihood) and returns them."""
     ids = tokenizer.encode("def fibonacci(n):")
     temp, n = 1.0, 240
-    mx.random.seed(6)
+    mx.random.seed(seed)
     stats = SpecStats()
     config = SpecConfig(method="draft", max_tokens=n, temp=temp, adaptive=False)
     events = speculative_events(mx.array(ids), model, draft, config=config, stats=stats)
@@ -756,25 +753,25 @@ def test_sampled_stream_with_a_quantized_draft_follows_the_quantized_target_law(
     laws = np.array(mx.softmax(logits.astype(mx.float32), axis=-1), dtype=np.float64)
     chi2, z = stream_statistics(laws, np.array(out))
     assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+    return out
+
+
+def test_sampled_stream_with_a_quantized_draft_follows_the_quantized_target_law(
+    quantized,
+):
+    """Rejection sampling on the law of a draft quantized like its target."""
+    model, tokenizer, _, draft_dir = quantized
+    draft = load_draft(str(draft_dir), model, tokenizer)
+    assert draft.lm_head.quantization is not None
+    _sampled_stream_follows_law(model, tokenizer, draft, seed=6)
 
 
 def test_sampled_stream_with_the_draft_follows_target_law(target, trained):
     model, tokenizer = target
     draft = load_draft(str(trained), model, tokenizer)
-    ids = tokenizer.encode("def fibonacci(n):")
-    temp, n = 1.0, 240
-    mx.random.seed(5)
-    stats = SpecStats()
-    config = SpecConfig(method="draft", max_tokens=n, temp=temp, adaptive=False)
-    events = speculative_events(mx.array(ids), model, draft, config=config, stats=stats)
-    out = [e.token for e in events]
-    assert len(out) == n and stats.accepted_tokens > 10
+    out = _sampled_stream_follows_law(model, tokenizer, draft, seed=5)
     outside = set(out) - set(draft.lm_head.token_ids.tolist())
     assert outside  # tokens the draft can never propose were emitted too
-    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
-    laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
-    chi2, z = stream_statistics(laws, np.array(out))
-    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
 
 
 VOCAB = 8
