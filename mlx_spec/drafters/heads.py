@@ -30,6 +30,7 @@ from ..features import FINAL, embed, feature_logits, output_layer
 from .storage import (
     activation_dtype,
     block_quantization,
+    hidden_width,
     matmul_rows,
     quantization_of,
     quantize_linears,
@@ -218,9 +219,7 @@ def head_args(kind: str, target: nn.Module, **options) -> SimpleNamespace:
     residual blocks (default 1).
     """
     targs = getattr(target, "args", SimpleNamespace())
-    H = int(
-        embed(target, mx.array([[0]])).shape[-1]
-    )  # a quantized table packs its rows
+    H = hidden_width(target)
     if kind == "eagle":
         heads = getattr(targs, "num_attention_heads", max(H // 64, 1))
         if H % heads:

@@ -21,9 +21,19 @@ from ..features import embed, feature_owner, output_layer
 Quantization = Tuple[int, int, str]
 
 
+def _embedded(target: nn.Module) -> mx.array:
+    """One token through the target's input embedding: ``(1, 1, H)``."""
+    return embed(target, mx.array([[0]]))
+
+
 def activation_dtype(target: nn.Module) -> mx.Dtype:
     """The dtype of the target's hidden states (its input embedding's output)."""
-    return embed(target, mx.array([[0]])).dtype
+    return _embedded(target).dtype
+
+
+def hidden_width(target: nn.Module) -> int:
+    """The width of the target's hidden states (a quantized table packs its rows)."""
+    return int(_embedded(target).shape[-1])
 
 
 def quantization_of(layer: nn.Module) -> Optional[Quantization]:
