@@ -24,10 +24,10 @@ ui: setup
 	$(PY) -m ui.app $(ARGS)
 
 bench: setup-dev
-	$(PY) -m benchmarks.run $(ARGS)
+	$(PY) -m mlx_spec.bench.run $(ARGS)
 
 bench-quick: setup-dev
-	$(PY) -m benchmarks.run --quick $(ARGS)
+	$(PY) -m mlx_spec.bench.run --quick $(ARGS)
 
 doctor: setup
 	$(PY) -m mlx_spec doctor

@@ -1,1 +1,1 @@
-"""Benchmark harness: mlx-spec against mlx-lm, side by side (``python -m benchmarks.run``)."""
+"""Results, charts and notes of the benchmarks; the harness is :mod:`mlx_spec.bench`."""

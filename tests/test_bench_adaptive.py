@@ -1,4 +1,4 @@
-"""benchmarks.adaptive: adaptive against fixed γ and tree budgets, and the replay.
+"""mlx_spec.bench.adaptive: adaptive against fixed γ and tree budgets, and the replay.
 
 The replay must reproduce the engine's rounds exactly under greedy decoding,
 so its modelled comparison describes the same rounds the engine runs. Tree
@@ -15,8 +15,8 @@ import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from benchmarks import adaptive as bench
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
+from mlx_spec.bench import adaptive as bench
 
 
 def test_replay_advances_by_accepted_plus_one_and_respects_the_budget():

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import options, report
-from benchmarks import rows as bench_rows
-from benchmarks import run as bench
-from benchmarks import runner
-from benchmarks.goals import GOALS, check_goals
-from benchmarks.measure import BareCosts, PiecewiseCost, fit_linear
-from benchmarks.prompts import (
+from mlx_spec.bench import options, report
+from mlx_spec.bench import rows as bench_rows
+from mlx_spec.bench import run as bench
+from mlx_spec.bench import runner
+from mlx_spec.bench.goals import GOALS, check_goals
+from mlx_spec.bench.measure import BareCosts, PiecewiseCost, fit_linear
+from mlx_spec.bench.prompts import (
     BASE_PROMPTS,
     BASE_SETS,
     CHAT_PROMPTS,
@@ -1072,7 +1072,7 @@ def test_quick_runs_the_slowest_methods_greedy_unless_they_are_named(named):
 def test_batch_benchmark_compares_every_batched_method_with_mlx_lm(
     checkpoints, tmp_path, capsys
 ):
-    from benchmarks import batch
+    from mlx_spec.bench import batch
 
     out = tmp_path / "batch.json"
     argv = ["--model", str(checkpoints["llama"])]
@@ -1087,7 +1087,7 @@ def test_batch_benchmark_compares_every_batched_method_with_mlx_lm(
 
 
 def test_batch_benchmark_refuses_a_bad_model_in_one_line(tmp_path, capsys):
-    from benchmarks import batch
+    from mlx_spec.bench import batch
 
     with pytest.raises(SystemExit) as stop:
         batch.main(["--model", str(tmp_path / "missing")])
@@ -1096,7 +1096,7 @@ def test_batch_benchmark_refuses_a_bad_model_in_one_line(tmp_path, capsys):
 
 
 def test_batch_benchmark_samples_with_temp_and_leaves_identity_open(checkpoints):
-    from benchmarks import batch
+    from mlx_spec.bench import batch
 
     argv = ["--model", str(checkpoints["llama"]), "--batch-sizes", "2"]
     argv += ["--max-tokens", "5", "--repeats", "1", "--temp", "0.8"]

@@ -181,7 +181,7 @@ def test_a_drafter_loaded_on_one_thread_decodes_on_another(
 def test_benchmarks_take_the_shipped_heads_and_leave_the_draft_to_the_draft_slot(pair):
     """The benchmark's default heads are the EAGLE and Medusa heads in models/,
     with no complaint about the distilled draft beside them."""
-    from benchmarks.run import default_heads
+    from mlx_spec.bench.run import default_heads
 
     notes = []
     heads = default_heads(pair[0], notes.append)

@@ -1,10 +1,10 @@
-"""benchmarks/serve.py: its statistics, goal verdicts and one tiny real run."""
+"""mlx_spec/bench/serve.py: its statistics, goal verdicts and one tiny real run."""
 
 import json
 
 import pytest
 
-from benchmarks import serve as bench
+from mlx_spec.bench import serve as bench
 
 
 def _result(start, first, end, tokens, stats=None):

@@ -1,4 +1,4 @@
-"""``mlx_spec bench``: the benchmark harness (``benchmarks/run.py``) under the
+"""``mlx_spec bench``: the benchmark harness (``mlx_spec/bench/run.py``) under the
 package's name, with the speculative method options as flags."""
 
 import argparse
@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 
 from ..options import add_speculative_options, one_line_errors
 
-BENCH_ENTRY = "benchmarks.run:main"
+BENCH_ENTRY = "mlx_spec.bench.run:main"
 # The harness flag that carries one extra SpecConfig field as KEY=VALUE (JSON).
 BENCH_OPTION_FLAG = "--option"
 
@@ -63,22 +63,14 @@ def bench_argv(
 
 
 def bench_main(argv: Optional[List[str]] = None):
-    """Run the benchmark harness (``benchmarks/run.py``)."""
-    from ..loading import REPO_ROOT
-
+    """Run the benchmark harness (``mlx_spec/bench/run.py``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    # benchmarks/ ships with the source checkout, next to the package.
-    if (REPO_ROOT / "benchmarks").is_dir() and str(REPO_ROOT) not in sys.path:
-        sys.path.append(str(REPO_ROOT))
     module_name, function = BENCH_ENTRY.split(":")
     try:
         module = importlib.import_module(module_name)
         bench = getattr(module, function)
     except (ImportError, AttributeError) as e:
-        sys.exit(
-            f"mlx_spec bench: error: the benchmark harness is not available ({e}); "
-            "run it from a source checkout that has benchmarks/."
-        )
+        sys.exit(f"mlx_spec bench: error: the benchmark harness is not available ({e})")
     make_parser = getattr(module, "setup_arg_parser", None)
     if make_parser is not None:
         harness_dests = {a.dest for a in make_parser()._actions}

@@ -845,7 +845,7 @@ def mixed_prompts(
 def load_prompt_file(path: str) -> List[Prompt]:
     """Prompts from a JSON-lines file: ``prompt_set`` and ``prompt`` or ``messages``.
 
-    The format is the one ``benchmarks.run --prompts FILE`` reads.
+    The format is the one ``mlx_spec.bench.run --prompts FILE`` reads.
     """
     prompts = []
     lines = Path(path).read_text(encoding="utf-8").splitlines()

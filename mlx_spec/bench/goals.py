@@ -6,7 +6,7 @@ verdict ``met``, ``missed`` or ``not run`` (the method, temperature or prompt
 set was not in the run, or the value could not be measured). Nothing is
 estimated: a goal whose row is missing is never met.
 
-Speedups are decode-only and paired (``benchmarks.rows``). "Geometric mean"
+Speedups are decode-only and paired (``mlx_spec.bench.rows``). "Geometric mean"
 means over the prompt sets of the run (``*_geomean`` fields of the "all"
 rows); the main rows are the methods' defaults at ``--num-draft-tokens``
 (adaptive control on), the γ sweep's fixed-γ rows only answer the "best γ"

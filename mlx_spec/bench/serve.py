@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m benchmarks.serve --out bench_out/serve
-    python -m benchmarks.serve --model models/smollm2-135m-instruct \\
+    python -m mlx_spec.bench.serve --out bench_out/serve
+    python -m mlx_spec.bench.serve --model models/smollm2-135m-instruct \\
         --draft-model models/DRAFT --out bench_out/serve
-    python -m benchmarks.serve --quick --out bench_out/serve_quick
+    python -m mlx_spec.bench.serve --quick --out bench_out/serve_quick
 
 Every server is a real process on a loopback port, started from this
 command (OpenBLAS loaded first on Linux, as ``import mlx_spec`` does; the
@@ -517,7 +517,7 @@ def has_chat_template(model_path: str) -> bool:
 
 def setup_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.serve",
+        prog="python -m mlx_spec.bench.serve",
         description="Load benchmark: mlx_lm.server against mlx_spec.server.",
     )
     one_line_errors(parser)

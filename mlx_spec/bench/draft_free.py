@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m benchmarks.draft_free --model models/smollm2-135m-instruct
-    python -m benchmarks.draft_free --model PATH --gammas 2 4 8 --max-tokens 128 --json out.json
+    python -m mlx_spec.bench.draft_free --model models/smollm2-135m-instruct
+    python -m mlx_spec.bench.draft_free --model PATH --gammas 2 4 8 --max-tokens 128 --json out.json
 
 For each prompt set (``editing``: repeat a text or function with one change;
 ``summarize`` for a model with a chat template, ``free_text`` to continue
@@ -142,7 +142,7 @@ def run_once(model, ids: List[int], fields, max_tokens: int, temp: float):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.draft_free", description=__doc__.split("\n")[0]
+        prog="python -m mlx_spec.bench.draft_free", description=__doc__.split("\n")[0]
     )
     one_line_errors(parser)
     parser.add_argument("--model", required=True, help="Target model path or repo.")

@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m benchmarks.rollback                       # every rollback family, γ = 4
-    python -m benchmarks.rollback --archs qwen3_next mamba2 --max-tokens 96 --json out.json
+    python -m mlx_spec.bench.rollback                       # every rollback family, γ = 4
+    python -m mlx_spec.bench.rollback --archs qwen3_next mamba2 --max-tokens 96 --json out.json
 
 For each test fixture family (``mlx_spec.testing.ROLLBACK_ARCHITECTURES``:
 the target and its ``-near`` draft, both with recurrent or sliding-window
@@ -219,7 +219,7 @@ def design_costs(model, prompt, gamma, histogram) -> Dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.rollback", description=__doc__.split("\n")[0]
+        prog="python -m mlx_spec.bench.rollback", description=__doc__.split("\n")[0]
     )
     one_line_errors(parser)
     parser.add_argument("--archs", nargs="+", default=list(ROLLBACK_ARCHITECTURES))

@@ -1,4 +1,4 @@
-"""The command line of ``python -m benchmarks.run`` and the settings it resolves.
+"""The command line of ``python -m mlx_spec.bench.run`` and the settings it resolves.
 
 :func:`setup_arg_parser` builds the parser (``mlx_spec bench`` reuses it and
 adds the speculative method options); :func:`resolve_settings` turns parsed
@@ -49,7 +49,7 @@ def _parse_option(text: str):
 
 def setup_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.run",
+        prog="python -m mlx_spec.bench.run",
         description="Benchmark mlx-spec methods against mlx_lm and mlx_lm's "
         "speculative decoding, side by side in one process.",
     )
@@ -209,7 +209,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="JSON",
         help="Project with cost curves measured earlier (a results.json, or the "
-        "output of `python -m benchmarks.measure`) instead of measuring them.",
+        "output of `python -m mlx_spec.bench.measure`) instead of measuring them.",
     )
     parser.add_argument(
         "--cost-shapes",

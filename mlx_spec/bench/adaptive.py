@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m benchmarks.adaptive                       # the default pair in models/
-    python -m benchmarks.adaptive --methods draft lookup self --gammas 1 2 3 4 6 8
-    python -m benchmarks.adaptive --methods tree eagle medusa --budgets 1 2 4 8 16 32
-    python -m benchmarks.adaptive --model PATH --draft-model PATH --json out.json
+    python -m mlx_spec.bench.adaptive                       # the default pair in models/
+    python -m mlx_spec.bench.adaptive --methods draft lookup self --gammas 1 2 3 4 6 8
+    python -m mlx_spec.bench.adaptive --methods tree eagle medusa --budgets 1 2 4 8 16 32
+    python -m mlx_spec.bench.adaptive --model PATH --draft-model PATH --json out.json
 
 For each method it runs plain ``mlx_lm`` decoding, the method at every fixed
 size with adaptive control off (``adaptive=False``) and the method with
@@ -292,7 +292,7 @@ def load_drafters(args, model, tokenizer, parser) -> Dict[str, object]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.adaptive", description=__doc__.split("\n")[0]
+        prog="python -m mlx_spec.bench.adaptive", description=__doc__.split("\n")[0]
     )
     one_line_errors(parser)
     parser.add_argument("--model", default=None, help="Default: models/ target.")

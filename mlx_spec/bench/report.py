@@ -2,7 +2,7 @@
 
 The Markdown report holds the settings, the loud warnings, the headline, the
 tables over all prompts, per prompt set and of the γ sweep, the bare forwards
-and the labelled projection. The charts are drawn by :mod:`benchmarks.plots`.
+and the labelled projection. The charts are drawn by :mod:`mlx_spec.bench.plots`.
 """
 
 import json

@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m benchmarks.batch                      # default pair, 4 and 16 prompts
-    python -m benchmarks.batch --model PATH --draft-model PATH --batch-sizes 8 --json out.json
+    python -m mlx_spec.bench.batch                      # default pair, 4 and 16 prompts
+    python -m mlx_spec.bench.batch --model PATH --draft-model PATH --batch-sizes 8 --json out.json
 
 Each batch holds the first prompts of the built-in suite (chat, code, editing
 and summarize in turn, through the chat template when the model has one).
@@ -88,7 +88,7 @@ def run_once(
 
 def setup_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.batch", description=__doc__.split("\n")[0]
+        prog="python -m mlx_spec.bench.batch", description=__doc__.split("\n")[0]
     )
     one_line_errors(parser)
     parser.add_argument("--model", default=None, help="Target (default: the pair's).")

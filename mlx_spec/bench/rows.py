@@ -4,7 +4,7 @@ Each row aggregates the runs of one (method, temperature, γ), over all prompts
 and per prompt set: throughput, paired speedups (each run over its block's
 plain ``mlx_lm`` runs, median over blocks), acceptance, tokens per target
 forward, the implementation overhead (each round's time over the bare cost
-of its forwards, :class:`benchmarks.measure.BareCosts`) and greedy identity.
+of its forwards, :class:`mlx_spec.bench.measure.BareCosts`) and greedy identity.
 Also here: the noise floor, the loud warnings and the labelled projection to
 real target shapes. Every quantity is defined in :data:`DEFINITIONS`.
 """

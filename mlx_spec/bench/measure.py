@@ -446,7 +446,7 @@ def load_cost_curves(path: str) -> Dict[str, dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Measure the cost curves alone: ``python -m benchmarks.measure OUT.json``."""
+    """Measure the cost curves alone: ``python -m mlx_spec.bench.measure OUT.json``."""
     import argparse
     import json
     import sys
@@ -455,9 +455,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from mlx_spec.options import one_line_errors
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.measure",
+        prog="python -m mlx_spec.bench.measure",
         description="Measure forward time against verified width for random-weight "
-        "models of real shapes; reuse with `benchmarks.run --cost-curves-from FILE`.",
+        "models of real shapes; reuse with `mlx_spec.bench.run --cost-curves-from FILE`.",
     )
     one_line_errors(parser)
     parser.add_argument("out", help="JSON file to write.")
