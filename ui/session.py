@@ -31,6 +31,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from mlx_spec.chat_text import encode_chat, repair_text
 from mlx_spec.config import plan_method
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
@@ -431,12 +432,14 @@ def encode_prompt(
     """Token ids of the full prompt: the chat template over the conversation, or raw text.
 
     In chat mode the template runs with ``add_generation_prompt=True`` over
-    :func:`chat_messages`; otherwise ``text`` is encoded as it is (with the
+    :func:`chat_messages`, the messages' text kept literal (see
+    :func:`mlx_spec.chat_text.encode_chat`); otherwise ``text`` is encoded as it is (with the
     BOS token unless it already starts with it) and ``history`` is ignored.
     """
     if chat:
         messages = chat_messages(history, text, system)
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return encode_chat(tokenizer, messages, add_generation_prompt=True)
+    text = repair_text(text)
     bos = getattr(tokenizer, "bos_token", None)
     add_special = bos is None or not text.startswith(bos)
     return list(tokenizer.encode(text, add_special_tokens=add_special))

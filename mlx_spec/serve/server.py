@@ -62,6 +62,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
+from ..chat_text import LiteralText
 from ..config import (
     DEFAULT_NUM_DRAFT_TOKENS,
     MAX_SEED,
@@ -515,6 +516,10 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         self._model_reasons: Dict[Any, Optional[str]] = {}
         self._solo: Optional[_SoloRun] = None
         super().__init__(model_provider, prompt_cache)
+
+    def _tokenize(self, tokenizer, request, args):
+        """mlx_lm's, with message text literal and invalid Unicode repaired."""
+        return super()._tokenize(LiteralText(tokenizer), request, args)
 
     # ------------------------------------------------------------------ #
     # The generation thread
