@@ -1,8 +1,8 @@
 """Shared pytest set-up: load OpenBLAS before mlx is imported anywhere."""
 
-import mlx_spec  # noqa: F401  (must precede every mlx import: it preloads OpenBLAS)
+from mlx_spec._blas import ensure_fast_blas
 
-# isort: split
+ensure_fast_blas()  # before any test module imports mlx
 import functools
 
 import pytest

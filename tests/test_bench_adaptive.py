@@ -7,12 +7,8 @@ methods sweep fixed node budgets, each capping its rounds' trees.
 
 import json
 
-import pytest
-
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: split
 import mlx.core as mx
+import pytest
 from mlx_lm.generate import generate_step
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step

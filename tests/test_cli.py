@@ -284,3 +284,26 @@ def test_one_line_errors_reach_subcommands_added_later(capsys):
         parser.parse_args(["run", "--help"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: tool run [-h] [--n N]")
+
+
+@pytest.mark.parametrize(
+    "module", ["mlx_spec.bench.run", "mlx_spec.train.cli", "ui.session"]
+)
+def test_importing_any_entry_module_first_loads_openblas_before_mlx(module):
+    # -W error: the "mlx was imported before mlx_spec" warning would fail it.
+    code = (
+        f"import {module}; from mlx_spec._blas import blas_in_use; print(blas_in_use())"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("LD_PRELOAD", None)
+    result = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    if sys.platform.startswith("linux"):
+        assert result.stdout.strip() == "OpenBLAS"

@@ -25,10 +25,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
     sys.path.insert(0, str(REPO_ROOT))
 
-import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
-
-# isort: split
-
 gr = pytest.importorskip("gradio")
 
 from mlx_spec.loading import REPO_ROOT as MODELS_ROOT  # noqa: E402

@@ -17,10 +17,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
     sys.path.insert(0, str(REPO_ROOT))
 
-import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
-
-# isort: split
-
 pytest.importorskip("gradio")
 
 import ui.session  # noqa: E402

@@ -14,5 +14,8 @@ model (``mlx_spec.loading.default_model_pair``). The modules, from the top down:
 
 import os
 
+from mlx_spec._blas import ensure_fast_blas
+
+ensure_fast_blas()  # before any module of the package imports mlx
 # Before any module of the package imports gradio.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

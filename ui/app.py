@@ -10,10 +10,6 @@ access checks (loopback unless ``--allow-remote``, optional logins) and
 start-up; the page is :mod:`ui.layout`, the handlers :mod:`ui.handlers`.
 """
 
-import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
-
-# isort: split
-
 import argparse
 import ipaddress
 import logging

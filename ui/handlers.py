@@ -7,10 +7,6 @@ streamed tokens into page updates with :mod:`ui.render`; ``api_generate`` is
 the ``/generate`` API. The page itself is laid out by :mod:`ui.layout`.
 """
 
-import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
-
-# isort: split
-
 import html
 import logging
 import math

@@ -12,10 +12,6 @@ and the reply is exactly what plain decoding of the full conversation gives.
 Everything here runs without a browser.
 """
 
-import mlx_spec  # noqa: F401  (loads OpenBLAS before mlx.core)
-
-# isort: split
-
 import logging
 import queue
 import threading

@@ -37,9 +37,6 @@ measured rounds of every fixed γ (checked and printed), so it shows what
 the controller's choices are worth on this machine's costs, apart from noise.
 """
 
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: split
 import argparse
 import copy
 import json

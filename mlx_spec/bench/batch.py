@@ -20,9 +20,6 @@ alike. Reported per batch size and method:
   rows draw their own answers).
 """
 
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: split
 import argparse
 import json
 import time
@@ -32,6 +29,7 @@ import mlx.core as mx
 import mlx_lm
 from mlx_lm.sample_utils import make_sampler
 
+from mlx_spec import batch_generate as spec_batch_generate
 from mlx_spec.loading import default_model_pair, load_draft, load_model
 from mlx_spec.options import one_line_errors
 from mlx_spec.serve.batch import BATCH_METHODS
@@ -73,7 +71,7 @@ def run_once(
             return_token_ids=True,
         )
     else:
-        out = mlx_spec.batch_generate(
+        out = spec_batch_generate(
             model,
             tokenizer,
             prompts,

@@ -20,9 +20,6 @@ Reported per method and prompt set:
 * ``× plain``: ``tok/s`` over plain decoding's in the same run.
 """
 
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: split
 import argparse
 import json
 import time

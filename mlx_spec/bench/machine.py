@@ -1,10 +1,5 @@
 """Machine, versions and model sizes, recorded with every benchmark."""
 
-# isort: off
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: on
-
 import os
 import platform
 import subprocess
@@ -15,6 +10,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx_lm
 
+from mlx_spec import __version__ as mlx_spec_version
 from mlx_spec._blas import blas_in_use
 
 
@@ -44,7 +40,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm.__version__,
-        "mlx_spec": mlx_spec.__version__,
+        "mlx_spec": mlx_spec_version,
         "blas": blas_in_use(),
         "device": str(mx.default_device()),
         "git_commit": _git_commit(),

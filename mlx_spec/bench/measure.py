@@ -11,11 +11,6 @@ and, with random-weight models shaped like real targets, for the
 ``--cost-curves`` projection.
 """
 
-# isort: off
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: on
-
 import gc
 import statistics
 import time

@@ -30,9 +30,6 @@ Timings are ratios within one run on this machine; runs are interleaved and
 medians reported. Greedy output is checked against plain mlx_lm decoding.
 """
 
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: split
 import argparse
 import json
 import statistics

@@ -47,11 +47,6 @@ Definitions (also written to ``results.json`` and ``benchmarks/README.md``):
   calibration: it comes out at ~1.0.
 """
 
-# isort: off
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: on
-
 import sys
 import time
 from pathlib import Path

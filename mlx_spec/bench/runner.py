@@ -10,11 +10,6 @@ span and each verification round's time, drafted tokens and draft forwards
 2-token generation and says why one is skipped.
 """
 
-# isort: off
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: on
-
 import functools
 import time
 from dataclasses import dataclass, field

@@ -49,11 +49,6 @@ Results go to ``OUT/serve.json`` and ``OUT/serve.md``; the goals of issue 19
 are printed with the measured value next to each, never estimated.
 """
 
-# isort: off
-import mlx_spec  # noqa: F401  (must precede mlx: it preloads OpenBLAS)
-
-# isort: on
-
 import argparse
 import http.client
 import json

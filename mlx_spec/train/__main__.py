@@ -2,7 +2,6 @@
 
 import sys
 
-import mlx_spec  # noqa: F401  (preloads OpenBLAS before mlx.core)
 from mlx_spec.train.cli import main
 
 if __name__ == "__main__":

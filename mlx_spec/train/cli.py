@@ -711,8 +711,6 @@ def write_card(out: Path, extra: Dict, evaluation: Optional[Dict], timing: Dict)
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``mlx_spec train-draft`` and ``python -m mlx_spec.train``."""
-    import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = setup_arg_parser().parse_args(argv)
     try:
