@@ -404,9 +404,10 @@ def _init_param(name: str, shape: tuple, *, arch: str, head_scale: float, seed: 
 def _parameter_shapes(config: dict) -> dict[str, tuple]:
     """Parameter names and shapes, taken from mlx-lm's own model class."""
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
-    model_class, args_class = _get_classes(config)
+    from .mlx_lm_private import model_classes
+
+    model_class, args_class = model_classes(config)
     model = model_class(args_class.from_dict(config))
     return {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
 
@@ -701,9 +702,10 @@ def _mtp_config(arch: str, vocab_size: int) -> dict:
 def _mtp_block_shapes(arch: str, config: dict) -> dict[str, tuple]:
     """Parameter shapes of the MTP layer's decoder block (mlx-lm layout)."""
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
-    _, args_class = _get_classes(config)
+    from .mlx_lm_private import model_classes
+
+    _, args_class = model_classes(config)
     if arch == "qwen3_next":
         from mlx_lm.models import qwen3_next as m
 

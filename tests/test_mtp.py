@@ -33,7 +33,8 @@ from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import speculative_events
 from mlx_spec.loading import load_pair, resolve_draft
 from mlx_spec.mtp import MTP_FILE, MTPMissing, load_mtp, missing_message, random_mtp
-from mlx_spec.serve.server import SpecServer, setup_arg_parser
+from mlx_spec.serve.cli import setup_arg_parser
+from mlx_spec.serve.server import SpecServer
 from mlx_spec.testing import (
     MTP_ARCHITECTURES,
     PROMPTS,

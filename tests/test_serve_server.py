@@ -19,7 +19,9 @@ from typing import Tuple
 import mlx_lm
 import pytest
 
-from mlx_spec.serve.server import STATS_FIELD, SpecServer, setup_arg_parser
+from mlx_spec.serve.cli import setup_arg_parser
+from mlx_spec.serve.requests import STATS_FIELD
+from mlx_spec.serve.server import SpecServer
 
 MAX_TOKENS = 16
 PROMPTS = (

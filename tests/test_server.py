@@ -24,16 +24,11 @@ import mlx_lm
 import pytest
 from openai import OpenAI
 
-from mlx_spec.config import METHODS
-from mlx_spec.config import plan_method
-from mlx_spec.serve import server as server_module
-from mlx_spec.serve.server import (
-    STATS_FIELD,
-    SpecServer,
-    main,
-    resolve_model_args,
-    setup_arg_parser,
-)
+from mlx_spec.config import METHODS, plan_method
+from mlx_spec.serve import requests, solo
+from mlx_spec.serve.cli import resolve_model_args, setup_arg_parser
+from mlx_spec.serve.requests import STATS_FIELD
+from mlx_spec.serve.server import SpecServer, main
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -390,10 +385,10 @@ def test_a_draft_method_on_a_server_without_a_draft_gets_400_naming_the_fix(
 def test_a_server_holding_an_eagle_head_offers_the_eagle_methods():
     head = types.SimpleNamespace(is_head=True, kind="eagle")
     runnable = ["none", "lookup", "self", "auto", "eagle", "eagle-chain"]
-    assert server_module.runnable_methods(head) == runnable
-    server_module.check_request_method("eagle-chain", head)
-    with pytest.raises(server_module.RequestError) as e:
-        server_module.check_request_method("medusa", head)
+    assert requests.runnable_methods(head) == runnable
+    requests.check_request_method("eagle-chain", head)
+    with pytest.raises(requests.RequestError) as e:
+        requests.check_request_method("medusa", head)
     assert "(it has a trained eagle head); ask for one of " + ", ".join(runnable) in (
         str(e.value)
     )
@@ -532,7 +527,7 @@ def test_streaming_request_gets_keepalive_before_the_first_token(server):
 
 def test_prefill_keepalive_repeats_then_ends_with_the_total():
     messages = queue.Queue()
-    keepalive = server_module._PrefillKeepalive(messages, 7, interval=0.001)
+    keepalive = solo.PrefillKeepalive(messages, 7, interval=0.001)
     keepalive.start()
     assert messages.get(timeout=30) == (0, 7)
     assert messages.get(timeout=30) == (0, 7)  # repeated while prefilling
@@ -554,14 +549,14 @@ def test_cached_conversation_reaches_the_engine_as_history(
 
     Lookup trees run alone, through ``stream_generate``.
     """
-    real = server_module.stream_generate
+    real = solo.stream_generate
     seen = []
 
     def spy(*args, history_tokens=None, **kwargs):
         seen.append(history_tokens)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(server_module, "stream_generate", spy)
+    monkeypatch.setattr(solo, "stream_generate", spy)
     prompt = "def history_probe(tokens):\n    return"
     for _ in range(2):
         status, _ = _post(

@@ -280,9 +280,10 @@ def _delegating_runner(spec_module, lm_parser: Callable) -> Runner:
 
 
 def _server_runner() -> Runner:
+    from ..mlx_lm_private import server_parser
     from ..serve import server
 
-    return _delegating_runner(server, server.mlx_lm_server_parser)
+    return _delegating_runner(server, server_parser)
 
 
 def _chat_runner() -> Runner:

@@ -35,6 +35,8 @@ import numpy as np
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
+from ..mlx_lm_private import set_write_index
+
 # Compact once the frame is this many slots (plus a quarter of the longest
 # row) longer than the longest row.
 SLACK = 64
@@ -268,7 +270,7 @@ class RaggedBatch:
         offset = mx.array(self.lengths.astype(np.int32))
         padding = mx.array((self.frame - self.lengths).astype(np.int32))
         for c in self.caches:
-            c._idx = self.frame
+            set_write_index(c, self.frame)
             c.offset = offset
             c.left_padding = padding
 

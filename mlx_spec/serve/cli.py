@@ -1,0 +1,124 @@
+"""``mlx_spec.server``'s command line: mlx_lm.server's flags plus the
+speculative options, and the start-up checks of their values."""
+
+import argparse
+
+from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, plan_method
+from ..loading import check_draft_given, check_drafter_kind, default_model_pair
+from ..mlx_lm_private import server_parser
+from ..options import (
+    add_speculative_options,
+    check_sampling_options,
+    method_options,
+    one_line_errors,
+)
+from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
+from .index import cap_range
+
+PORT_RANGE = (1, 65535)
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    """mlx_lm.server's parser plus ``--speculative`` and the method options."""
+    parser = one_line_errors(server_parser())
+    parser.prog = "mlx_spec.server"
+    parser.description = (
+        "OpenAI-compatible HTTP server with exact speculative decoding "
+        "(a superset of mlx_lm.server)."
+    )
+    for action in parser._actions:
+        if action.dest == "model":
+            action.help = (
+                "The path to the MLX model weights, tokenizer and config. "
+                "Default: the embedded default pair (with its draft)."
+            )
+        elif action.dest == "draft_model":
+            action.help = (
+                "A draft model for the draft/tree methods. Default: the embedded "
+                "draft when --model is not given."
+            )
+        elif action.dest == "num_draft_tokens":
+            action.default = DEFAULT_NUM_DRAFT_TOKENS
+            action.help = (
+                f"Draft tokens per round, 1 to 64; requests may override it "
+                f"(default: {DEFAULT_NUM_DRAFT_TOKENS})."
+            )
+        elif action.dest == "host":
+            action.default = "127.0.0.1"
+            action.help = "Host for the HTTP server (default: 127.0.0.1)."
+    add_speculative_options(parser)
+    group = parser.add_argument_group("batching")
+    group.add_argument(
+        "--batching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Decode concurrent requests together with speculation (default: on); "
+        "--no-batching serves one request at a time.",
+    )
+    group.add_argument(
+        "--cross-request-tokens",
+        type=int,
+        default=DEFAULT_INDEX_TOKENS,
+        help="Tokens of earlier requests that lookup and auto may draft from "
+        f"(a memory cap; 0 turns it off; default: {DEFAULT_INDEX_TOKENS}).",
+    )
+    return parser
+
+
+def check_port(port: int) -> int:
+    """The ``--port`` value, or a one-line ``ValueError`` naming the range."""
+    low, high = PORT_RANGE
+    if not low <= port <= high:
+        raise ValueError(
+            f"--port={port} is out of range: an integer from {low} to {high}."
+        )
+    return port
+
+
+def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in the default pair and check the speculative options (``ValueError``)."""
+    if args.model is None:
+        args.model, draft = default_model_pair(args.speculative)
+        args.draft_model = args.draft_model or draft
+    method, _ = plan_method(args.speculative, args.draft_model)
+    check_draft_given(method, args.draft_model)
+    check_drafter_kind(method, args.draft_model)
+    SpecConfig(method=method, **method_options(args))
+    check_request_defaults(args)
+    return args
+
+
+def check_request_defaults(args: argparse.Namespace) -> None:
+    """The server-wide values requests fall back on, checked at start-up.
+
+    Otherwise a bad one would be reported to every client as its own error.
+    """
+    check_sampling_options(args)
+    checks = [
+        ("max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
+        (
+            "decode-concurrency",
+            args.decode_concurrency,
+            args.decode_concurrency >= 1,
+            "an integer >= 1",
+        ),
+        (
+            "prompt-concurrency",
+            args.prompt_concurrency,
+            args.prompt_concurrency >= 1,
+            "an integer >= 1",
+        ),
+    ]
+    tokens = getattr(args, "cross_request_tokens", 0)
+    low, high = cap_range()
+    checks.append(
+        (
+            "cross-request-tokens",
+            tokens,
+            tokens == 0 or low <= tokens <= high,
+            f"0 (off) or an integer from {low} to {high}",
+        )
+    )
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            raise ValueError(f"--{flag}={value} is out of range: {allowed}.")

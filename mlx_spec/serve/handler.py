@@ -1,0 +1,168 @@
+"""``mlx_spec.server``'s HTTP side: mlx_lm's handler with the speculative
+request fields, their checks, and the statistics in responses."""
+
+import io
+import json
+import logging
+import sys
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import mlx_lm.server as lm_server
+
+from .requests import (
+    POST_PATHS,
+    STATS_FIELD,
+    SpecCompletionRequest,
+    body_error,
+    check_adapters,
+    check_request_fields,
+    check_request_values,
+    request_isolation,
+    request_speculation,
+    stats_payload,
+)
+
+
+class SpecAPIHandler(lm_server.APIHandler):
+    """mlx_lm's handler with speculative request fields and statistics."""
+
+    _spec_request: Optional[SpecCompletionRequest] = None
+    _speculation: Optional[Dict[str, Any]] = None
+    _isolation: bool = False
+
+    def do_POST(self):
+        self._spec_request = None
+        self._speculation = None
+        self._isolation = False
+        if self.path not in POST_PATHS or self.headers.get("Content-Length") is None:
+            return super().do_POST()  # mlx_lm's 404 and 411
+        raw = self._checked_body()
+        if raw is None:
+            return  # refused with a 400
+        # mlx_lm reads the body itself: it gets the bytes already read.
+        connection, self.rfile = self.rfile, io.BytesIO(raw)
+        try:
+            super().do_POST()
+        finally:
+            self.rfile = connection
+
+    def _checked_body(self) -> Optional[bytes]:
+        """The POST body, or ``None`` once a 400 has said why it is not a JSON object.
+
+        mlx_lm drops the connection on a body that is not UTF-8, and waits
+        for the client to hang up on a negative Content-Length.
+        """
+        length = self.headers["Content-Length"]
+        if not length.strip().isdecimal():
+            self._refuse(
+                f"Content-Length must be a non-negative integer, got {length!r}."
+            )
+            return None
+        raw = self.rfile.read(int(length))
+        error = body_error(raw)
+        if error is not None:
+            self._refuse(error)
+            return None
+        return raw
+
+    def _refuse(self, message: str, status: int = 400):
+        """Answer ``{"error": message}`` with ``status``."""
+        body = json.dumps({"error": message}).encode()
+        self._set_completion_headers(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def validate_model_parameters(self) -> None:
+        check_request_values(self.body)  # before mlx_lm converts logit_bias
+        check_adapters(self.body.get("adapters"))
+        super().validate_model_parameters()
+        check_request_fields(self.body, chat=self.path != "/v1/completions")
+        body = dict(self.body)
+        body["num_draft_tokens"] = self.num_draft_tokens
+        self._speculation = request_speculation(body, self.response_generator.cli_args)
+        self._isolation = request_isolation(body)
+
+    def _with_speculation(self, request) -> SpecCompletionRequest:
+        values = {name: getattr(request, name) for name in request.__dataclass_fields__}
+        self._spec_request = SpecCompletionRequest(
+            **values, speculation=self._speculation or {}, isolation=self._isolation
+        )
+        return self._spec_request
+
+    def handle_chat_completions(self):
+        return self._with_speculation(super().handle_chat_completions())
+
+    def handle_text_completions(self):
+        return self._with_speculation(super().handle_text_completions())
+
+    def _set_completion_headers(self, status_code: int = 200):
+        # mlx_lm answers 404 to any error raised before generation starts;
+        # a request the server refuses is the client's error.
+        if status_code == 404 and self._spec_request is not None:
+            if self._spec_request.error is not None:
+                status_code = 400
+        super()._set_completion_headers(status_code)
+
+    def _stats(self) -> Optional[dict]:
+        request = self._spec_request
+        if request is None:
+            return None
+        return stats_payload(request.stats, request.serving)
+
+    def generate_response(self, text, finish_reason, *args, **kwargs) -> dict:
+        response = super().generate_response(text, finish_reason, *args, **kwargs)
+        if not self.stream or finish_reason is not None:
+            response[STATS_FIELD] = self._stats()
+        return response
+
+    def completion_usage_response(self, *args, **kwargs):
+        response = super().completion_usage_response(*args, **kwargs)
+        response[STATS_FIELD] = self._stats()
+        return response
+
+    def handle_models_request(self):
+        """``/v1/models``: the served model and draft (no Hugging Face cache scan)."""
+        cli_args = self.response_generator.cli_args
+        models = []
+        for path, role in ((cli_args.model, "model"), (cli_args.draft_model, "draft")):
+            if path is None:
+                continue
+            model_id = str(Path(path).resolve()) if Path(path).exists() else path
+            models.append(
+                {
+                    "id": model_id,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "mlx_spec",
+                    "role": role,
+                }
+            )
+        body = json.dumps({"object": "list", "data": models}).encode()
+        self._set_completion_headers(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def log_message(self, format, *args):
+        logging.info("%s - %s", self.address_string(), format % args)
+
+
+class SpecHTTPServer(ThreadingHTTPServer):
+    """mlx_lm's threading HTTP server; a client that hangs up is not an error."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, family):
+        self.address_family = family
+        super().__init__(address, handler)
+
+    def handle_error(self, request, client_address):
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            logging.info("client %s disconnected", client_address[0])
+            return
+        super().handle_error(request, client_address)

@@ -1,0 +1,293 @@
+"""What ``mlx_spec.server`` accepts in a request: the speculative fields,
+the checks of the fields mlx_lm reads unchecked, and the statistics sent back.
+
+Every refusal is one line, answered with HTTP 400.
+"""
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import mlx_lm.server as lm_server
+
+from ..config import MAX_SEED, METHODS, SpecConfig
+from ..loading import METHOD_KINDS, drafter_kind
+from ..options import method_option_fields
+
+# Statistics left out of responses (per-round lists grow with the output).
+_STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
+STATS_FIELD = "speculative_stats"
+# The request field that keeps a request out of the cross-request index.
+ISOLATION_FIELD = "speculative_isolation"
+
+
+class RequestError(ValueError):
+    """A request the server refuses (sent back as HTTP 400)."""
+
+
+@dataclass
+class SpecCompletionRequest(lm_server.CompletionRequest):
+    """mlx_lm's request plus its speculative options and, once served, stats."""
+
+    speculation: Dict[str, Any] = field(default_factory=dict)
+    isolation: bool = False
+    stats: Any = None
+    serving: Optional[dict] = None
+    error: Optional[Exception] = None
+
+
+def _check_type(name: str, value, default):
+    """Request fields take the JSON type of their ``SpecConfig`` default."""
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        kind = "a number"
+    else:
+        return
+    if not ok:
+        raise RequestError(f"{name} must be {kind}, got {value!r}.")
+
+
+def request_speculation(body: dict, cli_args: argparse.Namespace) -> Dict[str, Any]:
+    """The speculative options of a request (body fields over server flags).
+
+    Raises:
+        RequestError: A field has a bad type or value.
+    """
+    options = {"speculative": body.get("speculative", cli_args.speculative)}
+    if options["speculative"] is not None and not isinstance(
+        options["speculative"], str
+    ):
+        raise RequestError(
+            f"speculative must be a string, got {options['speculative']!r}."
+        )
+    for f in method_option_fields():
+        value = body.get(f.name, getattr(cli_args, f.name, f.default))
+        _check_type(f.name, value, f.default)
+        options[f.name] = value
+    try:
+        SpecConfig(
+            method=options["speculative"] or "draft", **method_options_of(options)
+        )
+    except (ValueError, TypeError) as e:
+        raise RequestError(str(e)) from None
+    return options
+
+
+def method_options_of(options: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in options.items() if k != "speculative"}
+
+
+def request_isolation(body: dict) -> bool:
+    """The ``speculative_isolation`` field (``RequestError`` unless a bool)."""
+    value = body.get(ISOLATION_FIELD, False)
+    if not isinstance(value, bool):
+        raise RequestError(f"{ISOLATION_FIELD} must be true or false, got {value!r}.")
+    return value
+
+
+# The drafter each method needs (``METHOD_KINDS``, plus a checkpoint's MTP layer).
+_NEEDED_DRAFTER = dict(METHOD_KINDS, mtp="mtp")
+_DRAFTER_NAMES = {
+    None: "no drafter",
+    "draft": "a draft model",
+    "eagle": "a trained eagle head",
+    "medusa": "a trained medusa head",
+    "mtp": "the model's MTP layer",
+}
+
+
+def runnable_methods(draft_model) -> List[str]:
+    """The ``speculative`` values a server holding ``draft_model`` can run."""
+    kind = drafter_kind(draft_model)
+    return [m for m in METHODS if _NEEDED_DRAFTER.get(m) in (None, kind)]
+
+
+def check_request_method(method: str, draft_model) -> None:
+    """A one-line :class:`RequestError` when ``method`` needs a drafter the server lacks.
+
+    It names the request value, what is missing, what the client may ask
+    instead and how the operator enables the method.
+    """
+    needed = _NEEDED_DRAFTER.get(method)
+    has = drafter_kind(draft_model)
+    if needed is None or needed == has:
+        return
+    lacks = f"which this server was not started with (it has {_DRAFTER_NAMES[has]})"
+    enable = "; to serve it, start the server with --draft-model DIR"
+    if needed == "mtp":
+        enable = "; to serve it, start the server with --speculative mtp"
+    elif needed != "draft":
+        enable += f" holding one (mlx_spec train-draft --kind {needed})"
+    raise RequestError(
+        f"speculative={method!r} needs {_DRAFTER_NAMES[needed]}, {lacks}; ask for "
+        f"one of {', '.join(runnable_methods(draft_model))} instead{enable}."
+    )
+
+
+def stats_payload(stats, serving: Optional[dict] = None) -> Optional[dict]:
+    """The JSON ``speculative_stats`` of a :class:`SpecStats` (lists left out).
+
+    ``serving`` (batched or alone, and why) is merged in.
+    """
+    if stats is None:
+        return None
+    out = stats.as_dict()
+    for name in _STATS_LISTS:
+        out.pop(name, None)
+    if serving:
+        out.update(serving)
+    return out
+
+
+# Numeric fields mlx_lm checks by type and range, which NaN and infinity pass.
+FINITE_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "xtc_probability",
+    "xtc_threshold",
+)
+
+
+def check_request_values(body: dict) -> None:
+    """One-line ``ValueError`` (a 400) for values that would break mlx_lm's own
+    checks or the process: non-finite numbers, a malformed ``logit_bias``, a
+    seed mx.random.seed cannot take, malformed ``stream_options``."""
+    for name in FINITE_FIELDS:
+        value = body.get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{name}={value} must be a finite number.")
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise ValueError("logit_bias must be an object of token id to number.")
+        for token, value in bias.items():
+            if not str(token).isdigit():
+                raise ValueError(f"logit_bias key {token!r} is not a token id (>= 0).")
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value):
+                raise ValueError(
+                    f"logit_bias[{token}]={value!r} must be a finite number."
+                )
+    seed = body.get("seed")
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(
+                f"seed={seed} is out of range: an integer from 0 to 2**64 - 1."
+            )
+    options = body.get("stream_options")
+    if options is not None and not (
+        isinstance(options, dict)
+        and isinstance(options.get("include_usage", False), bool)
+    ):
+        raise ValueError(
+            'stream_options must be an object such as {"include_usage": true}.'
+        )
+
+
+# The paths mlx_lm's handler answers POST requests on (others get its 404).
+POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")
+# JSON names of the values ``json.loads`` returns.
+_JSON_KINDS = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+def body_error(raw: bytes) -> Optional[str]:
+    """Why a POST body is not a UTF-8 JSON object (one line), or ``None``."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
+        return f"request body is not valid UTF-8 JSON: {e}."
+    except RecursionError:
+        return "request body is not valid UTF-8 JSON: it is nested too deeply."
+    if not isinstance(body, dict):
+        kind = _JSON_KINDS.get(type(body), "a number")
+        return f"request body must be a JSON object of request fields, got {kind}."
+    return None
+
+
+# What an mlx_lm adapter directory holds (``mlx_lm.tuner.utils.load_adapters``).
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+def check_adapters(adapters) -> None:
+    """One-line ``ValueError`` (a 400) unless ``adapters`` is absent or names
+    an adapter directory on the server."""
+    if adapters is None:
+        return
+    if not isinstance(adapters, str) or not adapters:
+        raise ValueError(
+            f"adapters must be the path of an adapter directory, got {adapters!r}."
+        )
+    path = Path(adapters)
+    if not path.is_dir():
+        raise ValueError(f"adapters={adapters!r}: no such directory on the server.")
+    missing = [name for name in ADAPTER_FILES if not (path / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"adapters={adapters!r} is not an adapter directory "
+            f"(no {' or '.join(missing)} in it); mlx_lm.lora writes one."
+        )
+
+
+def check_logit_bias_ids(logit_bias, vocab_size: Optional[int]) -> None:
+    """A :class:`RequestError` for a biased token id outside the model's vocabulary."""
+    if not logit_bias or not vocab_size:
+        return
+    for token in logit_bias:
+        if not 0 <= int(token) < vocab_size:
+            raise RequestError(
+                f"logit_bias token {token} is out of range: ids go from 0 to "
+                f"{vocab_size - 1} for this model."
+            )
+
+
+def check_request_fields(body: dict, chat: bool) -> None:
+    """One-line ``ValueError`` (a 400) for request fields mlx_lm reads unchecked."""
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise ValueError(f"n={n!r} is not supported: the server returns one choice.")
+    stop = body.get("stop")
+    words = [stop] if isinstance(stop, str) else stop
+    if stop is not None and not (
+        isinstance(words, list) and all(isinstance(w, str) for w in words)
+    ):
+        raise ValueError("stop must be a string or a list of strings.")
+    prompt = body.get("prompt")
+    if not chat and "prompt" in body and not isinstance(prompt, str):
+        raise ValueError("prompt must be a string.")
+    messages = body.get("messages")
+    if not chat or messages is None:
+        return  # a missing list gets mlx_lm's own error
+    if not isinstance(messages, list):
+        raise ValueError("messages must be a list of {role, content} objects.")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string role.")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ValueError(
+                f"messages[{i}].content must be a string or a list of parts."
+            )
+        for part in content if isinstance(content, list) else ():
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ValueError(
+                    f"messages[{i}].content parts must be objects with a type, "
+                    'such as {"type": "text", "text": "..."}.'
+                )
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f'messages[{i}].content: a "text" part needs a string text.'
+                )
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise ValueError(f"messages[{i}].tool_calls must be a list.")
