@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
 
 gr = pytest.importorskip("gradio")
 
+from mlx_spec.config import SpecConfig  # noqa: E402
 from mlx_spec.loading import REPO_ROOT as MODELS_ROOT  # noqa: E402
 from mlx_spec.loading import default_model_pair  # noqa: E402
 from mlx_spec.stats import SpecStats  # noqa: E402
@@ -39,9 +40,13 @@ from ui.app import (  # noqa: E402
     setup_arg_parser,
 )
 from ui.handlers import DEFAULT_METHOD, App, parse_options  # noqa: E402
-from ui.layout import CHAT_EXAMPLES, COMPLETION_PROMPT, launch_kwargs  # noqa: E402
+from ui.layout import (  # noqa: E402
+    CHAT_EXAMPLES,
+    COMPLETION_PROMPT,
+    PageRequest,
+    launch_kwargs,
+)
 from ui.session import (  # noqa: E402
-    Options,
     Pair,
     Session,
     encode_prompt,
@@ -125,7 +130,7 @@ def test_round_series_of_a_real_lookup_run_matches_its_round_count(app, checkpoi
     pieces, stats = [], None
     for piece, response in app.worker.call(
         lambda: list(
-            run_turn(Session(), pair, tokens, Options("lookup", max_tokens=48))
+            run_turn(Session(), pair, tokens, SpecConfig("lookup", max_tokens=48))
         )
     ):
         pieces.append(piece)
@@ -197,7 +202,7 @@ def test_access_flags():
     assert e.value.code == 2
 
 
-def _options(**values) -> Options:
+def _options(**values) -> SpecConfig:
     """:func:`parse_options` on the page's defaults with ``values`` changed."""
     defaults = dict(
         method="auto",
@@ -397,11 +402,11 @@ def test_errors_clear_stale_stats_and_mode_notes(app, checkpoints):
     assert bad.mode == "" and bad.stats == empty_stats and bad.chart == empty_chart
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
     settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 0, "", True, ""]
-    updates = list(app.on_generate(CODE_PROMPT, *settings, None))
-    _, stats, chart, status, _ = updates[-1]
+    updates = list(app.on_generate(PageRequest(CODE_PROMPT, *settings), None))
+    _, stats, chart, status, box, retry = updates[-1]
     assert "max_tokens=0" in status and "error" in status
     assert stats == empty_stats and chart == empty_chart
-    updates = list(app.on_race(CODE_PROMPT, *settings, None))
+    updates = list(app.on_race(PageRequest(CODE_PROMPT, *settings), None))
     _, plain_stats, head, _, spec_stats, verdict, stats, chart = updates[-1]
     assert "max_tokens=0" in verdict and "auto" in head
     assert plain_stats == spec_stats == stats == empty_stats and chart == empty_chart
@@ -410,9 +415,10 @@ def test_errors_clear_stale_stats_and_mode_notes(app, checkpoints):
 def _reply(app, session, pair, tokens, options, use_cache=True, stop_after=None):
     text, n = "", 0
     for batch in app.worker.stream(
-        lambda: run_turn(session, pair, tokens, options, use_cache), session.stop
+        lambda progress: run_turn(session, pair, tokens, options, use_cache, progress),
+        session.stop,
     ):
-        for piece, _ in batch:
+        for piece, _ in (item for item in batch if isinstance(item, tuple)):
             text, n = text + piece.text, n + 1
             if stop_after is not None and n >= stop_after:
                 session.stop.set()
@@ -422,12 +428,17 @@ def _reply(app, session, pair, tokens, options, use_cache=True, stop_after=None)
 
 def test_multi_turn_reuses_the_cache_and_matches_a_fresh_run(app, checkpoints):
     pair = app.load_pair(str(checkpoints["llama"]), str(checkpoints["llama-near"]))
-    options = Options(method="draft", max_tokens=24)
+    options = SpecConfig(method="draft", max_tokens=24)
     session = Session()
     first = encode_prompt(pair.tokenizer, CODE_PROMPT, [], chat=False)
     # Stopped early: the cache must hold exactly the prompt and the yielded tokens.
     partial = _reply(
-        app, session, pair, first, Options(method="draft", max_tokens=200), stop_after=5
+        app,
+        session,
+        pair,
+        first,
+        SpecConfig(method="draft", max_tokens=200),
+        stop_after=5,
     )
     assert len(session.cache_tokens) >= len(first) + 5
     follow = encode_prompt(
@@ -439,7 +450,7 @@ def test_multi_turn_reuses_the_cache_and_matches_a_fresh_run(app, checkpoints):
     # A chat turn on top, then back to plain decoding (a different cache layout).
     history = [render.Turn("hi", [render.Piece(cached)])]
     chat = encode_prompt(pair.tokenizer, "and again", history, chat=True)
-    plain = Options(method="none", max_tokens=24)
+    plain = SpecConfig(method="none", max_tokens=24)
     assert _reply(app, session, pair, chat, plain) == _reply(
         app, Session(), pair, chat, plain, use_cache=False
     )
@@ -514,7 +525,7 @@ def test_chat_stats_and_chart_count_the_same_rounds(server, checkpoints):
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
     settings = [target, draft, "lookup", 4, 16, False, 0.0, 1.0, 48, "", True, ""]
-    _, stats, chart, status, _ = client.predict(
+    _, stats, chart, status, *_ = client.predict(
         LONG_PROMPT, *settings, api_name="/chat"
     )
     assert "Done:" in status
@@ -529,7 +540,7 @@ def test_chat_endpoint_reuses_the_prompt_cache_on_the_next_turn(server, checkpoi
     settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 24, "", False, ""]
     first = client.predict("hello", *settings, api_name="/chat")
     second = client.predict("and again", *settings, api_name="/chat")
-    transcript, stats, _, status, _ = second
+    transcript, stats, _, status, *_ = second
     assert "Done:" in first[3] and "Done:" in status
     assert transcript.count('class="spec-role">you<') == 2
     assert "reused from the cache" in stats
@@ -601,7 +612,7 @@ def test_chat_endpoint_takes_whole_floats_and_yes_no_words(server, checkpoints):
     client = Client(server, verbose=False)
     target, draft = str(checkpoints["llama"]), str(checkpoints["llama-near"])
     settings = [target, draft, "lookup", 4, 16, "no", 0.0, 1.0, 3.0, "", "no", ""]
-    transcript, _, _, status, _ = client.predict("hi", *settings, api_name="/chat")
+    transcript, _, _, status, *_ = client.predict("hi", *settings, api_name="/chat")
     assert "Done: 3 tokens" in status, status
     assert 'class="spec-role">you<' in transcript  # chat mode
 

@@ -11,13 +11,19 @@ import html
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import gradio as gr
 from mlx.utils import tree_flatten
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, DEFAULT_TREE_BUDGET, METHODS
+from mlx_spec.config import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    DEFAULT_TREE_BUDGET,
+    METHODS,
+    SpecConfig,
+)
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 from mlx_spec.loading import METHOD_KINDS, drafter_kind
 
@@ -27,16 +33,19 @@ from .layout import (
     CHAT_PROMPT,
     COMPLETION_EXAMPLES,
     COMPLETION_PROMPT,
+    PageRequest,
     lane_head,
 )
 from .render import Turn
 from .session import (
     ModelStore,
-    Options,
     Pair,
+    Prefill,
     Session,
     Sessions,
+    Waiting,
     Worker,
+    clean_message,
     encode_prompt,
     respond,
     run_turn,
@@ -48,6 +57,11 @@ DEFAULT_METHOD = "auto"
 MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1
+# What a second send says while the page's request runs (the box keeps it).
+BUSY = (
+    "A reply is on its way: wait for it or press <b>Stop</b>; your new message "
+    "stays in the box."
+)
 
 
 # The words an API caller may send for a checkbox (any case).
@@ -88,10 +102,10 @@ def _as_int(value, name: str, optional: bool = False) -> Optional[int]:
     return int(number)
 
 
-def _as_float(value, name: str, default: float) -> float:
-    """A float from a UI number (``default`` when empty), else a ``ValueError``."""
+def _as_float(value, name: str) -> Optional[float]:
+    """A float from a UI number (``None`` when empty), else a ``ValueError``."""
     if value is None or value == "":
-        return default
+        return None
     return float(_as_number(value, name))
 
 
@@ -113,10 +127,11 @@ def _as_bool(value, name: str) -> bool:
 
 def parse_options(
     method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed, adaptive=False
-) -> Options:
-    """UI values to :class:`Options`; ``SpecConfig`` checks the ranges later.
+) -> SpecConfig:
+    """UI values to a checked :class:`SpecConfig`, before anything runs.
 
-    Each value is checked for its type here, so a bad one names its field.
+    Each value is checked for its type here, so a bad one names its field;
+    ``SpecConfig`` checks the ranges. Empty temp and top-p take its defaults.
     """
     if method not in METHODS:
         raise ValueError(
@@ -127,15 +142,29 @@ def parse_options(
         raise ValueError(
             f"max tokens={max_tokens} is out of range: at most {MAX_UI_TOKENS} here."
         )
-    return Options(
+    sampling = dict(temp=_as_float(temp, "temp"), top_p=_as_float(top_p, "top_p"))
+    return SpecConfig(
         method=method,
         num_draft_tokens=_as_int(num_draft_tokens, "γ (draft tokens per round)"),
         tree_budget=_as_int(tree_budget, "tree budget"),
-        temp=_as_float(temp, "temp", 0.0),
-        top_p=_as_float(top_p, "top_p", 1.0),
         max_tokens=max_tokens,
         seed=_as_int(seed, "seed", optional=True),
         adaptive=_as_bool(adaptive, "adaptive"),
+        **{k: v for k, v in sampling.items() if v is not None},
+    )
+
+
+def page_options(page: PageRequest) -> SpecConfig:
+    """:func:`parse_options` of the page's settings."""
+    return parse_options(
+        page.method,
+        page.gamma,
+        page.tree_budget,
+        page.temp,
+        page.top_p,
+        page.max_tokens,
+        page.seed,
+        page.adaptive,
     )
 
 
@@ -303,64 +332,95 @@ class App:
 
     # --- generation -------------------------------------------------------------
 
-    def on_generate(
-        self,
-        text,
-        target,
-        draft,
-        method,
-        gamma,
-        tree_budget,
-        adaptive,
-        temp,
-        top_p,
-        max_tokens,
-        seed,
-        raw,
-        system,
-        request: gr.Request,
-    ):
+    def on_generate(self, page: PageRequest, request: gr.Request = None):
         """Stream one chat turn (or completion) into the page.
 
-        Yields updates for: transcript, stats, chart, status and the message
-        box (emptied once a chat message is on its way).
+        Yields updates for: transcript, stats, chart, status, the message box
+        and the Retry button. Every check runs before the box is emptied,
+        which happens once the message is in the transcript; a request while
+        the session's previous one runs (a double send) changes nothing.
         """
         session = self.sessions.get(_session_key(request))
-        session.stop.clear()
-        keep = gr.update()
+        if not session.claim():
+            keep = gr.update()
+            yield keep, keep, keep, render.banner(BUSY, "warn"), keep, keep
+            return
         try:
-            options = parse_options(
-                method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
-            )
-            raw = _as_bool(raw, "raw")
-            if not (text or "").strip():
+            yield from self._chat(session, page, gr.update(value=""))
+        finally:
+            session.release()
+
+    def on_retry(self, page: PageRequest, request: gr.Request = None):
+        """Send the last failed message again (it leaves the transcript first).
+
+        The message box keeps whatever is being typed.
+        """
+        session = self.sessions.get(_session_key(request))
+        if not session.claim():
+            keep = gr.update()
+            yield keep, keep, keep, render.banner(BUSY, "warn"), keep, keep
+            return
+        try:
+            failed = session.turns[-1] if session.turns else None
+            if failed is None or failed.finish != "error":
+                keep = gr.update()
+                banner = render.banner("There is no failed message to retry.", "warn")
+                yield keep, keep, keep, banner, keep, gr.update(visible=False)
+                return
+            session.turns = session.turns[:-1]
+            page = PageRequest(**{**page.__dict__, "text": failed.user})
+            yield from self._chat(session, page, gr.update())
+        finally:
+            session.release()
+
+    def _chat(self, session: Session, page: PageRequest, cleared):
+        """:meth:`on_generate` once the session is claimed; ``cleared`` is
+        the message box's update once the message is in the transcript."""
+        keep = gr.update()
+        text = clean_message(page.text)
+        try:
+            options = page_options(page)
+            raw = _as_bool(page.raw, "raw")
+            if not text:
                 raise ValueError("the message is empty; type some text first.")
-            if self._needs_loading(target, draft, options.method):
-                yield keep, keep, keep, render.banner("Loading models&hellip;"), keep
-            pair = self.load_pair(target, draft, options.method)
+            if self._needs_loading(page.target, page.draft, options.method):
+                loading = render.banner("Loading models&hellip;")
+                yield keep, keep, keep, loading, keep, keep
+            pair = self.load_pair(page.target, page.draft, options.method)
             _check_pair(options, pair)
         except Exception as e:
-            yield keep, *_no_stats(), render.error_banner(e), keep
+            yield keep, *_no_stats(), render.error_banner(e), keep, keep
             return
         chat = pair.has_chat_template and not raw
         key = (pair.target_path, chat)
         if session.pair_key != key:  # another model or mode: a new conversation
             session.turns = []
             session.pair_key = key
-        box = gr.update(value="") if chat else keep
-        turn, view = None, None
-        for turn, view in self._stream_turn(session, pair, text, options, chat, system):
-            yield (*view, box)
+        if not chat:  # a completion prompt stays in the box, as typed
+            text, cleared = clean_message(page.text, trim=False), keep
+        epoch, turn, view = session.epoch, None, None
+        box = keep
+        stream = self._stream_turn(session, pair, text, options, chat, page.system)
+        for turn, view in stream:
+            if session.epoch != epoch:  # New chat was pressed: it said so
+                stream.close()
+                return
+            if turn is not None:  # the message is in the transcript
+                box, cleared = cleared, keep
+            yield (*view, box, keep)
             box = keep
-        status = view[3] if turn is None else self._final_status(turn, options)
-        yield (*view[:3], status, box)
+        if turn is None:  # refused before the turn started: the box keeps it
+            yield (*view, keep, gr.update(visible=False))
+            return
+        status = self._final_status(turn, options)
+        yield (*view[:3], status, box, gr.update(visible=turn.finish == "error"))
 
     def _stream_turn(
         self,
         session: Session,
         pair: Pair,
         text: str,
-        options: Options,
+        options: SpecConfig,
         chat: bool,
         system: Optional[str] = None,
         use_cache: bool = True,
@@ -368,12 +428,13 @@ class App:
         """Yield ``(turn, view)`` while the worker generates one turn.
 
         ``view`` is (transcript, stats, chart, status), sent at most every
-        ``UPDATE_INTERVAL`` seconds and once at the end. A failure ends with
-        ``(None, view)``, its status the one-line error.
+        ``UPDATE_INTERVAL`` seconds (and whenever the wait or prefill status
+        changes) and once at the end. A turn refused before it started ends
+        with ``(None, view)``, its status the one-line error; a turn that
+        failed later stays in the transcript with its error.
         """
         start = time.perf_counter()
-        status = render.banner("Generating&hellip; press <b>Stop</b> to cancel.")
-        next_update, turn = 0.0, None
+        next_update, turn, shown = 0.0, None, None
         turns = respond(
             self.worker,
             session,
@@ -383,47 +444,57 @@ class App:
             chat=chat,
             system=system,
             use_cache=use_cache,
+            lend=_can_lend(options, pair),
         )
         try:
             for turn in turns:
-                now = time.perf_counter()
-                if now >= next_update:
-                    next_update = now + UPDATE_INTERVAL
+                now, status = time.perf_counter(), _progress_status(turn.progress)
+                if now >= next_update or status != shown:
+                    next_update, shown = now + UPDATE_INTERVAL, status
                     yield turn, self._view(session, turn, chat, start, status)
         except Exception as e:
             log.warning(
                 "generation failed: %s", e, exc_info=not isinstance(e, ValueError)
             )
             transcript = render.transcript_html(session.turns, chat, mono=not chat)
-            yield None, (transcript, *_no_stats(), render.error_banner(e))
+            yield (turn if turn is not None and turn.error is e else None), (
+                transcript,
+                *_no_stats(),
+                render.error_banner(e),
+            )
             return
         finally:
             turns.close()
-        if turn is None:  # stopped before the first token
-            transcript = render.transcript_html(session.turns, chat, mono=not chat)
-            yield None, (transcript, *_no_stats(), render.banner("Stopped.", "warn"))
+        if turn is None:
             return
         yield turn, self._view(session, turn, chat, start, gr.update(), False)
 
     def _view(self, session, turn, chat, start, status, streaming=True):
         elapsed = time.perf_counter() - start
+        stats = turn.stats
         return (
             render.transcript_html(
                 session.turns, chat, mono=not chat, streaming=streaming
             ),
-            render.stats_html(turn.stats, reused=session.last_reused, elapsed=elapsed),
-            _chart(turn, turn.stats),
+            render.stats_html(stats, reused=session.last_reused, elapsed=elapsed),
+            _chart(turn, stats) if stats is not None else render.chart_svg([]),
             status,
         )
 
-    def _final_status(self, turn: Turn, options: Options) -> str:
+    def _final_status(self, turn: Turn, options: SpecConfig) -> str:
         if turn.error is not None:
-            return render.error_banner(turn.error)
+            return render.error_banner(turn.error, retry=True)
         n = len(turn.pieces)
+        if turn.finish == "stopped" and n == 0:
+            return render.banner(
+                "Stopped before the reply began; your message stays in the "
+                "conversation.",
+                "warn",
+            )
         if turn.finish == "stopped":
             return render.banner(
-                f"Stopped after {n} tokens; the reply so far stays in the "
-                "conversation and the next message continues from it.",
+                f"Stopped after {render.plural(n, 'token')}; the reply so far stays "
+                "in the conversation and the next message continues from it.",
                 "warn",
             )
         why = (
@@ -431,24 +502,28 @@ class App:
             if turn.finish == "stop"
             else f"max tokens ({options.max_tokens})"
         )
-        return render.banner(f"Done: {n} tokens ({why}).", "ok")
+        return render.banner(f"Done: {render.plural(n, 'token')} ({why}).", "ok")
 
     def on_stop(self, request: gr.Request):
+        """Stop this page's request: waiting, reading the prompt or generating."""
         self.sessions.get(_session_key(request)).stop.set()
 
     def on_clear(self, target, draft, raw, request: gr.Request):
         """New chat: stop any reply and forget the conversation and its prompt cache."""
         session = self.sessions.get(_session_key(request))
+        running = session.busy
         session.stop.set()
         session.reset()
         chat = self._chat_mode(target, draft, raw)
+        said = "the conversation and its prompt cache are cleared."
+        if running:
+            said = "the reply in progress was stopped; " + said
         return (
             render.transcript_html([], chat),
             render.stats_html(None),
             render.chart_svg([]),
-            render.banner(
-                "New chat: the conversation and its prompt cache are cleared.", "ok"
-            ),
+            render.banner(f"New chat: {said}", "ok"),
+            gr.update(visible=False),
         )
 
     def _chat_mode(self, target, draft, raw) -> bool:
@@ -462,63 +537,55 @@ class App:
 
     # --- race ---------------------------------------------------------------------
 
-    def on_race(
-        self,
-        text,
-        target,
-        draft,
-        method,
-        gamma,
-        tree_budget,
-        adaptive,
-        temp,
-        top_p,
-        max_tokens,
-        seed,
-        raw,
-        system,
-        request: gr.Request,
-    ):
+    def on_race(self, page: PageRequest, request: gr.Request = None):
         """Plain decoding, then the chosen method, on the same prompt; then the verdict.
 
         In chat mode the prompt is one user message (after the system prompt)
         through the chat template. Yields updates for: plain text, plain
         stats, speculative lane header, speculative text, speculative stats,
         verdict, and the page's stats cards and chart (which follow the
-        speculative lane).
+        speculative lane). Like a chat turn, it claims the page's session.
         """
-        session_key = _session_key(request)
-        session = self.sessions.get(session_key)
+        session = self.sessions.get(_session_key(request))
+        if not session.claim():
+            keep = gr.update()
+            yield (keep,) * 5 + (render.banner(BUSY, "warn"), keep, keep)
+            return
+        try:
+            yield from self._race(session, page)
+        finally:
+            session.release()
+
+    def _race(self, session: Session, page: PageRequest):
         session.stop.clear()
         keep = gr.update()
         empty = render.transcript_html([Turn("")], chat=False)
         no_stats, no_chart = render.stats_html(None), render.chart_svg([])
-        head = lane_head(method)
+        head = lane_head(page.method)
+        text = clean_message(page.text, trim=False)
 
         def failed(banner):
             return (empty, no_stats, head, empty, no_stats, banner, no_stats, no_chart)
 
         try:
-            options = parse_options(
-                method, gamma, tree_budget, temp, top_p, max_tokens, seed, adaptive
-            )
-            raw = _as_bool(raw, "raw")
+            options = page_options(page)
+            raw = _as_bool(page.raw, "raw")
             if options.method == "none":
                 raise ValueError(
                     "choose a speculative method to race against plain decoding."
                 )
-            if not (text or "").strip():
+            if not text:
                 raise ValueError("the prompt is empty; type some text first.")
-            if self._needs_loading(target, draft, options.method):
+            if self._needs_loading(page.target, page.draft, options.method):
                 loading = render.banner("Loading models&hellip;")
                 yield keep, keep, head, keep, keep, loading, keep, keep
-            pair = self.load_pair(target, draft, options.method)
+            pair = self.load_pair(page.target, page.draft, options.method)
             _check_pair(options, pair)
         except Exception as e:
             yield failed(render.error_banner(e))
             return
         chat = pair.has_chat_template and not raw
-        plain_opts = Options(**{**options.__dict__, "method": "none"})
+        plain_opts = replace(options, method="none")
         # plain text, plain stats, spec text, spec stats
         views = [empty, no_stats, empty, no_stats]
         page_stats, chart_view = no_stats, no_chart
@@ -528,7 +595,7 @@ class App:
 
         yield update(render.banner("Racing: warming up both methods&hellip;"))
         try:
-            tokens = encode_prompt(pair.tokenizer, text, [], chat, system)
+            tokens = encode_prompt(pair.tokenizer, text, [], chat, page.system)
             self.worker.call(_warm_up, pair, tokens, (plain_opts, options))
         except Exception as e:
             yield failed(render.error_banner(e))
@@ -537,15 +604,15 @@ class App:
         for lane, opts in enumerate((plain_opts, options)):
             lane_session = Session(stop=session.stop)
             label = "plain decoding" if lane == 0 else options.method
-            status = render.banner(
+            running = render.banner(
                 f"Racing: running <b>{html.escape(label)}</b>&hellip;"
             )
             turn = None
             stream = self._stream_turn(
-                lane_session, pair, text, opts, chat, system, use_cache=False
+                lane_session, pair, text, opts, chat, page.system, use_cache=False
             )
             for turn, view in stream:
-                if turn is None:
+                if turn is None or turn.error is not None:
                     yield failed(view[3])
                     return
                 views[2 * lane] = render.transcript_html(
@@ -554,7 +621,8 @@ class App:
                 views[2 * lane + 1] = view[1]
                 if lane == 1:
                     page_stats, chart_view = view[1], view[2]
-                yield update(status)
+                waiting = turn.progress is not None and turn.finish is None
+                yield update(view[3] if waiting else running)
             if turn.finish == "stopped":
                 yield update(render.banner("Race stopped.", "warn"))
                 return
@@ -629,7 +697,7 @@ class App:
                 self.worker,
                 Session(),
                 pair,
-                prompt or "",
+                clean_message(prompt, trim=False),
                 options,
                 chat=chat,
                 system=system_prompt,
@@ -691,7 +759,7 @@ def _prompt_for_mode(prompt: Optional[str], chat: bool):
     return gr.update()
 
 
-def _check_pair(options: Options, pair: Pair):
+def _check_pair(options: SpecConfig, pair: Pair):
     """Refuse a method whose drafter is missing or of another kind, in the UI's words."""
     method = options.method
     wanted = METHOD_KINDS.get(method)
@@ -726,10 +794,35 @@ def _draft_size_note(pair: Pair) -> str:
     )
 
 
-def _warm_up(pair: Pair, tokens: List[int], methods: Tuple[Options, ...]):
+def _progress_status(progress) -> str:
+    """The status line while a turn waits, reads its prompt or generates."""
+    stop = " press <b>Stop</b> to cancel."
+    if isinstance(progress, Waiting):
+        ahead = render.plural(progress.ahead, "request")
+        return render.banner(f"Waiting for {ahead} ahead&hellip;{stop}")
+    if isinstance(progress, Prefill):
+        return render.banner(
+            f"Reading the prompt: {progress.done:,} of {progress.total:,} "
+            f"tokens&hellip;{stop}"
+        )
+    return render.banner(f"Generating&hellip;{stop}")
+
+
+def _can_lend(options: SpecConfig, pair: Pair) -> bool:
+    """Whether a run may let waiting requests run between its chunks and tokens.
+
+    Not when its drafter taps the target's layers (heads, MTP: another
+    request's forwards would be recorded) or when a seed fixes its samples.
+    """
+    taps = drafter_kind(pair.draft_model) not in (None, "draft")
+    seeded = options.seed is not None and options.temp > 0
+    return not (taps or seeded)
+
+
+def _warm_up(pair: Pair, tokens: List[int], methods: Tuple[SpecConfig, ...]):
     """Run each method for two tokens so neither lane pays first-use costs."""
     for options in methods:
-        short = Options(**{**options.__dict__, "max_tokens": 2})
+        short = replace(options, max_tokens=2)
         for _ in run_turn(Session(), pair, tokens[:16], short, use_cache=False):
             pass
 

@@ -7,7 +7,9 @@ example prompts) and its theme live here too. No MLX work happens here.
 """
 
 import html
-from typing import Any, Dict
+from dataclasses import dataclass, fields
+from inspect import Parameter, Signature
+from typing import Any, Callable, Dict
 
 import gradio as gr
 
@@ -97,6 +99,65 @@ def checked_by_handler(component):
     return component
 
 
+@dataclass
+class PageRequest:
+    """The page's values for one generation: the inputs of ``/chat`` and
+    ``/race``, in this order, as the page (or an API caller) sent them."""
+
+    text: Any
+    target: Any
+    draft: Any
+    method: Any
+    gamma: Any
+    tree_budget: Any
+    adaptive: Any
+    temp: Any
+    top_p: Any
+    max_tokens: Any
+    seed: Any
+    raw: Any
+    system: Any = ""
+
+
+# Enter sends, Shift+Enter makes a new line, Ctrl/Cmd+Enter sends too. Keys go
+# through the button, so one guard (its handler's) covers keys and clicks;
+# Gradio's own Shift+Enter submit never sees the key.
+KEYS_JS = """
+() => {
+  const buttons = {prompt: "send", "race-prompt": "race"};
+  document.addEventListener("keydown", (e) => {
+    const box = e.target.closest && e.target.closest("#prompt, #race-prompt");
+    if (!box || e.target.tagName !== "TEXTAREA") return;
+    if (e.key !== "Enter" || e.isComposing) return;
+    e.stopPropagation();
+    if (e.shiftKey && !(e.ctrlKey || e.metaKey)) return;
+    e.preventDefault();
+    document.getElementById(buttons[box.id]).click();
+  }, true);
+}
+"""
+
+
+def page_event(handler: Callable) -> Callable:
+    """``handler(PageRequest, request)`` as a Gradio event function that takes
+    the page's values (the fields of :class:`PageRequest`, in order)."""
+
+    def event(*args):
+        *values, request = args
+        yield from handler(PageRequest(*values), request)
+
+    params = [
+        Parameter(f.name, Parameter.POSITIONAL_OR_KEYWORD) for f in fields(PageRequest)
+    ]
+    params.append(
+        Parameter("request", Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+    )
+    event.__signature__ = Signature(params)
+    event.__annotations__ = {"request": gr.Request}
+    event.__name__ = handler.__name__
+    return event
+
+
 def lane_head(method) -> str:
     """The speculative lane's header, naming its method."""
     label = METHOD_LABELS.get(method, str(method))
@@ -113,7 +174,7 @@ def launch_kwargs() -> Dict[str, Any]:
     system = ["ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"]
     mono = ["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"]
     theme = gr.themes.Soft(primary_hue="indigo", font=system, font_mono=mono)
-    return dict(theme=theme, css=render.CSS, ssr_mode=False)
+    return dict(theme=theme, css=render.CSS, js=KEYS_JS, ssr_mode=False)
 
 
 def build(app) -> gr.Blocks:
@@ -151,7 +212,7 @@ def build(app) -> gr.Blocks:
                                 max_lines=8,
                                 show_label=False,
                                 placeholder="Type a message or the start of some "
-                                "code (Shift+Enter sends)",
+                                "code (Enter sends, Shift+Enter for a new line)",
                                 elem_id="prompt",
                                 scale=4,
                             )
@@ -171,6 +232,9 @@ def build(app) -> gr.Blocks:
                                     clear = gr.Button(
                                         "New chat", elem_id="clear", min_width=100
                                     )
+                                retry = gr.Button(
+                                    "Retry", elem_id="retry", visible=False
+                                )
                         with gr.Column(
                             visible=not chat, elem_id="completion-examples"
                         ) as completion_examples:
@@ -332,17 +396,25 @@ def build(app) -> gr.Blocks:
             raw,
             system,
         ]
-        gen_outputs = [transcript, stats, chart, status, prompt]
-        gen = dict(
-            fn=app.on_generate,
-            inputs=[prompt, *settings],
-            outputs=gen_outputs,
-            concurrency_id="mlx",
-            concurrency_limit=1,
+        # No concurrency limit: the handlers queue their MLX work on the app's
+        # worker themselves, so they can say where they wait and be stopped.
+        gen_outputs = [transcript, stats, chart, status, prompt, retry]
+        send.click(
+            page_event(app.on_generate),
+            [prompt, *settings],
+            gen_outputs,
+            api_name="chat",
+            concurrency_limit=None,
             show_progress="hidden",
         )
-        send.click(api_name="chat", **gen)
-        prompt.submit(api_visibility="private", **gen)
+        retry.click(
+            page_event(app.on_retry),
+            [prompt, *settings],
+            gen_outputs,
+            api_visibility="private",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         for button in (stop, race_stop):
             button.click(
                 app.on_stop,
@@ -355,11 +427,12 @@ def build(app) -> gr.Blocks:
         clear.click(
             app.on_clear,
             [target, draft, raw],
-            [transcript, stats, chart, status],
+            [transcript, stats, chart, status, retry],
             api_visibility="private",
+            concurrency_limit=None,
         )
         race.click(
-            app.on_race,
+            page_event(app.on_race),
             [race_prompt, *settings],
             [
                 plain_text,
@@ -372,8 +445,7 @@ def build(app) -> gr.Blocks:
                 chart,
             ],
             api_name="race",
-            concurrency_id="mlx",
-            concurrency_limit=1,
+            concurrency_limit=None,
             show_progress="hidden",
         )
         model_outputs = [
@@ -418,10 +490,5 @@ def build(app) -> gr.Blocks:
             queue=False,
         )
         demo.unload(app.on_unload)
-        gr.api(
-            app.api_generate,
-            api_name="generate",
-            concurrency_id="mlx",
-            concurrency_limit=1,
-        )
+        gr.api(app.api_generate, api_name="generate", concurrency_limit=None)
     return demo

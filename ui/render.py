@@ -9,7 +9,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-KINDS = ("accepted", "recovered", "bonus", "target")
+from mlx_spec.engine import ACCEPTED, BONUS, RECOVERED, TARGET
+
+# Where a token came from, as the engine names it.
+KINDS = (ACCEPTED, RECOVERED, BONUS, TARGET)
 
 KIND_HELP = {
     "accepted": "drafted by the small model and kept by the target",
@@ -28,6 +31,7 @@ CSS = """
 #status:has(.prose:empty), #verdict:has(.prose:empty) { display: none; }
 #mode-note .spec-banner { padding: 0.3rem 0.65rem; font-size: 0.84rem; }
 .spec-transcript { min-height: 200px; }
+.spec-turn-error { color: #b91c1c; font-size: 0.85rem; margin-top: 0.2rem; }
 .spec-empty { opacity: 0.6; padding: 2rem 1rem; text-align: center; line-height: 1.6; }
 .spec-turn { margin: 0 0 0.9rem; }
 .spec-role { font-size: 0.72rem; text-transform: uppercase; letter-spacing: 0.06em;
@@ -116,6 +120,7 @@ class Turn:
     finish: Optional[str] = None  # "stop", "length", "stopped" or "error"
     stats: Any = None  # the SpecStats once finished
     error: Optional[BaseException] = None
+    progress: Any = None  # while no token has come: waiting or prefill progress
     _html: str = field(default="", repr=False)
     _rendered: int = field(default=0, repr=False)
 
@@ -253,10 +258,22 @@ def transcript_html(
         parts.append(turn.spans())
         if not (streaming and turn is turns[-1]):
             footer = turn_stats_html(turn.stats) if chat else ""
+            if turn.error is not None:
+                footer += _turn_error_html(turn.error)
             parts.append(_end_marker(turn.finish) + f"</div>{footer}</div>")
     if not streaming:
         parts.append("</div>")
     return "".join(parts)
+
+
+def _turn_error_html(error: BaseException) -> str:
+    """The error of a failed turn, shown under its message."""
+    text = (str(error).strip() or type(error).__name__).splitlines()[0]
+    return (
+        '<div class="spec-turn-error"><b>Error:</b> '
+        f"{html.escape(text[:MAX_ERROR_CHARS])} (press <b>Retry</b> to send it "
+        "again)</div>"
+    )
 
 
 def turn_stats_html(stats) -> str:
@@ -509,8 +526,16 @@ def banner(message: str, level: str = "info") -> str:
 MAX_ERROR_CHARS = 240
 
 
-def error_banner(error: BaseException) -> str:
-    """A readable one-line error: the message's first line, without a traceback."""
+def plural(n: int, word: str) -> str:
+    """``"1 token"``, ``"2 tokens"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def error_banner(error: BaseException, retry: bool = False) -> str:
+    """A readable one-line error: the message's first line, without a traceback.
+
+    With ``retry``, it points to the Retry button.
+    """
     text = str(error).strip() or type(error).__name__
     if not isinstance(error, ValueError):
         text = f"{type(error).__name__}: {text}"
@@ -520,7 +545,9 @@ def error_banner(error: BaseException) -> str:
         text = text[: MAX_ERROR_CHARS - 3] + "..."
     return (
         f'<div class="spec-banner error" title="{html.escape(full, quote=True)}">'
-        f"<b>Error:</b> {html.escape(text)}</div>"
+        f"<b>Error:</b> {html.escape(text)}"
+        + (" Press <b>Retry</b> to send it again." if retry else "")
+        + "</div>"
     )
 
 

@@ -16,8 +16,8 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -28,7 +28,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlx_spec.chat_text import encode_chat, repair_text
-from mlx_spec.config import plan_method
+from mlx_spec.config import SpecConfig, plan_method
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
 from mlx_spec.loading import (
@@ -47,8 +47,12 @@ from .render import Piece, Turn
 log = logging.getLogger("mlx_spec.ui")
 
 NO_DRAFT = "(none)"
+# Characters that show nothing but are not whitespace to str.strip.
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 MAX_SESSIONS = 16
 MAX_LOADED_MODELS = 4
+# Seconds between looks at a waiting job's place in the queue.
+WAIT_POLL = 0.05
 
 
 class _Done:
@@ -60,11 +64,45 @@ class _Failure:
     error: BaseException
 
 
+@dataclass
+class Waiting:
+    """A stream item: the job waits for ``ahead`` jobs (running or queued)."""
+
+    ahead: int
+
+
+@dataclass
+class Prefill:
+    """A stream item: ``done`` of the prompt's ``total`` tokens are processed."""
+
+    done: int
+    total: int
+
+
+class Stopped(Exception):
+    """Raised between prefill chunks when the user pressed Stop."""
+
+
+@dataclass(eq=False)
+class _Job:
+    run: Callable[[], None]
+    cancelled: bool = False
+    started: bool = False
+
+
 class Worker:
-    """Runs every MLX job, one at a time, on one daemon thread."""
+    """Runs every MLX job on one daemon thread, in arrival order.
+
+    A job that may ``lend`` the thread runs the jobs waiting behind it at its
+    safe points (between prefill chunks and between tokens), each to its end,
+    then goes on: a short request is not held up by a long prompt. A job that
+    has not started yet can be cancelled.
+    """
 
     def __init__(self):
-        self._jobs: "queue.Queue[Callable[[], None]]" = queue.Queue()
+        self._lock = threading.Condition()
+        self._waiting: "deque[_Job]" = deque()
+        self._running = 0  # jobs on the thread, lent-to ones included
         self._thread = threading.Thread(
             target=self._loop, name="mlx-spec-worker", daemon=True
         )
@@ -72,13 +110,61 @@ class Worker:
 
     def _loop(self):
         while True:
-            self._jobs.get()()
+            self._run(self._next(block=True))
+
+    def _next(self, block: bool) -> Optional[_Job]:
+        with self._lock:
+            while True:
+                while self._waiting and self._waiting[0].cancelled:
+                    self._waiting.popleft()
+                if self._waiting:
+                    job = self._waiting.popleft()
+                    job.started = True
+                    self._running += 1
+                    return job
+                if not block:
+                    return None
+                self._lock.wait()
+
+    def _run(self, job: _Job):
+        try:
+            job.run()
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _submit(self, run: Callable[[], None]) -> _Job:
+        job = _Job(run)
+        with self._lock:
+            self._waiting.append(job)
+            self._lock.notify()
+        return job
+
+    def ahead(self, job: _Job) -> int:
+        """How many jobs run or wait before ``job`` (0 once it has started)."""
+        with self._lock:
+            if job.started:
+                return 0
+            queued = [j for j in self._waiting if not j.cancelled]
+            return self._running + queued.index(job) if job in queued else 0
+
+    def cancel(self, job: _Job) -> bool:
+        """Drop ``job`` if it has not started; whether it was dropped."""
+        with self._lock:
+            if not job.started:
+                job.cancelled = True
+            return job.cancelled
+
+    def lend(self):
+        """On the worker thread: run the jobs waiting now, each to its end."""
+        while (job := self._next(block=False)) is not None:
+            self._run(job)
 
     def call(self, fn: Callable, *args, **kwargs):
         """Run ``fn`` on the worker and return its result (or raise its error)."""
         done, box = threading.Event(), {}
 
-        def job():
+        def run():
             try:
                 box["value"] = fn(*args, **kwargs)
             except BaseException as e:  # handed back to the caller
@@ -86,32 +172,51 @@ class Worker:
             finally:
                 done.set()
 
-        self._jobs.put(job)
+        self._submit(run)
         done.wait()
         if "error" in box:
             raise box["error"]
         return box["value"]
 
     def stream(
-        self, make_iter: Callable[[], Iterator], stop: threading.Event
+        self,
+        make_iter: Callable[[Callable[[int, int], None]], Iterator],
+        stop: threading.Event,
+        lend: bool = False,
     ) -> Iterator[list]:
-        """Iterate ``make_iter()`` on the worker, yielding batches of its items.
+        """Iterate ``make_iter(progress)`` on the worker, yielding batches of its items.
 
         Each batch holds everything produced since the previous one, so a slow
-        consumer (the browser) never makes the worker wait. Setting ``stop``
-        or closing this generator makes the worker stop after the current item
-        and close the iterator.
+        consumer (the browser) never makes the worker wait. Before the job
+        starts, batches hold one :class:`Waiting`; ``progress(done, total)``,
+        for the prefill, adds a :class:`Prefill` and raises :class:`Stopped`
+        once ``stop`` is set. Setting ``stop`` drops a waiting job, and makes
+        a running one stop after the current item (or prefill chunk) and close
+        the iterator; so does closing this generator. With ``lend``, the job
+        lends the thread (see the class) at each item and prefill chunk.
         """
         out: "queue.Queue" = queue.Queue()
 
-        def job():
+        def progress(done: int, total: int):
+            out.put(Prefill(done, total))
+            if stop.is_set():
+                raise Stopped()
+            if lend and done < total:
+                self.lend()
+
+        def run():
+            if stop.is_set():  # stopped while it waited
+                out.put(_Done())
+                return
             it = None
             try:
-                it = make_iter()
+                it = make_iter(progress)
                 for item in it:
                     out.put(item)
                     if stop.is_set():
                         break
+                    if lend:
+                        self.lend()
             except BaseException as e:  # handed back to the consumer
                 out.put(_Failure(e))
             finally:
@@ -122,8 +227,11 @@ class Worker:
                         out.put(_Failure(e))
                 out.put(_Done())
 
-        self._jobs.put(job)
+        job = self._submit(run)
         try:
+            yield from self._wait_start(job, out, stop)
+            if job.cancelled:
+                return
             while True:
                 batch = [out.get()]
                 while True:
@@ -143,6 +251,22 @@ class Worker:
                 yield items
         finally:
             stop.set()
+            self.cancel(job)
+
+    def _wait_start(self, job: _Job, out: "queue.Queue", stop: threading.Event):
+        """Yield ``[Waiting(n)]`` whenever ``n`` changes until ``job`` starts;
+        cancel it if ``stop`` is set first."""
+        shown = None
+        while out.empty():
+            if stop.is_set() and self.cancel(job):
+                return
+            ahead = self.ahead(job)
+            if ahead == 0:
+                return
+            if ahead != shown:
+                shown = ahead
+                yield [Waiting(ahead)]
+            time.sleep(WAIT_POLL)
 
 
 @dataclass
@@ -275,32 +399,11 @@ def _clean_path(path: Optional[str]) -> Optional[str]:
     return None if not path or path == NO_DRAFT else path
 
 
-@dataclass
-class Options:
-    """The user's generation settings (validated by ``SpecConfig``)."""
-
-    method: str = "auto"
-    num_draft_tokens: int = 4
-    tree_budget: int = 16
-    temp: float = 0.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    seed: Optional[int] = None
-    adaptive: bool = False
-
-    def kwargs(self) -> Dict[str, Any]:
-        out = dict(
-            speculative=self.method,
-            num_draft_tokens=self.num_draft_tokens,
-            adaptive=self.adaptive,
-            temp=self.temp,
-            top_p=self.top_p,
-            max_tokens=self.max_tokens,
-            seed=self.seed,
-        )
-        if self.method == "tree":
-            out["tree_budget"] = self.tree_budget
-        return out
+def generation_kwargs(config: SpecConfig) -> Dict[str, Any]:
+    """``stream_generate``'s keyword arguments for the settings in ``config``."""
+    kwargs = {f.name: getattr(config, f.name) for f in fields(config)}
+    kwargs["speculative"] = kwargs.pop("method")
+    return kwargs
 
 
 @dataclass
@@ -341,10 +444,28 @@ class Session:
     last_reused: int = 0
     timing: Timing = field(default_factory=Timing)
     pair_key: Optional[tuple] = None  # (target, draft, chat) of the turns
+    epoch: int = 0  # counts resets, so a reply can tell its chat was cleared
+    _busy: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reset(self):
         self.turns = []
+        self.epoch += 1
         self.drop_cache()
+
+    def claim(self) -> bool:
+        """Take the session for one request; ``False`` if one is running.
+
+        The one guard against a second turn from one send (a click and a key
+        at once, repeated script clicks): each request claims, then releases.
+        """
+        return self._busy.acquire(blocking=False)
+
+    def release(self):
+        self._busy.release()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy.locked()
 
     def drop_cache(self):
         self.cache, self.cache_key, self.cache_tokens = None, None, []
@@ -450,15 +571,17 @@ def run_turn(
     session: Session,
     pair: Pair,
     tokens: List[int],
-    options: Options,
+    options: SpecConfig,
     use_cache: bool = True,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> Iterator[Tuple[Piece, Any]]:
     """Generate on the worker, yielding ``(Piece, response)`` per token.
 
     With ``use_cache`` the session's prompt cache is reused: only the tokens
     after the longest common prefix with the cached ones are prefilled.
-    Closing the generator closes the stream (which rewinds the caches) and
-    records what the cache now holds.
+    ``progress(done, total)`` is called between prefill chunks (and may raise
+    to stop). Closing the generator closes the stream (which rewinds the
+    caches) and records what the cache now holds.
     """
     if not tokens:
         raise ValueError("the prompt is empty; type some text first.")
@@ -494,8 +617,9 @@ def run_turn(
         feed,
         draft,
         prompt_cache=cache,
+        prompt_progress_callback=progress,
         **history,
-        **options.kwargs(),
+        **generation_kwargs(options),
     )
     generated: List[int] = []
     try:
@@ -516,72 +640,105 @@ def respond(
     session: Session,
     pair: Pair,
     text: str,
-    options: Options,
+    options: SpecConfig,
     *,
     chat: bool,
     system: Optional[str] = None,
     use_cache: bool = True,
+    lend: bool = False,
 ) -> Iterator[Turn]:
-    """Run one turn on the worker, yielding its :class:`Turn` as tokens arrive.
+    """Run one turn on the worker, yielding its :class:`Turn` as it goes.
 
     In chat mode the message joins ``session.turns`` and the prompt is the
     chat template over the whole conversation; in completion mode it replaces
-    them. The turn ends with ``finish`` set to ``"stop"`` (end of text),
-    ``"length"`` (max tokens) or ``"stopped"`` (``session.stop`` was set, or
-    this generator was closed early). The prompt cache then holds exactly the
-    prompt and the generated tokens, so the next turn continues exactly. A
-    stop requested before the turn starts is dropped.
+    them. The turn is yielded once it is in ``session.turns``, then with its
+    ``progress`` (:class:`Waiting`, :class:`Prefill`) until tokens arrive,
+    then as tokens arrive. It ends with ``finish`` set to ``"stop"`` (end of
+    text), ``"length"`` (max tokens) or ``"stopped"`` (``session.stop`` was
+    set, while waiting, during the prefill or later, or this generator was
+    closed early). The prompt cache then holds exactly the prompt and the
+    generated tokens, so the next turn continues exactly.
 
     Args:
         worker: The MLX thread.
         session: The conversation; its ``stop`` event ends the turn early.
         pair: The loaded models.
-        text: The user's message (or the completion prompt).
+        text: The user's message (or the completion prompt), as it is shown
+          and sent: see :func:`clean_message`.
         options: Generation settings.
         chat: Use the chat template (the tokenizer must have one).
         system: System prompt of the conversation (chat mode only).
         use_cache: Reuse (and update) the session's prompt cache.
+        lend: Let waiting requests run between prefill chunks and tokens
+          (see :class:`Worker`).
 
     Raises:
-        ValueError: For an empty message or settings ``SpecConfig`` refuses.
-          A turn that fails before its first token (for any error) leaves the
-          conversation as it was; one that fails later keeps its partial
-          reply, which the prompt cache matches.
+        ValueError: For an empty message, before the turn joins the
+          conversation. A turn that fails later stays in it with ``finish``
+          ``"error"`` and its ``error`` (left out of later prompts).
     """
-    if not (text or "").strip():
+    if not clean_message(text, trim=False):
         raise ValueError("the message is empty; type some text first.")
-    history = list(session.turns) if chat else []
+    history = [t for t in session.turns if t.finish != "error"] if chat else []
     tokens = encode_prompt(pair.tokenizer, text, history, chat, system)
     turn = Turn(user=text)
     session.stop.clear()
-    previous = session.turns
-    session.turns = previous + [turn] if chat else [turn]
+    session.turns = session.turns + [turn] if chat else [turn]
     batches = worker.stream(
-        lambda: run_turn(session, pair, tokens, options, use_cache), session.stop
+        lambda progress: run_turn(session, pair, tokens, options, use_cache, progress),
+        session.stop,
+        lend=lend,
     )
     last = None
     try:
+        yield turn
         for batch in batches:
-            for piece, response in batch:
-                turn.pieces.append(piece)
-                last = response
-            turn.stats = last.stats
+            for item in batch:
+                if isinstance(item, (Waiting, Prefill)):
+                    turn.progress = item
+                else:
+                    piece, last = item
+                    turn.pieces.append(piece)
+                    turn.progress = None
+            turn.stats = last.stats if last is not None else None
             yield turn
         turn.finish = last.finish_reason if last and last.finish_reason else "stopped"
+    except Stopped:
+        turn.finish = "stopped"
     except Exception as e:
         turn.finish, turn.error = "error", e
-        if not turn.pieces and session.turns and session.turns[-1] is turn:
-            session.turns = previous
         raise
     finally:
         batches.close()
+        turn.progress = None
         if turn.finish is None:
             turn.finish = "stopped"
 
 
+def clean_message(text: Optional[str], trim: bool = True) -> str:
+    """The message as it is sent: invalid Unicode repaired and (with ``trim``)
+    trailing whitespace cut.
+
+    Empty when it holds only whitespace of any kind, zero-width and
+    non-breaking spaces included.
+    """
+    text = repair_text(text or "")
+    text = text.rstrip() if trim else text
+    return text if text.translate(_INVISIBLE).strip() else ""
+
+
 def _record_cache(session: Session, cache: List[Any], sequence: List[int]):
-    """Note which tokens the cache holds; drop it if its layers disagree."""
+    """Note which tokens the cache holds; drop it if its layers disagree.
+
+    Layers a stopped prefill left at different lengths are trimmed to the
+    shortest, when they can be.
+    """
     offsets = _offsets(cache)
+    if len(offsets) > 1 and can_trim_prompt_cache(cache):
+        keep = min(min(offsets), len(sequence))
+        for c in cache:
+            c.trim(int(c.offset) - keep)
+        offsets = _offsets(cache)
     if len(offsets) != 1 or next(iter(offsets)) > len(sequence):
         log.warning(
             "prompt cache offsets %s do not match the conversation; rebuilding", offsets
