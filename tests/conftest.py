@@ -1,11 +1,16 @@
-"""Shared pytest set-up: load OpenBLAS before mlx is imported anywhere."""
+"""Shared pytest set-up: load OpenBLAS before mlx is imported anywhere, and
+make the checkout the user data folder (its models/ holds the default pair)."""
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
 
 from mlx_spec._blas import ensure_fast_blas
 
 ensure_fast_blas()  # before any test module imports mlx
-import functools
-
-import pytest
+os.environ["MLX_SPEC_HOME"] = str(Path(__file__).resolve().parents[1])
 
 
 @pytest.fixture(scope="session")

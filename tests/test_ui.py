@@ -28,7 +28,6 @@ if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
 gr = pytest.importorskip("gradio")
 
 from mlx_spec.config import SpecConfig  # noqa: E402
-from mlx_spec.loading import REPO_ROOT as MODELS_ROOT  # noqa: E402
 from mlx_spec.loading import default_model_pair  # noqa: E402
 from mlx_spec.stats import SpecStats  # noqa: E402
 from ui import render  # noqa: E402
@@ -808,7 +807,7 @@ def test_browser_two_turn_chat_then_new_chat(server, browser):
 def default_server():
     """The app on the embedded default pair, as ``python -m ui.app`` starts it."""
     target, draft = default_model_pair()
-    if not Path(target).is_relative_to(MODELS_ROOT / "models"):
+    if not Path(target).is_relative_to(REPO_ROOT / "models"):
         pytest.skip("the embedded default pair is not in models/")
     app = create_app()
     app.preload()

@@ -31,8 +31,8 @@ from mlx_spec.chat_text import encode_chat, repair_text
 from mlx_spec.config import SpecConfig, plan_method
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
+from mlx_spec.home import model_folders
 from mlx_spec.loading import (
-    REPO_ROOT,
     default_model_pair,
     draft_source,
     drafter_description,
@@ -752,10 +752,11 @@ def known_models(target: str, draft: Optional[str]) -> List[Tuple[str, str]]:
     """``(label, path)`` of models to offer.
 
     The app's starting pair first, then the embedded default pair, the
-    models in ``models/`` and the repos in the Hugging Face cache.
+    user's and the shipped models (:mod:`mlx_spec.home`) and the repos in
+    the Hugging Face cache.
     """
     try:
-        embedded = default_model_pair()
+        embedded = default_model_pair(build=False)
     except ValueError:  # the default target was not built; offer the rest
         embedded = ()
     found, seen = [], set()
@@ -768,10 +769,10 @@ def known_models(target: str, draft: Optional[str]) -> List[Tuple[str, str]]:
             kind = "default" if path in embedded else "starting"
             found.append((f"{Path(path).name} ({kind} {role})", path))
             seen.add(path)
-    for config in sorted((REPO_ROOT / "models").glob("*/config.json")):
-        path = str(config.parent)
+    for folder in model_folders():
+        path = str(folder)
         if path not in seen:
-            found.append((config.parent.name, path))
+            found.append((folder.name, path))
             seen.add(path)
     hub = Path.home() / ".cache" / "huggingface" / "hub"
     for entry in sorted(hub.glob("models--*")):

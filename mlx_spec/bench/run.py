@@ -58,7 +58,8 @@ from mlx_spec.config import (
     DEFAULT_TREE_TOP_K,
 )
 from mlx_spec.drafters import registry
-from mlx_spec.loading import REPO_ROOT, default_model_pair, load_draft, load_pair
+from mlx_spec.home import model_folders
+from mlx_spec.loading import default_model_pair, load_draft, load_pair
 
 from .goals import check_goals
 from .machine import machine_info, param_count
@@ -395,14 +396,13 @@ def _target_mtp(model_path: str, model) -> tuple:
 
 
 def default_heads(model, note) -> List[object]:
-    """The heads in ``models/`` trained for ``model``; ``note(text)`` hears why
-    another was skipped."""
+    """The heads in the user's and the shipped models (:mod:`mlx_spec.home`)
+    trained for ``model``; ``note(text)`` hears why another was skipped."""
     heads = _heads_module()
-    root = REPO_ROOT / "models"
-    if heads is None or not root.is_dir():
+    if heads is None:
         return []
     out = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir()):
+    for path in model_folders():
         config = heads.read_head_config(path)
         if config is None or config[heads.HEAD_KEY].get("kind") == "draft":
             continue  # not a head (a distilled draft is the draft model)

