@@ -505,15 +505,15 @@ def test_smollm_pre_tokenizer_splits_every_digit(source, tmp_path):
     assert tokenizer.decode(ids) == "x = 2024 + 17"
 
 
-def test_sentencepiece_vocabulary_is_refused_unless_a_tokenizer_is_given(
+def test_wordpiece_vocabulary_is_refused_unless_a_tokenizer_is_given(
     source, tmp_path, capsys
 ):
     import mlx_lm
 
-    write_gguf(source, tmp_path / "m.gguf", "Q8_0", tokenizer_model="llama")
+    write_gguf(source, tmp_path / "m.gguf", "Q8_0", tokenizer_model="bert")
     argv = ["gguf", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "out")]
     message = run_cli(argv, capsys)
-    assert "unsupported GGUF tokenizer model 'llama' (SentencePiece)" in message
+    assert "unsupported GGUF tokenizer model 'bert' (WordPiece)" in message
     assert "--tokenizer DIR" in message
     assert convert_main(argv + ["--tokenizer", str(source)]) == 0
     _, original = mlx_lm.load(str(source))

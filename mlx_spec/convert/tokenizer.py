@@ -1,16 +1,27 @@
 """A Hugging Face tokenizer (``tokenizer.json`` + ``tokenizer_config.json``)
-rebuilt from a GGUF file's ``tokenizer.*`` metadata.
+rebuilt from a GGUF file's ``tokenizer.*`` metadata, with ``tokenizers``.
 
-A GGUF stores the vocabulary, the merges, each token's type, the special token
-ids and the chat template, but not the pre-tokenizer itself: only its llama.cpp
-name in ``tokenizer.ggml.pre``. :data:`PRE_TOKENIZERS` maps the names this
-module knows to the ``tokenizers`` pre-tokenizer that splits text the same way
-(SmolLM2's ``"smollm"``: every digit alone, then GPT-2's byte-level split).
-Byte-level BPE vocabularies (``tokenizer.ggml.model == "gpt2"``) are supported;
-SentencePiece ones are refused by name.
+Two kinds of vocabulary (``tokenizer.ggml.model``) are rebuilt:
 
-Tokens of type 3 (control) become special added tokens, type 4 (user-defined)
-plain added tokens, so both are matched whole in text, as llama.cpp does.
+- ``gpt2``: byte-level BPE (Llama 3, Qwen 2/2.5/3, SmolLM, ...). The GGUF
+  stores the vocabulary, the merges and, by name only, the pre-tokenizer
+  (``tokenizer.ggml.pre``). :data:`PRE_TOKENIZERS` maps each name known here
+  to the split llama.cpp applies under that name (llama-vocab.cpp): GPT-2's
+  regex; every digit alone then GPT-2's (``smollm``, ``starcoder``); Llama 3's
+  regex, digits in runs of up to 3 (``llama-bpe``); Qwen2's, the same with
+  each digit alone and NFC-normalized text (``qwen2``, also Qwen 2.5 and 3).
+  The regex decides where merges may cross, so a wrong one changes ids.
+- ``llama``: SentencePiece BPE (Llama 2, Mistral 7B, Gemma 3, Phi-3). The GGUF
+  stores each piece's score instead of merges; a piece's merges are its
+  splits into two pieces, ranked by its score, as SentencePiece applies them
+  (and as transformers' converter derives them). Spaces become ``▁``, a
+  ``▁`` is prepended to each run of text when ``tokenizer.ggml.add_space_prefix``
+  says so (llama.cpp does it after each special token too), and characters
+  without a piece fall back to ``<0xXX>`` byte pieces.
+
+Tokens of type 3 (control) and 2 (unknown) become special added tokens,
+type 4 (user-defined) plain added tokens, so both are matched whole in text,
+as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -20,14 +31,18 @@ import shutil
 from pathlib import Path
 
 # llama.cpp's token types (llama_token_type).
+TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
+SPIECE_SPACE = "\u2581"
 
 # Llama 3's split: contractions, letters, digits in runs of 1-3, punctuation.
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's: Llama 3's with every digit alone.
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 # tokenizer.ggml.pre -> how text is split before BPE. "digits" = each digit
 # alone, then GPT-2's regex (llama.cpp groups these names under one regex).
@@ -40,7 +55,9 @@ PRE_TOKENIZERS = {
     "refact": "digits",
     "llama-bpe": "llama3",
     "llama3": "llama3",
+    "qwen2": "qwen2",
 }
+TOKENIZER_MODELS = ("gpt2", "llama")
 
 
 class TokenizerConversionError(ValueError):
@@ -57,8 +74,9 @@ def _pre_tokenizer(name: str):
     if kind == "digits":
         digits = pre_tokenizers.Digits(individual_digits=True)
         return pre_tokenizers.Sequence([digits, byte_level])
-    if kind == "llama3":
-        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+    if kind in ("llama3", "qwen2"):
+        regex = _LLAMA3_SPLIT if kind == "llama3" else _QWEN2_SPLIT
+        split = pre_tokenizers.Split(Regex(regex), behavior="isolated")
         no_regex = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         return pre_tokenizers.Sequence([split, no_regex])
     raise TokenizerConversionError(
@@ -69,16 +87,17 @@ def _pre_tokenizer(name: str):
 
 def _check_vocabulary(metadata: dict) -> tuple[list[str], list[int]]:
     model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        kind = {"llama": " (SentencePiece)", "bert": " (WordPiece)"}.get(model, "")
+    if model not in TOKENIZER_MODELS:
+        kind = {"bert": " (WordPiece)", "t5": " (Unigram)"}.get(model, "")
         raise TokenizerConversionError(
-            f"unsupported GGUF tokenizer model {model!r}{kind}; only 'gpt2' "
-            "(byte-level BPE) vocabularies are converted"
+            f"unsupported GGUF tokenizer model {model!r}{kind}; supported: 'gpt2' "
+            "(byte-level BPE) and 'llama' (SentencePiece BPE)"
         )
     tokens = metadata.get("tokenizer.ggml.tokens")
-    if not tokens or "tokenizer.ggml.merges" not in metadata:
+    needed = "merges" if model == "gpt2" else "scores"
+    if not tokens or f"tokenizer.ggml.{needed}" not in metadata:
         raise TokenizerConversionError(
-            "the GGUF has no tokenizer.ggml.tokens or tokenizer.ggml.merges"
+            f"the GGUF has no tokenizer.ggml.tokens or tokenizer.ggml.{needed}"
         )
     token_types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(token_types) != len(tokens):
@@ -97,24 +116,76 @@ def _token(tokens: list[str], metadata: dict, key: str) -> str | None:
     return tokens[int(index)]
 
 
-def build_tokenizer(metadata: dict):
-    """The ``tokenizers.Tokenizer`` a GGUF's metadata describes.
+def _add_bos(metadata: dict) -> bool:
+    """``tokenizer.ggml.add_bos_token``; llama.cpp's default is per model."""
+    default = metadata.get("tokenizer.ggml.model") == "llama"
+    return bool(metadata.get("tokenizer.ggml.add_bos_token", default))
+
+
+def sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple]:
+    """The BPE merges a SentencePiece vocabulary applies, best first.
+
+    Every piece that splits into two pieces of the vocabulary is reachable by
+    merging them; SentencePiece merges the pair whose result scores highest.
 
     Args:
-        metadata: GGUF metadata (:attr:`GGUFHeader.metadata`).
+        tokens: The pieces, by id.
+        scores: Their scores, by id.
 
     Returns:
-        A ``tokenizers.Tokenizer``: byte-level BPE over the file's vocabulary
-        and merges, token ids equal to the GGUF's, control tokens special.
-
-    Raises:
-        TokenizerConversionError: Not a byte-level BPE vocabulary, or an
-            unknown pre-tokenizer.
+        ``(left, right)`` pairs sorted by the merged piece's score (higher
+        first), ties by the ids of the merged piece, left and right.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+    ids = {}
+    for index, token in enumerate(tokens):
+        ids.setdefault(token, index)
+    ranked = []
+    for piece, index in ids.items():
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in ids and right in ids:
+                ranked.append((-scores[index], index, ids[left], ids[right]))
+    ranked.sort()
+    return [(tokens[l], tokens[r]) for _, _, l, r in ranked]
 
-    tokens, token_types = _check_vocabulary(metadata)
-    pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
+
+def _sentencepiece(metadata: dict, tokens: list[str], token_types: list[int]):
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)
+    scores = metadata["tokenizer.ggml.scores"]
+    unk = _token(tokens, metadata, "unknown_token_id")
+    if unk is None:
+        unk = next((t for t, k in zip(tokens, token_types) if k == 2), None)
+    tokenizer = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=sentencepiece_merges(tokens, scores),
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    steps = [normalizers.Replace(" ", SPIECE_SPACE)]
+    if prefix:
+        steps.insert(0, normalizers.Prepend(SPIECE_SPACE))
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    decode = [decoders.Replace(SPIECE_SPACE, " "), decoders.ByteFallback()]
+    decode.append(decoders.Fuse())
+    if prefix:
+        decode.append(decoders.Strip(" ", 1, 0))
+    tokenizer.decoder = decoders.Sequence(decode)
+    return tokenizer
+
+
+def _byte_level_bpe(metadata: dict, tokens: list[str]):
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors
+
+    pre = metadata.get("tokenizer.ggml.pre", "default")
+    pre_tokenizer = _pre_tokenizer(pre)
     vocab = {}
     for index, token in enumerate(tokens):
         vocab.setdefault(token, index)  # a duplicate keeps its first id
@@ -122,13 +193,42 @@ def build_tokenizer(metadata: dict):
     tokenizer = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
     )
+    if PRE_TOKENIZERS[pre] == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tokenizer
+
+
+def build_tokenizer(metadata: dict):
+    """The ``tokenizers.Tokenizer`` a GGUF's metadata describes.
+
+    Args:
+        metadata: GGUF metadata.
+
+    Returns:
+        A ``tokenizers.Tokenizer``: byte-level BPE or SentencePiece BPE over
+        the file's vocabulary, token ids equal to the GGUF's, control tokens
+        special.
+
+    Raises:
+        TokenizerConversionError: Another kind of vocabulary, or an unknown
+            pre-tokenizer.
+    """
+    from tokenizers import AddedToken
+
+    tokens, token_types = _check_vocabulary(metadata)
+    byte_level = metadata["tokenizer.ggml.model"] == "gpt2"
+    if byte_level:
+        tokenizer = _byte_level_bpe(metadata, tokens)
+    else:
+        tokenizer = _sentencepiece(metadata, tokens, token_types)
+    special_types = (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN)
     special = [
         AddedToken(t, special=True, normalized=False)
         for t, kind in zip(tokens, token_types)
-        if kind == TOKEN_TYPE_CONTROL
+        if kind in special_types
     ]
     user_defined = [
         AddedToken(t, special=False, normalized=False)
@@ -138,17 +238,20 @@ def build_tokenizer(metadata: dict):
     tokenizer.add_special_tokens(special)
     tokenizer.add_tokens(user_defined)
     bos = _token(tokens, metadata, "bos_token_id")
-    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+    add_bos = _add_bos(metadata)
     add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
     eos = _token(tokens, metadata, "eos_token_id")
     if (add_bos and bos is not None) or (add_eos and eos is not None):
         tokenizer.post_processor = _template(
-            tokenizer, bos if add_bos else None, eos if add_eos else None
+            tokenizer,
+            bos if add_bos else None,
+            eos if add_eos else None,
+            byte_level=byte_level,
         )
     return tokenizer
 
 
-def _template(tokenizer, bos: str | None, eos: str | None):
+def _template(tokenizer, bos: str | None, eos: str | None, *, byte_level: bool):
     """A post-processor adding BOS and/or EOS around each sequence."""
     from tokenizers import processors
 
@@ -158,16 +261,14 @@ def _template(tokenizer, bos: str | None, eos: str | None):
 
     ends = dict.fromkeys(t for t in (bos, eos) if t is not None)
     single = sequence("$A", 0)
-    return processors.Sequence(
-        [
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(
-                single=single,
-                pair=f"{single} {sequence('$B', 1)}",
-                special_tokens=[(t, tokenizer.token_to_id(t)) for t in ends],
-            ),
-        ]
+    template = processors.TemplateProcessing(
+        single=single,
+        pair=f"{single} {sequence('$B', 1)}",
+        special_tokens=[(t, tokenizer.token_to_id(t)) for t in ends],
     )
+    if not byte_level:
+        return template
+    return processors.Sequence([processors.ByteLevel(trim_offsets=False), template])
 
 
 def tokenizer_config(metadata: dict) -> dict:
@@ -188,7 +289,7 @@ def tokenizer_config(metadata: dict) -> dict:
         "eos_token": _token(tokens, metadata, "eos_token_id"),
         "unk_token": _token(tokens, metadata, "unknown_token_id"),
         "pad_token": _token(tokens, metadata, "padding_token_id"),
-        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": _add_bos(metadata),
         "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(metadata.get(f"{arch}.context_length", 1 << 20)),
