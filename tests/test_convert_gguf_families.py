@@ -87,14 +87,19 @@ def round_trip(w: np.ndarray, qtype: str) -> np.ndarray:
     return gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind)
 
 
-def source_model(checkpoints, family: str, tmp: Path) -> tuple[Path, dict, dict]:
+def source_model(
+    checkpoints, family: str, tmp: Path, variant: str = ""
+) -> tuple[Path, dict, dict]:
     """The family's tiny checkpoint as mlx-lm loads it, with random norms.
+
+    Args:
+        variant: ``""`` or ``"-near"`` (a perturbed copy: a draft).
 
     Returns:
         ``(directory, config, weights)``; gemma3 is its text model
         (``gemma3_text``), as a text-only GGUF holds it.
     """
-    src = checkpoints[family]
+    src = checkpoints[family + variant]
     config = json.loads((src / "config.json").read_text())
     weights = {
         k: np.array(v) for k, v in mx.load(str(src / "model.safetensors")).items()
@@ -106,7 +111,7 @@ def source_model(checkpoints, family: str, tmp: Path) -> tuple[Path, dict, dict]
     for name, w in weights.items():
         if name.endswith("norm.weight"):  # random scales exercise the norm handling
             weights[name] = (w + 0.3 * rng.standard_normal(w.shape)).astype(np.float32)
-    out = tmp / f"{family}-source"
+    out = tmp / f"{family}{variant}-source"
     out.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(src / name, out / name)
@@ -205,20 +210,21 @@ def logits(path: Path) -> mx.array:
 
 @pytest.fixture(scope="module")
 def converted(checkpoints, tmp_path_factory):
-    """(family, qtype) -> (reference checkpoint, GGUF path); built once."""
+    """(family, qtype[, variant]) -> (reference checkpoint, GGUF path); built once."""
     root = tmp_path_factory.mktemp("families")
     cache = {}
 
-    def build(family: str, qtype: str):
-        if (family, qtype) not in cache:
-            tmp = root / f"{family}-{qtype}"
+    def build(family: str, qtype: str, variant: str = ""):
+        key = (family, qtype, variant)
+        if key not in cache:
+            tmp = root / f"{family}{variant}-{qtype}"
             tmp.mkdir()
-            source, config, weights = source_model(checkpoints, family, tmp)
+            source, config, weights = source_model(checkpoints, family, tmp, variant)
             path = tmp / "m.gguf"
             reference = write_family_gguf(family, config, weights, source, path, qtype)
             ref = reference_checkpoint(source, config, reference, tmp / "ref")
-            cache[family, qtype] = (ref, path)
-        return cache[family, qtype]
+            cache[key] = (ref, path)
+        return cache[key]
 
     return build
 
@@ -285,6 +291,39 @@ def test_gemma3_norms_without_the_minus_one_give_other_logits(
     )
     out = convert_gguf(path, tmp_path / "out", dtype="float32")
     assert mx.abs(logits(ref) - logits(out)).max().item() > 1e-2
+
+
+# --------------------------------------------------------------------------- #
+# Speculation on converted models
+# --------------------------------------------------------------------------- #
+
+
+def generate_text(argv: list[str], capsys) -> str:
+    from mlx_spec.cli.generate import main
+
+    prompt = ["--prompt", "def fibonacci(n):", "--ignore-chat-template"]
+    main(argv + prompt + ["--max-tokens", "16", "--verbose", "False"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_converted_models_speculate_with_auto_and_with_a_converted_draft(
+    converted, tmp_path, family, capsys
+):
+    """Greedy text is plain decoding's, with --speculative auto and with a
+    converted draft of the same family (its tokenizer passes the check)."""
+    _, path = converted(family, "Q8_0")
+    _, draft_path = converted(family, "Q8_0", "-near")
+    target = convert_gguf(path, tmp_path / "target", dtype="float32")
+    draft = convert_gguf(draft_path, tmp_path / "draft", dtype="float32")
+    model = ["--model", str(target)]
+    plain = generate_text(model + ["--speculative", "none"], capsys)
+    assert len(plain.strip()) > 0
+    assert generate_text(model + ["--speculative", "auto"], capsys) == plain
+    stats = tmp_path / "stats.json"
+    with_draft = model + ["--draft-model", str(draft), "--speculative", "draft"]
+    assert generate_text(with_draft + ["--stats-json", str(stats)], capsys) == plain
+    assert json.loads(stats.read_text())["draft_tokens"] > 0  # the draft ran
 
 
 # --------------------------------------------------------------------------- #
