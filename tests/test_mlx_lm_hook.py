@@ -475,11 +475,13 @@ SOURCES = ("pyproject.toml", "setup.py", "mlx_spec_hook.py", "README.md", "mlx_s
 def _copy_sources(dst: Path):
     import shutil
 
-    for name in SOURCES:
+    from mlx_spec.home import SHIPPED_MODELS
+
+    for name in (*SOURCES, *(f"models/{drafter}" for drafter in SHIPPED_MODELS)):
         src = REPO / name
         if src.is_dir():
             ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(src, dst / name, ignore=ignore)
+            shutil.copytree(src, dst / name, ignore=ignore)  # makes models/
         else:
             shutil.copy2(src, dst / name)
 
