@@ -34,7 +34,7 @@ def resolve_method(speculative: Optional[str], draft_model) -> str:
 DRAFT_CACHE_METHODS = ("draft", "tree", "auto")
 # Methods of heads (trained, or a checkpoint's MTP layer): given the head as draft
 # model (its cache part is empty).
-HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp")
+HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp", "dflash")
 
 
 def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:

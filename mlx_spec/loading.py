@@ -25,6 +25,7 @@ METHOD_KINDS = {
     "eagle": "eagle",
     "eagle-chain": "eagle",
     "medusa": "medusa",
+    "dflash": "dflash",
 }
 
 
@@ -128,12 +129,16 @@ def load_model(path: str, role: str = "model", **kwargs):
 
 
 def drafter_dir_kind(path: Optional[str]) -> Optional[str]:
-    """The kind (``draft``, ``eagle``, ``medusa``) of the drafter a ``train-draft``
-    directory ``path`` holds, else ``None``."""
+    """The kind (``draft``, ``eagle``, ``medusa``, ``dflash``) of the drafter a
+    ``train-draft`` directory or a published drafter folder ``path`` holds, else
+    ``None``."""
     from .drafters.heads import HEAD_KEY, read_head_config
+    from .drafters.published import published_kind
 
     config = read_head_config(path) if path else None
-    return str(config[HEAD_KEY].get("kind", "draft")) if config else None
+    if config is None:
+        return published_kind(path)  # a published EAGLE-3 or DFlash folder
+    return str(config[HEAD_KEY].get("kind", "draft"))
 
 
 def drafter_description(kind: str) -> str:
@@ -149,12 +154,20 @@ def drafter_methods(kind: str) -> str:
 def check_not_a_drafter(path: str, role: str) -> None:
     """A one-line ``ValueError`` when ``path`` is a ``train-draft`` directory:
     it drafts for its target and is loaded as ``--draft-model``, not as a model."""
+    from .drafters.published import published_format
+
     kind = drafter_dir_kind(path)
     if kind is not None:
+        fmt = published_format(path)
+        what = (
+            f"a published {fmt} drafter"
+            if fmt is not None
+            else f"{drafter_description(kind)} written by mlx_spec train-draft"
+        )
         raise ValueError(
-            f"{path} is {drafter_description(kind)} written by mlx_spec train-draft "
-            f"and cannot be loaded as the {role}: pass it as --draft-model next to "
-            f"its target, with --speculative {drafter_methods(kind)}."
+            f"{path} is {what} and cannot be loaded as the {role}: pass it as "
+            f"--draft-model next to its target, with --speculative "
+            f"{drafter_methods(kind)}."
         )
 
 
@@ -185,11 +198,14 @@ def load_draft(path: str, model, tokenizer, **kwargs):
     from .drafters.distilled import is_draft_dir
     from .drafters.distilled import load_draft as load_distilled
     from .drafters.heads import load_head, read_head_config
+    from .drafters.published import load_published, published_kind
 
     if is_draft_dir(path):
         return load_distilled(Path(path).expanduser(), model)
     if read_head_config(path) is not None:
         return load_head(Path(path).expanduser(), model)
+    if published_kind(path) is not None:
+        return load_published(path, model)
     draft_model, draft_tokenizer = load_model(path, "draft model", **kwargs)
     check_draft_tokenizer(tokenizer, draft_tokenizer)
     return draft_model

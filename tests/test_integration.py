@@ -178,7 +178,7 @@ def test_registered_verbose_generate_prints_stats_line(registered, pair, capsys)
 
 # Methods that draft with a trained head or the model's own MTP layer; their
 # greedy identity is tested with real heads in test_heads.py and test_mtp.py.
-HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp")
+HEAD_METHODS = ("eagle", "eagle-chain", "medusa", "mtp", "dflash")
 
 
 @pytest.mark.parametrize("method", HEAD_METHODS)

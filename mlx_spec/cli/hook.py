@@ -93,10 +93,10 @@ def speculative_method(args: argparse.Namespace) -> Optional[str]:
     draft_model = getattr(args, "draft_model", None)
     if draft_model is None:
         return None
-    from ..drafters.heads import HEAD_KEY, read_head_config
+    from ..loading import drafter_dir_kind
 
-    head = read_head_config(draft_model)
-    return head[HEAD_KEY]["kind"] if head else DRAFT_MODEL_METHOD
+    kind = drafter_dir_kind(draft_model)  # a trained or published head's
+    return DRAFT_MODEL_METHOD if kind in (None, "draft") else kind
 
 
 def check_method(parser: argparse.ArgumentParser, method: str, args) -> None:

@@ -311,6 +311,12 @@ def _head_arms(config, target, head, cache, kv, vocab_size) -> Dict[str, object]
         from .eagle import make_eagle_arms
 
         return make_eagle_arms(config, target, head, cache, kv, vocab_size)
+    if head.kind == "dflash":
+        from .published.dflash import make_dflash_drafter
+
+        return {
+            "dflash": make_dflash_drafter(config, target, head, cache, kv, vocab_size)
+        }
     from .medusa import make_medusa_drafter
 
     return {"medusa": make_medusa_drafter(config, target, head, cache, kv, vocab_size)}

@@ -25,7 +25,9 @@ class FeaturePairs:
     def __init__(self, head):
         self.head = head
         self.module = head.module
-        self.cache = KVCache()
+        # One cache, or a module's own per-layer caches (a published head's).
+        make = getattr(self.module, "head_cache", None)
+        self.cache = make() if make is not None else KVCache()
         self.pending: List[mx.array] = []  # (m, F) features of pairs fed.. fed+m-1
         self.fed = 0  # pairs in the cache, all built from the target's features
         self.last: Optional[mx.array] = None  # output at the last pair (1, 1, H)

@@ -22,6 +22,7 @@ FACTORIES: Dict[str, Union[str, Callable]] = {
     "eagle-chain": "mlx_spec.drafters.eagle:make_eagle_chain_drafter",
     "medusa": "mlx_spec.drafters.medusa:make_medusa_drafter",
     "mtp": "mlx_spec.drafters.mtp:make_mtp_drafter",
+    "dflash": "mlx_spec.drafters.published.dflash:make_dflash_drafter",
 }
 
 # "none" is plain mlx_lm decoding, which needs no drafter.

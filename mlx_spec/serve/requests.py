@@ -99,6 +99,7 @@ _DRAFTER_NAMES = {
     "draft": "a draft model",
     "eagle": "a trained eagle head",
     "medusa": "a trained medusa head",
+    "dflash": "a DFlash drafter",
     "mtp": "the model's MTP layer",
 }
 

@@ -1,0 +1,270 @@
+"""Write EAGLE-3 heads in speculators' format, and make random ones for tests.
+
+:func:`save_speculators_eagle3` writes a folder that vLLM's speculators
+(``Eagle3DraftModel.from_pretrained``) and :func:`~.load_published` read:
+``config.json`` with ``speculators_model_type: eagle3`` and the layer in
+``transformer_layer_config``, and ``model.safetensors`` under speculators'
+weight names, ``d2t``/``t2d`` for a draft vocabulary.
+
+Our own ``train-draft --kind eagle`` heads are not EAGLE-3 heads: they norm
+and fuse ``[embedding, feature]`` with a biased ``fc`` into the residual
+stream of a standard layer, read the target's final normed state, and
+score through the target's output layer with no norm of their own. EAGLE-3
+feeds the two normed halves straight to the attention projections, keeps
+the raw feature as the residual, and has its own final norm and output
+layer. No weight mapping turns one into the other exactly, so only
+EAGLE-3 heads (imported, or built here) are written in this format.
+"""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ...features import feature_owner
+from ..storage import hidden_width
+from .eagle3 import Eagle3Head
+from .layers import LayerShape
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def layer_config(shape: LayerShape) -> Dict:
+    """The HF config dict of a head's decoder layer (transformers 5 style)."""
+    config = {
+        "model_type": shape.model_type,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "num_hidden_layers": shape.num_layers,
+        "vocab_size": shape.vocab_size,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "attention_bias": shape.attention_bias,
+        "hidden_act": "silu",
+        "max_position_embeddings": shape.max_position_embeddings or 4096,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": shape.rope_theta,
+            **(shape.rope_scaling or {}),
+        },
+        "tie_word_embeddings": False,
+    }
+    return config
+
+
+def speculators_eagle3_config(args: SimpleNamespace, verifier: Optional[str]) -> Dict:
+    """speculators' ``config.json`` for an :class:`Eagle3Head` of ``args``."""
+    return {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "draft_vocab_size": args.draft_vocab_size,
+        "eagle_aux_hidden_state_layer_ids": list(args.layer_ids),
+        "target_hidden_size": args.target_hidden_size,
+        "norm_before_residual": args.norm_before_residual,
+        "norm_before_fc": args.norm_before_fc,
+        "fc_norm": args.fc_norm,
+        "norm_output": args.norm_output,
+        "embed_requires_grad": False,
+        "transformer_layer_config": layer_config(args.shape),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": verifier, "architectures": None},
+        },
+    }
+
+
+def save_speculators_eagle3(
+    path,
+    module: Eagle3Head,
+    *,
+    ids: Optional[mx.array] = None,
+    embedding: Optional[mx.array] = None,
+    verifier: Optional[str] = None,
+    dtype=mx.float32,
+):
+    """Write ``module`` as a speculators EAGLE-3 folder.
+
+    Args:
+        path: The folder (created if needed).
+        module: The head (float weights).
+        ids: ``(C,)`` target id of each draft column, or ``None`` for the target's vocabulary.
+        embedding: ``(V, H)`` token embedding to store (speculators keeps the
+          head's own); the module's when ``None``.
+        verifier: The target's name, recorded for vLLM users.
+        dtype: Storage dtype. Default: float32.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    args = module.args
+    weights = {
+        k: v.astype(dtype)
+        for k, v in tree_flatten(module.parameters())
+        if k != "embed_tokens.weight"
+    }
+    table = embedding if embedding is not None else module.get("embed_tokens")
+    if isinstance(table, nn.Embedding):
+        table = table.weight
+    if table is not None:
+        weights["embed_tokens.weight"] = table.astype(dtype)
+    if ids is not None:
+        columns = mx.arange(ids.shape[0])
+        weights["d2t"] = (ids.astype(mx.int64) - columns).astype(mx.int64)
+        t2d = mx.zeros((args.shape.vocab_size,), mx.bool_)
+        t2d[ids] = True
+        weights["t2d"] = t2d
+    mx.save_safetensors(str(path / WEIGHTS_FILE), weights)
+    config = speculators_eagle3_config(args, verifier)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def eagle3_args_for(
+    target: nn.Module,
+    *,
+    layer_ids: Optional[Sequence[int]] = None,
+    draft_vocab_size: Optional[int] = None,
+    model_type: str = "llama",
+    num_layers: int = 1,
+    **flags,
+) -> SimpleNamespace:
+    """EAGLE-3 module arguments shaped after ``target`` (its width, heads, vocabulary).
+
+    ``layer_ids`` are in speculators' convention (the input of layer ``i``);
+    by default a low, a middle and a high layer of the target.
+    """
+    from ...models import output_size
+
+    targs = getattr(target, "args", SimpleNamespace())
+    H = hidden_width(target)
+    count = len(feature_owner(target).layers)
+    heads = getattr(targs, "num_attention_heads", max(H // 64, 1))
+    ids = list(layer_ids) if layer_ids else sorted({1, max(count // 2, 1), count})
+    vocab = output_size(target)
+    shape = LayerShape(
+        model_type=model_type,
+        hidden_size=H,
+        num_heads=heads,
+        num_kv_heads=getattr(targs, "num_key_value_heads", None) or heads,
+        head_dim=H // heads,
+        intermediate_size=getattr(targs, "intermediate_size", 4 * H),
+        rms_norm_eps=getattr(targs, "rms_norm_eps", 1e-6),
+        attention_bias=False,
+        rope_theta=float(getattr(targs, "rope_theta", 10000.0)),
+        rope_scaling=None,
+        rotary_dim=H // heads,
+        max_position_embeddings=4096,
+        num_layers=num_layers,
+        vocab_size=vocab,
+        sliding=False,
+    )
+    base = dict(
+        norm_before_residual=False,
+        norm_before_fc=False,
+        fc_norm=False,
+        norm_output=False,
+    )
+    base.update(flags)
+    return SimpleNamespace(
+        shape=shape,
+        target_hidden_size=H,
+        num_aux=len(ids),
+        layer_ids=ids,
+        feature_layers=[i - 1 for i in ids],
+        draft_vocab_size=draft_vocab_size or vocab,
+        own_embedding=False,
+        **base,
+    )
+
+
+def random_eagle3(
+    target: nn.Module,
+    path,
+    *,
+    seed: int = 0,
+    ids: Optional[List[int]] = None,
+    **options,
+):
+    """Write a random EAGLE-3 head for ``target`` in speculators' format (tests).
+
+    ``ids``: the target ids of a draft vocabulary (sorted), or ``None``.
+    The stored embedding is the target's own, as speculators stores it.
+    """
+    from ...features import embed
+    from ...models import output_size
+
+    args = eagle3_args_for(
+        target, draft_vocab_size=None if ids is None else len(ids), **options
+    )
+    mx.random.seed(seed)
+    module = Eagle3Head(args)
+    table = embed(target, mx.arange(output_size(target))).astype(mx.float32)
+    save_speculators_eagle3(
+        path, module, ids=None if ids is None else mx.array(ids), embedding=table
+    )
+    return path
+
+
+def random_dflash(
+    target: nn.Module,
+    path,
+    *,
+    seed: int = 0,
+    block_size: int = 4,
+    ids: Optional[List[int]] = None,
+    layer_ids: Optional[Sequence[int]] = None,
+    num_layers: int = 1,
+):
+    """Write a random DFlash drafter for ``target`` in speculators' format (tests).
+
+    It reads the target's own embedding and, without ``ids``, its output layer.
+    The mask token is the target's last token id.
+    """
+    from .dflash import DFlashHead
+
+    args = eagle3_args_for(
+        target,
+        layer_ids=layer_ids,
+        model_type="qwen3",
+        num_layers=num_layers,
+        draft_vocab_size=None if ids is None else len(ids),
+    )
+    shape = args.shape
+    args = SimpleNamespace(
+        shape=shape,
+        target_hidden_size=args.target_hidden_size,
+        num_aux=args.num_aux,
+        layer_ids=args.layer_ids,
+        feature_layers=args.feature_layers,
+        block_size=block_size,
+        mask_token_id=shape.vocab_size - 1,
+        draft_vocab_size=None if ids is None else len(ids),
+        logit_scale=1.0,
+        softcap=0.0,
+        own_embedding=False,
+    )
+    mx.random.seed(seed)
+    module = DFlashHead(args)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(module.parameters()))
+    if ids is not None:
+        weights["d2t"] = mx.array(ids, mx.int64) - mx.arange(len(ids))
+    mx.save_safetensors(str(path / WEIGHTS_FILE), weights)
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "speculators_model_type": "dflash",
+        "draft_vocab_size": len(ids) if ids is not None else shape.vocab_size,
+        "block_size": block_size,
+        "aux_hidden_state_layer_ids": list(args.layer_ids),
+        "mask_token_id": args.mask_token_id,
+        "transformer_layer_config": layer_config(shape),
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path

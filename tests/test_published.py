@@ -1,0 +1,356 @@
+"""Published drafters (EAGLE-3 and DFlash folders): the reference's outputs, exactness.
+
+``tests/fixtures/published`` holds small random checkpoints of each format,
+built with speculators' own PyTorch classes by ``scripts/published_fixtures.py``,
+and the reference's outputs for fixed inputs (``<name>.io.safetensors``).
+mlx-spec's forward must give the same logits within 1e-4 relative in
+float32. The engine tests use random heads written in the same formats for
+tiny targets: heads only propose, so exactness must hold whatever they draft.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from law_checks import assert_counts_follow_law
+from mlx_lm.models import llama
+from test_heads import PROMPT, VOCAB, _exact_law_of_three, _sampled_openings
+
+from mlx_spec import SpecConfig, SpecStats
+from mlx_spec.attention.tree import Tree
+from mlx_spec.drafters.eagle import EagleContext, EagleDrafter
+from mlx_spec.drafters.published import (
+    PublishedHead,
+    load_published,
+    published_format,
+    published_kind,
+)
+from mlx_spec.drafters.published.dflash import DFlashDraft
+from mlx_spec.drafters.published.export import (
+    random_dflash,
+    random_eagle3,
+    save_speculators_eagle3,
+)
+from mlx_spec.engine import speculative_events
+from mlx_spec.sampling import normalize
+from mlx_spec.testing import greedy_continuation, linear_quantizations, tiny_llama
+
+FIXTURES = Path(__file__).parent / "fixtures" / "published"
+EAGLE3 = {
+    "eagle3-llama-d2t": "speculators-eagle3",
+    "specforge-llama": "eagle3",
+    "eagle3-qwen3-norm-before-residual": "speculators-eagle3",
+    "eagle3-two-layers-fc-norm-norm-output": "speculators-eagle3",
+    "eagle3-llama3-rope-norm-before-fc": "speculators-eagle3",
+}
+DFLASH = {"speculators-dflash-d2t": "speculators-dflash", "dflash-authors": "dflash"}
+TOLERANCE = 1e-4
+
+
+def _io(name: str):
+    return mx.load(str(FIXTURES / f"{name}.io.safetensors"))
+
+
+def _fixture_target(io=None, layers: int = 6):
+    """A llama target of the fixtures' width and vocabulary (its blocks are unused:
+    the features are given); with ``io``, the reference's embedding and output layer."""
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=16,
+        num_hidden_layers=layers,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-6,
+        vocab_size=64,
+        tie_word_embeddings=False,
+    )
+    model = llama.Model(args)
+    if io is not None:
+        model.model.embed_tokens.weight = io["verifier_embed"]
+        model.lm_head.weight = io["verifier_lm_head"]
+    mx.eval(model.parameters())
+    return model
+
+
+def _relative(got: mx.array, ref: mx.array) -> float:
+    return float(mx.max(mx.abs(got - ref)) / mx.max(mx.abs(ref)))
+
+
+@pytest.fixture(scope="module")
+def fixture_target():
+    return _fixture_target()
+
+
+# --------------------------------------------------------------------------- #
+# The reference's outputs
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("name", [*EAGLE3, *DFLASH])
+def test_each_format_is_detected(name):
+    fmt = {**EAGLE3, **DFLASH}[name]
+    assert published_format(FIXTURES / name) == fmt
+    assert published_kind(FIXTURES / name) == ("eagle" if name in EAGLE3 else "dflash")
+
+
+def _chain_logits(head, io, pos: int, steps: int):
+    """Draft-vocabulary logits of the chain from pair ``pos``, fed the reference's
+    tokens ``ids[pos+1..]`` (0 past the end, as the reference pads): ``(steps, C)``."""
+    hidden, ids = io["hidden_states"], io["input_ids"]
+    context = EagleContext(head)
+    out = context.feed(hidden[: pos + 1], ids[: pos + 1], None)
+    context.fed = pos + 1
+    g = out[:, -1:]
+    rows = [head.vocab.small_logits(g.reshape(1, -1))[0]]
+    for k in range(1, steps):
+        token = ids[pos + k] if pos + k < ids.shape[0] else mx.array(0)
+        g = context.step(g, token.astype(mx.uint32), pos + k)
+        rows.append(head.vocab.small_logits(g.reshape(1, -1))[0])
+    return mx.stack(rows)
+
+
+@pytest.mark.parametrize("name", EAGLE3)
+def test_eagle3_chains_match_the_reference_unrolled_steps(fixture_target, name):
+    """Every position's three-step chain equals the reference's training-time-test
+    steps (step ``k`` at ``t``: the chain from pair ``t``), variants included:
+    draft vocabulary, qwen3 q/k norms, norm before residual, two layers with
+    per-layer fc norms and normed outputs, llama3 rope with a norm before fc,
+    SpecForge's names."""
+    head = load_published(FIXTURES / name, fixture_target)
+    assert isinstance(head, PublishedHead) and head.kind == "eagle"
+    io = _io(name)
+    ref = io["step_logits"]  # (steps, T, C)
+    for pos in range(ref.shape[1]):
+        got = _chain_logits(head, io, pos, ref.shape[0])
+        assert _relative(got, ref[:, pos]) < TOLERANCE, (name, pos)
+
+
+def test_eagle3_tree_levels_match_the_reference_steps(fixture_target):
+    """The tree path (one head forward per level, siblings masked from each
+    other) gives the reference's step logits along the reference's tokens."""
+    name = "eagle3-llama-d2t"
+    head = load_published(FIXTURES / name, fixture_target)
+    io = _io(name)
+    ids, ref = io["input_ids"], io["step_logits"]
+    pos = 3
+    drafter = EagleDrafter(EagleContext(head), 64, tree=True, top_k=2, depth=3)
+    out = drafter.context.feed(io["hidden_states"][: pos + 1], ids[: pos + 1], None)
+    drafter.context.fed = pos + 1
+    drafter._root = out[:, -1:]
+    root = drafter._root_logprobs(None)
+    assert _relative(root[0], normalize(ref[0, pos][None])[0]) < TOLERANCE
+    sibling = (int(ids[pos + 1]) + 1) % 64
+    fed = Tree.from_parents([int(ids[pos + 1]), sibling], [-1, -1])
+    level = drafter._level_logprobs(fed, 0)
+    assert _relative(level[0], normalize(ref[1, pos][None])[0]) < TOLERANCE
+    fed = fed.grow(mx.array([int(ids[pos + 2])]), mx.array([0]))
+    level = drafter._level_logprobs(fed, 2)
+    assert _relative(level[0], normalize(ref[2, pos][None])[0]) < TOLERANCE
+
+
+@pytest.mark.parametrize("name", DFLASH)
+def test_dflash_blocks_match_the_reference(name):
+    """The block logits at each anchor, over the context before it, equal the
+    reference's (a draft vocabulary with d2t, and the authors' format reading
+    the target's output layer)."""
+    io = _io(name)
+    target = _fixture_target(io)
+    draft = load_published(FIXTURES / name, target)
+    assert isinstance(draft, DFlashDraft)
+    for anchor, ref in zip(io["anchors"].tolist(), io["block_logits"]):
+        cache = draft.module.head_cache()
+        draft.module.add_context(io["hidden_states"][:anchor], 0, cache)
+        block = [int(io["input_ids"][anchor])]
+        block += [draft.args.mask_token_id] * (ref.shape[0] - 1)
+        h = draft.module.block(draft.embed(mx.array([block])), anchor, cache)
+        got = draft.logits(h[0])
+        if draft.ids is not None:
+            got = got[:, draft.ids]
+        assert _relative(got, ref) < TOLERANCE, (name, anchor)
+
+
+# --------------------------------------------------------------------------- #
+# Refusals
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(hidden_size=32, num_attention_heads=4), "width 16, the target's are 32"),
+        (dict(vocab_size=80), "vocabulary has 64 tokens, the target's 80"),
+        (dict(num_hidden_layers=3), "beyond the target's 3 blocks"),
+    ],
+)
+def test_a_head_for_another_target_is_refused_in_one_line(change, words):
+    fields = dict(
+        model_type="llama",
+        hidden_size=16,
+        num_hidden_layers=6,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    fields.update(change)
+    target = llama.Model(llama.ModelArgs(**fields))
+    for name in ("eagle3-llama-d2t", "dflash-authors"):
+        with pytest.raises(ValueError) as err:
+            load_published(FIXTURES / name, target)
+        message = str(err.value)
+        assert "\n" not in message and words in message and "does not fit" in message
+
+
+def test_unsupported_layers_and_pickled_weights_are_refused_in_one_line(
+    fixture_target, tmp_path
+):
+    folder = tmp_path / "qwen35"
+    shutil.copytree(FIXTURES / "eagle3-llama-d2t", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["transformer_layer_config"]["model_type"] = "qwen3_5_text"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="type 'qwen3_5_text' are not supported"):
+        load_published(folder, fixture_target)
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    shutil.copy(FIXTURES / "specforge-llama" / "config.json", pickled)
+    (pickled / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="no .safetensors weights .*pytorch_model.bin"):
+        load_published(pickled, fixture_target)
+
+
+# --------------------------------------------------------------------------- #
+# Drafting with imported heads: exact
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_llama(VOCAB, num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def imported(tiny, tmp_path_factory):
+    """Random heads of each kind for the tiny target, written in the published
+    formats and loaded back: EAGLE-3 with a draft vocabulary, DFlash with the
+    target's output layer."""
+    root = tmp_path_factory.mktemp("published")
+    eagle = load_published(
+        random_eagle3(tiny, root / "eagle3", seed=2, ids=[1, 3, 4, 6]), tiny
+    )
+    dflash = load_published(random_dflash(tiny, root / "dflash", seed=3), tiny)
+    return {"eagle": eagle, "dflash": dflash}
+
+
+@pytest.mark.parametrize(
+    "method", ["eagle", "eagle-chain", "auto", "dflash", "auto-dflash"]
+)
+def test_imported_heads_decode_greedy_exactly(tiny, imported, method):
+    head = imported["dflash" if "dflash" in method else "eagle"]
+    config = SpecConfig(
+        method=method.removesuffix("-dflash"), max_tokens=40, adaptive=False
+    )
+    stats = SpecStats()
+    events = speculative_events(
+        mx.array(PROMPT), tiny, head, config=config, stats=stats
+    )
+    assert [e.token for e in events] == greedy_continuation(tiny, PROMPT, 40)[0]
+    assert stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle-chain", "dflash"])
+def test_imported_heads_sample_the_exact_law(tiny, imported, method):
+    """The first three sampled tokens follow the target's joint law: ``eagle-chain``
+    and ``dflash`` rejection-sample on the head's own laws, ``eagle`` proposes top-k trees.
+    """
+    head = imported["dflash" if method == "dflash" else "eagle"]
+    config = SpecConfig(
+        method=method, max_tokens=3, temp=1.0, adaptive=False, tree_budget=6
+    )
+    counts, accepted = _sampled_openings(tiny, head, config, seed=11)
+    assert accepted > 200 // 4
+    assert_counts_follow_law(counts, _exact_law_of_three(tiny, 1.0).reshape(-1))
+
+
+def test_imported_heads_next_to_a_quantized_target_take_its_quantization(
+    tmp_path,
+):
+    """4-bit target: the heads' linear layers are 4-bit too, and decoding stays exact."""
+    target = tiny_llama(VOCAB, num_layers=2)
+    nn.quantize(target, group_size=32, bits=4)
+    plain = greedy_continuation(target, PROMPT, 40)[0]
+    heads = {
+        "eagle": load_published(random_eagle3(target, tmp_path / "e", seed=6), target),
+        "dflash": load_published(random_dflash(target, tmp_path / "d", seed=5), target),
+    }
+    for method, head in (
+        ("eagle", heads["eagle"]),
+        ("eagle-chain", heads["eagle"]),
+        ("dflash", heads["dflash"]),
+    ):
+        assert (4, 32) in linear_quantizations(head.module), method
+        stats = SpecStats()
+        config = SpecConfig(method=method, max_tokens=40, adaptive=False)
+        events = speculative_events(
+            mx.array(PROMPT), target, head, config=config, stats=stats
+        )
+        assert [e.token for e in events] == plain, method
+        assert stats.accepted_tokens > 0, method
+
+
+# --------------------------------------------------------------------------- #
+# Export
+# --------------------------------------------------------------------------- #
+
+
+def test_an_exported_eagle3_head_drafts_the_same_tokens(fixture_target, tmp_path):
+    """Export (speculators' format), load: the same logits and the same greedy drafts."""
+    name = "eagle3-two-layers-fc-norm-norm-output"
+    head = load_published(FIXTURES / name, fixture_target)
+    save_speculators_eagle3(tmp_path / "out", head.module, ids=head.vocab.ids)
+    again = load_published(tmp_path / "out", fixture_target)
+    io = _io(name)
+    for pos in (0, 4):
+        first = _chain_logits(head, io, pos, 3)
+        second = _chain_logits(again, io, pos, 3)
+        assert mx.array_equal(first, second)
+        assert mx.array_equal(mx.argmax(first, -1), mx.argmax(second, -1))
+
+
+# --------------------------------------------------------------------------- #
+# Front ends
+# --------------------------------------------------------------------------- #
+
+
+def test_the_command_line_runs_a_published_folder_by_its_kind(
+    checkpoints, tmp_path, capsys
+):
+    """``--draft-model FOLDER`` alone picks the folder's method; results are exact."""
+    from mlx_spec.cli.generate import main
+    from mlx_spec.cli.hook import speculative_method
+    from mlx_spec.loading import load_pair
+
+    model, _, _ = load_pair(str(checkpoints["llama"]), None)
+    random_eagle3(model, tmp_path / "eagle3", seed=7)
+    random_dflash(model, tmp_path / "dflash", seed=8)
+    texts = {}
+    for folder, method in (("eagle3", "none"), ("eagle3", None), ("dflash", None)):
+        argv = ["--model", str(checkpoints["llama"]), "--draft-model"]
+        argv += [str(tmp_path / folder)]
+        argv += [] if method is None else ["--speculative", method]
+        argv += ["--prompt", "def fibonacci(n):", "--max-tokens", "16", "--temp", "0"]
+        main(argv)
+        out = capsys.readouterr().out
+        texts[(folder, method)] = out.split("==========")[1]
+    assert len(set(texts.values())) == 1
+    ns = type("Args", (), {"speculative": None})
+    for folder, kind in (("eagle3", "eagle"), ("dflash", "dflash")):
+        ns.draft_model = str(tmp_path / folder)
+        assert speculative_method(ns) == kind
