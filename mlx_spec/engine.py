@@ -308,6 +308,7 @@ def _generate(
                     proposal.size == 0
                     and remaining > 1
                     and not (processors or config.profile or capture is not None)
+                    and planner.group is None  # sharded: no overlapping collectives
                     and planner.queues_plain_round(seq)
                 ):
                     # Two plain rounds in a row: queue the next target step on

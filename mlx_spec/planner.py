@@ -11,6 +11,7 @@ from typing import List, Tuple
 from .adaptive import AdaptiveController
 from .config import SpecConfig
 from .costs import VERIFY_SLOPE, best_gamma, static_round_cost
+from .distributed import from_rank0, sharded_group
 
 # An adaptive tree's first budget; its controller grows it where that pays.
 TREE_START_BUDGET = 4
@@ -38,6 +39,8 @@ class RoundPlanner:
         self.pending = None  # the last round, until its cost is known
         self.planned = None  # the next round's (is_tree, size), once chosen
         self.tic = 0.0
+        # Sharded, every rank decides with rank 0's measured costs.
+        self.group = sharded_group()
 
     def _controller(self, arm):
         # A static tree (fixed choices) has nothing to adapt.
@@ -121,6 +124,7 @@ class RoundPlanner:
         self.pending = None
         if self.timed:
             cost = max(cost - proposal.setup_time, 0.0)  # a one-off search
+            cost = from_rank0(cost, self.group)  # sharded: every rank decides alike
         if hasattr(self.drafter, "observe"):
             self.drafter.observe(accepted + 1, cost, proposal.size)
         drafted, width = proposal.size, proposal.size + 1

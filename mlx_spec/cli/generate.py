@@ -3,7 +3,9 @@ plus ``--speculative``, the method options and the speculation statistics."""
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import List
 
@@ -11,6 +13,7 @@ import mlx.core as mx
 from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
+from ..distributed import load_sharded, rank, sharded_group, shared_seed
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
     check_drafter_kind,
@@ -56,6 +59,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PATH",
         help="Write the speculation statistics as JSON to PATH.",
+    )
+    group.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="Under mlx.launch: shard the target in pipeline stages instead of "
+        "tensor-parallel.",
     )
     group.add_argument(
         "--profile",
@@ -135,15 +144,32 @@ def run(args) -> str:
         draft_path = draft_path or default_draft
     check_drafter_kind(args.speculative, draft_path)  # before the target loads
     draft_path = skip_unused_draft(args.speculative, draft_path)
-    if args.seed is not None:
-        mx.random.seed(args.seed)
-    model, tokenizer = load_model(
-        model_path,
-        "model",
-        adapter_path=args.adapter_path,
-        tokenizer_config={"trust_remote_code": args.trust_remote_code},
-        model_config={"quantize_activations": args.quantize_activations},
-    )
+    sharded = sharded_group() is not None
+    seed = shared_seed(args.seed)  # ranks draw alike
+    if seed is not None:
+        mx.random.seed(seed)
+    if sharded:
+        if args.adapter_path:
+            raise ValueError("--adapter-path is not supported on a sharded target.")
+        model, tokenizer = load_sharded(
+            model_path,
+            pipeline=args.pipeline,
+            tokenizer_config={"trust_remote_code": args.trust_remote_code},
+        )
+    elif args.pipeline:
+        raise ValueError(
+            "--pipeline shards the target over several processes; start them "
+            "with mlx.launch (for example mlx.launch --backend ring -n 2 -- "
+            "mlx_spec.generate --pipeline ...)."
+        )
+    else:
+        model, tokenizer = load_model(
+            model_path,
+            "model",
+            adapter_path=args.adapter_path,
+            tokenizer_config={"trust_remote_code": args.trust_remote_code},
+            model_config={"quantize_activations": args.quantize_activations},
+        )
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)
     draft_model = resolve_draft(
@@ -182,10 +208,16 @@ def run(args) -> str:
 def main(argv=None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
+    if rank() != 0:  # a sharded run: rank 0 prints for all
+        sys.stdout = open(os.devnull, "w")
     try:
         run(args)
     except (ValueError, FileNotFoundError, OSError) as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
+        # Every rank meets the same error; rank 0 says it, the others give it
+        # time to do so before mlx.launch stops the group.
+        if rank() != 0:
+            time.sleep(2.0)
+        parser.exit(2, f"{parser.prog}: error: {e}\n" if rank() == 0 else None)
     except KeyboardInterrupt:
         parser.exit(130, "\n")
 

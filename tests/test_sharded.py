@@ -1,0 +1,167 @@
+"""A target sharded over two processes (mlx.launch, ring backend, localhost).
+
+Every rank decodes with every method on the sharded target; each rank's
+greedy tokens must equal unsharded plain mlx-lm's, tensor-parallel and in
+pipeline stages, and a seeded sampled run must draw what the unsharded
+engine draws with the same seed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from mlx_spec import stream_generate
+from mlx_spec.drafters.heads import random_head
+
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+WORKER = Path(__file__).with_name("sharded_worker.py")
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7]
+MAX_TOKENS = 24
+TIMEOUT = 400
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed"),
+]
+
+
+def _launch(command, timeout=TIMEOUT):
+    """Run ``command`` on 2 ranks; kill the whole group if it overruns."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    argv = [str(LAUNCH), "--backend", "ring", "-n", "2", "--python", sys.executable]
+    proc = subprocess.Popen(
+        argv + command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the sharded run did not finish in {timeout} s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def _ranks(checkpoints, tmp_path, model, methods, *extra):
+    command = [str(WORKER), "--model", str(checkpoints[model])]
+    command += ["--methods", *methods, "--prompt", *map(str, PROMPT)]
+    command += ["--max-tokens", str(MAX_TOKENS), "--out", str(tmp_path), *extra]
+    code, out = _launch(command)
+    assert code == 0, out[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _plain(model) -> list:
+    steps = generate_step(mx.array(PROMPT), model, max_tokens=MAX_TOKENS)
+    return [int(token) for token, _ in steps]
+
+
+def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
+    checkpoints, load_model, tmp_path
+):
+    methods = [
+        "none",
+        "draft",
+        "tree",
+        "lookup",
+        "self",
+        "auto",
+        "eagle",
+        "eagle-chain",
+    ]
+    ranks = _ranks(
+        checkpoints,
+        tmp_path,
+        "llama",
+        methods,
+        "--draft-model",
+        str(checkpoints["llama-near"]),
+    )
+    expected = _plain(load_model("llama")[0])
+    for results in ranks:
+        for method in methods:
+            assert results[method]["tokens"] == expected, method
+    # Speculation ran: the draft took fewer target forwards than tokens.
+    assert ranks[0]["draft"]["rounds"] < MAX_TOKENS
+
+
+def test_pipeline_stages_greedy_equal_plain_mlx_lm(checkpoints, load_model, tmp_path):
+    methods = ["none", "draft", "tree", "lookup", "auto"]
+    ranks = _ranks(
+        checkpoints,
+        tmp_path,
+        "qwen3_next",
+        methods,
+        "--pipeline",
+        "--draft-model",
+        str(checkpoints["qwen3_next-near"]),
+    )
+    expected = _plain(load_model("qwen3_next")[0])
+    for results in ranks:
+        for method in methods:
+            assert results[method]["tokens"] == expected, method
+
+
+def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(
+    checkpoints, load_model, tmp_path
+):
+    methods = ["draft", "eagle-chain"]
+    ranks = _ranks(
+        checkpoints,
+        tmp_path,
+        "llama",
+        methods,
+        "--draft-model",
+        str(checkpoints["llama-near"]),
+        "--temp",
+        "1.0",
+        "--seed",
+        "3",
+    )
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    for method in methods:
+        drafter = random_head("eagle", model, seed=1) if method != "draft" else draft
+        mx.random.seed(3)
+        stream = stream_generate(
+            model,
+            tokenizer,
+            PROMPT,
+            drafter,
+            speculative=method,
+            max_tokens=MAX_TOKENS,
+            temp=1.0,
+        )
+        expected = [r.token for r in stream]
+        assert ranks[0][method]["tokens"] == expected, method
+        assert ranks[1][method]["tokens"] == expected, method
+
+
+def test_sharded_generate_prints_once_and_refuses_unsplittable_heads(checkpoints):
+    common = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "8"]
+    common += ["--ignore-chat-template"]
+    code, out = _launch(
+        common
+        + ["--model", str(checkpoints["llama"]), "--speculative", "draft"]
+        + ["--draft-model", str(checkpoints["llama-near"])]
+    )
+    assert code == 0, out
+    assert out.count("Speculation: draft") == 1  # rank 0 alone prints
+
+    # One key/value head cannot be split over two processes: one line from
+    # rank 0 and the group stops (mlx.launch itself exits 0 whatever the ranks do).
+    code, out = _launch(common + ["--model", str(checkpoints["llama-unrelated"])])
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "cannot split evenly" in errors[0], out
+    assert "Traceback" not in out
