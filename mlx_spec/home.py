@@ -14,9 +14,15 @@ other than the shipped drafters.
 """
 
 import os
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are not serialized
+    fcntl = None
 
 HOME_ENV = "MLX_SPEC_HOME"
 CACHE_ENV = "MLX_SPEC_CACHE"
@@ -76,3 +82,14 @@ def model_folders() -> List[Path]:
         for config in sorted(root.glob("*/config.json")):
             found.setdefault(config.parent.name, config.parent)
     return [found[name] for name in sorted(found)]
+
+
+@contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold ``.NAME.lock`` beside ``folder`` while building it, so processes
+    started together (a server and a UI) build it once, one after the other."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

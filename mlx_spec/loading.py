@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Tuple
 
-from .home import DEFAULT_TARGET_NAME, find_model, models_dir
+from .home import DEFAULT_TARGET_NAME, build_lock, find_model, models_dir
 
 DEFAULT_DRAFT_NAME = "smollm2-135m-draft"
 # The shipped head a head's method drafts with on the default target.
@@ -60,9 +60,11 @@ def default_target(build: bool = True, log=_log_progress) -> str:
     from .convert.gguf import ConversionError
     from .convert.smollm2 import fetch_smollm2
 
-    log(f"building the default model (once) into {target}")
     try:
-        fetch_smollm2(target, log=log)
+        with build_lock(target):
+            if not (target / "config.json").exists():  # else built meanwhile
+                log(f"building the default model (once) into {target}")
+                fetch_smollm2(target, log=log)
     except (ConversionError, OSError) as e:
         raise ValueError(
             f"the default model is missing and could not be built: {e}. "

@@ -67,6 +67,33 @@ def test_the_default_target_is_built_on_first_use_with_a_progress_line(
     assert progress[0] == f"mlx-spec: building the default model (once) into {target}"
 
 
+def test_processes_started_together_build_the_default_target_once(
+    fresh_home, monkeypatch
+):
+    """The second waits for the first's lock, then finds the model built."""
+    import threading
+
+    calls, started, release = [], threading.Event(), threading.Event()
+
+    def slow_fetch(out_dir, log):
+        calls.append(out_dir)
+        started.set()
+        release.wait(10)
+        _model(Path(out_dir))
+
+    monkeypatch.setattr(smollm2, "fetch_smollm2", slow_fetch)
+    first = threading.Thread(target=loading.default_target, kwargs={"log": print})
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=loading.default_target, kwargs={"log": print})
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting on the lock, not building
+    release.set()
+    first.join(10), second.join(10)
+    assert len(calls) == 1
+
+
 def test_shipped_drafters_come_from_the_package_unless_the_home_has_one(fresh_home):
     target = _model(fresh_home / "home" / "models" / "smollm2-135m-instruct")
     shipped = _model(fresh_home / "shipped" / "smollm2-135m-draft")
