@@ -5,16 +5,21 @@ whose message names the field, the value and the allowed range, so the CLI,
 the server and the UI can show it as a one-line error.
 """
 
+import functools
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import List, Optional, Sequence, Tuple
+from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from .drafters.registry import METHODS
+from .limits import greedy_limit
 
 MAX_DRAFT_TOKENS = 64
 MAX_TREE_BUDGET = 256
 MAX_TREE_TOP_K = 16  # also bounds a static tree's child ranks
 MAX_SEED = 2**64 - 1  # mx.random.seed's range
+# What mx.quantize is asked about (group size 0 crashes it: never probed).
+KV_BITS_PROBED = tuple(range(1, 9))
+KV_GROUP_SIZES_PROBED = (16, 32, 64, 128, 256)
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 DEFAULT_TREE_BUDGET = 16
@@ -53,6 +58,85 @@ def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
     method = resolve_method(speculative, draft_model)
     uses = DRAFT_CACHE_METHODS + HEAD_METHODS
     return method, draft_model is not None and method in uses
+
+
+@functools.lru_cache(maxsize=None)
+def quantize_support() -> FrozenSet[Tuple[int, int]]:
+    """The ``(bits, group_size)`` pairs ``mx.quantize`` accepts, probed once."""
+    import mlx.core as mx
+
+    probe = mx.zeros((1, max(KV_GROUP_SIZES_PROBED)))
+    pairs = set()
+    for bits in KV_BITS_PROBED:
+        for group_size in KV_GROUP_SIZES_PROBED:
+            try:
+                mx.eval(mx.quantize(probe, group_size=group_size, bits=bits))
+            except (ValueError, RuntimeError):
+                continue
+            pairs.add((bits, group_size))
+    return frozenset(pairs)
+
+
+def check_generation_options(
+    *,
+    seed: Optional[int] = None,
+    kv_bits: Optional[int] = None,
+    kv_group_size: int = 64,
+    quantized_kv_start: int = 0,
+    prefill_step_size: int = 512,
+    max_kv_size: Optional[int] = None,
+) -> None:
+    """Check the run options outside :class:`SpecConfig` (the same names).
+
+    Every front end calls it (``stream_generate`` too, so each request is
+    checked): a seed beyond ``mx.random.seed``'s range, or KV quantisation
+    that ``mx.quantize`` does not support (group size 0 killed the process
+    with SIGFPE), gets one line instead of a traceback or a signal.
+
+    Raises:
+        ValueError: Naming the option, its value and the allowed range.
+    """
+    _check(
+        seed is None or _is_int(seed) and 0 <= seed <= MAX_SEED,
+        "seed",
+        seed,
+        "an integer from 0 to 2**64 - 1",
+    )
+    _check(
+        _is_int(prefill_step_size) and prefill_step_size >= 1,
+        "prefill_step_size",
+        prefill_step_size,
+        "an integer >= 1",
+    )
+    _check(
+        max_kv_size is None or _is_int(max_kv_size) and max_kv_size >= 1,
+        "max_kv_size",
+        max_kv_size,
+        "an integer >= 1",
+    )
+    if kv_bits is None:
+        return
+    pairs = quantize_support()
+    bits = sorted({b for b, _ in pairs})
+    _check(
+        _is_int(kv_bits) and kv_bits in bits,
+        "kv_bits",
+        kv_bits,
+        f"one of {', '.join(map(str, bits))} (what mx.quantize supports)",
+    )
+    groups = sorted(g for b, g in pairs if b == kv_bits)
+    _check(
+        _is_int(kv_group_size) and kv_group_size in groups,
+        "kv_group_size",
+        kv_group_size,
+        f"one of {', '.join(map(str, groups))} (what mx.quantize supports)",
+    )
+    _check(
+        _is_int(quantized_kv_start) and quantized_kv_start >= 0,
+        "quantized_kv_start",
+        quantized_kv_start,
+        "an integer >= 0",
+    )
 
 
 def _check(ok: bool, name: str, value, allowed: str):
@@ -187,11 +271,12 @@ class SpecConfig:
             f"an integer from 1 to {MAX_DRAFT_TOKENS}",
         )
         _check(
-            _is_number(self.temp) and self.temp >= 0,
+            _is_number(self.temp) and self.temp >= 0 and self.temp != float("inf"),
             "temp",
             self.temp,
             "a number >= 0 (0 is greedy)",
         )
+        self.temp = greedy_limit(self.temp)
         _check(
             _is_number(self.top_p) and 0 <= self.top_p <= 1,
             "top_p",

@@ -18,6 +18,7 @@ import mlx.nn as nn
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, generation_stream
 
 from .attention.tree import commit_path
+from .caches.owners import spoil
 from .config import SpecConfig
 from .drafters.base import RoundState, empty_proposal
 from .drafters.registry import make_drafter
@@ -205,8 +206,12 @@ def speculative_events(
     stats.method = config.method
     stats.num_draft_tokens = config.num_draft_tokens
     stats.note = getattr(drafter, "note", None)
+    # Evaluated here: the generator may run in another thread, which has no
+    # stream for this thread's lazy arrays.
+    prompt = prompt.astype(mx.uint32)
+    mx.eval(prompt)
     return _generate(
-        prompt.astype(mx.uint32),
+        prompt,
         target,
         drafter,
         law,
@@ -251,6 +256,7 @@ def _generate(
             hist = mx.concatenate([history, *drafted]) if drafted else history
         return law.draft_choice(process_logits(logits, hist, processors))
 
+    prefilled = False
     with mx.stream(generation_stream):
         try:
             tic = time.perf_counter()
@@ -259,6 +265,7 @@ def _generate(
             report = progress and (lambda done, _: progress(done, total))
             with maybe_capturing(capture):
                 target.prefill(prompt[:-1], prefill_step_size, report)
+            prefilled = True
             features = capture.take() if capture is not None else None
             if features is not None:
                 drafter.add_features(features, None)
@@ -391,7 +398,10 @@ def _generate(
         finally:
             if hasattr(drafter, "report"):
                 drafter.report(stats)
-            _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache)
+            if prefilled:
+                _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache)
+            else:  # stopped during the prompt: feeding the rest would undo the stop
+                _drop_prompt(target, drafter, base, caller_owns_cache, prompt_cache)
 
 
 def _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache):
@@ -403,6 +413,22 @@ def _finish(target, drafter, seq, base, caller_owns_cache, prompt_cache):
             target(mx.array(missing, mx.uint32))
             mx.eval([c.state for c in target.cache])
         drafter.sync(seq, base)
+        prompt_cache[:] = target.cache + drafter.caches()
+    target.release()
+    if hasattr(drafter, "release"):
+        drafter.release()
+
+
+def _drop_prompt(target, drafter, base, caller_owns_cache, prompt_cache):
+    """After a prefill cut short: rewind the caches to what they held before
+    the call, or mark them spoilt if a layer cannot go back that far."""
+    try:
+        target.trim_to(base)
+        drafter.sync([], base)
+    except ValueError:  # recurrent state: only a mark could restore it
+        if caller_owns_cache:
+            spoil(prompt_cache)
+    if caller_owns_cache:
         prompt_cache[:] = target.cache + drafter.caches()
     target.release()
     if hasattr(drafter, "release"):

@@ -6,6 +6,7 @@ command lives in :mod:`mlx_spec.cli.generate`.
 """
 
 import inspect
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
@@ -19,13 +20,26 @@ from mlx_lm.generate import (
     generation_stream,
     wired_limit,
 )
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import (
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, resolve_method
+from .caches.owners import claim, own, spoil
+from .chat_text import repair_text
+from .config import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    SpecConfig,
+    check_generation_options,
+    resolve_method,
+)
 from .engine import TARGET, speculative_events
+from .limits import GenerationCancelled, stopping_progress
 from .loading import tokenizer_size
+from .models import cache_offset
 from .stats import SpecStats
 
 DEFAULT_MAX_TOKENS = 256
@@ -75,6 +89,7 @@ def _encode(tokenizer, prompt) -> mx.array:
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("the prompt is empty; give some text to continue.")
+        prompt = repair_text(prompt)  # invalid UTF-8 from argv: U+FFFD
         add_special = tokenizer.bos_token is None or not prompt.startswith(
             tokenizer.bos_token
         )
@@ -108,6 +123,7 @@ def stream_generate(
     profile: bool = False,
     history_tokens: Optional[List[int]] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
+    should_stop: Optional[Callable[[], bool]] = None,
     **method_options,
 ) -> SpecStream:
     """Generate text, yielding mlx_lm ``GenerationResponse`` objects.
@@ -140,16 +156,34 @@ def stream_generate(
           turns of a conversation), so prompt lookup can match them too.
         prompt_progress_callback: ``f(processed, total)`` called as the
           prompt is processed, as in mlx_lm.
+        should_stop: Polled after each prefill chunk and before each token
+          is yielded; once it returns true the stream raises
+          :class:`~mlx_spec.limits.GenerationCancelled` (a server passes
+          "the client left"). ``prompt_cache`` then holds the prompt and the
+          tokens yielded; stopped during the prompt, what it held before
+          (a recurrent cache that cannot go back is refused if reused).
         method_options: Further :class:`SpecConfig` fields of later methods.
 
     Returns:
         SpecStream: iterates over :class:`SpecResponse` (a
         ``GenerationResponse``); its ``stats`` attribute and each response's
         ``stats`` hold the :class:`SpecStats`.
+
+    A stream left suspended (the caller broke out of its loop without
+    ``close()``) is closed by the next call given the same ``prompt_cache``,
+    so that call continues from exactly the prompt and the tokens yielded.
     """
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     method = resolve_method(speculative, draft_model)
+    check_generation_options(
+        seed=seed,
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=quantized_kv_start,
+        prefill_step_size=prefill_step_size,
+        max_kv_size=max_kv_size,
+    )
     config = SpecConfig(
         method=method,
         num_draft_tokens=num_draft_tokens,
@@ -166,14 +200,16 @@ def stream_generate(
     prompt = _encode(tokenizer, prompt)
     if prompt.size == 0:
         raise ValueError("the prompt is empty; give some text to continue.")
+    claim(prompt_cache)  # close a suspended stream on these caches first
     if seed is not None:
         mx.random.seed(seed)
     stats = SpecStats(method=method, num_draft_tokens=num_draft_tokens)
+    progress = stopping_progress(should_stop, prompt_progress_callback)
 
     if method == "none":
         if sampler is None:
-            sampler = mlx_lm_make_sampler(
-                temp, top_p, min_p, min_tokens_to_keep, top_k=top_k
+            sampler = mlx_lm_make_sampler(  # config.temp: 0 below representable
+                config.temp, top_p, min_p, min_tokens_to_keep, top_k=top_k
             )
         steps = generate_step(
             prompt,
@@ -187,9 +223,9 @@ def stream_generate(
             kv_bits=kv_bits,
             kv_group_size=kv_group_size,
             quantized_kv_start=quantized_kv_start,
-            prompt_progress_callback=prompt_progress_callback,
+            prompt_progress_callback=progress,
         )
-        events = _plain_events(steps, stats, prompt.size)
+        events = _plain_events(steps, stats, prompt.size, prompt_cache)
     else:
         if prompt_cache is None and max_kv_size is not None:
             # As in mlx_lm; the engine refuses it by name (see max_kv_size above).
@@ -211,19 +247,30 @@ def stream_generate(
             stats=stats,
             tokenizer_size=tokenizer_size(tokenizer),
             history_tokens=history_tokens,
-            prompt_progress_callback=prompt_progress_callback,
+            prompt_progress_callback=progress,
         )
-    return SpecStream(
-        _responses(events, tokenizer, prompt.size, max_tokens, stats, model), stats
+    responses = _responses(
+        events, tokenizer, prompt.size, max_tokens, stats, model, should_stop
     )
+    stream = SpecStream(responses, stats)
+    own(prompt_cache, stream)
+    return stream
 
 
-def _plain_events(steps, stats: SpecStats, prompt_size: int):
+def _plain_events(steps, stats: SpecStats, prompt_size: int, prompt_cache):
     """Plain mlx_lm decoding, seen as events (one target forward per token)."""
     from .engine import TokenEvent
 
     tic = time.perf_counter()
-    for n, (token, logprobs) in enumerate(steps):
+    before = cache_offset(prompt_cache) if prompt_cache else None
+    try:
+        first = next(steps, None)
+    except GenerationCancelled:  # stopped during the prompt: drop what it fed
+        _drop_prompt(prompt_cache, before)
+        raise
+    if first is None:
+        return
+    for n, (token, logprobs) in enumerate(itertools.chain([first], steps)):
         if n == 0:
             stats.prompt_tokens = prompt_size
             stats.prompt_time = time.perf_counter() - tic
@@ -235,7 +282,18 @@ def _plain_events(steps, stats: SpecStats, prompt_size: int):
         yield TokenEvent(int(token), logprobs, False, TARGET, n)
 
 
-def _responses(events, tokenizer, prompt_size, max_tokens, stats, model):
+def _drop_prompt(prompt_cache, before: Optional[int]) -> None:
+    """Rewind ``prompt_cache`` to ``before`` tokens, or mark it spoilt."""
+    if not prompt_cache:
+        return
+    now = cache_offset(prompt_cache)
+    if before is not None and now is not None and can_trim_prompt_cache(prompt_cache):
+        trim_prompt_cache(prompt_cache, now - before)
+    else:
+        spoil(prompt_cache)
+
+
+def _responses(events, tokenizer, prompt_size, max_tokens, stats, model, should_stop):
     """Turn token events into responses, as mlx_lm's ``stream_generate`` does."""
     detokenizer = tokenizer.detokenizer
     with wired_limit(model, [generation_stream]):
@@ -250,6 +308,8 @@ def _responses(events, tokenizer, prompt_size, max_tokens, stats, model):
                 yield _response(
                     detokenizer.last_segment, event, stats, prompt_size, None
                 )
+                if should_stop is not None and should_stop():
+                    raise GenerationCancelled(f"stopped after {n + 1} tokens")
             if event is None:
                 return
             detokenizer.finalize()

@@ -9,9 +9,10 @@ uses. This module imports only the configuration, so every command can use it.
 import argparse
 import dataclasses
 import functools
+import inspect
 from typing import Dict, List, Optional
 
-from .config import METHODS, SpecConfig, resolve_method
+from .config import METHODS, SpecConfig, check_generation_options, resolve_method
 
 # SpecConfig fields that are not method options (sampling, length, timing).
 GENERAL_FIELDS = (
@@ -163,8 +164,27 @@ def method_options(args: argparse.Namespace) -> Dict[str, object]:
     }
 
 
+def check_generation_args(args: argparse.Namespace) -> None:
+    """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has.
+
+    Raises:
+        ValueError: One line naming the flag (``--kv-group-size=0 ...``).
+    """
+    given = {
+        name: getattr(args, name)
+        for name in inspect.signature(check_generation_options).parameters
+        if hasattr(args, name)
+    }
+    try:
+        check_generation_options(**given)
+    except ValueError as e:
+        name, _, rest = str(e).partition("=")
+        raise ValueError(f"--{name.replace('_', '-')}={rest}") from None
+
+
 def check_sampling_options(args: argparse.Namespace) -> None:
-    """A one-line ``ValueError`` for a sampling flag out of range (those ``args`` has)."""
+    """A one-line ``ValueError`` for a sampling flag out of range (those ``args``
+    has), or a run flag (:func:`check_generation_args`)."""
     ranges = {
         "temp": (lambda v: v >= 0, "a number >= 0 (0 is greedy)"),
         "top_p": (lambda v: 0 <= v <= 1, "0 <= top_p <= 1 (0 and 1 are off)"),
@@ -176,3 +196,4 @@ def check_sampling_options(args: argparse.Namespace) -> None:
         if value is not None and not ok(value):
             flag = name.replace("_", "-")
             raise ValueError(f"--{flag}={value} is out of range: {allowed}.")
+    check_generation_args(args)

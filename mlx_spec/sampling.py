@@ -13,6 +13,8 @@ from typing import Callable, Optional
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from .limits import greedy_limit
+
 Sampler = Callable[[mx.array], mx.array]
 
 
@@ -25,6 +27,10 @@ class SamplingParams:
     min_p: float = 0.0
     top_k: int = 0
     min_tokens_to_keep: int = 1
+
+    def __post_init__(self):
+        # A temperature too small to represent samples as its limit, greedy.
+        object.__setattr__(self, "temp", greedy_limit(self.temp))
 
     @property
     def greedy(self) -> bool:

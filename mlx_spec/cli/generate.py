@@ -12,6 +12,7 @@ from typing import List
 import mlx.core as mx
 from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
+from ..chat_text import repair_text
 from ..config import DEFAULT_NUM_DRAFT_TOKENS
 from ..distributed import load_sharded, rank, sharded_group, shared_seed
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
@@ -104,7 +105,10 @@ def _check_args(args):
 
 def _build_prompt(args, tokenizer) -> List[int]:
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
-    prompt = sys.stdin.read() if prompt == "-" else prompt
+    if prompt == "-":
+        raw = getattr(sys.stdin, "buffer", None)  # bytes: bad UTF-8 becomes U+FFFD
+        prompt = raw.read().decode("utf-8", "replace") if raw else sys.stdin.read()
+    prompt = repair_text(prompt)  # invalid UTF-8 in argv arrives as surrogates
     if not prompt:
         raise ValueError(
             "the prompt is empty; pass --prompt TEXT (or - to read stdin)."
@@ -113,11 +117,13 @@ def _build_prompt(args, tokenizer) -> List[int]:
     if use_chat_template:
         messages = []
         if args.system_prompt is not None:
-            messages.append({"role": "system", "content": args.system_prompt})
+            system = repair_text(args.system_prompt)
+            messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": prompt})
         has_prefill = args.prefill_response is not None
         if has_prefill:
-            messages.append({"role": "assistant", "content": args.prefill_response})
+            prefill = repair_text(args.prefill_response)
+            messages.append({"role": "assistant", "content": prefill})
         template_kwargs = {}
         if args.chat_template_config is not None:
             try:

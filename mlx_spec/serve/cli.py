@@ -108,7 +108,18 @@ def check_request_defaults(args: argparse.Namespace) -> None:
             args.prompt_concurrency >= 1,
             "an integer >= 1",
         ),
+        (
+            "prompt-cache-size",
+            args.prompt_cache_size,
+            args.prompt_cache_size >= 1,
+            "an integer >= 1",
+        ),
     ]
+    cache_bytes = getattr(args, "prompt_cache_bytes", None)
+    if cache_bytes is not None:
+        checks.append(
+            ("prompt-cache-bytes", cache_bytes, cache_bytes >= 1, "a size >= 1")
+        )
     tokens = getattr(args, "cross_request_tokens", 0)
     low, high = cap_range()
     checks.append(
