@@ -136,12 +136,12 @@ def test_a_conversion_killed_mid_write_leaves_the_old_checkpoint_whole(
     script = textwrap.dedent(f"""
         import time
         from mlx_spec.convert import gguf
-        real = gguf._write_weights
-        def write_then_hang(*args):
-            real(*args)
+        real = gguf.write_weights
+        def write_then_hang(*args, **kwargs):
+            real(*args, **kwargs)
             open({str(flag)!r}, "w").close()
             time.sleep(600)
-        gguf._write_weights = write_then_hang
+        gguf.write_weights = write_then_hang
         from mlx_spec.convert.__main__ import main
         main(["gguf", {str(tiny_gguf)!r}, "--out", {str(out)!r}, "--dtype", "float16"])
         """)

@@ -35,15 +35,13 @@ or ``python -m mlx_spec.convert gguf model.Q4_K_M.gguf --out models/my-model``.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from ..outdir import staged_dir
 from . import quants
 from .families import (
     Family,
@@ -496,12 +494,8 @@ def convert_gguf(
         if scaling is not None:
             config["rope_scaling"] = scaling
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        work.chmod(0o777 & ~umask)  # mkdtemp makes it private
+    with staged_dir(out_dir) as work:
+        work.mkdir()
         try:
             if tokenizer_dir is None:
                 write_tokenizer(gguf.metadata, work)
@@ -529,18 +523,4 @@ def convert_gguf(
             if log is not None:
                 log(_requantized_line(requantized))
         (work / STAMP_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        _replace_dir(work, out_dir)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return out_dir
-
-
-def _replace_dir(new: Path, old: Path) -> None:
-    """Put directory ``new`` at ``old``, replacing what was there."""
-    if old.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{old.name}.old.", dir=old.parent))
-        os.replace(old, trash / old.name)
-        os.replace(new, old)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(new, old)
