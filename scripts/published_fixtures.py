@@ -314,9 +314,15 @@ def build(out: Path):
 
 def check_export(folder: Path) -> float:
     """Load an exported head in speculators; the largest relative logit difference."""
-    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
-    model = Eagle3DraftModel.from_pretrained(str(folder)).eval().float()
+    # The verifier's own config and weights live on the hub, out of reach here;
+    # everything the head itself holds loads through from_pretrained.
+    Eagle3DraftModel.load_verifier_weights = lambda self: None
+    config = Eagle3SpeculatorConfig.from_pretrained(str(folder))
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = Eagle3DraftModel.from_pretrained(str(folder), config=config)
+    model = model.eval().float()
     io = load_file(str(io_path(folder)))
     seen = _capture_step_logits(model)
     hidden, ids = io["hidden_states"][None], io["input_ids"][None].long()
@@ -329,6 +335,10 @@ def check_export(folder: Path) -> float:
         )
     ref = torch.stack([s[0] for s in seen])
     ours = io["step_logits"]
+    if model.d2t is not None and model.t2d is not None:  # one draft vocabulary map
+        ids = torch.arange(model.d2t.shape[0]) + model.d2t
+        if not torch.equal(ids, torch.nonzero(model.t2d).flatten()):
+            raise SystemExit("exported head: d2t and t2d disagree")
     return float(((ref - ours).abs().max() / ours.abs().max()).item())
 
 

@@ -354,3 +354,23 @@ def test_the_command_line_runs_a_published_folder_by_its_kind(
     for folder, kind in (("eagle3", "eagle"), ("dflash", "dflash")):
         ns.draft_model = str(tmp_path / folder)
         assert speculative_method(ns) == kind
+
+
+def test_the_export_script_writes_a_head_and_the_logits_the_reference_checks(
+    tmp_path,
+):
+    """``scripts/export_for_reference.py``: the folder loads, and the logits beside
+    it are the loaded head's own three unrolled steps."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "export_for_reference.py"
+    spec = importlib.util.spec_from_file_location("export_for_reference", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main([str(tmp_path / "exported")])
+    io = mx.load(str(tmp_path / "exported.io.safetensors"))
+    head = load_published(tmp_path / "exported", script.small_target())
+    assert head.vocab.size == 32 and published_format(tmp_path / "exported")
+    for pos in (0, 6):
+        got = _chain_logits(head, io, pos, 3)
+        assert _relative(got, io["step_logits"][:, pos]) < TOLERANCE

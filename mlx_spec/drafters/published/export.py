@@ -76,7 +76,7 @@ def speculators_eagle3_config(args: SimpleNamespace, verifier: Optional[str]) ->
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-            "verifier": {"name_or_path": verifier, "architectures": None},
+            "verifier": {"name_or_path": verifier, "architectures": []},
         },
     }
 

@@ -1,0 +1,96 @@
+"""Export an EAGLE-3 head from mlx-spec, with its draft logits, for the reference to check.
+
+Run with the project's environment, then check the folder with the reference
+code (speculators' ``Eagle3DraftModel``) in its own virtualenv::
+
+    python scripts/export_for_reference.py /tmp/exported
+    /tmp/refvenv/bin/python scripts/published_fixtures.py /tmp/exported --check-export
+
+The head is random, shaped for a small llama target (with a draft vocabulary,
+qwen3 q/k norms and the norm before the residual, so every part is written).
+Beside the folder, ``exported.io.safetensors`` holds fixed target features
+and tokens and mlx-spec's logits of three unrolled draft steps from every
+position: the reference computes the same steps as its training-time test.
+"""
+
+import argparse
+from pathlib import Path
+
+import mlx_spec  # noqa: F401  (preloads OpenBLAS before mlx)
+
+# isort: split
+import mlx.core as mx
+from mlx_lm.models import llama
+
+from mlx_spec.drafters.eagle import EagleContext
+from mlx_spec.drafters.published import load_published
+from mlx_spec.drafters.published.export import random_eagle3
+
+STEPS = 3
+TOKENS = 7
+
+
+def small_target(vocab: int = 64, layers: int = 6) -> llama.Model:
+    """A random llama target the exported head is shaped for."""
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=16,
+        num_hidden_layers=layers,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        tie_word_embeddings=False,
+    )
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def unrolled_steps(head, hidden: mx.array, ids: mx.array) -> mx.array:
+    """``(STEPS, T, C)``: from each pair ``t``, the chain fed ``ids[t+1..]`` (0 past the end)."""
+    rows = []
+    for pos in range(hidden.shape[0]):
+        context = EagleContext(head)
+        out = context.feed(hidden[: pos + 1], ids[: pos + 1], None)
+        context.fed = pos + 1
+        g = out[:, -1:]
+        steps = [head.vocab.small_logits(g.reshape(1, -1))[0]]
+        for k in range(1, STEPS):
+            token = ids[pos + k] if pos + k < ids.shape[0] else mx.array(0)
+            g = context.step(g, token.astype(mx.uint32), pos + k)
+            steps.append(head.vocab.small_logits(g.reshape(1, -1))[0])
+        rows.append(mx.stack(steps))
+    return mx.stack(rows, axis=1)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="folder to write the head to")
+    args = parser.parse_args(argv)
+    target = small_target()
+    ids = sorted(range(0, 64, 2))  # a draft vocabulary of the even ids
+    random_eagle3(
+        target,
+        args.out,
+        seed=0,
+        ids=ids,
+        layer_ids=[2, 3, 5],
+        model_type="qwen3",
+        norm_before_residual=True,
+    )
+    head = load_published(args.out, target)
+    mx.random.seed(1)
+    hidden = mx.random.normal((TOKENS, 3 * 16))
+    tokens = mx.random.randint(0, 64, (TOKENS,)).astype(mx.int32)
+    logits = unrolled_steps(head, hidden, tokens)
+    io = args.out.parent / f"{args.out.name}.io.safetensors"
+    mx.save_safetensors(
+        str(io), {"hidden_states": hidden, "input_ids": tokens, "step_logits": logits}
+    )
+    print(f"wrote {args.out} and {io}")
+
+
+if __name__ == "__main__":
+    main()
