@@ -39,7 +39,7 @@ the drafters (:class:`mlx_spec.drafters.ModelDrafter`).
 
 import math
 import random
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 DEFAULT_GAMMA_MIN = 1
 DEFAULT_GAMMA_MAX = 12
@@ -181,6 +181,10 @@ class AdaptiveController:
         self._plain = _Ema()
         self._verify: Dict[int, _Ema] = {}
         self.rounds = 0
+        # gamma -> cost of a chain round of gamma drafts (gamma 0: a plain
+        # round), from a cost model shared by several arms; replaces this
+        # controller's own cost estimates when set.
+        self.pricer: Optional[Callable[[int], float]] = None
         self.last_gamma: Optional[int] = None
         self.last_budget: Optional[int] = None
 
@@ -265,6 +269,8 @@ class AdaptiveController:
     def expected_rates(self) -> List[float]:
         """Estimated tokens per second for ``gamma = 0..gamma_max``."""
         tokens = expected_tokens(self.acceptance())
+        if self.pricer is not None:
+            return [e / max(self.pricer(g), _TINY) for g, e in enumerate(tokens)]
         t_draft = self._draft_time()
         t_over = self._overhead_time()
         verify_time = self._verify_pricer()
@@ -288,7 +294,7 @@ class AdaptiveController:
 
     def choose(self) -> int:
         """Draft length for the next round, in ``[gamma_min, gamma_max]``."""
-        if not self._verify:
+        if not self._verify and self.pricer is None:
             gamma = self.init_gamma
         else:
             rates = self.expected_rates()
@@ -341,19 +347,36 @@ class AdaptiveController:
         if not any(s.weight for s in self._tree_tokens.values()):
             budget = self.init_budget
         else:
-            tokens, drafts = self._tree_estimates()
-            t_over = self._overhead_time()
-            verify_time = self._verify_pricer()
             best, best_rate = 0, -1.0
-            for j, b in enumerate(self.tree_budgets):
-                cost = drafts[j] + verify_time(b + 1) + t_over
-                rate = tokens[j] / max(cost, _TINY)
+            for j, rate in enumerate(self._budget_rates()):
                 if rate > best_rate * (1 + 1e-9):
                     best, best_rate = j, rate
             j = self._explore_around(best, 0, len(self.tree_budgets) - 1)
             budget = self.tree_budgets[j]
         self.last_budget = budget
         return budget
+
+    def _budget_rates(self) -> List[float]:
+        """Estimated tokens per second for each of ``tree_budgets``."""
+        tokens, drafts = self._tree_estimates()
+        t_over = self._overhead_time()
+        verify_time = self._verify_pricer()
+        costs = [
+            d + verify_time(b + 1) + t_over for b, d in zip(self.tree_budgets, drafts)
+        ]
+        return [e / max(cost, _TINY) for e, cost in zip(tokens, costs)]
+
+    def best_rate(self) -> Optional[float]:
+        """Estimated tokens per second at the best size (``None`` while no
+        cost is known: a tree before its first round, a chain without a
+        pricer before its first)."""
+        if self.tree_budgets:
+            if not any(s.weight for s in self._tree_tokens.values()):
+                return None
+            return max(self._budget_rates())
+        if not self._verify and self.pricer is None:
+            return None
+        return max(self.expected_rates()[self.gamma_min :])
 
     # ------------------------------------------------------------- updates
 

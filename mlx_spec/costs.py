@@ -1,10 +1,14 @@
-"""The fixed cost model of a round, in units of one 1-token target forward.
+"""The cost of a round: a fixed model, and one measured while generating.
 
-The engine prices rounds with it instead of wall time when sampling, so a
-seed always gives the same text; drafters use it to pick a draft length.
+The fixed model is in units of one 1-token target forward: the engine prices
+rounds with it instead of wall time when sampling, so a seed always gives the
+same text; drafters use it to pick a draft length. :class:`MeasuredCosts`
+fits the same shape to the rounds' measured costs.
 """
 
-from typing import Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 VERIFY_SLOPE = 0.1  # each extra verified token adds 10% of a 1-token forward
 DRAFT_LATENCY = 0.05  # a draft forward's fixed cost (launch and dispatch)
@@ -51,3 +55,160 @@ def model_step_cost(draft_model, target_model) -> float:
     """A draft forward's modelled cost: weight bytes read, relative, plus latency."""
     ratio = weight_bytes(draft_model) / max(weight_bytes(target_model), 1)
     return DRAFT_LATENCY + ratio
+
+
+# Online cost model: rounds are forgotten at this rate, and its prior counts
+# as this many rounds on each coefficient (enough to price unseen widths early).
+COST_FORGET = 0.97
+COST_PRIOR_ROUNDS = 2.0
+# A round whose drafting is timed on its own measures the draft step directly:
+# it counts as this many rounds' worth of evidence.
+DRAFT_TIMING_WEIGHT = 8.0
+
+
+class MeasuredCosts:
+    """A round's cost by what it ran, fitted online from the rounds' own times.
+
+    Each round's cost (wall seconds under greedy decoding, the fixed model's
+    units when sampling) is modelled as::
+
+        cost = step + slope * (width - 1) + draft_step[arm] * forwards + switch[arm]
+
+    ``step`` is a 1-token target forward with its host work (a plain round),
+    ``step + slope * (n - 1)`` verifies ``n`` tokens, ``draft_step[arm]`` is one
+    draft forward of an arm and ``switch[arm]`` its fixed cost per drafting
+    round (a pipeline broken by the sync, a catching-up draft, host matching).
+    The coefficients come from an exponentially forgetting least-squares fit
+    over every round (plain, lookup, chain and tree rounds each separate some
+    of them, and a few rounds time their drafting on its own, see
+    :meth:`observe_drafts`), pulled towards the fixed model
+    (:func:`static_round_cost`) scaled to the first round's cost. No forward
+    is added for it: the engine times rounds that run anyway. Widths that cost about as much as one token
+    (a GPU) give a slope near zero.
+
+    Args:
+        step_costs: Each arm's modelled draft step, in 1-token target forwards.
+    """
+
+    def __init__(self, step_costs: Optional[Dict[str, float]] = None):
+        self.arms: List[str] = []
+        self.modelled: Dict[str, float] = {}
+        self.scale: Optional[float] = None  # seconds (or units) per modelled unit
+        self.rounds = 0
+        self._gram = np.zeros((2, 2))
+        self._moment = np.zeros(2)
+        self._theta: Optional[np.ndarray] = None
+        self.forwards: Dict[str, int] = {}  # draft forwards seen per arm
+        for arm, cost in (step_costs or {}).items():
+            self.add_arm(arm, cost)
+
+    def add_arm(self, arm: str, step_cost: float = DRAFT_LATENCY):
+        """Price ``arm``'s draft step at ``step_cost`` until it is measured."""
+        if arm in self.modelled:
+            return
+        self.arms.append(arm)
+        self.modelled[arm] = float(step_cost)
+        size = 2 + 2 * len(self.arms)
+        gram, moment = np.zeros((size, size)), np.zeros(size)
+        old = self._moment.size
+        gram[:old, :old], moment[:old] = self._gram, self._moment
+        self._gram, self._moment, self._theta = gram, moment, None
+
+    def _features(self, arm: Optional[str], forwards: int, width: int) -> np.ndarray:
+        x = np.zeros(self._moment.size)
+        x[0], x[1] = 1.0, width - 1
+        if arm is not None and width > 1:
+            j = 2 + 2 * self.arms.index(arm)
+            x[j], x[j + 1] = forwards, 1.0
+        return x
+
+    def _prior(self) -> np.ndarray:
+        units = [1.0, VERIFY_SLOPE]
+        for arm in self.arms:
+            units += [self.modelled[arm], 0.0]
+        return (self.scale or 1.0) * np.array(units)
+
+    def observe(self, arm: Optional[str], forwards: int, width: int, cost: float):
+        """Record one round: the arm that drafted (``None`` for a plain round),
+        its draft forwards, the tokens it verified and its cost."""
+        if arm is not None and width > 1:
+            self.add_arm(arm)
+        if self.scale is None and cost > 0:
+            step = self.modelled.get(arm, 0.0) if width > 1 else 0.0
+            self.scale = cost / static_round_cost(step, forwards, width)
+        if arm is not None:
+            self.forwards[arm] = self.forwards.get(arm, 0) + forwards
+        x = self._features(arm, forwards, width)
+        self._gram = COST_FORGET * self._gram + np.outer(x, x)
+        self._moment = COST_FORGET * self._moment + x * cost
+        self._theta = None
+        self.rounds += 1
+
+    def observe_drafts(self, arm: str, forwards: int, cost: float):
+        """Record the drafting part of a round timed on its own (a sync after
+        drafting): it separates ``draft_step[arm]`` from the verification
+        slope, which a chain's rounds alone cannot (their widths grow with
+        their forwards)."""
+        self.add_arm(arm)
+        x = np.zeros(self._moment.size)
+        x[2 + 2 * self.arms.index(arm)] = forwards
+        self._gram += DRAFT_TIMING_WEIGHT * np.outer(x, x)
+        self._moment += DRAFT_TIMING_WEIGHT * x * cost
+        self._theta = None
+
+    def _coefficients(self) -> np.ndarray:
+        if self._theta is None:
+            prior = self._prior()
+            scale = max(self.scale or 1.0, 1e-12)
+            # The prior's weight is set in modelled units so it does not
+            # depend on the clock's.
+            ridge = COST_PRIOR_ROUNDS * np.eye(prior.size)
+            units = np.linalg.solve(
+                self._gram + ridge, (self._moment + ridge @ prior) / scale
+            )
+            self._theta = scale * np.maximum(units, 0.0)
+            self._theta[0] = scale * max(units[0], 1e-3)
+        return self._theta
+
+    def step_time(self) -> float:
+        """A plain round: one 1-token target forward and its host work."""
+        return float(self._coefficients()[0])
+
+    def verify_time(self, width: int) -> float:
+        """A target forward of ``width`` tokens (with a round's host work)."""
+        theta = self._coefficients()
+        return float(theta[0] + theta[1] * (width - 1))
+
+    def draft_step_time(self, arm: str) -> float:
+        """One draft forward of ``arm``."""
+        self.add_arm(arm)
+        return float(self._coefficients()[2 + 2 * self.arms.index(arm)])
+
+    def round_time(self, arm: Optional[str], forwards: int, width: int) -> float:
+        """Expected cost of a round of ``arm`` (``None``: plain)."""
+        if arm is not None and width > 1:
+            self.add_arm(arm)
+        return float(self._features(arm, forwards, width) @ self._coefficients())
+
+    def report(self) -> dict:
+        """The fitted model in 1-token target forwards (``step_s`` in the
+        clock's unit): verification by width, each arm's draft step and
+        per-round switch cost (draft steps of arms that ran a draft forward)."""
+        theta = self._coefficients()
+        step = float(theta[0])
+        return {
+            "rounds": self.rounds,
+            "step_s": step,
+            "verify_by_width": {
+                w: self.verify_time(w) / step for w in (1, 2, 4, 8, 16)
+            },
+            "forwards": dict(self.forwards),
+            "draft_step": {
+                arm: float(theta[2 + 2 * i]) / step
+                for i, arm in enumerate(self.arms)
+                if self.forwards.get(arm)
+            },
+            "switch": {
+                arm: float(theta[3 + 2 * i]) / step for i, arm in enumerate(self.arms)
+            },
+        }

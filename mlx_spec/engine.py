@@ -6,7 +6,10 @@ device, and the host syncs once to read ``(num_accepted, next_token,
 drafts)``. Both caches are then rewound to the accepted tokens. A round
 that drafts nothing, followed by another known to draft nothing (self
 paused), queues that next target step on its lazy token before the sync,
-as mlx_lm's plain decoding does.
+as mlx_lm's plain decoding does. Under greedy decoding an arm's first few
+drafting rounds, then one in 16, also sync after drafting, so the measured
+cost model (:class:`~mlx_spec.costs.MeasuredCosts`) can tell its draft step
+from verification.
 """
 
 import time
@@ -292,9 +295,13 @@ def _generate(
                         proposal = drafter.propose(
                             state, size if is_tree else min(size, remaining - 1)
                         )
-                    if config.profile:
+                    timed_drafts = planner.times_drafts(proposal)
+                    if config.profile or timed_drafts:
                         mx.eval(proposal.tokens, proposal.logprobs)
                         draft_time = time.perf_counter() - round_tic
+                        if timed_drafts:
+                            planner.drafts_took(proposal, draft_time)
+                    if config.profile:
                         stats.draft_time = (stats.draft_time or 0.0) + draft_time
                     verify_tic = time.perf_counter()
                     root = mx.array(seq[-1:], mx.uint32)
@@ -396,6 +403,8 @@ def _generate(
                 if round_index % 256 == 0:
                     mx.clear_cache()
         finally:
+            if planner.costs.rounds:
+                stats.cost_model = planner.costs.report()
             if hasattr(drafter, "report"):
                 drafter.report(stats)
             if prefilled:

@@ -10,11 +10,17 @@ from typing import List, Tuple
 
 from .adaptive import AdaptiveController
 from .config import SpecConfig
-from .costs import VERIFY_SLOPE, best_gamma, static_round_cost
+from .costs import VERIFY_SLOPE, MeasuredCosts, best_gamma, static_round_cost
 from .distributed import from_rank0, sharded_group
 
 # An adaptive tree's first budget; its controller grows it where that pays.
 TREE_START_BUDGET = 4
+# An arm's first drafting rounds, then one in SPLIT_EVERY, sync once after
+# drafting so the cost model measures its draft step apart from verification.
+SPLIT_FIRST = 4
+SPLIT_EVERY = 16
+# The acceptance memory of auto's chain arms (a window of about 1 / ARM_EMA rounds).
+ARM_EMA = 0.1
 
 
 class RoundPlanner:
@@ -41,6 +47,12 @@ class RoundPlanner:
         self.tic = 0.0
         # Sharded, every rank decides with rank 0's measured costs.
         self.group = sharded_group()
+        # Every round's cost by what it ran; it prices auto's arms against
+        # each other and against plain rounds, and is reported in the stats.
+        self.costs = MeasuredCosts()
+        self.split_rounds = {}  # drafting rounds per arm, for times_drafts
+        if hasattr(drafter, "use_estimates"):
+            drafter.use_estimates(self)
 
     def _controller(self, arm):
         # A static tree (fixed choices) has nothing to adapt.
@@ -49,8 +61,54 @@ class RoundPlanner:
         key = getattr(arm, "name", "drafter")
         if key not in self.controllers:
             alone = arm is self.drafter
-            self.controllers[key] = make_controller(self.config, arm, alone=alone)
+            controller = make_controller(self.config, arm, alone=alone)
+            if not alone and not arm.is_tree:
+                controller.pricer = self._chain_pricer(arm)
+            self.controllers[key] = controller
         return self.controllers[key]
+
+    def _chain_pricer(self, arm):
+        """``gamma -> cost`` of a chain round of ``arm`` from the shared costs."""
+
+        def price(gamma: int) -> float:
+            return self.costs.step_time() if gamma == 0 else self.round_cost(arm, gamma)
+
+        return price
+
+    def times_drafts(self, proposal) -> bool:
+        """Whether this round's drafting is timed on its own (measured rounds
+        that ran a draft forward: the first SPLIT_FIRST of an arm, then one
+        in SPLIT_EVERY); the engine then syncs once after drafting and
+        reports it with :meth:`drafts_took`."""
+        if not self.timed or proposal.forwards == 0:
+            return False
+        name = getattr(self.arm, "name", "drafter")
+        seen = self.split_rounds.get(name, 0)
+        self.split_rounds[name] = seen + 1
+        return seen < SPLIT_FIRST or seen % SPLIT_EVERY == 0
+
+    def drafts_took(self, proposal, seconds: float):
+        """The drafting part of this round took ``seconds``."""
+        name = getattr(self.arm, "name", "drafter")
+        self.costs.add_arm(name, getattr(self.arm, "step_cost", 0.0))
+        seconds = from_rank0(seconds, self.group)  # sharded: every rank alike
+        self.costs.observe_drafts(name, proposal.forwards, seconds)
+
+    def plain_rate(self) -> float:
+        """Expected tokens per unit of cost of a plain round."""
+        return 1.0 / max(self.costs.step_time(), 1e-12)
+
+    def round_cost(self, arm, gamma: int) -> float:
+        """Expected cost of a chain round of ``gamma`` drafts by ``arm``."""
+        name, step = getattr(arm, "name", "drafter"), getattr(arm, "step_cost", 0.0)
+        self.costs.add_arm(name, step)
+        return self.costs.round_time(name, gamma if step > 0 else 0, gamma + 1)
+
+    def arm_rate(self, arm):
+        """Expected tokens per unit of cost of ``arm`` at its best size
+        (``None`` while that cannot be priced: a tree before its first round)."""
+        controller = self._controller(arm)
+        return None if controller is None else controller.best_rate()
 
     def plan(self, seq=None) -> Tuple[bool, int]:
         """Pick the next round's arm and size ahead of its start (see :meth:`begin_round`).
@@ -65,6 +123,8 @@ class RoundPlanner:
             if controller is None:
                 config = self.config
                 size = config.tree_budget if is_tree else config.num_draft_tokens
+            elif getattr(self.drafter, "probing", False) and not is_tree:
+                size = max(controller.gamma_min, 1)  # a probe drafts one token
             else:
                 size = controller.choose_budget() if is_tree else controller.choose()
             self.planned = (is_tree, size)
@@ -125,18 +185,23 @@ class RoundPlanner:
         if self.timed:
             cost = max(cost - proposal.setup_time, 0.0)  # a one-off search
             cost = from_rank0(cost, self.group)  # sharded: every rank decides alike
-        if hasattr(self.drafter, "observe"):
-            self.drafter.observe(accepted + 1, cost, proposal.size)
         drafted, width = proposal.size, proposal.size + 1
+        name = None
+        if drafted:
+            name = getattr(self.arm, "name", "drafter")
+            self.costs.add_arm(name, getattr(self.arm, "step_cost", 0.0))
+        self.costs.observe(name, proposal.forwards, width, cost)
         controller = self._controller(self.arm)
         if controller is None:
-            return
-        if getattr(self.arm, "is_tree", False):
+            pass
+        elif getattr(self.arm, "is_tree", False):
             if drafted:
                 controller.update_tree(size, accepted, 0.0, cost, width)
         elif drafted or controller.gamma_min == 0:
             # With γ 0 allowed, a round that drafted nothing prices plain decoding.
             controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
+        if hasattr(self.drafter, "observe"):
+            self.drafter.observe(accepted + 1, cost, proposal.size)
 
 
 def make_controller(config: SpecConfig, arm, alone: bool = True):
@@ -177,6 +242,10 @@ def make_controller(config: SpecConfig, arm, alone: bool = True):
     options = dict(
         gamma_min=gamma_min, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step
     )
+    if not alone:
+        # auto compares its arms with plain rounds: steadier estimates, fewer
+        # rounds lost to an arm priced out by a short unlucky run.
+        options["ema"] = ARM_EMA
     alpha = getattr(arm, "acceptance_estimate", None)
     if alpha is None:
         options["init_gamma"] = min(config.num_draft_tokens, gamma_max)

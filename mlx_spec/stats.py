@@ -36,6 +36,8 @@ class SpecStats:
     auto_rounds: Optional[dict] = (
         None  # rounds each method ran under --speculative auto
     )
+    # The round cost model measured during the run (costs.MeasuredCosts.report).
+    cost_model: Optional[dict] = None
     # How the method adapted to the model (e.g. a tree verified as chains).
     note: Optional[str] = None
 

@@ -1,51 +1,49 @@
-"""``--speculative auto``: pick the best method online.
+"""``--speculative auto``: pick the drafter and its size each round.
 
 Prompt lookup drafts for free, so a round whose context has a match worth
-proposing (see :class:`~mlx_spec.drafters.lookup.MatchRates`) copies it;
-while lookup rounds earn less than the best other choice, only a match
-whose first token is usually accepted counts.
-Every other round is one of the remaining arms or a plain step (``plain``):
+proposing copies it: a match length whose first token is accepted often
+enough (see :class:`~mlx_spec.drafters.lookup.MatchRates`) that a one-token
+lookup round is expected to beat the best other choice.
+Every other round is a plain step (``plain``) or one of the remaining arms:
 with a draft model the draft chain and the draft tree; with a head, its arms
 (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer); without
-either, self-speculation. Each of those gets one warm-up round (a tree arm
-once a chain arm has beaten plain rounds), then the best measured worth
-wins: tokens per unit of cost, the exponentially decayed sum of emitted
-tokens over that of the rounds' cost. An occasional round explores, but
-never right after a round that kept all its drafts (no arm could have done
-better there), and an arm left out for a while gets another round (after
-twice as long each time that round leaves it behind). The
-cost is wall time under greedy decoding and a fixed cost model when
-sampling (so a seed always gives the same text);
-see ``planner.RoundPlanner``. Every arm is exact on its own and the choice
+either, self-speculation. Each is priced by its expected tokens per unit of
+cost at its best size: expected accepted tokens from the arm's acceptance
+by depth, over the round's cost from one cost model fitted to every
+round's measured cost (:class:`~mlx_spec.costs.MeasuredCosts`: a draft
+step per arm, verification by width). The best wins, so auto falls back to
+plain rounds as soon as no arm pays. An arm's first round and each later
+probe of an arm left behind draft one token; the probes come after
+``PROBE_AFTER`` rounds, twice as long after each probe whose draft is
+rejected. The cost is wall time under greedy decoding and the fixed cost
+model when sampling (so a seed always gives the same text); see
+``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds and the context, so the output stays exact.
 """
 
-import random
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ..models import CachedModel
 from .base import Proposal, RoundState
 from .lookup import MIN_ACCEPTANCE, make_lookup_drafter
 from .model import make_model_drafter
 
-EXPLORE = 0.05
-WARMUP_ROUNDS = 1
-# An arm left out this many rounds gets one more: its worth may have changed
-# since (a single unlucky warm-up round would otherwise keep it out for good).
-REPROBE_AFTER = 16
-# Each re-probe that leaves its arm behind doubles that arm's wait, up to
-# this; an arm that leads again waits REPROBE_AFTER.
-MAX_REPROBE_AFTER = 256
-# While lookup rounds earn less than the best other choice, a match length is
-# proposed only if its first token is accepted at least this often.
-LOSING_LOOKUP_BAR = 0.5
-EMA = 0.3
-SEED = 0
+# An arm left behind is probed again (one drafted token) after this many
+# rounds; each probe whose draft is rejected doubles its wait, up to
+# MAX_PROBE_AFTER, and an arm that leads again waits PROBE_AFTER.
+PROBE_AFTER = 16
+MAX_PROBE_AFTER = 512
+# A tree's first round waits until a chain arm has run this many rounds (and
+# is expected to beat plain rounds on what they measured, not on its prior).
+TREE_AFTER = 4
+# A lookup match drafts only if its first token is accepted often enough to
+# beat the best other choice, and never below this share (lookup's own bar).
+MAX_LOOKUP_BAR = 0.95
 LOOKUP, PLAIN = "lookup", "plain"
 
 
 class AutoDrafter:
-    """Chooses one drafter per round: lookup on a match, else by measured worth.
+    """Chooses one drafter per round: lookup on a match, else the best expected rate.
 
     Args:
         arms: Drafters by name; an arm named ``"lookup"`` drafts whenever its
@@ -56,76 +54,103 @@ class AutoDrafter:
     name = "auto"
     is_tree = False
 
-    def __init__(self, arms: Dict[str, object], config, seed: int = SEED):
+    def __init__(self, arms: Dict[str, object], config):
         self.arms = dict(arms)
         self.lookup = self.arms.get(LOOKUP)
         # The choices of a round without a match: plain first (it costs nothing extra).
         others = [name for name in self.arms if name != LOOKUP]
         self.choices = ([PLAIN] if self.lookup is not None else []) + others
         self.config = config
-        self.rate: Dict[str, Optional[float]] = {}
+        self.estimates = None  # the planner: plain_rate, arm_rate, round_cost
         self.tries: Dict[str, int] = {}
-        self.totals: Dict[str, Tuple[float, float]] = {}  # decayed (tokens, cost)
         self.rounds = 0
         self.last_round: Dict[str, int] = {}  # the round each arm last ran
-        self.wait: Dict[str, int] = {}  # rounds an arm left out waits for a re-probe
-        self.reprobing = False  # this round re-probes its arm
-        self.rng = random.Random(seed)
+        self.wait: Dict[str, int] = {}  # rounds an arm left behind waits for a probe
+        self.probing = False  # this round probes its arm with one drafted token
         self.current: Optional[str] = None
         self.kept_all = False  # the last round accepted every draft it made
         self.chosen: List[str] = []
         self.picked: Optional[str] = None  # a pick made before its round (plain_next)
 
+    def use_estimates(self, estimates):
+        """Price the choices with ``estimates``: ``plain_rate()``,
+        ``arm_rate(arm)`` (``None`` while unpriced) and ``round_cost(arm, gamma)``,
+        tokens per unit of cost and costs from one measured cost model."""
+        self.estimates = estimates
+
     def _arm(self, name: str):
         return self.lookup if name in (LOOKUP, PLAIN) else self.arms[name]
 
+    def expected_rates(self) -> Dict[str, Optional[float]]:
+        """Expected tokens per unit of cost of each choice at its best size."""
+        if self.estimates is None:
+            raise ValueError("auto needs the engine's estimates (use_estimates)")
+        return {
+            name: (
+                self.estimates.plain_rate()
+                if name == PLAIN
+                else self.estimates.arm_rate(self.arms[name])
+            )
+            for name in self.choices
+        }
+
     def _pick(self) -> str:
-        """The arm of a round without a lookup match."""
-        self.reprobing = False
+        """The arm of a round without a lookup match.
+
+        The best expected rate wins (plain rounds as soon as no arm beats
+        them); an arm's first round and each probe of an arm left behind
+        draft one token, so trying costs little; a tree, unpriced until it
+        runs, gets its first round once a chain beats plain rounds.
+        """
+        self.probing = False
         if self.kept_all and self.current in self.choices:
             return self.current
+        rates = self.expected_rates()
+        priced = {name: r for name, r in rates.items() if r is not None}
+        best = max(priced, key=priced.get) if priced else self.choices[0]
         for name in self.choices:
-            if self.tries.get(name, 0) < WARMUP_ROUNDS and self._worth_trying(name):
+            if name == PLAIN or self.tries.get(name, 0) > 0:
+                continue
+            if rates[name] is not None or self._worth_trying(name, rates):
+                self.probing = True
                 return name
         for name in self.choices:
+            if name in (PLAIN, best) or not self.tries.get(name):
+                continue
             waited = self.rounds - self.last_round.get(name, 0)
-            stale = waited >= self.wait.get(name, REPROBE_AFTER)
-            if REPROBE_AFTER and stale and self._worth_trying(name):
-                self.reprobing = True
+            if waited >= self.wait.get(name, PROBE_AFTER):
+                self.probing = True
                 return name
-        best = max(self.choices, key=lambda name: self.rate.get(name) or 0.0)
-        if len(self.choices) > 1 and self.rng.random() < EXPLORE:
-            # Explore the others in proportion to their measured worth.
-            others = [name for name in self.choices if name != best]
-            weights = [max(self.rate.get(name) or 0.0, 1e-9) for name in others]
-            return self.rng.choices(others, weights)[0]
         return best
 
-    def _worth_trying(self, name: str) -> bool:
+    def _worth_trying(self, name: str, rates) -> bool:
         """A tree grows from a chain's drafts and verifies more tokens: it is
-        tried once some chain arm has beaten plain rounds."""
-        if not self._arm(name).is_tree or PLAIN not in self.choices:
+        tried once a chain arm that has run TREE_AFTER rounds is expected
+        to beat plain rounds."""
+        if PLAIN not in rates:
             return True
         chains = [c for c in self.choices if c != PLAIN and not self._arm(c).is_tree]
-        best = max((self.rate.get(c) or 0.0 for c in chains), default=0.0)
-        return best > (self.rate.get(PLAIN) or 0.0)
+        chains = [c for c in chains if self.tries.get(c, 0) >= TREE_AFTER]
+        best = max((rates.get(c) or 0.0 for c in chains), default=0.0)
+        return best > rates[PLAIN]
 
     def _lookup_drafts(self, seq: List[int]) -> bool:
-        """Whether lookup has a match worth proposing on ``seq``: a stricter one
-        while its measured worth is below the best other choice's."""
+        """Whether lookup has a match worth proposing on ``seq``: one whose
+        first token is accepted often enough that a 1-token lookup round is
+        expected to beat the best other choice."""
         rates = getattr(self.lookup, "rates", None)
-        if rates is not None:
-            worth = self.rate.get(LOOKUP)
-            best = max((self.rate.get(name) or 0.0) for name in self.choices)
-            losing = worth is not None and worth < best
-            rates.min_acceptance = LOSING_LOOKUP_BAR if losing else MIN_ACCEPTANCE
+        if rates is not None and self.estimates is not None:
+            best = max(r for r in self.expected_rates().values() if r is not None)
+            # (1 + p) / cost(lookup, 1) > best  <=>  p > best * cost - 1
+            bar = best * self.estimates.round_cost(self.lookup, 1) - 1.0
+            rates.min_acceptance = min(max(bar, MIN_ACCEPTANCE), MAX_LOOKUP_BAR)
         return self.lookup.will_draft(seq)
 
     def select(self, seq: Optional[List[int]] = None):
         """Choose this round's arm for the context ``seq`` (the engine sizes its proposal)."""
         picked, self.picked = self.picked, None
         if self.lookup is not None and seq is not None and self._lookup_drafts(seq):
-            self.current = LOOKUP
+            self.current, self.probing = LOOKUP, False
         else:
             self.current = picked or self._pick()
         self.chosen.append(self.current)
@@ -180,35 +205,32 @@ class AutoDrafter:
             if hasattr(arm, "chain_only"):
                 arm.chain_only()
         self.choices = [c for c in self.choices if c == PLAIN or c in self.arms]
-        self.rate, self.tries, self.totals = {}, {}, {}
-        self.last_round, self.wait = {}, {}
 
     def observe(self, emitted: int, cost: float, drafted: int = 0):
         """Feed back one round: tokens emitted, its cost (seconds or units) and
-        the number of tokens it drafted."""
+        the number of tokens it drafted (the planner has priced it already)."""
         name = self.current
         self.tries[name] = self.tries.get(name, 0) + 1
         self.rounds += 1
         self.last_round[name] = self.rounds
         self.kept_all = drafted > 0 and emitted == drafted + 1
-        # Worth is decayed tokens over decayed cost, not an average of per-round
-        # rates: a queued plain step moves time between neighbouring rounds.
-        tokens, spent = self.totals.get(name, (0.0, 0.0))
-        keep = 1 - EMA
-        tokens, spent = keep * tokens + emitted, keep * spent + cost
-        self.totals[name] = (tokens, spent)
-        self.rate[name] = tokens / max(spent, 1e-9)
-        self._update_wait(name)
+        self._update_wait(name, accepted=emitted > 1)
 
-    def _update_wait(self, name: str):
-        """Back off re-probing an arm that stays behind; reset it once it leads."""
-        others = [self.rate.get(c) or 0.0 for c in self.choices if c != name]
-        if self.rate[name] >= max(others, default=0.0):
+    def _update_wait(self, name: str, accepted: bool):
+        """Back off probing an arm that stays behind: each probe whose draft
+        is rejected doubles its wait; reset it once the arm leads."""
+        if name in (PLAIN, LOOKUP):
+            return
+        rates = self.expected_rates()
+        mine = rates.get(name)
+        others = [r for c, r in rates.items() if c != name and r is not None]
+        if mine is not None and mine >= max(others, default=0.0):
             self.wait.pop(name, None)
-        elif self.reprobing and name != LOOKUP:
-            wait = 2 * self.wait.get(name, REPROBE_AFTER)
-            self.wait[name] = min(wait, MAX_REPROBE_AFTER)
-        self.reprobing = False
+        elif name not in self.wait:
+            self.wait[name] = PROBE_AFTER
+        elif self.probing and not accepted:
+            self.wait[name] = min(2 * self.wait[name], MAX_PROBE_AFTER)
+        self.probing = False
 
     def add_history(self, tokens):
         for arm in self.arms.values():

@@ -1,0 +1,272 @@
+"""``auto``'s measured cost model and its per-round choice of arm and size.
+
+The choice is simulated with scripted arms and a fake clock: each round
+costs what a synthetic machine says and accepts what a synthetic drafter
+does, so no test reads real time.
+"""
+
+import random
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from law_checks import CHI2_9_999, stream_statistics
+from mlx_lm.generate import generate_step
+
+from mlx_spec import SpecConfig, stream_generate
+from mlx_spec.costs import MeasuredCosts
+
+
+def cpu_like(arm, forwards, width):
+    """A 1-token step of 60 ms, +6 ms per verified token, draft steps of 9 ms."""
+    switch = 0.004 if arm else 0.0
+    return 0.060 + 0.006 * (width - 1) + 0.009 * forwards + switch
+
+
+def metal_like(arm, forwards, width):
+    """Verifying 8 tokens costs about one: 20 ms flat, draft steps of 3 ms."""
+    switch = 0.001 if arm else 0.0
+    return 0.020 + 0.0001 * (width - 1) + 0.003 * forwards + switch
+
+
+def test_measured_costs_recover_each_part_from_round_times():
+    """Plain, lookup, chain and tree rounds together separate the 1-token step,
+    the verification slope and each arm's draft step and switch cost."""
+    truth = dict(step=0.050, slope=0.004, draft=0.007, switch=0.003, lookup=0.001)
+    costs = MeasuredCosts({"draft": 0.2, "lookup": 0.0})
+    rng = random.Random(0)
+    for _ in range(300):
+        kind = rng.choice(["plain", "lookup", "draft", "tree"])
+        if kind == "plain":
+            costs.observe(None, 0, 1, truth["step"])
+            continue
+        if kind == "lookup":
+            g = rng.randint(1, 8)
+            t = truth["step"] + truth["slope"] * g + truth["lookup"]
+            costs.observe("lookup", 0, g + 1, t)
+            continue
+        # A tree verifies more nodes than it runs draft forwards.
+        forwards = rng.randint(1, 6)
+        width = forwards + 1 if kind == "draft" else 2 * forwards + 1
+        t = truth["step"] + truth["slope"] * (width - 1)
+        costs.observe("draft", forwards, width, t + truth["draft"] * forwards + 0.003)
+    assert costs.step_time() == pytest.approx(truth["step"], rel=0.02)
+    assert costs.verify_time(8) == pytest.approx(0.050 + 7 * 0.004, rel=0.02)
+    assert costs.draft_step_time("draft") == pytest.approx(truth["draft"], rel=0.05)
+    report = costs.report()
+    assert report["verify_by_width"][8] == pytest.approx(0.078 / 0.050, rel=0.02)
+    assert report["draft_step"] == {"draft": pytest.approx(0.14, rel=0.1)}
+    assert report["rounds"] == 300
+
+
+def test_measured_costs_start_from_the_fixed_model_and_follow_a_flat_gpu():
+    """Before rounds of several widths are seen, widths are priced like the
+    fixed model scaled to the first round; where verifying 8 tokens costs
+    about one, the measured slope goes to about zero."""
+    from mlx_spec.costs import VERIFY_SLOPE
+
+    costs = MeasuredCosts({"draft": 0.1})
+    costs.observe(None, 0, 1, 0.020)
+    assert costs.verify_time(5) == pytest.approx(0.020 * (1 + 4 * VERIFY_SLOPE))
+    assert costs.draft_step_time("draft") == pytest.approx(0.002)
+    for g in [1, 2, 4, 6, 8] * 20:
+        costs.observe(None, 0, 1, metal_like(None, 0, 1))
+        costs.observe("draft", g, g + 1, metal_like("draft", g, g + 1))
+    # A chain's widths grow with its forwards: a few rounds timed after
+    # drafting tell the draft step from the verification slope.
+    for g in (1, 4):
+        costs.observe_drafts("draft", g, 0.003 * g)
+    assert costs.report()["verify_by_width"][8] < 1.1
+    assert costs.draft_step_time("draft") == pytest.approx(0.003, rel=0.15)
+
+
+class _Arm:
+    is_tree = False
+
+    def __init__(self, name, step_cost):
+        self.name, self.step_cost = name, step_cost
+
+
+class _Tree(_Arm):
+    is_tree = True
+
+
+class _NoMatch(_Arm):
+    """Lookup without matches: every round it runs is a plain one."""
+
+    def __init__(self):
+        super().__init__("lookup", 0.0)
+
+    def will_draft(self, seq):
+        return False
+
+
+def simulate(machine, acceptance, rounds=300, tree=False, seed=0, monkeypatch=None):
+    """Run ``rounds`` planned rounds on a fake clock; return ``[(arm, size, accepted)]``.
+
+    ``acceptance(round)`` is the chance that each draft token is accepted
+    given the ones before it; ``machine(arm, forwards, width)`` a round's time.
+    """
+    from mlx_spec import planner as planner_mod
+    from mlx_spec.drafters.auto import AutoDrafter
+
+    arms = {"draft": _Arm("draft", 0.1), "lookup": _NoMatch()}
+    if tree:
+        arms["tree"] = _Tree("tree", 0.1)
+    auto = AutoDrafter(arms, None)
+    clock = [0.0]
+    monkeypatch.setattr(planner_mod.time, "perf_counter", lambda: clock[0])
+    planner = planner_mod.RoundPlanner(SpecConfig(method="auto"), auto, timed=True)
+    rng = random.Random(seed)
+    log = []
+    for r in range(rounds):
+        is_tree, size = planner.begin_round([1, 2, 3])
+        name = auto.current
+        drafted = 0 if name == "plain" else size
+        # A tree's nodes spread over about half as many depths.
+        depth = (drafted + 1) // 2 if is_tree else drafted
+        accepted = 0
+        while accepted < depth and rng.random() < acceptance(r):
+            accepted += 1
+        forwards = depth if name != "plain" else 0
+        proposal = SimpleNamespace(size=drafted, forwards=forwards, setup_time=0.0)
+        cost = machine(name if drafted else None, forwards, drafted + 1)
+        if planner.times_drafts(proposal):
+            planner.drafts_took(proposal, cost - machine(None, 0, drafted + 1))
+        planner.end_round(size, proposal, accepted)
+        clock[0] += cost
+        log.append((name, drafted, accepted))
+    return log, planner
+
+
+def test_auto_runs_plain_rounds_when_acceptance_is_low(monkeypatch):
+    log, planner = simulate(cpu_like, lambda r: 0.1, tree=True, monkeypatch=monkeypatch)
+    drafting = [(name, size) for name, size, _ in log if name != "plain"]
+    assert len(drafting) <= 8, drafting  # a first round and a few probes
+    assert all(size == 1 for _, size in drafting)  # each drafts one token
+    assert "tree" not in {name for name, _ in drafting}  # no chain pays
+    time_auto = sum(cpu_like(n if s else None, s, s + 1) for n, s, _ in log)
+    tokens = sum(a + 1 for _, _, a in log)
+    plain_rate = 1 / cpu_like(None, 0, 1)
+    assert tokens / time_auto > 0.98 * plain_rate
+
+
+def test_auto_speculates_longer_chains_when_acceptance_is_high(monkeypatch):
+    log, _ = simulate(cpu_like, lambda r: 0.9, monkeypatch=monkeypatch)
+    later = log[20:]
+    draft_sizes = [size for name, size, _ in later if name == "draft"]
+    assert len(draft_sizes) >= 0.95 * len(later)
+    assert np.mean(draft_sizes) >= 4
+
+
+def test_auto_prices_by_the_measured_machine(monkeypatch):
+    """60% of drafts accepted: where verifying 8 tokens costs about one, and
+    a draft step little, drafting pays; on a machine where each verified
+    token and draft step costs half a step, plain rounds win."""
+
+    def dear(arm, forwards, width):
+        return 0.060 + 0.030 * (width - 1) + 0.030 * forwards + (0.004 if arm else 0)
+
+    def share(machine, seed):
+        log, _ = simulate(machine, lambda r: 0.6, seed=seed, monkeypatch=monkeypatch)
+        return np.mean([name == "draft" for name, _, _ in log[20:]])
+
+    assert np.mean([share(metal_like, seed) for seed in range(4)]) > 0.9
+    assert np.mean([share(dear, seed) for seed in range(4)]) < 0.05
+
+
+def test_auto_probes_a_losing_arm_with_exponential_back_off(monkeypatch):
+    """A losing draft is probed after 16 rounds, then 32, 64, ... (each probe
+    one token); once it pays again, the next probe finds it and it stays."""
+    turn = 400
+    log, _ = simulate(
+        cpu_like,
+        lambda r: 0.02 if r < turn else 0.95,
+        rounds=700,
+        seed=3,
+        monkeypatch=monkeypatch,
+    )
+    probes = [r for r, (name, _, _) in enumerate(log[:turn]) if name == "draft"]
+    assert all(size == 1 for name, size, _ in log[:turn] if name == "draft")
+    gaps = np.diff(probes).tolist()
+    assert 4 <= len(probes) <= 7, probes
+    # After the first rounds, each probe waits about twice as long as the last.
+    late = gaps[-3:]
+    assert late[0] >= 16 and all(1.8 < b / a < 2.2 for a, b in zip(late, late[1:]))
+    after = [name == "draft" for name, _, _ in log[turn + 260 :]]
+    assert np.mean(after) > 0.9
+
+
+@pytest.fixture
+def switching(monkeypatch):
+    """auto switching arm every round (plain, draft, tree, lookup in turn)."""
+    from mlx_spec.drafters import auto as auto_mod
+
+    def every_arm_in_turn(self):
+        self.probing = False
+        return self.choices[self.rounds % len(self.choices)]
+
+    monkeypatch.setattr(auto_mod.AutoDrafter, "_pick", every_arm_in_turn)
+
+
+def test_auto_switching_every_round_is_greedy_identical(load_model, switching):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("x = [1, 2, 3, 4]\ny = [1, 2, 3, 4]\nz = [1,")
+    tokenizer.eos_token_ids, saved = set(), set(tokenizer.eos_token_ids)
+    try:
+        expected = [t for t, _ in generate_step(mx.array(ids), model, max_tokens=48)]
+        stream = stream_generate(
+            model, tokenizer, ids, draft, max_tokens=48, speculative="auto"
+        )
+        got = [r.token for r in stream]
+    finally:
+        tokenizer.eos_token_ids = saved
+    assert got == expected
+    assert set(stream.stats.auto_rounds) == {"plain", "draft", "tree", "lookup"}
+    assert min(stream.stats.auto_rounds[k] for k in ("plain", "draft", "tree")) >= 3
+
+
+def test_auto_switching_every_round_samples_the_target_law(load_model, switching):
+    """Every sampled token follows the target's law given its prefix while
+    the proposal changes each round: randomized PIT of a long stream."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("def fibonacci(n):\n    return fibonacci(n - 1)")
+    temp, n = 1.3, 240
+    tokenizer.eos_token_ids, saved = set(), set(tokenizer.eos_token_ids)
+    try:
+        stream = stream_generate(
+            model,
+            tokenizer,
+            ids,
+            draft,
+            max_tokens=n,
+            speculative="auto",
+            temp=temp,
+            seed=7,
+        )
+        out = [r.token for r in stream]
+    finally:
+        tokenizer.eos_token_ids = saved
+    assert len(out) == n and stream.stats.auto_rounds["draft"] >= 10
+    logits = model(mx.array([ids + out[:-1]]))[0, len(ids) - 1 :] / temp
+    laws = np.array(mx.softmax(logits, axis=-1), dtype=np.float64)
+    chi2, z = stream_statistics(laws, np.array(out))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
+
+
+def test_engine_reports_the_cost_model_it_measured(load_model):
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ids = tokenizer.encode("def fibonacci(n):")
+    stream = stream_generate(
+        model, tokenizer, ids, draft, max_tokens=24, speculative="auto"
+    )
+    for _ in stream:
+        pass
+    report = stream.stats.cost_model
+    assert stream.stats.rounds - 1 <= report["rounds"] <= stream.stats.rounds
+    assert report["verify_by_width"][1] == 1.0 and report["step_s"] > 0
+    assert set(report["draft_step"]) <= {"draft", "tree"}
