@@ -182,6 +182,23 @@ def _position_table(rows: Sequence[dict]) -> List[str]:
     return lines
 
 
+def _cost_table(rows: Sequence[dict]) -> List[str]:
+    """The round cost model each mlx-spec method measured while it ran."""
+    measured = [r for r in rows if r.get("target_step_ms") is not None]
+    if not measured:
+        return []
+    lines = _head(
+        ["prompts", "method", "temp", "draft step", "verify 2", "verify 4"]
+        + ["verify 8", "1-token step ms"]
+    )
+    for r in measured:
+        cells = [r["prompt_set"], _label(r), _fmt(r["temp"], 1)]
+        cells += [_fmt(r[k]) for k in ("draft_step_cost", "verify_cost_2")]
+        cells += [_fmt(r[k]) for k in ("verify_cost_4", "verify_cost_8")]
+        lines.append(_row(cells + [_fmt(r["target_step_ms"], 1)]))
+    return lines
+
+
 def _sweep_table(rows: Sequence[dict]) -> List[str]:
     lines = _head(
         [
@@ -427,6 +444,19 @@ def markdown(results: dict) -> str:
             "",
             "Column k: the share of rounds that accepted draft token k among those "
             "that drafted it and accepted the k - 1 before it (trees: depth k).",
+            "",
+        ]
+        lines += table
+    table = _cost_table(positions)
+    if table:
+        lines += [
+            "",
+            "## Cost model measured online",
+            "",
+            "What each method's engine measured from its own rounds (medians over "
+            "runs), in 1-token target forwards: a draft step of its most used arm, "
+            "and a target forward of 2, 4 and 8 tokens. Greedy rows are wall time; "
+            "sampled rows show the fixed model the engine prices them with.",
             "",
         ]
         lines += table

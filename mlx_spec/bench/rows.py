@@ -90,6 +90,12 @@ DEFINITIONS = {
     "round's time runs from its first yielded token to the next round's. Plain "
     "mlx_lm is the calibration (~1.0); null where the draft cost is unknown "
     "(self-speculation)",
+    "draft_step_cost": "measured online by the engine (greedy runs: wall time; "
+    "sampled runs: the fixed cost model, so a seed gives the same text): one "
+    "draft forward of the arm that ran the most of them, in 1-token target "
+    "forwards; median over runs. verify_cost_n: a target forward of n tokens "
+    "over one of 1 token, fitted from the rounds' own times; target_step_ms: a "
+    "plain round (1-token forward and host work) in milliseconds",
     "peak_memory_gb": "largest peak memory of a run (mx peak memory reset just "
     "before each run; includes the weights)",
     "memory_increase_gb": "largest increase of a run: its peak memory minus the "
@@ -144,6 +150,26 @@ def per_token_acceptance(
     total = sum(accepted)
     rejections = sum(1 for n, d in zip(accepted, drafted) if n < d)
     return _ratio(total, total + rejections)
+
+
+def measured_costs(runs: Sequence[Run]) -> dict:
+    """Medians over runs of the cost model each measured: the draft step of
+    its most used drafting arm and verification of 2, 4 and 8 tokens, each in
+    1-token target forwards, and that forward in milliseconds."""
+    models = [r.cost_model for r in runs if r.cost_model]
+    steps = []
+    for m in models:
+        used = {a: n for a, n in (m.get("forwards") or {}).items() if n}
+        if used and max(used, key=used.get) in m["draft_step"]:
+            steps.append(m["draft_step"][max(used, key=used.get)])
+    verify = {w: _median([m["verify_by_width"][w] for m in models]) for w in (2, 4, 8)}
+    return {
+        "draft_step_cost": _median(steps),
+        "verify_cost_2": verify[2],
+        "verify_cost_4": verify[4],
+        "verify_cost_8": verify[8],
+        "target_step_ms": _median([1e3 * m["step_s"] for m in models]),
+    }
 
 
 def geomean(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -240,6 +266,7 @@ def aggregate(
         "host_time_share": None,
         "profiled_round_ms": None,
         "profiled_prompts": 0,
+        **measured_costs(runs),
     }
 
 

@@ -155,6 +155,9 @@ class Run:
     seed: int = 0
     accepted_per_round: List[int] = field(default_factory=list)
     drafted_per_round: List[int] = field(default_factory=list)
+    # The round cost model the engine measured (mlx-spec methods; see
+    # mlx_spec.costs.MeasuredCosts.report).
+    cost_model: Optional[dict] = None
 
     @property
     def tokens_per_s(self) -> Optional[float]:
@@ -193,6 +196,7 @@ class Run:
             "round_s": [round(t, 7) for t in self.round_s],
             "round_drafted": self.round_drafted,
             "round_forwards": self.round_forwards,
+            "cost_model": self.cost_model,
             "fixed": self.fixed,
             "accepted_per_round": self.accepted_per_round,
             "drafted_per_round": self.drafted_per_round,
@@ -435,6 +439,7 @@ def run_mlx_spec(
         and not self_rounds,
         accepted_per_round=list(stats.accepted_per_round),
         drafted_per_round=list(stats.drafted_per_round),
+        cost_model=stats.cost_model,
     )
 
 
