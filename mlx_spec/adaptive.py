@@ -181,10 +181,10 @@ class AdaptiveController:
         self._plain = _Ema()
         self._verify: Dict[int, _Ema] = {}
         self.rounds = 0
-        # gamma -> cost of a chain round of gamma drafts (gamma 0: a plain
-        # round), from a cost model shared by several arms; replaces this
-        # controller's own cost estimates when set.
-        self.pricer: Optional[Callable[[int], float]] = None
+        # gamma_max -> costs of chain rounds of 0..gamma_max drafts (0: a
+        # plain round), from a cost model shared by several arms; replaces
+        # this controller's own cost estimates when set.
+        self.pricer: Optional[Callable[[int], Sequence[float]]] = None
         self.last_gamma: Optional[int] = None
         self.last_budget: Optional[int] = None
 
@@ -270,7 +270,8 @@ class AdaptiveController:
         """Estimated tokens per second for ``gamma = 0..gamma_max``."""
         tokens = expected_tokens(self.acceptance())
         if self.pricer is not None:
-            return [e / max(self.pricer(g), _TINY) for g, e in enumerate(tokens)]
+            costs = self.pricer(self.gamma_max)
+            return [e / max(t, _TINY) for e, t in zip(tokens, costs)]
         t_draft = self._draft_time()
         t_over = self._overhead_time()
         verify_time = self._verify_pricer()

@@ -190,6 +190,17 @@ class MeasuredCosts:
             self.add_arm(arm)
         return float(self._features(arm, forwards, width) @ self._coefficients())
 
+    def chain_times(self, arm: str, per_token: int, gamma_max: int) -> List[float]:
+        """Expected costs of chain rounds of ``arm`` drafting ``0..gamma_max``
+        tokens (``per_token`` draft forwards each; 0 drafts: a plain round)."""
+        self.add_arm(arm)
+        theta = self._coefficients()
+        j = 2 + 2 * self.arms.index(arm)
+        gammas = np.arange(gamma_max + 1)
+        times = theta[0] + theta[1] * gammas + theta[j] * per_token * gammas
+        times[1:] += theta[j + 1]
+        return times.tolist()
+
     def report(self) -> dict:
         """The fitted model in 1-token target forwards (``step_s`` in the
         clock's unit): verification by width, each arm's draft step and

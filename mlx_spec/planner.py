@@ -68,12 +68,12 @@ class RoundPlanner:
         return self.controllers[key]
 
     def _chain_pricer(self, arm):
-        """``gamma -> cost`` of a chain round of ``arm`` from the shared costs."""
-
-        def price(gamma: int) -> float:
-            return self.costs.step_time() if gamma == 0 else self.round_cost(arm, gamma)
-
-        return price
+        """``gamma_max -> costs`` of chain rounds of ``arm`` drafting
+        ``0..gamma_max`` tokens, from the shared costs."""
+        name, step = getattr(arm, "name", "drafter"), getattr(arm, "step_cost", 0.0)
+        self.costs.add_arm(name, step)
+        per_token = 1 if step > 0 else 0  # a lookup draft runs no forward
+        return lambda gamma_max: self.costs.chain_times(name, per_token, gamma_max)
 
     def times_drafts(self, proposal) -> bool:
         """Whether this round's drafting is timed on its own (measured rounds

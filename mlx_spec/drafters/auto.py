@@ -62,6 +62,7 @@ class AutoDrafter:
         self.choices = ([PLAIN] if self.lookup is not None else []) + others
         self.config = config
         self.estimates = None  # the planner: plain_rate, arm_rate, round_cost
+        self._rates = None  # (rounds, expected_rates()) as last priced
         self.tries: Dict[str, int] = {}
         self.rounds = 0
         self.last_round: Dict[str, int] = {}  # the round each arm last ran
@@ -82,9 +83,15 @@ class AutoDrafter:
         return self.lookup if name in (LOOKUP, PLAIN) else self.arms[name]
 
     def expected_rates(self) -> Dict[str, Optional[float]]:
-        """Expected tokens per unit of cost of each choice at its best size."""
+        """Expected tokens per unit of cost of each choice at its best size
+        (they change only when a round is recorded: kept until the next)."""
         if self.estimates is None:
             raise ValueError("auto needs the engine's estimates (use_estimates)")
+        if self._rates is None or self._rates[0] != self.rounds:
+            self._rates = (self.rounds, self._price_choices())
+        return self._rates[1]
+
+    def _price_choices(self) -> Dict[str, Optional[float]]:
         return {
             name: (
                 self.estimates.plain_rate()
@@ -205,6 +212,7 @@ class AutoDrafter:
             if hasattr(arm, "chain_only"):
                 arm.chain_only()
         self.choices = [c for c in self.choices if c == PLAIN or c in self.arms]
+        self._rates = None
 
     def observe(self, emitted: int, cost: float, drafted: int = 0):
         """Feed back one round: tokens emitted, its cost (seconds or units) and
