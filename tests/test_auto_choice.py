@@ -200,14 +200,21 @@ def test_auto_probes_a_losing_arm_with_exponential_back_off(monkeypatch):
 
 @pytest.fixture
 def switching(monkeypatch):
-    """auto switching arm every round (plain, draft, tree, lookup in turn)."""
+    """auto switching arm every round (plain, draft and tree in turn, and
+    lookup's match every fourth round), whatever the timings."""
     from mlx_spec.drafters import auto as auto_mod
+
+    picks = iter(range(10**6))
 
     def every_arm_in_turn(self):
         self.probing = False
-        return self.choices[self.rounds % len(self.choices)]
+        return self.choices[next(picks) % len(self.choices)]
+
+    def every_fourth_round(self, seq):
+        return self.rounds % 4 == 3 and self.lookup.will_draft(seq)
 
     monkeypatch.setattr(auto_mod.AutoDrafter, "_pick", every_arm_in_turn)
+    monkeypatch.setattr(auto_mod.AutoDrafter, "_lookup_drafts", every_fourth_round)
 
 
 def test_auto_switching_every_round_is_greedy_identical(load_model, switching):
