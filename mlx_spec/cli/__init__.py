@@ -1,4 +1,4 @@
-"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|bench|doctor|train-draft``.
+"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|bench|doctor|train-draft|corpus``.
 
 Like the ``mlx_lm`` umbrella, the first argument picks a subcommand whose
 ``main()`` then parses the rest. Each subcommand is also its own console
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "doctor": "mlx_spec.cli.doctor:main",
     "convert": "mlx_spec.convert.__main__:main",
     "train-draft": "mlx_spec.train.cli:main",
+    "corpus": "mlx_spec.train.corpus_cli:main",
 }
 
 
@@ -38,6 +39,7 @@ def _usage() -> str:
         "doctor": "check the platform, the mlx device and the BLAS in use",
         "convert": "GGUF or Hugging Face (MTP kept) -> mlx-lm; the default SmolLM2",
         "train-draft": "train a drafter (draft model or head) for a target, with MLX",
+        "corpus": "grow or describe a distillation corpus of the target's completions",
     }
     width = max(map(len, SUBCOMMANDS)) + 2
     for name in SUBCOMMANDS:

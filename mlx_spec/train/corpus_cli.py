@@ -1,0 +1,271 @@
+"""``mlx_spec corpus``: grow and describe a committed distillation corpus.
+
+- ``mlx_spec corpus grow --model M --out DIR [--tokens N]``: the target answers
+  prompts not yet in ``DIR`` and appends a shard every few minutes (resume:
+  run it again); the card ``DIR/README.md`` is rewritten after each shard.
+- ``mlx_spec corpus info DIR``: sizes and breakdown, and the card refreshed.
+
+Example::
+
+    nohup nice -n 19 mlx_spec corpus grow --model models/smollm2-135m-instruct \\
+        --out models/smollm2-135m-corpus --tokens 1000000 &
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..options import one_line_errors
+from . import corpus_grow as G
+from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
+
+DEFAULT_SELF_INSTRUCT = 64
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlx_spec corpus",
+        description="A distillation corpus of the target's own completions (token ids).",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("grow", help="append new completions of the target")
+    g.add_argument("--model", required=True, help="The target model (path or repo).")
+    g.add_argument("--out", required=True, help="The corpus folder.")
+    g.add_argument(
+        "--tokens",
+        type=int,
+        help="Stop after this many new completion tokens (default: when the "
+        "prompts run out or the cap is reached).",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=G.DEFAULT_BATCH_SIZE,
+        help=f"Rows decoded together (default: {G.DEFAULT_BATCH_SIZE}).",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=G.DEFAULT_MAX_TOKENS,
+        help=f"Longest completion (default: {G.DEFAULT_MAX_TOKENS}).",
+    )
+    g.add_argument(
+        "--shard-minutes",
+        type=float,
+        default=G.DEFAULT_SHARD_SECONDS / 60,
+        help="Minutes between shards; a kill loses at most this much work "
+        f"(default: {G.DEFAULT_SHARD_SECONDS / 60:g}).",
+    )
+    g.add_argument(
+        "--self-instruct",
+        type=int,
+        default=DEFAULT_SELF_INSTRUCT,
+        metavar="N",
+        help="Requests the target writes itself, answered in this run "
+        f"(default: {DEFAULT_SELF_INSTRUCT}).",
+    )
+    g.add_argument(
+        "--cap-mb",
+        type=float,
+        help=f"Size cap of the shards in MB (default: the corpus's, else "
+        f"{DEFAULT_CAP_BYTES / 1e6:g}).",
+    )
+    g.add_argument("--seed", type=int, default=0, help="Seed of the prompt order.")
+    i = sub.add_parser("info", help="sizes and breakdown; refresh the card")
+    i.add_argument("folder", help="The corpus folder.")
+    one_line_errors(p)
+    return p
+
+
+def _log(message: str):
+    stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
+    print(f"[corpus {stamp}] {message}", flush=True)
+
+
+def _check(args):
+    for name in ("tokens", "batch_size", "max_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be at least 1, got {value}."
+            )
+    if args.shard_minutes <= 0:
+        raise ValueError(f"--shard-minutes must be positive, got {args.shard_minutes}.")
+    if args.self_instruct < 0:
+        raise ValueError(f"--self-instruct must be >= 0, got {args.self_instruct}.")
+    if args.cap_mb is not None and args.cap_mb <= 0:
+        raise ValueError(f"--cap-mb must be positive, got {args.cap_mb}.")
+
+
+def grow(args) -> int:
+    _check(args)
+    from ..fingerprint import fingerprint_mismatch, model_fingerprint
+    from ..loading import load_model
+
+    cap = int(args.cap_mb * 1e6) if args.cap_mb else None
+    corpus = Corpus(args.out, cap)
+    model, tokenizer = load_model(args.model, "model")
+    manifest = corpus.manifest()
+    if manifest is not None:
+        why = fingerprint_mismatch(manifest["target"], model)
+        if why:
+            raise ValueError(
+                f"the corpus in '{args.out}' was written by another target ({why}); "
+                "grow it with that target or choose another --out."
+            )
+    vocab = int(model_fingerprint(model)["vocab_size"])
+    if vocab > 1 << 16:
+        raise ValueError(
+            f"the target's vocabulary ({vocab}) does not fit the corpus's 16-bit ids."
+        )
+    corpus.create(
+        model_fingerprint(model),
+        {"vocab_size": vocab, "eos_token_ids": sorted(tokenizer.eos_token_ids)},
+        model=args.model,
+    )
+    run = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+    known = corpus.hashes()
+    temps = G.DEFAULT_TEMPS
+    _log(f"{len(known)} prompts stored; building prompts")
+    follow = G.follow_up_jobs(tokenizer, corpus, known, temps)
+    own = G.self_jobs(model, tokenizer, args.self_instruct, known, temps, len(known))
+    stream = G.template_jobs(tokenizer, _stream(args.seed), known, temps)
+    jobs = G.interleave(stream, own + follow, G.DEFAULT_FOLLOW_UP_SHARE)
+    _log(
+        f"run {run}: {len(follow)} follow-ups, {len(own)} own requests, then the "
+        f"template prompts; batch {args.batch_size}, up to {args.max_tokens} tokens"
+    )
+    grower = G.Grower(
+        model,
+        tokenizer,
+        corpus,
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+        shard_seconds=args.shard_minutes * 60,
+        run=run,
+        log=lambda line: (_log(line), write_card(corpus)),
+    )
+    # A kill (SIGTERM) stops like ^C: the finished sequences become a shard.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        made = grower.grow(jobs, args.tokens)
+    except CorpusFull as e:
+        _log(f"stopped: {e}")
+        made = grower.made
+    write_card(corpus)
+    _log(f"done: {made} completion tokens added")
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stream(seed: int):
+    from .corpus_prompts import prompt_stream
+
+    return prompt_stream(seed)
+
+
+def info(args) -> int:
+    corpus = Corpus(args.folder)
+    if corpus.manifest() is None:
+        raise ValueError(f"'{args.folder}' holds no corpus (no corpus.json).")
+    summary = corpus.summary()
+    print(card_text(summary, corpus.manifest()))
+    write_card(corpus, summary)
+    return 0
+
+
+def write_card(corpus: Corpus, summary: Optional[Dict] = None):
+    summary = summary or corpus.summary()
+    text = card_text(summary, corpus.manifest() or {})
+    path = corpus.folder / "README.md"
+    tmp = path.with_name(".README.md.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def card_text(summary: Dict, manifest: Dict) -> str:
+    """The corpus card (markdown) from :meth:`Corpus.summary`."""
+    completion = summary["completion_tokens"]
+    lines = [
+        f"# Distillation corpus of {manifest.get('model', 'its target')}",
+        "",
+        "The target's own completions, as token ids only, for training its drafters "
+        "(`mlx_spec corpus grow`; read with `mlx_spec.train.corpus.Corpus`). Shards "
+        "are append-only: a run adds new ones and never rewrites old ones. Laws and "
+        "hidden states are recomputed from the ids by one batched prefill, outside "
+        "git.",
+        "",
+        f"- Sequences: {summary['sequences']:,}; completion tokens: {completion:,}; "
+        f"prompt tokens: {summary['prompt_tokens']:,}.",
+        f"- Size: {summary['bytes'] / 1e6:.2f} MB in {summary['shards']} shards "
+        f"({summary['bytes'] / max(completion + summary['prompt_tokens'], 1):.2f} "
+        f"bytes a token); cap {manifest.get('cap_bytes', 0) / 1e6:g} MB.",
+        f"- Split (completion tokens): {summary['split_tokens']['train']:,} train, "
+        f"{summary['split_tokens']['heldout']:,} held out (by prompt source; never "
+        "trained on).",
+        "- Temperatures (completion tokens): "
+        + ", ".join(
+            f"{'greedy' if float(t) == 0 else t}: {n:,}"
+            for t, n in sorted(
+                summary["temp_tokens"].items(), key=lambda kv: float(kv[0])
+            )
+        )
+        + ".",
+        "",
+        "| prompt family | sequences | completion tokens |",
+        "|---|---|---|",
+    ]
+    for name, row in sorted(summary["by_set"].items(), key=lambda kv: -kv[1]["tokens"]):
+        lines.append(f"| {name} | {row['sequences']:,} | {row['tokens']:,} |")
+    lines += [
+        "",
+        "Runs (throughput: completion tokens per hour of wall time, niced, on a "
+        "shared 2-core CPU):",
+        "",
+        "| run | shards | completion tokens | hours | tokens/hour | batch | max tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run, r in sorted(summary["runs"].items()):
+        hours = r["seconds"] / 3600
+        rate = r["tokens"] / hours if hours else 0
+        lines.append(
+            f"| {run} | {r['shards']} | {r['tokens']:,} | {hours:.2f} | {rate:,.0f} "
+            f"| {r.get('batch_size', '')} | {r.get('max_tokens', '')} |"
+        )
+    lines += [
+        "",
+        "Grow it (resumable; a kill loses at most the shard being gathered):",
+        "",
+        "```",
+        "nohup nice -n 19 mlx_spec corpus grow --model models/smollm2-135m-instruct \\",
+        "    --out models/smollm2-135m-corpus --tokens 1000000 &",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``mlx_spec corpus``."""
+    import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = setup_arg_parser().parse_args(argv)
+    try:
+        return grow(args) if args.command == "grow" else info(args)
+    except ValueError as e:
+        print(f"mlx_spec corpus: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        sys.exit(f"mlx_spec corpus: error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("mlx_spec corpus: interrupted; the shards written are kept.")

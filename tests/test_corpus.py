@@ -1,0 +1,306 @@
+"""The committed distillation corpus (``mlx_spec corpus``): shard format, append-only
+writes, dedupe, cap, resume after a kill and the held-out split, on a tiny target."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mlx_spec.train import corpus_grow as G
+from mlx_spec.train.corpus import Corpus, CorpusFull, Record, Shard, prompt_hash
+from mlx_spec.train.corpus_cli import main as corpus_main
+from mlx_spec.train.corpus_prompts import prompt_stream, turn_suffix
+from mlx_spec.train.prompts import Prompt, split_of
+
+TARGET = {"model_type": "llama", "vocab_size": 300}
+TOKENIZER = {"vocab_size": 300, "eos_token_ids": [2]}
+
+
+def _record(i: int, heldout: bool = False, length: int = 5) -> Record:
+    rng = np.random.default_rng(i)
+    return Record(
+        prompt=rng.integers(0, 60000, 7).astype(np.uint16),
+        completion=rng.integers(0, 60000, length).astype(np.uint16),
+        temp=0.7 if i % 2 else 0.0,
+        prompt_set="chat" if i % 3 else "code",
+        hash=prompt_hash([{"role": "user", "content": f"request {i}"}]),
+        heldout=heldout,
+        stopped=bool(i % 2),
+    )
+
+
+def _corpus(tmp_path, cap=None) -> Corpus:
+    corpus = Corpus(tmp_path / "corpus", cap)
+    corpus.create(TARGET, TOKENIZER)
+    return corpus
+
+
+def _same(a: Record, b: Record):
+    assert np.array_equal(a.prompt, b.prompt)
+    assert np.array_equal(a.completion, b.completion)
+    assert (a.temp, a.prompt_set, a.hash, a.heldout, a.stopped) == (
+        b.temp,
+        b.prompt_set,
+        b.hash,
+        b.heldout,
+        b.stopped,
+    )
+
+
+def test_a_shard_round_trips_its_sequences_as_uint16_ids():
+    records = [_record(i, heldout=i == 3) for i in range(6)]
+    shard = Shard.from_sequences(records, {"run": "r", "seconds": 1.5})
+    back = Shard.from_bytes(shard.to_bytes())
+    assert back.tokens.dtype == np.uint16
+    assert back.meta == {"run": "r", "seconds": 1.5}
+    for a, b in zip(records, back.sequences()):
+        _same(a, b)
+    assert back.completion_tokens == 30 and back.prompt_tokens == 42
+
+
+def test_ids_that_do_not_fit_16_bits_are_refused():
+    record = _record(0)
+    record.prompt = np.array([70000], np.int64)
+    with pytest.raises(ValueError, match="must lie in"):
+        Shard.from_sequences([record], {})
+
+
+def test_appending_adds_a_shard_and_never_touches_the_old_ones(tmp_path):
+    corpus = _corpus(tmp_path)
+    first = corpus.append([_record(0), _record(1)], {"run": "a"})
+    before = first.read_bytes()
+    second = corpus.append([_record(2)], {"run": "b"})
+    assert [p.name for p in corpus.shard_paths()] == [
+        "shard-00000.npz.xz",
+        "shard-00001.npz.xz",
+    ]
+    assert first.read_bytes() == before and second != first
+    assert [s.hash for s in corpus.sequences()] == [_record(i).hash for i in range(3)]
+
+
+def test_prompts_already_stored_are_dropped(tmp_path):
+    corpus = _corpus(tmp_path)
+    corpus.append([_record(0), _record(1)], {})
+    corpus.append([_record(1), _record(2), _record(2)], {})
+    assert sorted(corpus.hashes()) == sorted(_record(i).hash for i in range(3))
+    assert sum(1 for _ in corpus.sequences()) == 3
+    with pytest.raises(ValueError, match="already in the corpus"):
+        corpus.append([_record(0)], {})
+    assert len(corpus.shard_paths()) == 2
+
+
+def test_the_cap_refuses_a_shard_that_would_pass_it(tmp_path):
+    corpus = _corpus(tmp_path)
+    corpus.append([_record(0)], {})
+    small = Corpus(corpus.folder, cap_bytes=corpus.size_bytes() + 10)
+    with pytest.raises(CorpusFull, match="cap"):
+        small.append([_record(1, length=400)], {})
+    assert len(small.shard_paths()) == 1
+
+
+def test_a_damaged_shard_is_named_in_one_line(tmp_path):
+    corpus = _corpus(tmp_path)
+    path = corpus.append([_record(0)], {})
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ValueError, match="shard-00000.npz.xz' is damaged"):
+        list(corpus.sequences())
+
+
+def test_the_heldout_split_is_never_among_the_training_sequences(tmp_path):
+    corpus = _corpus(tmp_path)
+    corpus.append([_record(i, heldout=i % 4 == 0) for i in range(12)], {})
+    train = list(corpus.sequences("train"))
+    heldout = list(corpus.sequences("heldout"))
+    assert len(train) == 9 and len(heldout) == 3
+    assert not {s.hash for s in train} & {s.hash for s in heldout}
+    assert not any(s.heldout for s in train)
+
+
+def test_the_prompt_stream_is_fixed_and_splits_by_source():
+    stream = prompt_stream(0)
+    again = prompt_stream(0)
+    assert [p.text for p in stream[:300]] == [p.text for p in again[:300]]
+    families = {p.prompt_set for p in stream}
+    assert {"long", "polyglot", "json", "rewrite", "chat", "code"} <= families
+    hashes = [prompt_hash(p.messages) for p in stream]
+    assert len(set(hashes)) == len(hashes)
+    heldout = [p for p in stream if split_of(p.source) == "heldout"]
+    assert 0.02 < len(heldout) / len(stream) < 0.15
+
+
+def _grow(model, tokenizer, corpus, prompts, **kw):
+    temps = {0.0: 0.5, 1.0: 0.5}
+    jobs = G.template_jobs(tokenizer, prompts, corpus.hashes(), temps)
+    grower = G.Grower(
+        model, tokenizer, corpus, batch_size=3, max_tokens=6, log=lambda s: None, **kw
+    )
+    return grower, grower.grow(jobs)
+
+
+def _prompts(n, offset=0):
+    return [
+        Prompt("chat", ({"role": "user", "content": f"say {i} things"},), f"t{i}")
+        for i in range(offset, offset + n)
+    ]
+
+
+def test_grow_writes_greedy_completions_of_the_target(load_model, tmp_path):
+    from mlx_lm import generate
+
+    model, tokenizer = load_model("llama")
+    corpus = _corpus(tmp_path)
+    _, made = _grow(model, tokenizer, corpus, _prompts(5))
+    records = list(corpus.sequences())
+    assert len(records) == 5 and made == sum(len(r.completion) for r in records)
+    greedy = [r for r in records if r.temp == 0]
+    assert greedy
+    for r in greedy:  # the stored ids are what plain mlx-lm decodes
+        text = generate(model, tokenizer, [int(t) for t in r.prompt], max_tokens=6)
+        assert tokenizer.decode([int(t) for t in r.completion]) == text
+    # Each prompt's split is its source's.
+    for i, r in _by_prompt(records):
+        assert r.heldout == (split_of(f"t{i}") == "heldout")
+
+
+def _by_prompt(records):
+    index = {
+        prompt_hash(({"role": "user", "content": f"say {i} things"},)): i
+        for i in range(100)
+    }
+    return [(index[r.hash], r) for r in records]
+
+
+def test_a_killed_run_keeps_its_shards_and_the_next_run_goes_on(load_model, tmp_path):
+    model, tokenizer = load_model("llama")
+    corpus = _corpus(tmp_path)
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_first_shard(line):
+        raise Killed(line)
+
+    temps = {0.0: 1.0}
+    jobs = G.template_jobs(tokenizer, _prompts(9), set(), temps)
+    grower = G.Grower(
+        model,
+        tokenizer,
+        corpus,
+        batch_size=2,
+        max_tokens=6,
+        shard_seconds=0.0,  # a shard after every finished step
+        log=kill_after_first_shard,
+    )
+    with pytest.raises(Killed):
+        grower.grow(jobs)
+    (path,) = corpus.shard_paths()
+    # A shard cut short while written (a kill inside the write) is never read.
+    (corpus.folder / ".shard-00001.npz.xz.999.tmp").write_bytes(b"partial")
+    first = {s.hash for s in corpus.sequences()}
+    assert 0 < len(first) < 9
+    before = path.read_bytes()
+    _grow(model, tokenizer, corpus, _prompts(9))
+    hashes = [s.hash for s in corpus.sequences()]
+    assert len(hashes) == len(set(hashes)) == 9
+    assert set(hashes[: len(first)]) == first
+    assert path.read_bytes() == before
+
+
+def test_follow_ups_continue_a_stored_conversation_in_the_template(
+    load_model, tmp_path
+):
+    _, tokenizer = load_model("llama")
+    corpus = _corpus(tmp_path)
+    eos = sorted(tokenizer.eos_token_ids)[0]
+    answer = tokenizer.encode("a b c d e f g h i j", add_special_tokens=False)
+    records = []
+    for i, p in enumerate(_prompts(4)):
+        ids = G.encode_messages(tokenizer, p.messages)
+        completion = answer + [eos] if i != 3 else answer  # the last hit the limit
+        records.append(
+            Record(
+                np.array(ids, np.uint16),
+                np.array(completion, np.uint16),
+                0.0,
+                "chat",
+                prompt_hash(p.messages),
+                heldout=i == 1,
+                stopped=i != 3,
+            )
+        )
+    corpus.append(records, {})
+    _, after = turn_suffix(tokenizer)
+    jobs = G.follow_up_jobs(tokenizer, corpus, corpus.hashes(), {0.0: 1.0})
+    assert len(jobs) == 3  # not the one cut at the length limit
+    for job, parent in zip(jobs, records):
+        assert job.prompt_set == "multiturn" and job.turns == 2
+        assert job.heldout == parent.heldout
+        head = [int(t) for t in parent.prompt] + answer
+        assert job.ids[: len(head)] == head
+        assert tokenizer.decode(job.ids[len(head) :]).endswith(after)
+    # Stored, they are not asked again; at MAX_TURNS a conversation stops.
+    known = corpus.hashes() | {job.hash for job in jobs}
+    assert G.follow_up_jobs(tokenizer, corpus, known, {0.0: 1.0}) == []
+
+
+def test_turn_suffix_joins_a_conversation_as_the_template_does(load_model):
+    _, tokenizer = load_model("llama")
+    between, after = turn_suffix(tokenizer)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"},
+    ]
+    full = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert full.endswith("hello" + between + "more" + after)
+
+
+def test_the_card_and_info_report_the_breakdown(tmp_path, capsys):
+    corpus = _corpus(tmp_path)
+    corpus.append(
+        [_record(i, heldout=i == 0) for i in range(4)],
+        {"run": "r1", "seconds": 3600.0, "batch_size": 8, "max_tokens": 512},
+    )
+    assert corpus_main(["info", str(corpus.folder)]) == 0
+    card = (corpus.folder / "README.md").read_text()
+    assert "completion tokens: 20" in card
+    assert "| r1 | 1 | 20 | 1.00 | 20 | 8 | 512 |" in card
+    assert "15 train, 5 held out" in card
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["grow", "--model", "m", "--out", "o", "--tokens", "0"], "--tokens must be"),
+        (
+            ["grow", "--model", "m", "--out", "o", "--shard-minutes", "0"],
+            "--shard-minutes",
+        ),
+        (["info", "nowhere"], "holds no corpus"),
+    ],
+)
+def test_bad_options_stop_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        corpus_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_corpus_of_another_target_is_refused(
+    load_model, checkpoints, tmp_path, capsys
+):
+    model, _ = load_model("llama")
+    corpus = Corpus(tmp_path / "c")
+    from mlx_spec.fingerprint import model_fingerprint
+
+    other = dict(model_fingerprint(model), hidden_size=999)
+    corpus.create(other, TOKENIZER)
+    with pytest.raises(SystemExit):
+        corpus_main(
+            ["grow", "--model", str(checkpoints["llama"]), "--out", str(corpus.folder)]
+        )
+    assert "another target" in capsys.readouterr().err
+    assert json.loads((corpus.folder / "corpus.json").read_text())["target"] == other
