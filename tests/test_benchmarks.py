@@ -649,6 +649,34 @@ def test_per_token_acceptance_is_recomputed_from_the_raw_rounds(quick_results):
     assert all(v is None or 0.0 <= v <= 1.0 for v in positions)
 
 
+def test_rows_report_the_cost_model_each_run_measured(quick_results):
+    """The draft step and verification costs of a row are the medians of the
+    cost models its runs' engines measured; plain mlx_lm measures none."""
+    import statistics
+
+    out, results = quick_results
+    key = ("draft", 0.0, 4, False)
+    row = next(
+        r
+        for r in results["rows"]
+        if bench_rows.row_key(r) == key and r["prompt_set"] == "all"
+    )
+    runs = [
+        r
+        for r in results["runs"]
+        if (r["method"], r["temp"], r["gamma"], r["fixed"]) == key
+    ]
+    models = [r["cost_model"] for r in runs]
+    assert all(m and m["draft_step"]["draft"] > 0 for m in models)
+    steps = statistics.median(m["draft_step"]["draft"] for m in models)
+    assert row["draft_step_cost"] == pytest.approx(steps)
+    verify = statistics.median(m["verify_by_width"]["8"] for m in models)
+    assert row["verify_cost_8"] == pytest.approx(verify)
+    plain = [r for r in results["rows"] if r["method"] == "mlx_lm"]
+    assert plain and all(r["target_step_ms"] is None for r in plain)
+    assert "## Cost model measured online" in (out / "results.md").read_text()
+
+
 def test_profiled_pass_splits_round_time_into_shares_that_sum_to_one(quick_results):
     _, results = quick_results
     profiles = results["profiles"]
