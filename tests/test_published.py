@@ -296,6 +296,8 @@ def test_imported_heads_next_to_a_quantized_target_take_its_quantization(
         ("dflash", heads["dflash"]),
     ):
         assert (4, 32) in linear_quantizations(head.module), method
+        if "embed_tokens" in head.module:  # EAGLE-3 keeps its own, quantized too
+            assert isinstance(head.module.embed_tokens, nn.QuantizedEmbedding)
         stats = SpecStats()
         config = SpecConfig(method=method, max_tokens=40, adaptive=False)
         events = speculative_events(
