@@ -660,8 +660,8 @@ def _ensure_chromium():
     )
 
 
-@pytest.fixture(scope="module")
-def browser():
+def _chromium():
+    """A headless chromium driven by Selenium (yielded, then closed)."""
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -691,6 +691,17 @@ def browser():
     shutil.rmtree(profile, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def browser():
+    yield from _chromium()
+
+
+@pytest.fixture(scope="module")
+def second_browser():
+    """Another user, at the same time."""
+    yield from _chromium()
+
+
 def _wait(what, check, timeout=30.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -705,13 +716,15 @@ def _wait(what, check, timeout=30.0):
 
 
 def _set(driver, selector, text):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
-    box = driver.find_element(By.CSS_SELECTOR, selector)
-    box.send_keys(Keys.CONTROL, "a")
-    box.send_keys(Keys.DELETE)
-    box.send_keys(text)
+    """Put ``text`` in a box as a paste does (typed, its newlines would send)."""
+    driver.execute_script(
+        "const box = document.querySelector(arguments[0]);"
+        "const set = Object.getOwnPropertyDescriptor(box.constructor.prototype, 'value').set;"
+        "set.call(box, arguments[1]);"
+        "box.dispatchEvent(new Event('input', {bubbles: true}));",
+        selector,
+        text,
+    )
 
 
 @pytest.mark.browser
@@ -801,6 +814,192 @@ def test_browser_two_turn_chat_then_new_chat(server, browser):
     browser.find_element(By.CSS_SELECTOR, "#clear").click()
     _wait("the new chat", lambda: "New chat" in text_of("#status"))
     assert count("#transcript .spec-user") == 0
+
+
+def _text(driver, selector) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector).text
+
+
+def _count(driver, selector) -> int:
+    from selenium.webdriver.common.by import By
+
+    return len(driver.find_elements(By.CSS_SELECTOR, selector))
+
+
+def _open_chat(driver, url, max_tokens):
+    driver.get(url)
+    _wait("chat mode", lambda: "Chat mode" in _text(driver, "#mode-note"))
+    _set(driver, "#max-tokens input", str(max_tokens))
+
+
+def _box(driver) -> str:
+    return driver.execute_script(
+        "return document.querySelector('#prompt textarea').value"
+    )
+
+
+def _bubbles(driver):
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#transcript .spec-user'))"
+        ".map(e => e.textContent)"
+    )
+
+
+@pytest.mark.browser
+def test_browser_keys_one_turn_per_send_and_blank_messages(server, browser):
+    """Enter sends, Shift+Enter is a new line, Ctrl+Enter sends; a click plus a key
+    and five script clicks give one turn; blank input of any kind is empty;
+    trailing whitespace is cut; a 1-token reply says "1 token"."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    _open_chat(browser, server, 1)
+    _set(browser, "#prompt textarea", "")
+    box = browser.find_element(By.CSS_SELECTOR, "#prompt textarea")
+    box.send_keys("hello", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "there")
+    assert _box(browser) == "hello\nthere" and _count(browser, ".spec-user") == 0
+    box.send_keys(Keys.ENTER)
+    _wait("the reply", lambda: "Done: 1 token (" in _text(browser, "#status"))
+    assert _bubbles(browser) == ["hello\nthere"] and _box(browser) == ""
+
+    box.send_keys("again \u00a0 ")
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    _wait("reply 2", lambda: _count(browser, ".spec-turn-stats") == 2)
+    assert _bubbles(browser)[1] == "again"  # trailing whitespace cut
+
+    _set(browser, "#prompt textarea", "once")
+    browser.execute_script(  # a click and Enter at once, then five clicks in one tick
+        "const send = document.getElementById('send');"
+        "const box = document.querySelector('#prompt textarea');"
+        "send.click();"
+        "box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', bubbles: true}));"
+        "for (let i = 0; i < 5; i++) send.click();"
+    )
+    _wait("reply 3", lambda: _count(browser, ".spec-turn-stats") == 3)
+    _wait("the status", lambda: "Done:" in _text(browser, "#status"))
+    time.sleep(1.0)  # any duplicate would have arrived by now
+    assert _bubbles(browser) == ["hello\nthere", "again", "once"]
+
+    blank = " \n\u00a0\u2007\u200b\u2060\ufeff"  # spaces of every kind
+    _set(browser, "#prompt textarea", blank)
+    browser.find_element(By.CSS_SELECTOR, "#send").click()
+    _wait("the refusal", lambda: "the message is empty" in _text(browser, "#status"))
+    assert _count(browser, ".spec-user") == 3 and _box(browser) == blank
+
+
+@pytest.mark.browser
+def test_browser_nothing_typed_is_lost(server, browser, monkeypatch):
+    """A refused value keeps the text in the box; a lone surrogate is repaired;
+    a turn that fails later stays with its error beside it, and Retry sends it."""
+    from selenium.webdriver.common.by import By
+
+    import ui.session
+
+    _open_chat(browser, server, 0)
+    _set(browser, "#prompt textarea", "keep me")
+    browser.find_element(By.CSS_SELECTOR, "#send").click()
+    _wait("the refusal", lambda: "max_tokens=0" in _text(browser, "#status"))
+    assert _box(browser) == "keep me" and _count(browser, ".spec-user") == 0
+
+    _set(browser, "#max-tokens input", "4")
+    browser.execute_script(  # a lone surrogate, as a paste can bring
+        "const box = document.querySelector('#prompt textarea');"
+        "const set = Object.getOwnPropertyDescriptor(box.constructor.prototype, 'value').set;"
+        "set.call(box, 'a\\ud800b');"
+        "box.dispatchEvent(new Event('input', {bubbles: true}));"
+    )
+    browser.find_element(By.CSS_SELECTOR, "#send").click()
+    _wait("the reply", lambda: "Done:" in _text(browser, "#status"))
+    assert _bubbles(browser) == ["a\ufffdb"]
+
+    real = ui.session.stream_generate
+    failures = ["the device is gone"]
+
+    def fails_once(*args, **kwargs):
+        if failures:
+            raise RuntimeError(failures.pop())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ui.session, "stream_generate", fails_once)
+    _set(browser, "#prompt textarea", "second")
+    browser.find_element(By.CSS_SELECTOR, "#send").click()
+    _wait("the error", lambda: "the device is gone" in _text(browser, "#status"))
+    assert _bubbles(browser) == ["a\ufffdb", "second"] and _box(browser) == ""
+    assert "the device is gone" in _text(browser, "#transcript .spec-turn-error")
+    retry = browser.find_element(By.CSS_SELECTOR, "#retry")
+    assert retry.is_displayed()
+    retry.click()
+    _wait("the retried reply", lambda: "Done:" in _text(browser, "#status"))
+    assert _bubbles(browser) == ["a\ufffdb", "second"]
+    assert _count(browser, ".spec-turn-error") == 0
+    _wait(
+        "Retry to hide",
+        lambda: not any(
+            b.is_displayed() for b in browser.find_elements(By.ID, "retry")
+        ),
+    )
+
+
+def _long_message(app, target, tokens: int, word: str = "item") -> str:
+    """A chat message of about ``tokens`` tokens for the test tokenizer."""
+    pair = app.load_pair(target, None, "none")
+    words = " ".join(f"{word}{n} is here." for n in range(tokens // 4))
+    ids = pair.tokenizer.encode(words)
+    return pair.tokenizer.decode(ids[:tokens])
+
+
+@pytest.mark.browser
+def test_browser_two_users_one_long_prompt_queue_and_stop(
+    server, app, checkpoints, browser, second_browser, monkeypatch
+):
+    """While one user's long prompt is read in chunks, another is answered; Stop
+    ends the prompt between chunks; a request behind one that cannot share the
+    worker says it waits and Stop drops it; New chat mid-reply says it stopped it."""
+    from selenium.webdriver.common.by import By
+
+    import ui.handlers
+
+    first, second = browser, second_browser
+    monkeypatch.setattr(app, "prefill_step_size", 8)  # many chunks on a tiny model
+    long = _long_message(app, str(checkpoints["llama"]), 3000)
+    _open_chat(first, server, 8)
+    _open_chat(second, server, 8)
+
+    def send(driver, text):
+        _set(driver, "#prompt textarea", text)
+        driver.find_element(By.CSS_SELECTOR, "#send").click()
+
+    send(first, long)
+    _wait("prefill progress", lambda: "Reading the prompt" in _text(first, "#status"))
+    assert re.search(r"[\d,]+ of [\d,]+ tokens", _text(first, "#status"))
+    send(second, "hello")
+    _wait("the second user's reply", lambda: "Done:" in _text(second, "#status"))
+    assert "Reading the prompt" in _text(first, "#status")  # still reading
+    first.find_element(By.CSS_SELECTOR, "#stop").click()
+    _wait("the stop", lambda: "Stopped before" in _text(first, "#status"))
+    assert _count(first, ".spec-user") == 1  # the long message stays
+
+    # A run that cannot lend the worker (a head, a seed): the next one waits.
+    monkeypatch.setattr(ui.handlers, "_can_lend", lambda *_: False)
+    send(first, _long_message(app, str(checkpoints["llama"]), 3000, "other"))
+    _wait("prefill again", lambda: "Reading the prompt" in _text(first, "#status"))
+    send(second, "me too")
+    _wait("the wait", lambda: "Waiting for 1 request ahead" in _text(second, "#status"))
+    second.find_element(By.CSS_SELECTOR, "#stop").click()
+    _wait("the dropped wait", lambda: "Stopped before" in _text(second, "#status"))
+    assert _bubbles(second) == ["hello", "me too"]
+    assert "Reading the prompt" in _text(first, "#status")
+
+    first.find_element(By.CSS_SELECTOR, "#clear").click()
+    _wait("the new chat", lambda: "New chat" in _text(first, "#status"))
+    assert "the reply in progress was stopped" in _text(first, "#status")
+    assert _count(first, ".spec-user") == 0
+    time.sleep(1.0)  # the stopped reply must not write over it
+    assert "New chat" in _text(first, "#status") and _count(first, ".spec-user") == 0
+    send(first, "hi")
+    _wait("a reply after the new chat", lambda: "Done:" in _text(first, "#status"))
 
 
 @pytest.fixture(scope="module")

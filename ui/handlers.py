@@ -200,6 +200,9 @@ class App:
         self.default_method = method if draft or method != "draft" else "none"
         self.default_gamma = num_draft_tokens
         self.default_max_tokens = max_tokens
+        # Prompt tokens per prefill chunk: Stop and waiting requests get the
+        # worker between chunks (None: the engine's default).
+        self.prefill_step_size: Optional[int] = None
         self.worker = Worker()
         self.store = ModelStore()
         self.sessions = Sessions()
@@ -402,8 +405,10 @@ class App:
         box = keep
         stream = self._stream_turn(session, pair, text, options, chat, page.system)
         for turn, view in stream:
-            if session.epoch != epoch:  # New chat was pressed: it said so
+            if session.epoch != epoch:  # New chat was pressed: say it last too
                 stream.close()
+                *cleared_view, hide_retry = _new_chat_view(chat, stopped=True)
+                yield (*cleared_view, keep, hide_retry)
                 return
             if turn is not None:  # the message is in the transcript
                 box, cleared = cleared, keep
@@ -428,8 +433,8 @@ class App:
         """Yield ``(turn, view)`` while the worker generates one turn.
 
         ``view`` is (transcript, stats, chart, status), sent at most every
-        ``UPDATE_INTERVAL`` seconds (and whenever the wait or prefill status
-        changes) and once at the end. A turn refused before it started ends
+        ``UPDATE_INTERVAL`` seconds (and when the turn goes from waiting to
+        reading its prompt to generating) and once at the end. A turn refused before it started ends
         with ``(None, view)``, its status the one-line error; a turn that
         failed later stays in the transcript with its error.
         """
@@ -445,12 +450,14 @@ class App:
             system=system,
             use_cache=use_cache,
             lend=_can_lend(options, pair),
+            prefill_step_size=self.prefill_step_size,
         )
         try:
             for turn in turns:
-                now, status = time.perf_counter(), _progress_status(turn.progress)
-                if now >= next_update or status != shown:
-                    next_update, shown = now + UPDATE_INTERVAL, status
+                now, phase = time.perf_counter(), _phase(turn.progress)
+                if now >= next_update or phase != shown:
+                    next_update, shown = now + UPDATE_INTERVAL, phase
+                    status = _progress_status(turn.progress)
                     yield turn, self._view(session, turn, chat, start, status)
         except Exception as e:
             log.warning(
@@ -515,16 +522,7 @@ class App:
         session.stop.set()
         session.reset()
         chat = self._chat_mode(target, draft, raw)
-        said = "the conversation and its prompt cache are cleared."
-        if running:
-            said = "the reply in progress was stopped; " + said
-        return (
-            render.transcript_html([], chat),
-            render.stats_html(None),
-            render.chart_svg([]),
-            render.banner(f"New chat: {said}", "ok"),
-            gr.update(visible=False),
-        )
+        return _new_chat_view(chat, stopped=running)
 
     def _chat_mode(self, target, draft, raw) -> bool:
         """Whether the (already loaded) target chats; ``True`` when unknown."""
@@ -806,6 +804,26 @@ def _progress_status(progress) -> str:
             f"tokens&hellip;{stop}"
         )
     return render.banner(f"Generating&hellip;{stop}")
+
+
+def _new_chat_view(chat: bool, stopped: bool):
+    """Transcript, stats, chart, status and Retry after New chat."""
+    said = "the conversation and its prompt cache are cleared."
+    if stopped:
+        said = "the reply in progress was stopped; " + said
+    return (
+        render.transcript_html([], chat),
+        *_no_stats(),
+        render.banner(f"New chat: {said}", "ok"),
+        gr.update(visible=False),
+    )
+
+
+def _phase(progress):
+    """What a turn is doing: its place in the queue, its prefill or its reply."""
+    if isinstance(progress, Waiting):
+        return progress
+    return type(progress)
 
 
 def _can_lend(options: SpecConfig, pair: Pair) -> bool:

@@ -125,14 +125,19 @@ class PageRequest:
 KEYS_JS = """
 () => {
   const buttons = {prompt: "send", "race-prompt": "race"};
+  const boxOf = (e) => e.target.tagName === "TEXTAREA" && e.key === "Enter"
+    && !e.isComposing && e.target.closest("#prompt, #race-prompt");
   document.addEventListener("keydown", (e) => {
-    const box = e.target.closest && e.target.closest("#prompt, #race-prompt");
-    if (!box || e.target.tagName !== "TEXTAREA") return;
-    if (e.key !== "Enter" || e.isComposing) return;
+    const box = boxOf(e);
+    if (!box) return;
     e.stopPropagation();
     if (e.shiftKey && !(e.ctrlKey || e.metaKey)) return;
     e.preventDefault();
     document.getElementById(buttons[box.id]).click();
+  }, true);
+  // Gradio submits on Shift+Enter's keypress: the newline is ours.
+  document.addEventListener("keypress", (e) => {
+    if (boxOf(e)) e.stopPropagation();
   }, true);
 }
 """

@@ -574,14 +574,16 @@ def run_turn(
     options: SpecConfig,
     use_cache: bool = True,
     progress: Optional[Callable[[int, int], None]] = None,
+    prefill_step_size: Optional[int] = None,
 ) -> Iterator[Tuple[Piece, Any]]:
     """Generate on the worker, yielding ``(Piece, response)`` per token.
 
     With ``use_cache`` the session's prompt cache is reused: only the tokens
     after the longest common prefix with the cached ones are prefilled.
     ``progress(done, total)`` is called between prefill chunks (and may raise
-    to stop). Closing the generator closes the stream (which rewinds the
-    caches) and records what the cache now holds.
+    to stop); ``prefill_step_size`` sets the chunk (default: the engine's).
+    Closing the generator closes the stream (which rewinds the caches) and
+    records what the cache now holds.
     """
     if not tokens:
         raise ValueError("the prompt is empty; type some text first.")
@@ -618,6 +620,7 @@ def run_turn(
         draft,
         prompt_cache=cache,
         prompt_progress_callback=progress,
+        **({"prefill_step_size": prefill_step_size} if prefill_step_size else {}),
         **history,
         **generation_kwargs(options),
     )
@@ -646,6 +649,7 @@ def respond(
     system: Optional[str] = None,
     use_cache: bool = True,
     lend: bool = False,
+    prefill_step_size: Optional[int] = None,
 ) -> Iterator[Turn]:
     """Run one turn on the worker, yielding its :class:`Turn` as it goes.
 
@@ -671,6 +675,8 @@ def respond(
         use_cache: Reuse (and update) the session's prompt cache.
         lend: Let waiting requests run between prefill chunks and tokens
           (see :class:`Worker`).
+        prefill_step_size: Prompt tokens per prefill chunk (Stop is checked
+          between chunks). Default: the engine's.
 
     Raises:
         ValueError: For an empty message, before the turn joins the
@@ -685,7 +691,9 @@ def respond(
     session.stop.clear()
     session.turns = session.turns + [turn] if chat else [turn]
     batches = worker.stream(
-        lambda progress: run_turn(session, pair, tokens, options, use_cache, progress),
+        lambda progress: run_turn(
+            session, pair, tokens, options, use_cache, progress, prefill_step_size
+        ),
         session.stop,
         lend=lend,
     )
