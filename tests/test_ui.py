@@ -904,6 +904,17 @@ def test_browser_nothing_typed_is_lost(server, browser, monkeypatch):
     assert _box(browser) == "keep me" and _count(browser, ".spec-user") == 0
 
     _set(browser, "#max-tokens input", "4")
+    too_long = "word " * 6000  # beyond the test model's 4096 tokens
+    _set(browser, "#prompt textarea", too_long)
+    browser.find_element(By.CSS_SELECTOR, "#send").click()
+    _wait(
+        "the refusal", lambda: "beyond the model's context" in _text(browser, "#status")
+    )
+    assert re.search(
+        r"the prompt is \d+ tokens .* context of 4096 tokens", _text(browser, "#status")
+    )
+    assert _box(browser) == too_long and _count(browser, ".spec-user") == 0
+
     browser.execute_script(  # a lone surrogate, as a paste can bring
         "const box = document.querySelector('#prompt textarea');"
         "const set = Object.getOwnPropertyDescriptor(box.constructor.prototype, 'value').set;"
@@ -962,8 +973,8 @@ def test_browser_two_users_one_long_prompt_queue_and_stop(
     import ui.handlers
 
     first, second = browser, second_browser
-    monkeypatch.setattr(app, "prefill_step_size", 8)  # many chunks on a tiny model
-    long = _long_message(app, str(checkpoints["llama"]), 3000)
+    monkeypatch.setattr(app, "prefill_step_size", 4)  # many chunks on a tiny model
+    long = _long_message(app, str(checkpoints["llama"]), 1800)
     _open_chat(first, server, 8)
     _open_chat(second, server, 8)
 
@@ -983,7 +994,7 @@ def test_browser_two_users_one_long_prompt_queue_and_stop(
 
     # A run that cannot lend the worker (a head, a seed): the next one waits.
     monkeypatch.setattr(ui.handlers, "_can_lend", lambda *_: False)
-    send(first, _long_message(app, str(checkpoints["llama"]), 3000, "other"))
+    send(first, _long_message(app, str(checkpoints["llama"]), 1800, "other"))
     _wait("prefill again", lambda: "Reading the prompt" in _text(first, "#status"))
     send(second, "me too")
     _wait("the wait", lambda: "Waiting for 1 request ahead" in _text(second, "#status"))

@@ -491,3 +491,24 @@ def test_typed_role_markers_stay_text_in_the_conversation(worker, pair, load_mod
     assert session.cache_tokens[: len(prompt)] == prompt
     assert prompt.count(marker) == 2  # the user's turn and the reply's
     assert turn.reply == generate(model, tokenizer, prompt, max_tokens=MAX_TOKENS)
+
+
+def test_a_conversation_beyond_the_context_is_refused_before_any_prefill(
+    worker, pair, monkeypatch
+):
+    """50,000 characters were prefilled for minutes past the model's context."""
+    session, options = Session(), SpecConfig(method="draft", max_tokens=MAX_TOKENS)
+    _say(worker, session, pair, "hello", options)
+    turns, cached = list(session.turns), list(session.cache_tokens)
+    calls = []
+    monkeypatch.setattr(ui.session, "stream_generate", lambda *a, **k: calls.append(1))
+    with pytest.raises(ValueError) as error:
+        _say(worker, session, pair, "word " * 6000, options)
+    message = str(error.value)
+    assert re.search(
+        r"the prompt is \d+ tokens and max_tokens is 24: \d+ tokens, "
+        r"beyond the model's context of 4096 tokens",
+        message,
+    ), message
+    assert "\n" not in message and calls == []
+    assert session.turns == turns and session.cache_tokens == cached

@@ -8,6 +8,7 @@ the ``/generate`` API. The page itself is laid out by :mod:`ui.layout`.
 """
 
 import html
+import json
 import logging
 import math
 import time
@@ -709,6 +710,8 @@ class App:
             message = (str(e).strip() or type(e).__name__).splitlines()[0]
             raise gr.Error(message, print_exception=False) from None
         last_stats = turn.stats.as_dict() if turn is not None and turn.stats else {}
+        # JSON's own view (int keys as text): Gradio's encoder refuses int keys.
+        last_stats = json.loads(json.dumps(last_stats))
         return {
             "text": turn.reply if turn is not None else "",
             "finish_reason": turn.finish if turn is not None else None,

@@ -31,6 +31,7 @@ from mlx_spec.chat_text import encode_chat, repair_text
 from mlx_spec.config import SpecConfig, plan_method
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
+from mlx_spec.limits import GenerationCancelled, check_context
 from mlx_spec.home import model_folders
 from mlx_spec.loading import (
     default_model_pair,
@@ -77,10 +78,6 @@ class Prefill:
 
     done: int
     total: int
-
-
-class Stopped(Exception):
-    """Raised between prefill chunks when the user pressed Stop."""
 
 
 @dataclass(eq=False)
@@ -189,19 +186,17 @@ class Worker:
         Each batch holds everything produced since the previous one, so a slow
         consumer (the browser) never makes the worker wait. Before the job
         starts, batches hold one :class:`Waiting`; ``progress(done, total)``,
-        for the prefill, adds a :class:`Prefill` and raises :class:`Stopped`
-        once ``stop`` is set. Setting ``stop`` drops a waiting job, and makes
-        a running one stop after the current item (or prefill chunk) and close
-        the iterator; so does closing this generator. With ``lend``, the job
-        lends the thread (see the class) at each item and prefill chunk.
+        for the prefill, adds a :class:`Prefill`. Setting ``stop`` drops a
+        waiting job, and makes a running one stop after the current item and
+        close the iterator (``make_iter`` stops its own prefill); so does
+        closing this generator. With ``lend``, the job lends the thread (see
+        the class) at each item and prefill chunk.
         """
         out: "queue.Queue" = queue.Queue()
 
         def progress(done: int, total: int):
             out.put(Prefill(done, total))
-            if stop.is_set():
-                raise Stopped()
-            if lend and done < total:
+            if lend and done < total and not stop.is_set():
                 self.lend()
 
         def run():
@@ -580,8 +575,10 @@ def run_turn(
 
     With ``use_cache`` the session's prompt cache is reused: only the tokens
     after the longest common prefix with the cached ones are prefilled.
-    ``progress(done, total)`` is called between prefill chunks (and may raise
-    to stop); ``prefill_step_size`` sets the chunk (default: the engine's).
+    ``progress(done, total)`` is called between prefill chunks, and
+    ``session.stop`` is checked there and before each token (see
+    ``should_stop`` of :func:`mlx_spec.stream_generate`);
+    ``prefill_step_size`` sets the chunk (default: the engine's).
     Closing the generator closes the stream (which rewinds the caches) and
     records what the cache now holds.
     """
@@ -620,6 +617,7 @@ def run_turn(
         draft,
         prompt_cache=cache,
         prompt_progress_callback=progress,
+        should_stop=session.stop.is_set,
         **({"prefill_step_size": prefill_step_size} if prefill_step_size else {}),
         **history,
         **generation_kwargs(options),
@@ -679,14 +677,16 @@ def respond(
           between chunks). Default: the engine's.
 
     Raises:
-        ValueError: For an empty message, before the turn joins the
-          conversation. A turn that fails later stays in it with ``finish``
+        ValueError: For an empty message, or a conversation that with
+          ``max_tokens`` exceeds the model's context, before the turn joins
+          the conversation (nothing was prefilled). A turn that fails later stays in it with ``finish``
           ``"error"`` and its ``error`` (left out of later prompts).
     """
     if not clean_message(text, trim=False):
         raise ValueError("the message is empty; type some text first.")
     history = [t for t in session.turns if t.finish != "error"] if chat else []
     tokens = encode_prompt(pair.tokenizer, text, history, chat, system)
+    check_context(pair.model, len(tokens), options.max_tokens)
     turn = Turn(user=text)
     session.stop.clear()
     session.turns = session.turns + [turn] if chat else [turn]
@@ -711,7 +711,7 @@ def respond(
             turn.stats = last.stats if last is not None else None
             yield turn
         turn.finish = last.finish_reason if last and last.finish_reason else "stopped"
-    except Stopped:
+    except GenerationCancelled:
         turn.finish = "stopped"
     except Exception as e:
         turn.finish, turn.error = "error", e
