@@ -727,8 +727,17 @@ def _set(driver, selector, text):
     )
 
 
+@pytest.fixture(scope="module")
+def draft_server(checkpoints):
+    """The app started on the draft method: every round drafts (auto may not)."""
+    app = create_app(
+        str(checkpoints["llama"]), str(checkpoints["llama-near"]), method="draft"
+    )
+    yield from _serve(app)
+
+
 @pytest.mark.browser
-def test_browser_streams_colours_stops_and_recovers(server, browser, tmp_path):
+def test_browser_streams_colours_stops_and_recovers(draft_server, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
     def text_of(selector):
@@ -740,7 +749,7 @@ def test_browser_streams_colours_stops_and_recovers(server, browser, tmp_path):
             ".map(e => e.className)"
         )
 
-    browser.get(server)
+    browser.get(draft_server)
     _wait("the mode note", lambda: "mode" in text_of("#mode-note"))
     assert browser.title == "mlx-spec"
     # Completion mode keeps the random test model away from an early end of text.
