@@ -62,19 +62,27 @@ def _stats(arrays: List[mx.array]) -> List[float]:
     return [float(v.item()) for v in values]
 
 
-def model_fingerprint(model: nn.Module) -> Dict:
+def model_fingerprint(model: nn.Module, blocks: bool = True) -> Dict:
     """Shape and weight statistics of an mlx-lm model with ``model.model.layers``.
+
+    Args:
+        model: The model.
+        blocks: Read the first and last blocks too; a sharded target, whose
+          blocks are sliced across processes, reads the others only.
+          Default: ``True``.
 
     Returns:
         A JSON-ready dict: ``model_type``, ``hidden_size``, ``vocab_size``,
-        ``num_layers`` and ``stats`` (mean and RMS of the weights read).
+        ``num_layers``, ``blocks`` and ``stats`` (mean and RMS of the weights
+        read).
     """
     from .features import feature_owner, output_layer
 
     owner = feature_owner(model)
     embedding = _float_weight(owner.embed_tokens)
     parts = [embedding]
-    parts += _leaf_weights(owner.layers[0]) + _leaf_weights(owner.layers[-1])
+    if blocks:
+        parts += _leaf_weights(owner.layers[0]) + _leaf_weights(owner.layers[-1])
     parts.append(_float_weight(owner.norm))
     head = output_layer(model)
     if head is not owner.embed_tokens:
@@ -87,6 +95,7 @@ def model_fingerprint(model: nn.Module) -> Dict:
         "hidden_size": int(embedding.shape[1]),
         "vocab_size": int(embedding.shape[0]),
         "num_layers": len(owner.layers),
+        "blocks": blocks,
         "stats": _stats(parts),
     }
 
@@ -96,11 +105,20 @@ def fingerprint_mismatch(expected: Dict, model: nn.Module) -> Optional[str]:
 
     The reason is short (one clause), for a one-line error message.
     """
-    actual = model_fingerprint(model)
-    for key in ("hidden_size", "vocab_size", "num_layers"):
+    from .distributed import sharded_group
+
+    sharded = sharded_group() is not None
+    actual = model_fingerprint(model, blocks=not sharded)
+    # Pipeline stages hold some of the layers.
+    keys = ("hidden_size", "vocab_size") + (() if sharded else ("num_layers",))
+    for key in keys:
         if key in expected and expected[key] != actual[key]:
             return f"{key} {actual[key]} != {expected[key]}"
     stats = expected.get("stats")
+    if stats is not None and not actual["blocks"]:
+        # A sharded target holds slices of its blocks: compare the rest.
+        head = len(actual["stats"]) - 2
+        stats = stats[:2] + stats[len(stats) - head :]
     if stats is not None:
         if len(stats) != len(actual["stats"]):
             return "another architecture"

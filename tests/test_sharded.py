@@ -165,3 +165,34 @@ def test_sharded_generate_prints_once_and_refuses_unsplittable_heads(checkpoints
     errors = [line for line in out.splitlines() if "error:" in line]
     assert len(errors) == 1 and "cannot split evenly" in errors[0], out
     assert "Traceback" not in out
+
+
+def test_collective_delay_waits_before_each_collective_and_restores_them(monkeypatch):
+    from mlx_spec import distributed
+
+    waits = []
+    monkeypatch.setattr(distributed.time, "sleep", waits.append)
+    original = mx.distributed.all_sum
+    with distributed.collective_delay(0.001):
+        assert mx.distributed.all_sum is not original
+        total = mx.distributed.all_sum(mx.array([1.0, 2.0]))
+    assert waits == [0.001]
+    assert total.tolist() == [1.0, 2.0]  # one process: the sum is the input
+    assert mx.distributed.all_sum is original
+
+
+def test_sharded_table_gives_each_method_its_ratio_and_tokens_per_forward():
+    from mlx_spec.bench.sharded import table
+
+    rows = [
+        {"delay_ms": d, "method": m, "tokens_per_forward": f, "x_plain": x}
+        for d, m, f, x in [
+            (0.0, "none", 1.0, 1.0),
+            (0.0, "draft", 1.5, 0.9),
+            (1.0, "none", 1.0, 1.0),
+            (1.0, "draft", 1.5, 1.3),
+        ]
+    ]
+    text = table(rows, 2, pipeline=False)
+    assert "| `draft` | 0.90 (1.50) | 1.30 (1.50) |" in text
+    assert "2 processes, tensor parallel" in text

@@ -1,0 +1,214 @@
+"""Speculation on a sharded target against sharded plain decoding, by link latency.
+
+Run on every rank with ``mlx.launch``::
+
+    mlx.launch --backend ring -n 3 -- python -m mlx_spec.bench.sharded --out DIR
+
+Each collective of a sharded forward (an all-reduce per sharded layer, a
+send per pipeline stage) pays the link's latency once, whatever the number
+of tokens it carries: plain decoding pays it per token, speculation once
+per round. ``--delays`` adds a fixed wait before every collective (0.3 ms is
+about Thunderbolt, 1 ms Ethernet), so the amortisation shows even on one
+machine. Rank 0 writes ``sharded.json``, ``sharded.md`` and, with
+matplotlib, ``sharded.png`` (speedup against latency).
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from statistics import geometric_mean
+from typing import Dict, List
+
+import mlx.core as mx
+
+from ..distributed import collective_delay, load_sharded, rank, sharded_group
+from ..generation import stream_generate
+from ..loading import default_model_pair, load_draft
+from .prompts import encode, prompt_suite
+
+DEFAULT_DELAYS_MS = (0.0, 0.3, 1.0)
+DEFAULT_METHODS = ("none", "draft", "lookup", "auto")
+DRAFTLESS = ("none", "lookup", "self")
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlx_spec.bench.sharded",
+        description="Speculative vs plain decoding on a sharded target, by link "
+        "latency (run under mlx.launch).",
+    )
+    p.add_argument("--model", help="Target (default: the default target).")
+    p.add_argument("--draft-model", help="Draft (default: the shipped draft).")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    p.add_argument(
+        "--delays",
+        nargs="+",
+        type=float,
+        default=list(DEFAULT_DELAYS_MS),
+        help="Added latency per collective, in milliseconds.",
+    )
+    p.add_argument("--prompt-sets", nargs="+", default=["chat"])
+    p.add_argument("--prompts-per-set", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--pipeline", action="store_true", help="Pipeline stages.")
+    p.add_argument("--out", required=True, help="Folder of the results (rank 0).")
+    return p
+
+
+def _default_pair(method: str):
+    """The default pair, built once by rank 0 while the others wait."""
+    if rank() == 0:
+        pair = default_model_pair(method)
+    mx.eval(mx.distributed.all_sum(mx.array(1.0)))
+    return pair if rank() == 0 else default_model_pair(method, build=False)
+
+
+def _drafters(args, model, tokenizer) -> Dict[str, object]:
+    drafters = {}
+    for method in args.methods:
+        if method in DRAFTLESS:
+            drafters[method] = None
+            continue
+        path = args.draft_model
+        if path is None:
+            _, path = _default_pair(method)
+        drafters[method] = load_draft(path, model, tokenizer)
+    return drafters
+
+
+def _run(model, tokenizer, drafter, method, prompt, max_tokens) -> Dict:
+    stream = stream_generate(
+        model, tokenizer, prompt, drafter, speculative=method, max_tokens=max_tokens
+    )
+    tokens = [r.token for r in stream]
+    stats = stream.stats
+    forwards = stats.rounds if method != "none" else len(tokens)
+    return {
+        "tokens": len(tokens),
+        "seconds": stats.generation_time,
+        "forwards": forwards,
+        "ids": tokens,
+    }
+
+
+def measure(args) -> List[Dict]:
+    """One row per (delay, method): pooled tokens/s and tokens per target forward."""
+    model_path = args.model or _default_pair("none")[0]
+    model, tokenizer = load_sharded(model_path, pipeline=args.pipeline)
+    drafters = _drafters(args, model, tokenizer)
+    prompts = [
+        p
+        for s in args.prompt_sets
+        for p in prompt_suite(sets=[s], chat=True)[: args.prompts_per_set]
+    ]
+    ids = [encode(p, tokenizer, chat=True) for p in prompts]
+    _run(model, tokenizer, None, "none", ids[0], 4)  # warm-up
+    rows = []
+    for delay in args.delays:
+        with collective_delay(delay / 1000):
+            plain = None
+            for method in args.methods:
+                runs = [
+                    _run(model, tokenizer, drafters[method], method, p, args.max_tokens)
+                    for p in ids
+                ]
+                tokens = sum(r["tokens"] for r in runs)
+                seconds = sum(r["seconds"] for r in runs)
+                row = {
+                    "delay_ms": delay,
+                    "method": method,
+                    "tokens_per_s": tokens / seconds,
+                    "tokens_per_forward": tokens / sum(r["forwards"] for r in runs),
+                }
+                if method == "none":
+                    plain = runs
+                if plain is not None:
+                    row["identical"] = all(
+                        a["ids"] == b["ids"] for a, b in zip(runs, plain)
+                    )
+                    row["x_plain"] = geometric_mean(
+                        (r["tokens"] / r["seconds"]) / (q["tokens"] / q["seconds"])
+                        for r, q in zip(runs, plain)
+                    )
+                rows.append(row)
+                if rank() == 0:
+                    print(json.dumps(row), flush=True)
+    return rows
+
+
+def table(rows: List[Dict], processes: int, pipeline: bool) -> str:
+    """Markdown: × sharded plain per method and delay, tokens per forward."""
+    delays = sorted({r["delay_ms"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    kind = "pipeline" if pipeline else "tensor parallel"
+    lines = [
+        f"{processes} processes, {kind}; × sharded plain decoding (tokens per "
+        "target forward)",
+        "",
+        "| method | " + " | ".join(f"{d:g} ms" for d in delays) + " |",
+        "|---|" + "---|" * len(delays),
+    ]
+    for method in methods:
+        cells = []
+        for d in delays:
+            row = next(r for r in rows if r["method"] == method and r["delay_ms"] == d)
+            mark = "" if row.get("identical", True) else " (differs!)"
+            cells.append(
+                f"{row.get('x_plain', 1.0):.2f} ({row['tokens_per_forward']:.2f}){mark}"
+            )
+        lines.append(f"| `{method}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: List[Dict], path: Path):
+    """Speedup against added latency, one line per method (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = sorted(
+            (r for r in rows if r["method"] == method), key=lambda r: r["delay_ms"]
+        )
+        ax.plot(
+            [r["delay_ms"] for r in mine],
+            [r.get("x_plain", 1.0) for r in mine],
+            "o-",
+            label=method,
+        )
+    ax.set_xlabel("added latency per collective (ms)")
+    ax.set_ylabel("× sharded plain decoding")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = setup_arg_parser()
+    args = parser.parse_args(argv)
+    if rank() != 0:
+        sys.stdout = open(os.devnull, "w")
+    try:
+        group = sharded_group()
+        rows = measure(args)
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n" if rank() == 0 else None)
+    if rank() == 0:
+        out = Path(args.out).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sharded.json").write_text(json.dumps(rows, indent=2) + "\n")
+        md = table(rows, group.size(), args.pipeline)
+        (out / "sharded.md").write_text(md)
+        plot(rows, out / "sharded.png")
+        print(md)
+    mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # leave together
+
+
+if __name__ == "__main__":
+    main()
