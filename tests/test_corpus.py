@@ -304,3 +304,125 @@ def test_a_corpus_of_another_target_is_refused(
         )
     assert "another target" in capsys.readouterr().err
     assert json.loads((corpus.folder / "corpus.json").read_text())["target"] == other
+
+
+# --------------------------------------------------------------------------- #
+# Training from the corpus: one prefill, cached outside git; warm starts
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def grown(load_model, tmp_path_factory):
+    """A corpus of the tiny target: two shards, held-out sequences in each."""
+    from mlx_spec.fingerprint import model_fingerprint
+
+    model, tokenizer = load_model("llama")
+    corpus = Corpus(tmp_path_factory.mktemp("grown") / "corpus")
+    corpus.create(model_fingerprint(model), TOKENIZER, model="llama")
+    prompts = _prompts(16)
+    for part in (prompts[:8], prompts[8:]):
+        jobs = G.template_jobs(tokenizer, part, corpus.hashes(), {0.0: 0.5, 1.0: 0.5})
+        G.Grower(
+            model, tokenizer, corpus, batch_size=4, max_tokens=8, log=lambda s: None
+        ).grow(jobs)
+    # The held-out split by source: mark a few, as held-out topics would be.
+    return corpus
+
+
+def _heldout_marked(corpus: Corpus, tmp_path) -> Corpus:
+    """A copy of ``corpus`` whose every fourth sequence is held out."""
+    copy = Corpus(tmp_path / "marked")
+    copy.create(corpus.manifest()["target"], TOKENIZER, model="llama")
+    for shard in corpus.shards():
+        records = list(shard.sequences())
+        for i, r in enumerate(records):
+            r.heldout = i % 4 == 0
+        copy.append(records, shard.meta)
+    return copy
+
+
+def test_the_prefill_gives_the_targets_laws_at_every_position(
+    load_model, grown, tmp_path
+):
+    import mlx.core as mx
+
+    from mlx_spec.train.corpus_data import corpus_completions
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    train = corpus_completions(model, corpus, "train", top_k=4, cache=tmp_path / "c")
+    stored = list(corpus.sequences("train"))
+    assert len(train) == len(stored) == 12
+    for i in (0, 5, 11):
+        tokens = stored[i].tokens
+        assert np.array_equal(train.tokens[i], tokens)
+        assert train.starts[i] == len(stored[i].prompt)
+        logits = model(mx.array(tokens)[None])[0]
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        best = np.array(mx.argmax(logp, axis=-1))
+        assert np.array_equal(train.law_ids[i][:, 0], best)
+        top = np.array(mx.max(logp, axis=-1))
+        assert np.allclose(train.law_logp[i][:, 0].astype(np.float32), top, atol=2e-2)
+        assert train.features[i].shape == (len(tokens), model.args.hidden_size)
+    held = corpus_completions(model, corpus, "heldout", top_k=4, cache=tmp_path / "c")
+    train_ids = {t.tobytes() for t in train.tokens}
+    assert len(held) == 4 and not any(t.tobytes() in train_ids for t in held.tokens)
+
+
+def test_the_prefill_is_cached_per_shard_and_only_new_shards_run(
+    load_model, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train import corpus_data
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    cache = tmp_path / "cache"
+    first = corpus_data.corpus_completions(model, corpus, "train", cache=cache)
+    runs = []
+    real = corpus_data.teacher_data
+    monkeypatch.setattr(
+        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    again = corpus_data.corpus_completions(model, corpus, "train", cache=cache)
+    assert runs == []
+    assert all(np.array_equal(a, b) for a, b in zip(first.law_ids, again.law_ids))
+    assert again.temps == first.temps and again.prompt_sets == first.prompt_sets
+    # A new shard: only it is prefilled.
+    new = next(corpus.sequences("train"))
+    new.hash += 1
+    corpus.append([new], {})
+    grown_more = corpus_data.corpus_completions(model, corpus, "train", cache=cache)
+    assert len(runs) == 1 and len(grown_more) == len(first) + 1
+    assert np.array_equal(grown_more.law_ids[-1], first.law_ids[0])
+
+
+def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
+    checkpoints, load_model, grown, tmp_path
+):
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = _heldout_marked(grown, tmp_path)
+    base = [
+        "--model",
+        str(checkpoints["llama"]),
+        "--kind",
+        "eagle",
+        "--corpus",
+        str(corpus.folder),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--no-progress",
+    ]
+    first, second = tmp_path / "h1", tmp_path / "h2"
+    assert train_main([*base, "--out", str(first), "--corpus-tokens", "20"]) == 0
+    assert train_main([*base, "--out", str(second), "--init-from", str(first)]) == 0
+    curve = json.loads((second / "config.json").read_text())["data"]["learning_curve"]
+    assert len(curve) == 2
+    assert curve[0]["corpus_tokens"] < curve[1]["corpus_tokens"]
+    assert all("tokens_per_round" in p and "conditional_by_depth" in p for p in curve)
+    card = (second / "README.md").read_text()
+    assert "Learning curve" in card and f"| {curve[1]['corpus_tokens']} |" in card

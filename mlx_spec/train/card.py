@@ -173,6 +173,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         machine = evaluation.get("machine")
         if machine:
             lines += [f"Machine: {machine}.", ""]
+    lines += learning_curve_lines(config.get("data", {}))
     lines += [
         "## Reproduce",
         "",
@@ -226,6 +227,7 @@ def head_card(config: Dict, command: str) -> str:
         "",
         *(f"- {e['step']}: {e.get('tokens_per_round')}" for e in evals),
         "",
+        *learning_curve_lines(data),
         "Command:",
         "",
         "```",
@@ -234,6 +236,38 @@ def head_card(config: Dict, command: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+_CURVE_COLUMNS = (
+    ("alpha", "α"),
+    ("best_tokens_per_forward", "tokens per forward"),
+    ("accept_by_depth", "acceptance by depth"),
+    ("conditional_by_depth", "conditional by depth"),
+    ("tokens_per_round", "τ (chain)"),
+    ("tree_tokens_per_round", "tokens per tree round"),
+)
+
+
+def learning_curve_lines(data: Dict) -> List[str]:
+    """The learning curve across runs: held-out acceptance against corpus tokens."""
+    curve = data.get("learning_curve") or []
+    if not curve:
+        return []
+    columns = [(k, name) for k, name in _CURVE_COLUMNS if any(k in p for p in curve)]
+    lines = [
+        "Learning curve (each run warm-starts from the last; held-out split of the "
+        "corpus, never trained on):",
+        "",
+        "| date | corpus tokens | steps | " + " | ".join(n for _, n in columns) + " |",
+        "|---" * (3 + len(columns)) + "|",
+    ]
+    for p in curve:
+        cells = [str(p.get(k, "")) for k, _ in columns]
+        lines.append(
+            f"| {p.get('date', '')} | {p.get('corpus_tokens', '')} | "
+            f"{p.get('steps', '')} | " + " | ".join(cells) + " |"
+        )
+    return lines + [""]
 
 
 def _head_reads(head: Dict) -> str:

@@ -112,6 +112,26 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "several kinds can share one folder.",
     )
     g.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="Train on a committed corpus (`mlx_spec corpus grow`) instead of new "
+        "completions: its train split trains, its held-out split measures; the "
+        "target's laws and features come from one prefill, cached outside git.",
+    )
+    g.add_argument(
+        "--corpus-tokens",
+        type=int,
+        metavar="N",
+        help="With --corpus: use only its first shards, up to about N completion "
+        "tokens (a point of the learning curve; default: all).",
+    )
+    g.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="With --corpus: where the prefilled laws and features are kept "
+        "(default: $MLX_SPEC_CACHE/corpus, else ~/.cache/mlx_spec/corpus).",
+    )
+    g.add_argument(
         "--data-only",
         action="store_true",
         help="Make (or extend) the completions in OUT/data, then stop.",
@@ -265,6 +285,15 @@ def _check_args(args):
         raise ValueError("--self-instruct must be at least 0.")
     if args.init_from and not Path(args.init_from).is_dir():
         raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
+    if args.corpus and not (Path(args.corpus) / "corpus.json").is_file():
+        raise ValueError(
+            f"--corpus '{args.corpus}' holds no corpus (no corpus.json); grow one "
+            "with mlx_spec corpus grow."
+        )
+    if args.corpus_tokens is not None and not args.corpus:
+        raise ValueError("--corpus-tokens needs --corpus.")
+    if args.corpus_tokens is not None and args.corpus_tokens < 1:
+        raise ValueError("--corpus-tokens must be at least 1.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
     if args.lr is not None and not args.lr > 0:
@@ -472,24 +501,112 @@ def resume_options(args, argv: List[str], model) -> List[str]:
     return words
 
 
-def run(args, argv: List[str]) -> int:
-    _check_args(args)
-    _ints(args.layers, "layers")  # fails before the target loads
-    import mlx.core as mx  # noqa: F401  (after mlx_spec set up BLAS)
+def corpus_stage(args, model, out: Path):
+    """Training data from a corpus (see :mod:`.corpus_data`).
 
+    Returns:
+        ``(train, heldout, data record, held-out prompt ids for the engine)``.
+    """
+    from .corpus import Corpus
+    from .corpus_data import corpus_completions
+
+    corpus = Corpus(args.corpus)
+    if args.kind == "draft":
+        layers = [FINAL]
+    else:
+        layers = H.head_feature_layers(
+            args, args.kind, len(feature_owner(model).layers)
+        )
+    options = dict(feature_layers=layers, top_k=args.top_k, cache=args.cache, log=_log)
+    train = corpus_completions(
+        model, corpus, "train", max_tokens=args.corpus_tokens, **options
+    )
+    heldout = corpus_completions(model, corpus, "heldout", **options)
+    if not len(train) or not len(heldout):
+        raise ValueError(
+            f"the corpus in '{args.corpus}' has {len(train)} training and "
+            f"{len(heldout)} held-out sequences; grow it until it has both."
+        )
+    _log(
+        f"corpus: {len(train)} train ({train.completion_tokens} tokens), "
+        f"{len(heldout)} held out ({heldout.completion_tokens} tokens)"
+    )
+    record = {
+        "corpus": Path(args.corpus).name,
+        "train_prompts": len(train),
+        "train_sets": _counts(train.prompt_sets),
+        "train_prompt_tokens": train.prompt_tokens,
+        "train_completion_tokens": train.completion_tokens,
+        "heldout_prompts": len(heldout),
+        "heldout_completion_tokens": heldout.completion_tokens,
+        "top_k": args.top_k,
+        "learning_curve": prior_curve(args, out),
+    }
+    chat = [
+        t[:s].tolist()
+        for t, s, p in zip(heldout.tokens, heldout.starts, heldout.prompt_sets)
+        if p in ("chat", "long", "self")
+    ] or [t[:s].tolist() for t, s in zip(heldout.tokens, heldout.starts)]
+    return train, heldout, record, chat
+
+
+def _counts(names) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for n in names:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def prior_curve(args, out: Path) -> List[Dict]:
+    """The learning curve so far: that of ``--init-from``, else of ``--out``'s drafter."""
+    for folder in (args.init_from, out):
+        path = Path(folder) / "config.json" if folder else None
+        if path is not None and path.is_file():
+            try:
+                config = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                continue
+            return list(config.get("data", {}).get("learning_curve", []))
+    return []
+
+
+def learning_point(kind: str, record: Dict, last_eval: Dict, steps: int) -> Dict:
+    """One point of the learning curve: corpus tokens trained on, held-out acceptance."""
+    point = {
+        "corpus_tokens": record["train_completion_tokens"],
+        "heldout_tokens": record["heldout_completion_tokens"],
+        "steps": steps,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    names = {
+        "draft": ("alpha", "best_tokens_per_forward", "best_gamma"),
+        "eagle": ("accept_by_depth", "conditional_by_depth", "tokens_per_round"),
+        "medusa": ("tree_tokens_per_round",),
+    }[kind]
+    point.update({n: last_eval[n] for n in names if n in last_eval})
+    return point
+
+
+def add_learning_point(out: Path, point: Dict):
+    """Append ``point`` to the learning curve in ``OUT/config.json``."""
+    from ..drafters.heads import CONFIG_FILE
+
+    path = out / CONFIG_FILE
+    config = json.loads(path.read_text(encoding="utf-8"))
+    data = config.setdefault("data", {})
+    data["learning_curve"] = list(data.get("learning_curve", [])) + [point]
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def completions_stage(args, model, tokenizer, data_dir: Path, timing: Dict):
+    """Stages 1-2: prompts and the target's completions (with laws and features).
+
+    Returns:
+        ``(train, heldout, data record, held-out prompt ids for the engine)``.
+    """
     from ..fingerprint import model_fingerprint
-    from ..loading import load_model
 
-    model, tokenizer = load_model(args.model, "model")
-    out = Path(args.out)
-    restored = resume_options(args, argv, model)
-    if restored:
-        argv = [*argv, *restored]  # the card's command reproduces the run
-        _log(f"options of the checkpoint in {out} kept: {' '.join(restored)}")
-    layers = draft_layers(args, len(model.layers))
-    data_dir = Path(args.data) if args.data else out / "data"
     progress = not args.no_progress
-    timing: Dict[str, Dict] = {}
     train_prompts, heldout_prompts = choose_prompts(args)
     if args.self_instruct:
         from .self_instruct import self_instruct_prompts
@@ -559,11 +676,37 @@ def run(args, argv: List[str]) -> int:
         "prompt_file": os.path.basename(args.prompts) if args.prompts else None,
         "self_instruct": args.self_instruct,
     }
+    return train, heldout, data_record, eval_prompt_ids(tokenizer, heldout_prompts)
+
+
+def run(args, argv: List[str]) -> int:
+    _check_args(args)
+    _ints(args.layers, "layers")  # fails before the target loads
+    import mlx.core as mx  # noqa: F401  (after mlx_spec set up BLAS)
+
+    from ..loading import load_model
+
+    model, tokenizer = load_model(args.model, "model")
+    out = Path(args.out)
+    restored = resume_options(args, argv, model)
+    if restored:
+        argv = [*argv, *restored]  # the card's command reproduces the run
+        _log(f"options of the checkpoint in {out} kept: {' '.join(restored)}")
+    layers = draft_layers(args, len(model.layers))
+    data_dir = Path(args.data) if args.data else out / "data"
+    progress = not args.no_progress
+    timing: Dict[str, Dict] = {}
+    if args.corpus:
+        train, heldout, data_record, eval_ids = corpus_stage(args, model, out)
+    else:
+        train, heldout, data_record, eval_ids = completions_stage(
+            args, model, tokenizer, data_dir, timing
+        )
     if args.data_only:
         return 0
     if args.kind != "draft":
         info = {**data_record, "model": args.model}
-        H.run_head_training(
+        trainer = H.run_head_training(
             args,
             args.kind,
             model,
@@ -573,6 +716,12 @@ def run(args, argv: List[str]) -> int:
             data_info=info,
             log=_log,
         )
+        if args.corpus and trainer.evals:
+            point = learning_point(
+                args.kind, data_record, trainer.evals[-1], trainer.step
+            )
+            add_learning_point(out, point)
+            H.write_card(out, command_line(argv))
         return 0
 
     # Stage 3: training (resumed from the last checkpoint).
@@ -612,10 +761,14 @@ def run(args, argv: List[str]) -> int:
     evaluation = None
     if not args.skip_eval:
         tic, cpu = time.perf_counter(), _cpu_seconds()
-        evaluation = measure(args, model, tokenizer, out, heldout_prompts)
+        evaluation = measure(args, model, tokenizer, out, eval_ids)
         timing["eval"] = _stage(tic, cpu)
-    write_card(out, extra, evaluation, timing)
     last = trainer.evals[-1] if trainer.evals else {}
+    if args.corpus and last:
+        add_learning_point(
+            out, learning_point("draft", data_record, last, trainer.step)
+        )
+    write_card(out, extra, evaluation, timing)
     _log(
         f"done: {out} (held-out α {last.get('alpha')}, best tokens/forward "
         f"{last.get('best_tokens_per_forward')} at γ {last.get('best_gamma')})"
@@ -633,16 +786,21 @@ def _stage(tic: float, cpu: float) -> Dict:
     }
 
 
-def measure(args, model, tokenizer, out: Path, heldout_prompts) -> Dict:
+def eval_prompt_ids(tokenizer, heldout_prompts) -> List[List[int]]:
+    """Token ids of the held-out chat prompts (all held-out prompts if none is chat)."""
+    chat = [p for p in heldout_prompts if p.prompt_set == "chat"] or list(
+        heldout_prompts
+    )
+    return [C.encode_prompt(tokenizer, p) for p in chat]
+
+
+def measure(args, model, tokenizer, out: Path, eval_ids: List[List[int]]) -> Dict:
     """Acceptance, speed ratio and end-to-end speed-up with the engine (held-out chat)."""
     from ..drafters.distilled import load_draft
     from .evaluate import end_to_end, engine_acceptance, step_time_ratio
 
     draft = load_draft(out, model)
-    chat = [p for p in heldout_prompts if p.prompt_set == "chat"] or list(
-        heldout_prompts
-    )
-    ids = [C.encode_prompt(tokenizer, p) for p in chat[: args.eval_prompts]]
+    ids = eval_ids[: args.eval_prompts]
     gammas = _ints(args.eval_gammas, "eval-gammas")
     _log(f"measuring with the engine on {len(ids)} held-out chat prompts")
     greedy = engine_acceptance(

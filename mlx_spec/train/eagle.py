@@ -271,8 +271,12 @@ def summarize_acceptance(runs: np.ndarray) -> Dict[str, object]:
     if runs.size == 0:
         return {"rounds": 0, "accept_by_depth": [], "tokens_per_round": 1.0}
     by_depth = runs.mean(axis=0)
+    # P(depth d accepted | depth d - 1 accepted): what each extra step adds.
+    reached = np.concatenate([[1.0], by_depth[:-1]])
+    conditional = np.where(reached > 0, by_depth / np.maximum(reached, 1e-12), 0.0)
     return {
         "rounds": int(runs.shape[0]),
         "accept_by_depth": [round(float(a), 4) for a in by_depth],
+        "conditional_by_depth": [round(float(a), 4) for a in conditional],
         "tokens_per_round": round(1.0 + float(runs.sum(axis=1).mean()), 4),
     }

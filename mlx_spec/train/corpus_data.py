@@ -1,0 +1,141 @@
+"""Training data from a corpus: its ids, and what one batched prefill derives from them.
+
+The corpus (:mod:`mlx_spec.train.corpus`) keeps token ids only. The target's
+top-K laws (the soft labels) and its features (what heads read) at every
+position come from one teacher-forced, batched forward over the stored
+sequences (:func:`mlx_spec.train.head_data.teacher_data`), never from
+decoding again. They are cached outside git, one file per shard, split and
+setting, in ``$MLX_SPEC_CACHE/corpus`` (default ``~/.cache/mlx_spec``): a shard
+is never rewritten, so its file stays valid, and a grown corpus only costs
+the prefill of its new shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence
+
+from .completions import Completions
+from .corpus import Corpus
+from .head_data import DEFAULT_TEACHER_TOP_K, HeadData, teacher_data
+
+CACHE_FOLDER = "corpus"
+
+
+def default_cache() -> Path:
+    from ..home import cache_dir
+
+    return cache_dir() / CACHE_FOLDER
+
+
+def _key(target: Dict, shard: Path, split: str, layers, top_k: int) -> str:
+    """Names the derived data: target, shard contents, split and settings."""
+    h = hashlib.sha256(json.dumps(target.get("stats", []), sort_keys=True).encode())
+    h.update(shard.read_bytes())
+    h.update(json.dumps([split, list(layers), top_k]).encode())
+    return h.hexdigest()[:24]
+
+
+def corpus_completions(
+    model,
+    corpus: Corpus,
+    split: str,
+    *,
+    feature_layers: Sequence[int] = (-1,),
+    top_k: int = DEFAULT_TEACHER_TOP_K,
+    cache: Optional[Path] = None,
+    max_tokens: Optional[int] = None,
+    log: Optional[Callable[[str], None]] = None,
+) -> Completions:
+    """A split of the corpus as :class:`Completions` with the target's laws and features.
+
+    Args:
+        model: The target (its fingerprint must match the corpus's).
+        corpus: The corpus.
+        split: ``"train"`` or ``"heldout"``.
+        feature_layers: Features kept at every position.
+        top_k: Size of the kept top of each law.
+        cache: Folder of the derived data. Default: :func:`default_cache`.
+        max_tokens: Use only the first shards, up to about this many
+          completion tokens (``None``: all).
+        log: Called with one line when a prefill runs.
+
+    Returns:
+        The split's sequences, in shard order.
+    """
+    from ..fingerprint import fingerprint_mismatch
+
+    manifest = corpus.manifest()
+    if manifest is None:
+        raise ValueError(f"'{corpus.folder}' holds no corpus (no corpus.json).")
+    why = fingerprint_mismatch(manifest["target"], model)
+    if why:
+        raise ValueError(
+            f"the corpus in '{corpus.folder}' was written by another target ({why})."
+        )
+    folder = Path(cache) if cache else default_cache()
+    folder.mkdir(parents=True, exist_ok=True)
+    data = Completions(features=[], feature_layers=tuple(feature_layers))
+    made = 0
+    for path in corpus.shard_paths():
+        if max_tokens is not None and made >= max_tokens:
+            break
+        key = _key(manifest["target"], path, split, feature_layers, top_k)
+        cached = folder / f"{path.name.split('.')[0]}-{split}-{key}.npz"
+        if cached.exists():
+            part = HeadData.load(cached)
+            temps, sets = _columns(path, split)
+        else:
+            records = [
+                r for r in _read(path).sequences() if r.heldout == (split == "heldout")
+            ]
+            if not records:
+                continue
+            temps = [r.temp for r in records]
+            sets = [r.prompt_set for r in records]
+            part = teacher_data(
+                model,
+                [r.tokens.tolist() for r in records],
+                [len(r.prompt) for r in records],
+                feature_layers=feature_layers,
+                top_k=top_k,
+            )
+            tmp = cached.with_name(f".{cached.stem}.tmp.npz")
+            part.save(tmp)
+            tmp.replace(cached)
+            if log is not None:
+                log(f"prefilled {path.name} ({split}): {part.num_tokens} tokens")
+        for i in range(len(part)):
+            data.tokens.append(part.tokens[i])
+            data.starts.append(part.starts[i])
+            data.law_ids.append(part.teacher_ids[i])
+            data.law_logp.append(part.teacher_logp[i])
+            data.features.append(part.features[i])
+            data.temps.append(temps[i])
+            data.prompt_sets.append(sets[i])
+            made += len(part.tokens[i]) - part.starts[i]
+    return data
+
+
+def _read(path: Path):
+    from .corpus import read_shard
+
+    return read_shard(path)
+
+
+def _columns(path: Path, split: str):
+    """Temperatures and prompt sets of a shard's sequences of ``split``."""
+    shard = _read(path)
+    keep = shard.heldout == (split == "heldout")
+    temps = [round(float(t), 6) for t in shard.temps[keep]]
+    return temps, [str(s) for s in shard.prompt_sets[keep]]
+
+
+def corpus_tokens(corpus: Corpus, split: str = "train") -> int:
+    """Completion tokens of a split: the x axis of a learning curve."""
+    return sum(
+        int(s.completion_lengths[s.heldout == (split == "heldout")].sum())
+        for s in corpus.shards()
+    )
