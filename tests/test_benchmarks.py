@@ -293,7 +293,9 @@ def test_calibration_and_bare_fit_are_recorded(quick_results):
     _, results = quick_results
     assert set(results["overhead_calibration"]) == {"0", "0.7"}
     fit = results["bare_forward_fit"]["target"]
-    assert fit["a_s"] > 0 and fit["b_s_per_token"] >= 0
+    # A fit of wall times: its intercept may come out just below zero on a
+    # busy machine, so only the slope's sign is the fit's own (fit_linear).
+    assert _is_number(fit["a_s"]) and fit["b_s_per_token"] >= 0
     assert results["bare_forward_samples_s"]["target"]["1"]
     plain = [r for r in results["rows"] if r["method"] == "mlx_lm"]
     assert all(r["overhead"] is None or _is_number(r["overhead"]) for r in plain)
