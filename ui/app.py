@@ -17,7 +17,12 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
+from mlx_spec.config import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    METHODS,
+    SpecConfig,
+    check_generation_options,
+)
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 from mlx_spec.loading import check_draft_given, check_not_a_drafter, default_model_pair
 from mlx_spec.options import one_line_errors
@@ -111,6 +116,15 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help=f"Max tokens to start with (default: {DEFAULT_MAX_TOKENS}).",
     )
     parser.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=None,
+        help="Prompt tokens per prefill chunk (default: the engine's, 512). Stop and "
+        "other users' requests get the model between chunks: a smaller chunk "
+        "answers them sooner on a slow machine and reads long prompts a little "
+        "slower.",
+    )
+    parser.add_argument(
         "--no-preload",
         action="store_true",
         help="Load the models on the first request instead of at start-up.",
@@ -137,6 +151,8 @@ def check_start_values(args) -> None:
             f"--max-tokens={args.max_tokens} is out of range: 1 to {MAX_UI_TOKENS}."
         )
     SpecConfig(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
+    if args.prefill_step_size is not None:
+        check_generation_options(prefill_step_size=args.prefill_step_size)
     if args.model is not None:
         check_not_a_drafter(args.model, "model")
 
@@ -172,6 +188,7 @@ def main(argv=None):
             num_draft_tokens=args.num_draft_tokens,
             max_tokens=args.max_tokens,
         )
+        app.prefill_step_size = args.prefill_step_size
         check_draft_given(args.speculative, app.default_draft)
         if not args.no_preload:
             print("Loading the models...", file=sys.stderr)

@@ -19,12 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import gradio as gr
 from mlx.utils import tree_flatten
 
-from mlx_spec.config import (
-    DEFAULT_NUM_DRAFT_TOKENS,
-    DEFAULT_TREE_BUDGET,
-    METHODS,
-    SpecConfig,
-)
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 from mlx_spec.loading import METHOD_KINDS, drafter_kind
 
@@ -34,6 +29,7 @@ from .layout import (
     CHAT_PROMPT,
     COMPLETION_EXAMPLES,
     COMPLETION_PROMPT,
+    SPEC_DEFAULTS,
     PageRequest,
     lane_head,
 )
@@ -657,13 +653,13 @@ class App:
         draft_model: str = "",
         method: str = DEFAULT_METHOD,
         num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-        temp: float = 0.0,
-        top_p: float = 1.0,
+        temp: float = SPEC_DEFAULTS["temp"],
+        top_p: float = SPEC_DEFAULTS["top_p"],
         max_tokens: int = DEFAULT_MAX_TOKENS,
         seed: Optional[int] = None,
         raw: bool = False,
-        tree_budget: int = DEFAULT_TREE_BUDGET,
-        adaptive: bool = False,
+        tree_budget: int = SPEC_DEFAULTS["tree_budget"],
+        adaptive: bool = SPEC_DEFAULTS["adaptive"],
         system_prompt: str = "",
     ) -> Dict[str, Any]:
         """Generate a complete reply; returns {"text", "finish_reason", "stats"}.

@@ -13,10 +13,13 @@ from typing import Any, Callable, Dict
 
 import gradio as gr
 
-from mlx_spec.config import DEFAULT_TREE_BUDGET, METHODS
+from mlx_spec.config import METHODS, SpecConfig
 
 from . import render
 from .session import NO_DRAFT, known_models
+
+# The settings' starting values: SpecConfig's own defaults, declared once there.
+SPEC_DEFAULTS = {f.name: f.default for f in fields(SpecConfig)}
 
 METHOD_LABELS = {
     "none": "none (plain decoding)",
@@ -356,24 +359,30 @@ def build(app) -> gr.Blocks:
                     tree_budget = gr.Slider(
                         1,
                         64,
-                        value=DEFAULT_TREE_BUDGET,
+                        value=SPEC_DEFAULTS["tree_budget"],
                         step=1,
                         label="Tree budget (nodes per round)",
                         visible=app.default_method == "tree",
                     )
                     adaptive = gr.Checkbox(
-                        False,
+                        SPEC_DEFAULTS["adaptive"],
                         label="Adaptive: choose the draft length or tree size per round",
                     )
                     temp = gr.Slider(
                         0.0,
                         2.0,
-                        value=0.0,
+                        value=SPEC_DEFAULTS["temp"],
                         step=0.05,
                         label="Temperature",
                         info="0 is greedy",
                     )
-                    top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                    top_p = gr.Slider(
+                        0.05,
+                        1.0,
+                        value=SPEC_DEFAULTS["top_p"],
+                        step=0.05,
+                        label="Top-p",
+                    )
                     with gr.Row():
                         max_tokens = gr.Number(
                             app.default_max_tokens,
