@@ -137,27 +137,24 @@ def test_doctor_in_process(capsys):
         assert key in out
 
 
-def test_python_m_mlx_spec_doctor_preloads_blas_first():
-    # -W error: the "mlx was imported before mlx_spec" warning would fail it.
+def _run_with_blas_warnings_as_errors(*args: str) -> subprocess.CompletedProcess:
+    """``python -W error::RuntimeWarning ARGS`` in the checkout: the "mlx was
+    imported before mlx_spec" warning fails it."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-W",
-            "error::RuntimeWarning",
-            "-m",
-            "mlx_spec",
-            "doctor",
-            "--size",
-            "256",
-            "--reps",
-            "2",
-        ],
+    env.pop("LD_PRELOAD", None)
+    return subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", *args],
         capture_output=True,
         text=True,
         env=env,
         cwd=REPO,
         timeout=120,
+    )
+
+
+def test_python_m_mlx_spec_doctor_preloads_blas_first():
+    result = _run_with_blas_warnings_as_errors(
+        "-m", "mlx_spec", "doctor", "--size", "256", "--reps", "2"
     )
     assert result.returncode == 0, result.stderr
     assert "GFLOP/s" in result.stdout
@@ -290,20 +287,10 @@ def test_one_line_errors_reach_subcommands_added_later(capsys):
     "module", ["mlx_spec.bench.run", "mlx_spec.train.cli", "ui.session"]
 )
 def test_importing_any_entry_module_first_loads_openblas_before_mlx(module):
-    # -W error: the "mlx was imported before mlx_spec" warning would fail it.
     code = (
         f"import {module}; from mlx_spec._blas import blas_in_use; print(blas_in_use())"
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    env.pop("LD_PRELOAD", None)
-    result = subprocess.run(
-        [sys.executable, "-W", "error::RuntimeWarning", "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
+    result = _run_with_blas_warnings_as_errors("-c", code)
     assert result.returncode == 0, result.stderr
     if sys.platform.startswith("linux"):
         assert result.stdout.strip() == "OpenBLAS"
