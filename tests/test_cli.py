@@ -284,7 +284,13 @@ def test_one_line_errors_reach_subcommands_added_later(capsys):
 
 
 @pytest.mark.parametrize(
-    "module", ["mlx_spec.bench.run", "mlx_spec.train.cli", "ui.session"]
+    "module",
+    [
+        "mlx_spec.bench.run",
+        "mlx_spec.train.cli",
+        "mlx_spec.train.corpus_cli",
+        "ui.session",
+    ],
 )
 def test_importing_any_entry_module_first_loads_openblas_before_mlx(module):
     code = (

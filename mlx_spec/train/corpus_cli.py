@@ -256,8 +256,6 @@ def card_text(summary: Dict, manifest: Dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``mlx_spec corpus``."""
-    import mlx_spec  # noqa: F401  (OpenBLAS before mlx.core)
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = setup_arg_parser().parse_args(argv)
     try:
