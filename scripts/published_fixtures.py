@@ -23,6 +23,9 @@ in ``<variant>.io.safetensors`` beside its folder:
 
 SpecForge-format and DFlash-authors-format folders hold the same reference
 weights under those formats' names and configs (neither package is on PyPI).
+With ``--eagle-source DIR`` (the ``eagle/model`` folder of a checkout of the
+EAGLE authors' repository) it also builds original EAGLE-1/2 heads with
+their ``cnets1.Model`` and records their outputs and chained drafts.
 With ``--check-export DIR`` it instead loads an EAGLE-3 head exported by
 mlx-spec into ``Eagle3DraftModel`` and compares its step logits with the
 ``DIR.io.safetensors`` mlx-spec wrote beside it.
@@ -267,7 +270,62 @@ def dflash_variant(out: Path, name: str, seed: int, draft_vocab: int, authors: b
     )
 
 
-def build(out: Path):
+def eagle1_variant(out: Path, name: str, seed: int, source: Path, **options):
+    """An original EAGLE-1/2 head, built with the EAGLE authors' ``cnets1.Model``."""
+    sys.path.insert(0, str(source))
+    import cnets1
+    import configs
+
+    config = configs.EConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=options.get("num_layers", 1),
+        vocab_size=VOCAB,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=256,
+    )
+    # transformers 5 fills rope_scaling with its rope_parameters; the
+    # authors' code reads the transformers 4 field (None: plain rope).
+    config.rope_scaling = None
+    if options.get("qkv_bias"):
+        config.qkv_bias = True
+    model = cnets1.Model(config, bias=True).eval()
+    _randomize(model, seed)
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    config.to_json_file(str(folder / "config.json"))
+    gen = torch.Generator().manual_seed(seed + 1)
+    lm_head = 0.3 * torch.randn(VOCAB, HIDDEN, generator=gen)  # the target's
+    hidden = torch.randn(1, TOKENS, HIDDEN, generator=gen)
+    ids = torch.randint(0, VOCAB, (1, TOKENS), generator=gen)
+    chain = torch.randint(0, VOCAB, (STEPS - 1,), generator=gen)
+    with torch.no_grad():
+        out_hidden, past = model(hidden, input_ids=ids, use_cache=True)
+        h, steps = out_hidden[:, -1:], []
+        for token in chain:  # the authors' chained drafting from the last pair
+            h, past = model(
+                h, input_ids=token.view(1, 1), past_key_values=past, use_cache=True
+            )
+            steps.append(h[0, -1] @ lm_head.T)
+    save_file(
+        {
+            "hidden_states": hidden[0].contiguous(),
+            "input_ids": ids[0].to(torch.int32).contiguous(),
+            "logits": (out_hidden[0] @ lm_head.T).contiguous(),
+            "chain_tokens": chain.to(torch.int32).contiguous(),
+            "chain_logits": torch.stack(steps).contiguous(),
+            "verifier_embed": model.embed_tokens.weight.detach().contiguous(),
+            "verifier_lm_head": lm_head.contiguous(),
+        },
+        str(io_path(folder)),
+    )
+
+
+def build(out: Path, eagle_source=None):
     out.mkdir(parents=True, exist_ok=True)
     model, folder = eagle3_variant(out, "eagle3-llama-d2t", 1, "llama")
     specforge_copy(model, folder, out / "specforge-llama")
@@ -310,6 +368,16 @@ def build(out: Path):
     )
     dflash_variant(out, "speculators-dflash-d2t", 5, DRAFT_VOCAB, authors=False)
     dflash_variant(out, "dflash-authors", 6, VOCAB, authors=True)
+    if eagle_source is not None:
+        eagle1_variant(out, "eagle-authors", 7, eagle_source)
+        eagle1_variant(
+            out,
+            "eagle-authors-two-layers-qkv-bias",
+            8,
+            eagle_source,
+            num_layers=2,
+            qkv_bias=True,
+        )
 
 
 def check_export(folder: Path) -> float:
@@ -350,12 +418,18 @@ def main(argv=None):
         action="store_true",
         help="treat OUT as an EAGLE-3 head exported by mlx-spec and check it",
     )
+    parser.add_argument(
+        "--eagle-source",
+        type=Path,
+        help="the EAGLE authors' eagle/model folder (with cnets1.py), for "
+        "the EAGLE-1/2 fixtures",
+    )
     args = parser.parse_args(argv)
     if args.check_export:
         diff = check_export(args.out)
         print(f"exported head: max relative logit difference {diff:.2e}")
         sys.exit(0 if diff < 1e-4 else 1)
-    build(args.out)
+    build(args.out, args.eagle_source)
     total = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"wrote {args.out} ({total / 1024:.0f} KB)")
 

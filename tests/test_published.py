@@ -32,6 +32,7 @@ from mlx_spec.drafters.published import (
 from mlx_spec.drafters.published.dflash import DFlashDraft
 from mlx_spec.drafters.published.export import (
     random_dflash,
+    random_eagle1,
     random_eagle3,
     save_speculators_eagle3,
 )
@@ -48,6 +49,7 @@ EAGLE3 = {
     "eagle3-llama3-rope-norm-before-fc": "speculators-eagle3",
 }
 DFLASH = {"speculators-dflash-d2t": "speculators-dflash", "dflash-authors": "dflash"}
+EAGLE1 = {"eagle-authors": "eagle", "eagle-authors-two-layers-qkv-bias": "eagle"}
 TOLERANCE = 1e-4
 
 
@@ -91,11 +93,15 @@ def fixture_target():
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("name", [*EAGLE3, *DFLASH])
+@pytest.mark.parametrize("name", [*EAGLE3, *DFLASH, *EAGLE1])
 def test_each_format_is_detected(name):
-    fmt = {**EAGLE3, **DFLASH}[name]
+    fmt = {**EAGLE3, **DFLASH, **EAGLE1}[name]
     assert published_format(FIXTURES / name) == fmt
-    assert published_kind(FIXTURES / name) == ("eagle" if name in EAGLE3 else "dflash")
+    assert published_kind(FIXTURES / name) == ("dflash" if name in DFLASH else "eagle")
+
+
+def test_a_plain_llama_checkpoint_is_no_published_drafter(checkpoints):
+    assert published_format(checkpoints["llama"]) is None
 
 
 def _chain_logits(head, io, pos: int, steps: int):
@@ -151,6 +157,24 @@ def test_eagle3_tree_levels_match_the_reference_steps(fixture_target):
     fed = fed.grow(mx.array([int(ids[pos + 2])]), mx.array([0]))
     level = drafter._level_logprobs(fed, 2)
     assert _relative(level[0], normalize(ref[2, pos][None])[0]) < TOLERANCE
+
+
+@pytest.mark.parametrize("name", EAGLE1)
+def test_original_eagle_heads_match_the_authors_code(name):
+    """Every pair's logits (through the target's output layer) and a two-step
+    chain from the last pair equal those of the authors' ``cnets1.Model``
+    (one layer; two layers with q/k/v biases)."""
+    io = _io(name)
+    head = load_published(FIXTURES / name, _fixture_target(io))
+    context = EagleContext(head)
+    out = context.feed(io["hidden_states"], io["input_ids"], None)
+    context.fed = out.shape[1]
+    assert _relative(head.vocab.small_logits(out[0]), io["logits"]) < TOLERANCE
+    g = out[:, -1:]
+    for k, token in enumerate(io["chain_tokens"]):
+        g = context.step(g, token.astype(mx.uint32), context.fed + k)
+        got = head.vocab.small_logits(g.reshape(1, -1))[0]
+        assert _relative(got, io["chain_logits"][k]) < TOLERANCE, (name, k)
 
 
 @pytest.mark.parametrize("name", DFLASH)
@@ -246,35 +270,49 @@ def imported(tiny, tmp_path_factory):
         random_eagle3(tiny, root / "eagle3", seed=2, ids=[1, 3, 4, 6]), tiny
     )
     dflash = load_published(random_dflash(tiny, root / "dflash", seed=3), tiny)
-    return {"eagle": eagle, "dflash": dflash}
+    eagle1 = load_published(random_eagle1(tiny, root / "eagle1", seed=6), tiny)
+    return {"eagle": eagle, "dflash": dflash, "eagle1": eagle1}
 
 
 @pytest.mark.parametrize(
-    "method", ["eagle", "eagle-chain", "auto", "dflash", "auto-dflash"]
+    "method, kind",
+    [
+        ("eagle", "eagle"),
+        ("eagle-chain", "eagle"),
+        ("auto", "eagle"),
+        ("dflash", "dflash"),
+        ("auto", "dflash"),
+        ("eagle", "eagle1"),
+        ("eagle-chain", "eagle1"),
+    ],
 )
-def test_imported_heads_decode_greedy_exactly(tiny, imported, method):
-    head = imported["dflash" if "dflash" in method else "eagle"]
-    config = SpecConfig(
-        method=method.removesuffix("-dflash"), max_tokens=40, adaptive=False
-    )
+def test_imported_heads_decode_greedy_exactly(tiny, imported, method, kind):
+    config = SpecConfig(method=method, max_tokens=40, adaptive=False)
     stats = SpecStats()
     events = speculative_events(
-        mx.array(PROMPT), tiny, head, config=config, stats=stats
+        mx.array(PROMPT), tiny, imported[kind], config=config, stats=stats
     )
     assert [e.token for e in events] == greedy_continuation(tiny, PROMPT, 40)[0]
     assert stats.accepted_tokens > 0
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-chain", "dflash"])
-def test_imported_heads_sample_the_exact_law(tiny, imported, method):
+@pytest.mark.parametrize(
+    "method, kind",
+    [
+        ("eagle", "eagle"),
+        ("eagle-chain", "eagle"),
+        ("dflash", "dflash"),
+        ("eagle-chain", "eagle1"),
+    ],
+)
+def test_imported_heads_sample_the_exact_law(tiny, imported, method, kind):
     """The first three sampled tokens follow the target's joint law: ``eagle-chain``
-    and ``dflash`` rejection-sample on the head's own laws, ``eagle`` proposes top-k trees.
-    """
-    head = imported["dflash" if method == "dflash" else "eagle"]
+    and ``dflash`` rejection-sample on the head's own laws, ``eagle`` proposes
+    top-k trees (EAGLE-3 heads with a draft vocabulary, DFlash, original EAGLE)."""
     config = SpecConfig(
         method=method, max_tokens=3, temp=1.0, adaptive=False, tree_budget=6
     )
-    counts, accepted = _sampled_openings(tiny, head, config, seed=11)
+    counts, accepted = _sampled_openings(tiny, imported[kind], config, seed=11)
     assert accepted > 200 // 4
     assert_counts_follow_law(counts, _exact_law_of_three(tiny, 1.0).reshape(-1))
 

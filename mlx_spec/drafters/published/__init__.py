@@ -8,9 +8,11 @@ Formats (detected from ``config.json``, see :func:`published_format`):
   the layer in the top-level config, weights under ``midlayer.``);
 - ``speculators-dflash``: speculators' DFlash (``speculators_model_type:
   dflash``);
-- ``dflash``: the DFlash authors' (``DFlashDraftModel`` with ``dflash_config``).
+- ``dflash``: the DFlash authors' (``DFlashDraftModel`` with ``dflash_config``);
+- ``eagle``: the EAGLE authors' original EAGLE-1/2 heads (a llama config, and
+  weights with a ``2 H``-wide ``fc`` and no ``model.`` prefix).
 
-EAGLE-3 heads load as ``eagle`` heads (the EAGLE drafter's chains and
+EAGLE-3 and EAGLE-1/2 heads load as ``eagle`` heads (the EAGLE drafter's chains and
 trees), DFlash drafters as ``dflash``. Target layer ids are read in each
 format's convention and turned into the target blocks whose outputs are
 captured (:mod:`mlx_spec.features`). A head whose target does not match
@@ -27,8 +29,8 @@ from typing import Dict, List, Optional, Tuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...features import feature_owner
-from ..heads import LoadedHead
+from ...features import FINAL, feature_owner
+from ..heads import DraftVocab, LoadedHead
 from ..storage import (
     activation_dtype,
     block_quantization,
@@ -38,15 +40,17 @@ from ..storage import (
     quantize_linears,
 )
 from .dflash import DFlashDraft, DFlashHead
+from .eagle1 import Eagle1Head
 from .eagle3 import Eagle3Head, OwnVocab
 from .layers import LayerShape, layer_shape
 
-FORMATS = ("speculators-eagle3", "eagle3", "speculators-dflash", "dflash")
+FORMATS = ("speculators-eagle3", "eagle3", "speculators-dflash", "dflash", "eagle")
 KIND_OF_FORMAT = {
     "speculators-eagle3": "eagle",
     "eagle3": "eagle",
     "speculators-dflash": "dflash",
     "dflash": "dflash",
+    "eagle": "eagle",
 }
 
 
@@ -76,10 +80,42 @@ def format_of_config(config: Dict) -> Optional[str]:
     return None
 
 
+def tensor_names(path) -> List[str]:
+    """Names of the tensors in a folder's safetensors files, from their headers only."""
+    names: List[str] = []
+    for file in sorted(Path(path).expanduser().glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size)) if 0 < size < 1 << 26 else {}
+        except (OSError, ValueError):
+            continue
+        names.extend(k for k in header if k != "__metadata__")
+    return names
+
+
+def _is_eagle1(config: Dict, path) -> bool:
+    """A llama config over an EAGLE-1/2 head's weights (``fc``, bare ``layers.``)."""
+    if config.get("model_type") != "llama":
+        return False
+    names = set(tensor_names(path))
+    foreign = ("model.", "midlayer.")
+    return (
+        "fc.weight" in names
+        and any(n.startswith("layers.0.") for n in names)
+        and not any(n.startswith(foreign) or "hidden_norm" in n for n in names)
+    )
+
+
 def published_format(path) -> Optional[str]:
     """The published format of the folder ``path`` (one of :data:`FORMATS`), or ``None``."""
     config = _read_config(path) if path else None
-    return None if config is None else format_of_config(config)
+    if config is None:
+        return None
+    fmt = format_of_config(config)
+    if fmt is None and _is_eagle1(config, path):
+        fmt = "eagle"
+    return fmt
 
 
 def published_kind(path) -> Optional[str]:
@@ -114,6 +150,19 @@ def describe(config: Dict, fmt: str, num_target_layers: int, where: str):
     ``num_target_layers`` resolves default layer ids (a config may leave them
     to the target, as speculators does).
     """
+    if fmt == "eagle":
+        shape = layer_shape(config, where)
+        args = SimpleNamespace(
+            shape=shape,
+            target_hidden_size=shape.hidden_size,
+            num_aux=1,
+            layer_ids=["final"],
+            feature_layers=[FINAL],
+            fc_bias=True,
+            qkv_bias=bool(config.get("qkv_bias", False)),
+            own_embedding=False,
+        )
+        return "eagle1", args
     if fmt in ("speculators-eagle3", "speculators-dflash"):
         layer_config = config.get("transformer_layer_config")
         if not isinstance(layer_config, dict):
@@ -263,7 +312,7 @@ def target_mismatch(
         return (
             f"its vocabulary has {args.shape.vocab_size} tokens, the target's {vocab}"
         )
-    bad = [i for i in args.feature_layers if not 0 <= i < count]
+    bad = [i for i in args.feature_layers if not (0 <= i < count or i == FINAL)]
     if bad:
         return (
             f"it reads target layers {args.layer_ids}, beyond the target's {count} "
@@ -306,7 +355,7 @@ def load_published(path, target: nn.Module, vocab_size: Optional[int] = None):
     path = Path(path).expanduser()
     where = str(path)
     config = _read_config(path)
-    fmt = None if config is None else format_of_config(config)
+    fmt = published_format(path)
     if fmt is None:
         raise ValueError(
             f"'{where}' holds no published drafter ({', '.join(FORMATS)})."
@@ -320,14 +369,17 @@ def load_published(path, target: nn.Module, vocab_size: Optional[int] = None):
             f"the {fmt} drafter in '{where}' does not fit this target: {reason}."
         )
     weights = read_weights(path)
-    size = args.draft_vocab_size or args.shape.vocab_size
+    size = getattr(args, "draft_vocab_size", None) or args.shape.vocab_size
     ids = draft_ids(weights, size, where)
     args.own_embedding = "embed_tokens.weight" in weights
     for unused in ("verifier_lm_head.weight", "verifier_norm.weight"):
         weights.pop(unused, None)
     if kind == "eagle" and "lm_head.weight" not in weights:
         raise ValueError(f"'{where}': the EAGLE-3 head has no lm_head weights.")
-    module = (Eagle3Head if kind == "eagle" else DFlashHead)(args)
+    if kind == "eagle1":
+        args.fc_bias = "fc.bias" in weights  # the weights tell whether fc has one
+    modules = {"eagle": Eagle3Head, "eagle1": Eagle1Head, "dflash": DFlashHead}
+    module = modules[kind](args)
     dtype = activation_dtype(target)
     try:
         module.load_weights([(k, v.astype(dtype)) for k, v in weights.items()])
@@ -341,6 +393,9 @@ def load_published(path, target: nn.Module, vocab_size: Optional[int] = None):
     mx.eval(module.parameters())
     if kind == "dflash":
         return DFlashDraft(module, ids, vocab, target, config, where)
+    if kind == "eagle1":  # scored by the target's own output layer
+        own = DraftVocab(target, None, vocab)
+        return PublishedHead(module, config, own, target, where, fmt)
     return PublishedHead(
         module, config, OwnVocab(module, ids, vocab), target, where, fmt
     )

@@ -268,3 +268,32 @@ def random_dflash(
     }
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
+
+
+def random_eagle1(target: nn.Module, path, *, seed: int = 0, num_layers: int = 1):
+    """Write a random original EAGLE-1/2 head for ``target`` in its authors'
+    layout (a llama ``config.json``, bare weight names) (tests)."""
+    from ...features import embed
+    from ...models import output_size
+    from .eagle1 import Eagle1Head
+
+    args = eagle3_args_for(target, num_layers=num_layers)
+    args = SimpleNamespace(
+        shape=args.shape,
+        fc_bias=True,
+        qkv_bias=False,
+        feature_layers=[-1],
+        own_embedding=False,
+    )
+    mx.random.seed(seed)
+    module = Eagle1Head(args)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(module.parameters()))
+    weights["embed_tokens.weight"] = embed(target, mx.arange(output_size(target)))
+    mx.save_safetensors(str(path / WEIGHTS_FILE), weights)
+    config = layer_config(args.shape)
+    config.pop("rope_parameters")
+    config["rope_theta"] = args.shape.rope_theta
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
