@@ -9,6 +9,8 @@ import functools
 import html
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -512,3 +514,56 @@ def test_a_conversation_beyond_the_context_is_refused_before_any_prefill(
     ), message
     assert "\n" not in message and calls == []
     assert session.turns == turns and session.cache_tokens == cached
+
+
+def test_the_worker_lends_its_thread_and_drops_a_stopped_waiting_job():
+    """A long run let nobody else in, and Stop was ignored while a request waited."""
+    from ui.session import Prefill, Waiting
+
+    worker, order = Worker(), []
+    started, release = threading.Event(), threading.Event()
+
+    def long_run(progress, name, lend_point):
+        started.set()
+        for i in range(3):
+            release.wait(5)
+            progress(i, 3) if lend_point else None
+            order.append(f"{name}{i}")
+            yield i
+
+    def consume(name, lend, stop=None):
+        stop = stop or threading.Event()
+        make = lambda progress: long_run(progress, name, lend)  # noqa: E731
+        return [x for batch in worker.stream(make, stop, lend=lend) for x in batch]
+
+    first = threading.Thread(target=consume, args=("a", True))
+    first.start()
+    started.wait(5)
+    second = threading.Thread(target=worker.call, args=(order.append, "b"))
+    second.start()
+    time.sleep(0.2)  # b waits for a's next lend point
+    release.set()
+    first.join(10), second.join(10)
+    assert order.index("b") < order.index("a2")  # b ran inside a, between chunks
+
+    # Behind a run that does not lend, a request waits, says so, and Stop drops it.
+    release.clear()
+    started.clear()
+    blocker = threading.Thread(target=consume, args=("c", False))
+    blocker.start()
+    started.wait(5)
+    stop, seen = threading.Event(), []
+
+    def never(progress):
+        order.append("never")
+        return iter([])
+
+    stream = worker.stream(never, stop)
+    seen += next(stream)
+    stop.set()
+    seen += [x for batch in stream for x in batch]
+    release.set()
+    blocker.join(10)
+    assert seen == [Waiting(1)] and "never" not in order
+    assert worker.call(lambda: "free") == "free"
+    assert not any(isinstance(x, Prefill) for x in seen)
