@@ -124,10 +124,17 @@ def load_model(path: str, role: str = "model", **kwargs):
     check_not_a_drafter(path, role)
     local = Path(path).expanduser()
     try:
-        return load(str(local) if local.exists() else path, **kwargs)
+        loaded = load(str(local) if local.exists() else path, **kwargs)
     except Exception as e:  # hub errors are long; keep the first line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"could not load {role} '{path}': {first}") from None
+    if kwargs.get("adapter_path"):
+        import mlx.core as mx
+
+        # Adapter weights load lazily on this thread's stream; evaluated here,
+        # a generation thread can use them ("no Stream(cpu, 0) in current thread").
+        mx.eval(loaded[0].parameters())
+    return loaded
 
 
 def drafter_dir_kind(path: Optional[str]) -> Optional[str]:

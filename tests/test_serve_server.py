@@ -62,6 +62,8 @@ def server(checkpoints):
             str(MAX_TOKENS),
             "--log-level",
             "CRITICAL",
+            "--allow-request-models",  # requests may switch to the other test models
+            str(checkpoints["qwen2"].parent),
         ]
     )
     yield server
@@ -122,7 +124,9 @@ def _open_stream(server, prompt, max_tokens, method="draft") -> _Stream:
     stream = _Stream(sock)
     try:
         while stream.received.count(b"data:") < 2:
-            stream.received += sock.recv(4096)
+            chunk = sock.recv(4096)
+            assert chunk, stream.received  # refused, or closed early
+            stream.received += chunk
     except BaseException:
         sock.close()
         raise
@@ -130,7 +134,7 @@ def _open_stream(server, prompt, max_tokens, method="draft") -> _Stream:
 
 
 @contextlib.contextmanager
-def _companion(server, max_tokens=20000):
+def _companion(server, max_tokens=4000):  # the model's context is 4096
     """A long streamed request decoding in the background, so that the
     requests sent meanwhile are batched (an idle server runs a request
     alone); it is dropped (the client hangs up) on exit."""
@@ -281,7 +285,12 @@ BAD_FIELDS = [
     ),
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop must be a string or a list"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n=2 is not supported"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "prompt must be a string"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, "is not a token id"),
+    (
+        "/v1/completions",
+        {"prompt": 5},
+        "prompt must be a string or a list of token ids",
+    ),
     (
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "text"}]}]},

@@ -58,7 +58,13 @@ def references(load_model):
 
 
 @pytest.fixture(scope="module")
-def server(checkpoints, references):
+def request_root(tmp_path_factory):
+    """The folder requests may load adapters from (--allow-request-models)."""
+    return tmp_path_factory.mktemp("adapters")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints, references, request_root):
     args = setup_arg_parser().parse_args(
         [
             "--model",
@@ -71,6 +77,8 @@ def server(checkpoints, references):
             str(MAX_TOKENS),
             "--log-level",
             "CRITICAL",
+            "--allow-request-models",
+            str(request_root),
         ]
     )
     server = SpecServer(args).start()
@@ -578,7 +586,7 @@ def test_cached_conversation_reaches_the_engine_as_history(
 
 
 @pytest.fixture(scope="module")
-def adapters(checkpoints, tmp_path_factory):
+def adapters(checkpoints, request_root):
     """Adapter directories for the llama checkpoint: ``lora`` (random, non-zero
     LoRA weights, as ``mlx_lm.lora`` saves them), ``misfit`` (weights for no
     layer of the model) and ``empty``."""
@@ -597,7 +605,7 @@ def adapters(checkpoints, tmp_path_factory):
     }
     config = {"fine_tune_type": "lora", "num_layers": len(model.layers)}
     config["lora_parameters"] = lora
-    root = tmp_path_factory.mktemp("adapters")
+    root = request_root
     for name, tensors in (("lora", weights), ("misfit", {"no.lora_a": mx.zeros(2)})):
         (root / name).mkdir()
         mx.save_safetensors(str(root / name / "adapters.safetensors"), tensors)
@@ -635,8 +643,9 @@ def test_request_adapters_apply_to_the_default_model(
     [
         (
             "/no/such/adapter",
-            "adapters='/no/such/adapter': no such directory on the server.",
+            "adapters='/no/such/adapter' is not served here",
         ),
+        ("none", "no such directory on the server."),  # under the allowed root
         (5, "adapters must be the path of an adapter directory, got 5."),
         ("empty", "is not an adapter directory (no adapter_config.json or adapters"),
         ("misfit", "contains incompatible tensors"),  # refused while loading
@@ -646,6 +655,8 @@ def test_bad_request_adapters_get_400_and_the_server_goes_on(
     server, references, adapters, name, message
 ):
     path = adapters.get(name, name)
+    if name == "none":
+        path = str(Path(adapters["lora"]).parent / "none")
     body = {"prompt": PROMPTS[1], "adapters": path}
     status, answer = _post(server, "/v1/completions", body)
     assert status == 400 and message in answer["error"], (status, answer)

@@ -2,6 +2,8 @@
 speculative options, and the start-up checks of their values."""
 
 import argparse
+from pathlib import Path
+from typing import Optional
 
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, plan_method
 from ..loading import check_draft_given, check_drafter_kind, default_model_pair
@@ -16,6 +18,8 @@ from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
 from .index import cap_range
 
 PORT_RANGE = (1, 65535)
+DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -61,6 +65,30 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=DEFAULT_INDEX_TOKENS,
         help="Tokens of earlier requests that lookup and auto may draft from "
         f"(a memory cap; 0 turns it off; default: {DEFAULT_INDEX_TOKENS}).",
+    )
+    limits = parser.add_argument_group("limits")
+    limits.add_argument(
+        "--allow-request-models",
+        nargs="+",
+        default=None,
+        metavar="ROOT",
+        help="Let requests load models, drafts and adapters (the model, "
+        "draft_model and adapters fields) from folders under ROOT; by default a "
+        "request may only name what the server was started with.",
+    )
+    limits.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=None,
+        help="The most tokens a request may ask for (default: the model's "
+        "context window; a prompt plus max_tokens beyond it is refused too).",
+    )
+    limits.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="The largest request body accepted, in bytes (larger ones get 413; "
+        f"default: {DEFAULT_MAX_REQUEST_BYTES}).",
     )
     return parser
 
@@ -115,6 +143,11 @@ def check_request_defaults(args: argparse.Namespace) -> None:
             "an integer >= 1",
         ),
     ]
+    limit = getattr(args, "max_tokens_limit", None)
+    if limit is not None:
+        checks.append(("max-tokens-limit", limit, limit >= 1, "an integer >= 1"))
+    body = getattr(args, "max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
+    checks.append(("max-request-bytes", body, body >= 1, "an integer >= 1"))
     cache_bytes = getattr(args, "prompt_cache_bytes", None)
     if cache_bytes is not None:
         checks.append(
@@ -133,3 +166,16 @@ def check_request_defaults(args: argparse.Namespace) -> None:
     for flag, value, ok, allowed in checks:
         if not ok:
             raise ValueError(f"--{flag}={value} is out of range: {allowed}.")
+    for root in getattr(args, "allow_request_models", None) or []:
+        if not Path(root).expanduser().is_dir():
+            raise ValueError(f"--allow-request-models {root}: no such folder.")
+
+
+def host_warning(host: str) -> Optional[str]:
+    """A warning for a server reachable from other machines, else ``None``."""
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return None
+    return (
+        f"--host {host} makes this server reachable from other machines, and it "
+        "has no authentication: anyone who can reach it can use it."
+    )

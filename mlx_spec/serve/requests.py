@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mlx_lm.server as lm_server
 
@@ -37,6 +37,8 @@ class SpecCompletionRequest(lm_server.CompletionRequest):
     stats: Any = None
     serving: Optional[dict] = None
     error: Optional[Exception] = None
+    # Whether the client has hung up (polled by the generation thread).
+    client_gone: Optional[Callable[[], bool]] = None
 
 
 def _check_type(name: str, value, default):
@@ -264,8 +266,8 @@ def check_request_fields(body: dict, chat: bool) -> None:
     ):
         raise ValueError("stop must be a string or a list of strings.")
     prompt = body.get("prompt")
-    if not chat and "prompt" in body and not isinstance(prompt, str):
-        raise ValueError("prompt must be a string.")
+    if not chat and "prompt" in body and not isinstance(prompt, (str, list)):
+        raise ValueError("prompt must be a string or a list of token ids.")
     messages = body.get("messages")
     if not chat or messages is None:
         return  # a missing list gets mlx_lm's own error
@@ -292,3 +294,104 @@ def check_request_fields(body: dict, chat: bool) -> None:
         tool_calls = message.get("tool_calls")
         if tool_calls is not None and not isinstance(tool_calls, list):
             raise ValueError(f"messages[{i}].tool_calls must be a list.")
+
+
+def token_prompt(prompt: list, vocab_size: int) -> List[int]:
+    """A ``/v1/completions`` prompt given as token ids, checked (``RequestError``).
+
+    OpenAI's API also takes a list of such lists (several prompts); like
+    mlx_lm's server, this one answers one prompt per request.
+    """
+    if prompt and all(isinstance(p, list) for p in prompt):
+        if len(prompt) != 1:
+            raise RequestError(
+                f"prompt holds {len(prompt)} token lists; send one prompt per request."
+            )
+        prompt = prompt[0]
+    if not prompt:
+        raise RequestError("prompt is an empty list; give at least one token id.")
+    for i, token in enumerate(prompt):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise RequestError(
+                f"prompt[{i}]={token!r} is not a token id; a list prompt holds "
+                "integers."
+            )
+        if not 0 <= token < vocab_size:
+            raise RequestError(
+                f"prompt[{i}]={token} is out of range: ids go from 0 to "
+                f"{vocab_size - 1} for this model."
+            )
+    return list(prompt)
+
+
+# Request fields that name something to load, and the flag that names it.
+PATH_FIELDS = {
+    "model": "model",
+    "draft_model": "draft_model",
+    "adapters": "adapter_path",
+}
+DEFAULT_NAME = "default_model"
+
+
+def served_names(path: Optional[str]) -> set:
+    """The names a request may give for ``path`` (as given, resolved)."""
+    if path is None:
+        return set()
+    names = {str(path)}
+    local = Path(path).expanduser()
+    if local.exists():
+        names.add(str(local.resolve()))
+    return names
+
+
+def _under(value: str, roots: Sequence[str]) -> bool:
+    try:
+        path = Path(value).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    for root in roots:
+        root_path = Path(root).expanduser().resolve()
+        if path == root_path or root_path in path.parents:
+            return True
+    return False
+
+
+def check_served_paths(body: dict, cli_args: argparse.Namespace) -> Dict[str, bool]:
+    """Refuse a request that would make the server load something it was not
+    started with, with the same message whether or not the path exists.
+
+    ``model``, ``draft_model`` and ``adapters`` may name what the server serves
+    (as given at start-up, resolved, or ``default_model``); others only under
+    the roots of ``--allow-request-models``.
+
+    Returns:
+        Field name -> whether the request names the served value (so the
+        request maps to the loaded models).
+
+    Raises:
+        RequestError: One line that never depends on the file system.
+    """
+    roots = getattr(cli_args, "allow_request_models", None) or []
+    served = {}
+    for name, flag in PATH_FIELDS.items():
+        value = body.get(name)
+        if value is None or value == DEFAULT_NAME and name != "adapters":
+            served[name] = True
+            continue
+        if not isinstance(value, str) or not value:
+            what = (
+                "the path of an adapter directory" if name == "adapters" else "a string"
+            )
+            raise RequestError(f"{name} must be {what}, got {value!r}.")
+        if value in served_names(getattr(cli_args, flag, None)):
+            served[name] = True
+            continue
+        if roots and _under(value, roots):
+            served[name] = False
+            continue
+        raise RequestError(
+            f"{name}={value!r} is not served here: this server answers with the "
+            "models it was started with (leave the field out); to let requests "
+            "load others, start it with --allow-request-models ROOT."
+        )
+    return served

@@ -16,6 +16,7 @@ import mlx_lm.server as lm_server
 from .. import mlx_lm_private as lm_private
 from ..chat_text import LiteralText
 from ..config import SpecConfig, plan_method
+from ..loading import tokenizer_size
 from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
 from .batch_cache import pair_unbatchable
@@ -25,8 +26,15 @@ from .requests import (
     SpecCompletionRequest,
     check_request_method,
     method_options_of,
+    token_prompt,
 )
-from .solo import KEEPALIVE_SECONDS, SoloRun, request_sampler
+from .solo import (
+    KEEPALIVE_SECONDS,
+    SoloRun,
+    check_request_context,
+    client_left,
+    request_sampler,
+)
 
 # Why a batchable request ran on the single-sequence engine.
 ALONE_NOTE = "no other request was running (single-sequence engine)"
@@ -68,7 +76,11 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         super().__init__(model_provider, prompt_cache)
 
     def _tokenize(self, tokenizer, request, args):
-        """mlx_lm's, with message text literal and invalid Unicode repaired."""
+        """mlx_lm's, with message text literal and invalid Unicode repaired,
+        and text prompts given as token ids (checked against the vocabulary)."""
+        if request.request_type == "text" and isinstance(request.prompt, list):
+            prompt = token_prompt(request.prompt, tokenizer_size(tokenizer))
+            return prompt, [prompt], ["assistant"], "normal", None
         return super()._tokenize(LiteralText(tokenizer), request, args)
 
     # ------------------------------------------------------------------ #
@@ -250,6 +262,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             )
             if vision is not None:
                 raise RequestError("images are not supported by mlx_spec.server.")
+            check_request_context(provider.model, len(prompt), args.max_tokens)
             stop_sequences, text_sm = lm_private.stop_state_machine(
                 self, provider.model_key, tokenizer, args.stop_words
             )
@@ -373,7 +386,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         """Drop disconnected clients, run one batch step, send what it made."""
         batch = self._batch
         for uid, client in list(self._clients.items()):
-            if lm_private.should_stop(client.ctx):
+            if client_left(client.ctx, client.request):
                 self._finish(uid, batch.remove(uid, client.sent - client.before))
         try:
             outputs = batch.next()
@@ -429,7 +442,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 )
             )
             client.sent += 1
-            if finish_reason is not None or lm_private.should_stop(client.ctx):
+            if finish_reason is not None or client_left(client.ctx, client.request):
                 return True
         return False
 

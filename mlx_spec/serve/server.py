@@ -53,7 +53,7 @@ from .. import mlx_lm_private as lm_private
 from ..config import plan_method
 from ..loading import draft_source, load_draft, load_model
 from ..mtp import load_mtp
-from .cli import check_port, resolve_model_args, setup_arg_parser
+from .cli import check_port, host_warning, resolve_model_args, setup_arg_parser
 from .handler import SpecAPIHandler, SpecHTTPServer
 from .index import CrossRequestIndex
 from .scheduler import SpecResponseGenerator
@@ -225,6 +225,9 @@ def main(argv: Optional[List[str]] = None):
     except (RuntimeError, TimeoutError) as e:
         server.stop()
         parser.exit(1, f"{parser.prog}: error: {e}\n")
+    warning = host_warning(args.host)
+    if warning is not None:
+        logging.warning(warning)
     logging.info(server.describe())
     server.serve_forever()
 

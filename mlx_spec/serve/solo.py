@@ -10,6 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
 from ..generation import history_kwargs, stream_generate
+from ..limits import GenerationCancelled, check_context
 from ..sampling import make_sampler, top_p_or_off
 from .requests import (
     RequestError,
@@ -21,6 +22,26 @@ from .requests import (
 
 # Seconds between ``: keepalive`` comments while a streamed prompt is processed.
 KEEPALIVE_SECONDS = 5.0
+
+
+def client_left(ctx, request) -> bool:
+    """Whether a request's client has gone; a hang-up stops its context too."""
+    if lm_private.should_stop(ctx):
+        return True
+    gone = getattr(request, "client_gone", None)
+    if gone is not None and gone():
+        ctx.stop()
+        return True
+    return False
+
+
+def check_request_context(model, prompt_tokens: int, max_tokens: int):
+    """A 400 (``RequestError``) for a prompt plus ``max_tokens`` beyond the
+    model's context window, before any prefill."""
+    try:
+        check_context(model, prompt_tokens, max_tokens)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
 
 
 def request_sampler(args, tokenizer):
@@ -104,6 +125,7 @@ class SoloRun:
         )
         if vision is not None:
             raise RequestError("images are not supported by mlx_spec.server.")
+        check_request_context(model, len(prompt), args.max_tokens)
         stop_sequences, text_sm = lm_private.stop_state_machine(
             owner, provider.model_key, tokenizer, args.stop_words
         )
@@ -139,6 +161,7 @@ class SoloRun:
             kv_group_size=owner.cli_args.kv_group_size,
             quantized_kv_start=owner.cli_args.quantized_kv_start,
             prompt_progress_callback=self.keepalive.progress,
+            should_stop=self._stopped,
             **history_kwargs(stream_generate, cached),
             **method_options_of(self.speculation),
         )
@@ -163,6 +186,11 @@ class SoloRun:
         self.tokens = list(prompt)
         self.done = False
         self.keepalive.start()
+
+    def _stopped(self) -> bool:
+        """Whether the client left (its context was stopped, or it hung up)."""
+        ctx = getattr(self, "ctx", None)
+        return ctx is not None and client_left(ctx, self.request)
 
     @property
     def sent(self) -> int:
@@ -190,9 +218,17 @@ class SoloRun:
                 )
             )
             self.tokens.append(gen.token)
-            if lm_private.should_stop(self.ctx) or finish_reason is not None:
+            if self._stopped() or finish_reason is not None:
                 return self._close()
             return False
+        except GenerationCancelled:  # the client left
+            if self.sent:
+                return self._close()  # the cache holds the tokens sent
+            self.keepalive.stop()
+            self.responses.close()  # stopped in the prompt: keep no cache
+            self.done = True
+            self.rqueue.put(None)
+            return True
         except Exception as e:
             self.keepalive.stop()
             self.responses.close()

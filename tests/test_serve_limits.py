@@ -1,0 +1,321 @@
+"""The server is a good citizen: it loads only what it was started with, says
+the same thing about a path that exists and one that does not, refuses work
+beyond the model's context before any prefill, bounds request bodies, stops
+the work of a client that hung up (streamed or not, in its prefill too),
+serves token-id prompts, and runs --adapter-path."""
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+
+from mlx_spec.limits import context_window
+from mlx_spec.serve.cli import host_warning, setup_arg_parser
+from mlx_spec.serve.server import SpecServer
+from mlx_spec.testing import PROMPTS
+
+MAX_TOKENS = 16
+
+
+def _start(argv):
+    server = SpecServer(setup_arg_parser().parse_args(argv)).start()
+    server.wait_ready()
+    return server
+
+
+@pytest.fixture(scope="module")
+def server(checkpoints):
+    server = _start(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--port",
+            "0",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--log-level",
+            "CRITICAL",
+            "--prefill-step-size",
+            "8",
+            "--max-request-bytes",
+            "200000",
+        ]
+    )
+    yield server
+    server.stop()
+
+
+def _post(server, body, timeout=120, path="/v1/completions"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        server.url + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _greedy_ids(model, tokenizer, ids, n=MAX_TOKENS):
+    return mlx_lm.generate(model, tokenizer, ids, max_tokens=n)
+
+
+def _idle(server, timeout=2.0) -> float:
+    """Seconds until the generation thread has nothing left to run (or -1)."""
+    generator, tic = server.generator, time.monotonic()
+    while time.monotonic() - tic < timeout:
+        if generator._solo is None and not generator._clients:
+            return time.monotonic() - tic
+        time.sleep(0.01)
+    return -1.0
+
+
+# --------------------------------------------------------------------------- #
+# Only what it was started with
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("field", ["model", "draft_model", "adapters"])
+def test_a_path_it_was_not_started_with_is_refused_alike_whether_it_exists(
+    server, checkpoints, tmp_path, field
+):
+    real = str(checkpoints["qwen2"])
+    missing = str(tmp_path / "no-such-model")
+    answers = []
+    for value in (real, missing):
+        status, body = _post(server, {"prompt": "hi", field: value})
+        assert status == 400, body
+        answers.append(body["error"].replace(value, "PATH"))
+    assert answers[0] == answers[1]
+    assert "not served here" in answers[0] and "--allow-request-models" in answers[0]
+
+
+def test_the_served_model_may_be_named_and_is_echoed(server, checkpoints, load_model):
+    model, tokenizer = load_model("llama")
+    expected = _greedy_ids(model, tokenizer, tokenizer.encode(PROMPTS[0]))
+    for name in (str(checkpoints["llama"]), "default_model"):
+        status, body = _post(server, {"prompt": PROMPTS[0], "model": name})
+        assert status == 200, body
+        assert body["choices"][0]["text"] == expected and body["model"] == name
+
+
+# --------------------------------------------------------------------------- #
+# Sizes
+# --------------------------------------------------------------------------- #
+
+
+def test_a_prompt_beyond_the_context_is_refused_before_any_prefill(server, load_model):
+    model, tokenizer = load_model("llama")
+    limit = context_window(model)
+    words = "word " * (limit + 50)
+    ids = len(tokenizer.encode(words))
+    tic = time.monotonic()
+    status, body = _post(server, {"prompt": words, "max_tokens": 4})
+    assert status == 400, body
+    assert f"the prompt is {ids} tokens" in body["error"]
+    assert f"context of {limit} tokens" in body["error"]
+    assert server.generator.model_provider.model is not None
+    assert time.monotonic() - tic < 30  # a prefill of it would take far longer here
+
+
+@pytest.mark.parametrize("max_tokens", [2**63, 10**6])
+def test_max_tokens_beyond_the_limit_is_refused_by_count(
+    server, load_model, max_tokens
+):
+    limit = context_window(load_model("llama")[0])
+    status, body = _post(server, {"prompt": "hi", "max_tokens": max_tokens})
+    assert status == 400, body
+    assert f"max_tokens={max_tokens} is out of range: at most {limit}" in body["error"]
+    status, body = _post(server, {"prompt": "hi"})
+    assert status == 200
+
+
+def test_a_body_over_the_limit_gets_413_unread(server):
+    big = json.dumps({"prompt": "x" * 300000}).encode()
+    status, body = _post(server, big)
+    assert status == 413 and "--max-request-bytes" in body["error"], body
+    status, body = _post(server, {"prompt": "hi"})
+    assert status == 200
+
+
+# --------------------------------------------------------------------------- #
+# Token-id prompts
+# --------------------------------------------------------------------------- #
+
+
+def test_a_token_id_prompt_is_served_as_those_ids(server, load_model):
+    model, tokenizer = load_model("llama")
+    ids = tokenizer.encode(PROMPTS[1])
+    expected = _greedy_ids(model, tokenizer, ids)
+    for prompt in (ids, [ids]):
+        status, body = _post(server, {"prompt": prompt})
+        assert status == 200, body
+        assert body["choices"][0]["text"] == expected
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([1, 2, 10**9], "prompt[2]=1000000000 is out of range: ids go from 0 to"),
+        ([1, -1], "prompt[1]=-1 is out of range"),
+        ([1, "a"], "prompt[1]='a' is not a token id"),
+        ([[1, 2], [3]], "prompt holds 2 token lists; send one prompt per request"),
+        ([], "prompt is an empty list"),
+    ],
+)
+def test_bad_token_id_prompts_get_400_naming_the_id(server, prompt, message):
+    status, body = _post(server, {"prompt": prompt})
+    assert status == 400 and message in body["error"], body
+
+
+# --------------------------------------------------------------------------- #
+# A client that hangs up
+# --------------------------------------------------------------------------- #
+
+
+def _send(server, body) -> socket.socket:
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+def _wait_busy(server, timeout=60):
+    generator, deadline = server.generator, time.monotonic() + timeout
+    while generator._solo is None and not generator._clients:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_stops_its_generation(server, load_model, stream):
+    """Not streamed, nothing is written until the end: the hang-up was missed."""
+    sock = _send(
+        server,
+        {"prompt": PROMPTS[2], "max_tokens": 3000, "stream": stream},
+    )
+    _wait_busy(server)
+    time.sleep(0.3)
+    generator = server.generator
+    sent = [generator._solo.sent] if generator._solo else []
+    sent += [client.sent for client in generator._clients.values()]
+    assert sent and sent[0] > 0, "not decoding yet (or done)"
+    sock.close()
+    assert 0 <= _idle(server, 2.0), "still generating 2 s after the client left"
+    model, tokenizer = load_model("llama")
+    status, body = _post(server, {"prompt": PROMPTS[0]})
+    assert status == 200
+    expected = _greedy_ids(model, tokenizer, tokenizer.encode(PROMPTS[0]))
+    assert body["choices"][0]["text"] == expected
+
+
+def test_a_client_that_hangs_up_during_its_prompt_stops_the_prefill(server, load_model):
+    model, tokenizer = load_model("llama")
+    long_prompt = "one two three four five six " * 160
+    total = len(tokenizer.encode(long_prompt))
+    assert 1500 < total < context_window(model) - 8  # hundreds of chunks of 8
+    # Isolated, it runs alone (not in the batch), with its prefill progress.
+    body = {"prompt": long_prompt, "max_tokens": 4, "speculative_isolation": True}
+    sock = _send(server, body)
+    _wait_busy(server)
+    run = server.generator._solo
+    sock.close()
+    assert 0 <= _idle(server, 2.0), "the prefill went on after the client left"
+    assert run is not None and run.sent == 0
+    assert run.keepalive.processed < run.keepalive.total  # stopped part-way
+    status, body = _post(server, {"prompt": long_prompt, "max_tokens": 4})
+    assert status == 200
+    assert body["choices"][0]["text"] == _greedy_ids(
+        model, tokenizer, tokenizer.encode(long_prompt), 4
+    )
+
+
+# --------------------------------------------------------------------------- #
+# Start-up
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--prefill-step-size", "0"], "--prefill-step-size=0 is out of range"),
+        (["--prompt-cache-size", "-1"], "--prompt-cache-size=-1 is out of range"),
+        (
+            ["--kv-bits", "4", "--kv-group-size", "0"],
+            "--kv-group-size=0 is out of range",
+        ),
+        (["--max-tokens-limit", "0"], "--max-tokens-limit=0 is out of range"),
+        (["--allow-request-models", "/no/such/root"], "no such folder"),
+    ],
+)
+def test_bad_server_flags_stop_it_at_start_in_one_line(checkpoints, flags, message):
+    """Checked before the port is bound or a model loads (each request got 400)."""
+    argv = ["--model", str(checkpoints["llama"]), "--port", "0", *flags]
+    with pytest.raises(ValueError) as e:
+        SpecServer(setup_arg_parser().parse_args(argv))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_non_loopback_host_is_warned_about():
+    assert host_warning("127.0.0.1") is None and host_warning("::1") is None
+    assert "no authentication" in host_warning("0.0.0.0")
+
+
+def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, tmp_path):
+    """It failed every request: "There is no Stream(cpu, 0) in current thread"."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _ = mlx_lm.load(str(checkpoints["llama"]))
+    model.freeze()
+    lora = {"rank": 4, "scale": 20.0, "dropout": 0.0}
+    linear_to_lora_layers(model, len(model.layers), lora)
+    mx.random.seed(0)
+    weights = {
+        name: 0.1 * mx.random.normal(w.shape)
+        for name, w in tree_flatten(model.trainable_parameters())
+    }
+    mx.save_safetensors(str(tmp_path / "adapters.safetensors"), weights)
+    config = {"fine_tune_type": "lora", "num_layers": len(model.layers)}
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps(dict(config, lora_parameters=lora))
+    )
+    adapted, tokenizer = mlx_lm.load(
+        str(checkpoints["llama"]), adapter_path=str(tmp_path)
+    )
+    base, _ = mlx_lm.load(str(checkpoints["llama"]))
+    ids = tokenizer.encode(PROMPTS[0])
+    expected = _greedy_ids(adapted, tokenizer, ids)
+    assert expected != _greedy_ids(base, tokenizer, ids)
+    served = _start(
+        [
+            "--model",
+            str(checkpoints["llama"]),
+            "--adapter-path",
+            str(tmp_path),
+            "--port",
+            "0",
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--log-level",
+            "CRITICAL",
+        ]
+    )
+    try:
+        for method in ("none", "lookup"):
+            status, body = _post(served, {"prompt": PROMPTS[0], "speculative": method})
+            assert status == 200, body
+            assert body["choices"][0]["text"] == expected
+    finally:
+        served.stop()
