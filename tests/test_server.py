@@ -685,3 +685,7 @@ def test_typed_special_token_text_stays_text_and_lone_surrogates_are_repaired(
         assert out["usage"]["prompt_tokens"] == len(literal)
         assert literal.count(marker) == 2  # the user's turn and the reply's
     assert tokenizer.decode(literal).count("\ufffd") == 1
+    body = {"prompt": "a\ud800b", "max_tokens": 2}
+    status, out = _post(server, "/v1/completions", body)
+    assert status == 200, out
+    assert out["usage"]["prompt_tokens"] == len(tokenizer.encode("a\ufffdb"))
