@@ -426,3 +426,34 @@ def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
     assert all("tokens_per_round" in p and "conditional_by_depth" in p for p in curve)
     card = (second / "README.md").read_text()
     assert "Learning curve" in card and f"| {curve[1]['corpus_tokens']} |" in card
+
+
+def test_the_sweep_records_speed_by_batch_size_and_grow_uses_the_fastest(
+    checkpoints, tmp_path, monkeypatch, capsys
+):
+    folder = tmp_path / "corpus"
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(folder)]
+    assert (
+        corpus_main(["sweep", *argv, "--batch-sizes", "1,3", "--seconds", "0.3"]) == 0
+    )
+    measured = json.loads((folder / "sweep.json").read_text())
+    assert [r["batch_size"] for r in measured["rows"]] == [1, 3]
+    assert all(r["tokens"] > 0 and r["tokens_per_cpu_s"] > 0 for r in measured["rows"])
+    assert measured["best"] == G.best_batch(measured["rows"])
+    used = []
+
+    class Spy(G.Grower):
+        def grow(self, jobs, tokens=None):
+            used.append(self.batch_size)
+            return 0
+
+    monkeypatch.setattr(G, "Grower", Spy)
+    assert corpus_main(["grow", *argv, "--self-instruct", "0", "--tokens", "5"]) == 0
+    assert used == [measured["best"]]
+    assert "| 3 |" in (folder / "README.md").read_text()
+
+
+def test_bad_batch_sizes_stop_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        corpus_main(["sweep", "--model", "m", "--out", "o", "--batch-sizes", "8,x"])
+    assert "comma-separated integers" in capsys.readouterr().err

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -26,6 +27,9 @@ from . import corpus_grow as G
 from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
 
 DEFAULT_SELF_INSTRUCT = 64
+DEFAULT_SWEEP = (8, 16, 32, 64)
+DEFAULT_SWEEP_SECONDS = 45.0
+SWEEP_FILE = "sweep.json"
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -46,8 +50,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--batch-size",
         type=int,
-        default=G.DEFAULT_BATCH_SIZE,
-        help=f"Rows decoded together (default: {G.DEFAULT_BATCH_SIZE}).",
+        help="Rows decoded together (default: the fastest of the corpus's "
+        f"`sweep`, else {G.DEFAULT_BATCH_SIZE}).",
     )
     g.add_argument(
         "--max-tokens",
@@ -77,6 +81,22 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_CAP_BYTES / 1e6:g}).",
     )
     g.add_argument("--seed", type=int, default=0, help="Seed of the prompt order.")
+    w = sub.add_parser(
+        "sweep", help="measure decoding speed by batch size; grow uses the fastest"
+    )
+    w.add_argument("--model", required=True, help="The target model (path or repo).")
+    w.add_argument("--out", required=True, help="The corpus folder.")
+    w.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, DEFAULT_SWEEP)),
+        help=f"Comma-separated batch sizes (default: {','.join(map(str, DEFAULT_SWEEP))}).",
+    )
+    w.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_SWEEP_SECONDS,
+        help=f"Decoding time per batch size (default: {DEFAULT_SWEEP_SECONDS:g}).",
+    )
     i = sub.add_parser("info", help="sizes and breakdown; refresh the card")
     i.add_argument("folder", help="The corpus folder.")
     one_line_errors(p)
@@ -105,6 +125,9 @@ def _check(args):
 
 def grow(args) -> int:
     _check(args)
+    if args.batch_size is None:
+        measured = read_sweep(args.out)
+        args.batch_size = measured["best"] if measured else G.DEFAULT_BATCH_SIZE
     from ..fingerprint import fingerprint_mismatch, model_fingerprint
     from ..loading import load_model
 
@@ -173,26 +196,76 @@ def _stream(seed: int):
     return prompt_stream(seed)
 
 
+def sweep(args) -> int:
+    try:
+        sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--batch-sizes must be comma-separated integers, got '{args.batch_sizes}'."
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError("--batch-sizes must list sizes of at least 1.")
+    if args.seconds <= 0:
+        raise ValueError(f"--seconds must be positive, got {args.seconds}.")
+    from ..loading import load_model
+    from .corpus_prompts import prompt_stream
+
+    model, tokenizer = load_model(args.model, "model")
+    prompts = [
+        G.encode_messages(tokenizer, p.messages) for p in prompt_stream(0)[: max(sizes)]
+    ]
+    rows = []
+    for size in sizes:
+        rows.append(G.measure_batch(model, tokenizer, prompts, size, args.seconds))
+        _log(
+            f"batch {size}: {rows[-1]['tokens_per_s']} tokens/s, "
+            f"{rows[-1]['tokens_per_cpu_s']} per CPU second"
+        )
+    record = {
+        "measured": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        "rows": rows,
+        "best": G.best_batch(rows),
+    }
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SWEEP_FILE
+    tmp = path.with_name(f".{SWEEP_FILE}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    _log(f"fastest: batch {record['best']} (written to {path})")
+    return 0
+
+
+def read_sweep(folder) -> Optional[Dict]:
+    path = Path(folder) / SWEEP_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def info(args) -> int:
     corpus = Corpus(args.folder)
     if corpus.manifest() is None:
         raise ValueError(f"'{args.folder}' holds no corpus (no corpus.json).")
     summary = corpus.summary()
-    print(card_text(summary, corpus.manifest()))
+    print(card_text(summary, corpus.manifest(), read_sweep(corpus.folder)))
     write_card(corpus, summary)
     return 0
 
 
 def write_card(corpus: Corpus, summary: Optional[Dict] = None):
     summary = summary or corpus.summary()
-    text = card_text(summary, corpus.manifest() or {})
+    text = card_text(summary, corpus.manifest() or {}, read_sweep(corpus.folder))
     path = corpus.folder / "README.md"
     tmp = path.with_name(".README.md.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
 
 
-def card_text(summary: Dict, manifest: Dict) -> str:
+def card_text(summary: Dict, manifest: Dict, measured: Optional[Dict] = None) -> str:
     """The corpus card (markdown) from :meth:`Corpus.summary`."""
     completion = summary["completion_tokens"]
     lines = [
@@ -241,6 +314,22 @@ def card_text(summary: Dict, manifest: Dict) -> str:
             f"| {run} | {r['shards']} | {r['tokens']:,} | {hours:.2f} | {rate:,.0f} "
             f"| {r.get('batch_size', '')} | {r.get('max_tokens', '')} |"
         )
+    if measured:
+        lines += [
+            "",
+            f"Batch sizes measured by `mlx_spec corpus sweep` ({measured['measured']}; "
+            "greedy decoding once every row decodes; CPU seconds are this process's, "
+            "which other jobs on the machine disturb less than wall time):",
+            "",
+            "| batch | tokens/s | tokens per CPU second |",
+            "|---|---|---|",
+            *(
+                f"| {r['batch_size']} | {r['tokens_per_s']} | {r['tokens_per_cpu_s']} |"
+                for r in measured["rows"]
+            ),
+            "",
+            f"Grow uses batch {measured['best']}.",
+        ]
     lines += [
         "",
         "Grow it (resumable; a kill loses at most the shard being gathered):",
@@ -259,7 +348,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = setup_arg_parser().parse_args(argv)
     try:
-        return grow(args) if args.command == "grow" else info(args)
+        return {"grow": grow, "sweep": sweep, "info": info}[args.command](args)
     except ValueError as e:
         print(f"mlx_spec corpus: error: {e}", file=sys.stderr)
         sys.exit(2)

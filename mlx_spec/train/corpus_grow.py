@@ -318,3 +318,48 @@ class Grower:
         self.done, self.turns = [], {}
         self.last_shard = now
         return tokens
+
+
+def measure_batch(
+    model, tokenizer, prompts: Sequence[List[int]], batch_size: int, seconds: float
+) -> Dict:
+    """Greedy decoding speed of ``batch_size`` rows once all of them decode.
+
+    Returns:
+        ``batch_size``, ``tokens``, ``seconds``, ``tokens_per_s`` (wall) and
+        ``tokens_per_cpu_s`` (per second of this process's CPU time, which a
+        shared machine disturbs less).
+    """
+    from mlx_lm.generate import BatchGenerator
+
+    rows = [list(prompts[i % len(prompts)]) for i in range(batch_size)]
+    gen = BatchGenerator(
+        model,
+        max_tokens=1 << 20,
+        stop_tokens=[],
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(batch_size, 8),
+    )
+    try:
+        gen.insert(rows)
+        started = 0
+        while started < batch_size:  # every row prefilled and decoding
+            started += len(gen.next_generated())
+        tokens, tic, cpu = 0, time.perf_counter(), time.process_time()
+        while time.perf_counter() - tic < seconds:
+            tokens += len(gen.next_generated())
+        wall, cpu = time.perf_counter() - tic, time.process_time() - cpu
+    finally:
+        gen.close()
+    return {
+        "batch_size": batch_size,
+        "tokens": tokens,
+        "seconds": round(wall, 1),
+        "tokens_per_s": round(tokens / wall, 1),
+        "tokens_per_cpu_s": round(tokens / max(cpu, 1e-9), 1),
+    }
+
+
+def best_batch(rows: Sequence[Dict]) -> int:
+    """The batch size of the most tokens per CPU second."""
+    return max(rows, key=lambda r: r["tokens_per_cpu_s"])["batch_size"]
