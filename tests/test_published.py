@@ -414,3 +414,23 @@ def test_the_export_script_writes_a_head_and_the_logits_the_reference_checks(
     for pos in (0, 6):
         got = _chain_logits(head, io, pos, 3)
         assert _relative(got, io["step_logits"][:, pos]) < TOLERANCE
+
+
+def test_a_server_runs_the_methods_of_its_published_drafter(imported):
+    """The server offers a published head's methods and names what a request
+    lacks in one line."""
+    from mlx_spec.serve.requests import (
+        RequestError,
+        check_request_method,
+        runnable_methods,
+    )
+
+    assert "dflash" in runnable_methods(imported["dflash"])
+    assert "eagle" not in runnable_methods(imported["dflash"])
+    assert {"eagle", "eagle-chain"} <= set(runnable_methods(imported["eagle"]))
+    check_request_method("dflash", imported["dflash"])
+    with pytest.raises(RequestError) as err:
+        check_request_method("dflash", imported["eagle"])
+    message = str(err.value)
+    assert "\n" not in message and "needs a DFlash drafter" in message
+    assert "holding a published DFlash drafter" in message

@@ -32,6 +32,7 @@ METHOD_LABELS = {
     "eagle-chain": "eagle-chain (EAGLE head, chain)",
     "medusa": "medusa (Medusa heads)",
     "mtp": "mtp (the model's MTP layer)",
+    "dflash": "dflash (DFlash block drafter)",
 }
 
 METHOD_HELP = {
@@ -49,6 +50,8 @@ METHOD_HELP = {
     "medusa": "trained Medusa heads (chosen as the draft model) propose a tree of "
     "next tokens in one step",
     "mtp": "the model's own multi-token-prediction layer drafts (checkpoints that ship one)",
+    "dflash": "a published DFlash drafter (chosen as the draft model) drafts a block "
+    "of tokens in one forward from the target's features",
 }
 
 # No trailing newline: the model's own newline and indent tokens come first.

@@ -126,6 +126,8 @@ def check_request_method(method: str, draft_model) -> None:
     enable = "; to serve it, start the server with --draft-model DIR"
     if needed == "mtp":
         enable = "; to serve it, start the server with --speculative mtp"
+    elif needed == "dflash":
+        enable += " holding a published DFlash drafter"
     elif needed != "draft":
         enable += f" holding one (mlx_spec train-draft --kind {needed})"
     raise RequestError(
