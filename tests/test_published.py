@@ -242,6 +242,21 @@ def test_unsupported_layers_and_pickled_weights_are_refused_in_one_line(
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="type 'qwen3_5_text' are not supported"):
         load_published(folder, fixture_target)
+    for change, words in (
+        (
+            {"architectures": ["DFlash2DraftModel"]},
+            "DFlash2DraftModel drafters are not",
+        ),
+        ({"layer_types": ["sliding_attention"] * 2}, "sliding-window or causal layers"),
+    ):
+        folder = tmp_path / words.split()[0]
+        shutil.copytree(FIXTURES / "dflash-authors", folder)
+        config = json.loads((folder / "config.json").read_text())
+        config.update(change)
+        (folder / "config.json").write_text(json.dumps(config))
+        assert published_kind(folder) == "dflash"
+        with pytest.raises(ValueError, match=words):
+            load_published(folder, fixture_target)
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     shutil.copy(FIXTURES / "specforge-llama" / "config.json", pickled)
@@ -434,3 +449,14 @@ def test_a_server_runs_the_methods_of_its_published_drafter(imported):
     message = str(err.value)
     assert "\n" not in message and "needs a DFlash drafter" in message
     assert "holding a published DFlash drafter" in message
+
+
+def test_a_published_head_takes_the_dtype_of_a_half_precision_target(tmp_path):
+    """Next to a bfloat16 target the head computes in bfloat16, and stays exact."""
+    target = tiny_llama(VOCAB, num_layers=2)
+    target.apply(lambda w: w.astype(mx.bfloat16))
+    head = load_published(random_eagle3(target, tmp_path / "e", seed=6), target)
+    assert head.module.fc.weight.dtype == mx.bfloat16
+    config = SpecConfig(method="eagle", max_tokens=24, adaptive=False)
+    events = speculative_events(mx.array(PROMPT), target, head, config=config)
+    assert [e.token for e in events] == greedy_continuation(target, PROMPT, 24)[0]

@@ -75,7 +75,7 @@ def format_of_config(config: Dict) -> Optional[str]:
     archs = [str(a) for a in config.get("architectures") or []]
     if any("Eagle3" in a for a in archs):
         return "eagle3"
-    if "DFlashDraftModel" in archs:
+    if any("DFlash" in a for a in archs):  # DFlash2 is refused when loaded
         return "dflash"
     return None
 
@@ -209,8 +209,11 @@ def describe(config: Dict, fmt: str, num_target_layers: int, where: str):
             )
     else:
         extra = config.get("dflash_config") or {}
-        if config.get("architectures", [None])[0] != "DFlashDraftModel":
-            raise ValueError(f"{where}: only DFlashDraftModel drafters are supported.")
+        arch = (config.get("architectures") or [None])[0]
+        if arch != "DFlashDraftModel":
+            raise ValueError(
+                f"{where}: {arch} drafters are not supported (DFlashDraftModel is)."
+            )
         ids = extra.get("target_layer_ids", config.get("target_layer_ids"))
         if not ids:
             raise ValueError(f"{where}: dflash_config.target_layer_ids is missing.")
