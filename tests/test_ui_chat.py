@@ -567,3 +567,21 @@ def test_the_worker_lends_its_thread_and_drops_a_stopped_waiting_job():
     assert seen == [Waiting(1)] and "never" not in order
     assert worker.call(lambda: "free") == "free"
     assert not any(isinstance(x, Prefill) for x in seen)
+
+
+def test_a_second_send_while_a_reply_runs_adds_no_turn(checkpoints):
+    """A click plus a key, or five script clicks, gave as many identical turns."""
+    target = str(checkpoints["llama"])
+    app = App(target, None)
+    first = app.on_generate(PageRequest("once", *_settings(target, "(none)")), None)
+    next(first)  # the first send holds the session
+    for _ in range(5):
+        (update,) = app.on_generate(
+            PageRequest("once", *_settings(target, "(none)")), None
+        )
+        assert "A reply is on its way" in update[3] and update[4] == {
+            "__type__": "update"
+        }  # the box keeps the text
+    *_, last = first
+    assert "Done:" in last[3]
+    assert [t.user for t in app.sessions.get(None).turns] == ["once"]

@@ -54,6 +54,9 @@ DEFAULT_METHOD = "auto"
 MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1
+# Yielded by a request's handler once its work is over, before its last
+# updates: from then on the page may send again (see App._claimed).
+DONE = object()
 # What a second send says while the page's request runs (the box keeps it).
 BUSY = (
     "A reply is on its way: wait for it or press <b>Stop</b>; your new message "
@@ -340,38 +343,52 @@ class App:
         which happens once the message is in the transcript; a request while
         the session's previous one runs (a double send) changes nothing.
         """
-        session = self.sessions.get(_session_key(request))
-        if not session.claim():
-            keep = gr.update()
-            yield keep, keep, keep, render.banner(BUSY, "warn"), keep, keep
-            return
-        try:
-            yield from self._chat(session, page, gr.update(value=""))
-        finally:
-            session.release()
+        yield from self._claimed(
+            request,
+            _busy(6),
+            lambda session: self._chat(session, page, gr.update(value="")),
+        )
 
     def on_retry(self, page: PageRequest, request: gr.Request = None):
         """Send the last failed message again (it leaves the transcript first).
 
         The message box keeps whatever is being typed.
         """
+        yield from self._claimed(
+            request, _busy(6), lambda session: self._retry(session, page)
+        )
+
+    def _retry(self, session: Session, page: PageRequest):
+        failed = session.turns[-1] if session.turns else None
+        if failed is None or failed.finish != "error":
+            keep = gr.update()
+            banner = render.banner("There is no failed message to retry.", "warn")
+            yield keep, keep, keep, banner, keep, gr.update(visible=False)
+            return
+        session.turns = session.turns[:-1]
+        page = PageRequest(**{**page.__dict__, "text": failed.user})
+        yield from self._chat(session, page, gr.update())
+
+    def _claimed(self, request, busy: tuple, run):
+        """``run(session)``'s updates with the page's session claimed, or
+        ``busy`` alone while another request of the page runs (see
+        :meth:`ui.session.Session.claim`). The claim ends at ``run``'s
+        :data:`DONE`, before its last updates reach the page."""
         session = self.sessions.get(_session_key(request))
         if not session.claim():
-            keep = gr.update()
-            yield keep, keep, keep, render.banner(BUSY, "warn"), keep, keep
+            yield busy
             return
+        held = True
         try:
-            failed = session.turns[-1] if session.turns else None
-            if failed is None or failed.finish != "error":
-                keep = gr.update()
-                banner = render.banner("There is no failed message to retry.", "warn")
-                yield keep, keep, keep, banner, keep, gr.update(visible=False)
-                return
-            session.turns = session.turns[:-1]
-            page = PageRequest(**{**page.__dict__, "text": failed.user})
-            yield from self._chat(session, page, gr.update())
+            for update in run(session):
+                if update is not DONE:
+                    yield update
+                elif held:  # the work is over: the page may send again
+                    held = False
+                    session.release()
         finally:
-            session.release()
+            if held:
+                session.release()
 
     def _chat(self, session: Session, page: PageRequest, cleared):
         """:meth:`on_generate` once the session is claimed; ``cleared`` is
@@ -389,6 +406,7 @@ class App:
             pair = self.load_pair(page.target, page.draft, options.method)
             _check_pair(options, pair)
         except Exception as e:
+            yield DONE
             yield keep, *_no_stats(), render.error_banner(e), keep, keep
             return
         chat = pair.has_chat_template and not raw
@@ -409,6 +427,8 @@ class App:
                 return
             if turn is not None:  # the message is in the transcript
                 box, cleared = cleared, keep
+            if turn is None or turn.finish is not None:
+                yield DONE
             yield (*view, box, keep)
             box = keep
         if turn is None:  # refused before the turn started: the box keeps it
@@ -541,15 +561,9 @@ class App:
         verdict, and the page's stats cards and chart (which follow the
         speculative lane). Like a chat turn, it claims the page's session.
         """
-        session = self.sessions.get(_session_key(request))
-        if not session.claim():
-            keep = gr.update()
-            yield (keep,) * 5 + (render.banner(BUSY, "warn"), keep, keep)
-            return
-        try:
-            yield from self._race(session, page)
-        finally:
-            session.release()
+        yield from self._claimed(
+            request, _busy(8, at=5), lambda session: self._race(session, page)
+        )
 
     def _race(self, session: Session, page: PageRequest):
         session.stop.clear()
@@ -619,6 +633,7 @@ class App:
                 waiting = turn.progress is not None and turn.finish is None
                 yield update(view[3] if waiting else running)
             if turn.finish == "stopped":
+                yield DONE
                 yield update(render.banner("Race stopped.", "warn"))
                 return
             lanes.append((turn, lane_session.timing))
@@ -642,6 +657,7 @@ class App:
             per_forward=stats.tokens_per_target_forward if stats else None,
         )
         verdict = render.race_verdict(plain, spec, greedy=options.temp == 0)
+        yield DONE
         yield update(verdict + _draft_size_note(pair))
 
     # --- API ----------------------------------------------------------------------
@@ -803,6 +819,13 @@ def _progress_status(progress) -> str:
             f"tokens&hellip;{stop}"
         )
     return render.banner(f"Generating&hellip;{stop}")
+
+
+def _busy(outputs: int, at: int = 3) -> tuple:
+    """Updates that change only the status (output ``at``) to :data:`BUSY`."""
+    updates = [gr.update()] * outputs
+    updates[at] = render.banner(BUSY, "warn")
+    return tuple(updates)
 
 
 def _new_chat_view(chat: bool, stopped: bool):
