@@ -42,11 +42,60 @@ def test_goals_report_measured_values_and_never_invent_missing_ones():
     }
     goals = {g["goal"][:30]: g for g in bench.check_goals(report)}
     verdicts = [g["verdict"] for g in bench.check_goals(report)]
-    assert verdicts == ["met", "not run", "not run", "not run", "met"]
+    assert verdicts == ["met", "not run", "not run", "not run", "met"] + ["not run"] * 2
     assert bench.check_goals(report)[0]["measured"] == 1.5
     assert all(
         g["measured"] is None for g in goals.values() if g["verdict"] == "not run"
     )
+
+
+def test_mixed_goals_compare_throughput_up_and_ttft_down():
+    rows = [
+        {"server": "mlx_spec", "throughput_vs_mlx_lm": 1.6, "ttft_p99_vs_mlx_lm": 1.2}
+    ]
+    goals = bench.check_goals({"mixed": {"rows": rows}})[-2:]
+    assert [g["verdict"] for g in goals] == ["met", "missed"]
+    assert [g["measured"] for g in goals] == [1.6, 1.2]
+
+
+def test_the_mixed_plan_combines_every_length_with_every_max_tokens():
+    prompts = bench.suite_prompts(chat=True)
+    plan = bench.mixed_plan(prompts, True, 4, 3, cap=100)
+    requests = [r for client in plan for r in client]
+    assert len(plan) == 4 and all(len(c) == 3 for c in plan)
+    labels = [label for label, _, _ in requests]
+    assert len(set(labels)) == 12
+    combos = {tuple(label.split(":")[2:]) for label in labels}
+    assert combos == {
+        (length, str(min(m, 100)))
+        for length in bench.MIXED_LENGTHS
+        for m in bench.MIXED_MAX_TOKENS
+    }
+    size = {}
+    for label, prompt, max_tokens in requests:
+        assert max_tokens <= 100 and label.endswith(f":{max_tokens}")
+        size.setdefault(label.split(":")[2], []).append(len(prompt[-1]["content"]))
+    assert max(size["short"]) < min(size["medium"])
+    assert max(size["medium"]) < min(size["long"])
+    # The first wave (one request per client) holds every length.
+    assert {plan[c][0][0].split(":")[2] for c in range(3)} == set(bench.MIXED_LENGTHS)
+
+
+def test_latency_summary_reads_percentiles_and_tokens_per_target_forward():
+    stats = {"target_forwards": 4, "generated_tokens": 10}
+    results = [
+        _result(0.0, 1.0, 3.0, 5, stats),  # 0.5 s between tokens
+        _result(0.0, 2.0, 3.0, 3, stats),  # 0.5 s
+        _result(1.0, 1.5, 5.0, 8, None),  # 0.5 s
+    ]
+    row = bench.latency_summary(results)
+    assert row["tokens"] == 16 and row["wall_s"] == 5.0
+    assert row["throughput_tokens_per_s"] == pytest.approx(3.2)
+    assert row["ttft_p50_s"] == 0.5 + 0.5  # ttfts 1.0, 2.0, 0.5
+    assert row["ttft_p99_s"] == pytest.approx(1.0 + 0.98 * 1.0)
+    assert row["itl_p50_s"] == pytest.approx(0.5)
+    assert row["tokens_per_target_forward"] == 2.5
+    assert bench.latency_summary(results[2:])["tokens_per_target_forward"] is None
 
 
 def test_agent_conversations_recur_across_episodes_with_the_servers_replies():
@@ -79,6 +128,11 @@ def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
             "--workloads",
             "clients",
             "agent",
+            "mixed",
+            "--mixed-clients",
+            "3",
+            "--mixed-requests",
+            "1",
             "--agent-episodes",
             "2",
             "--agent-steps",
@@ -99,6 +153,13 @@ def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
     assert set(agent) == {"mlx_lm", "mlx_spec", "mlx_spec_isolated"}
     assert all(r["errors"] == 0 and r["requests"] == 4 for r in agent.values())
     assert agent["mlx_spec_isolated"]["cross_request_accepted"] in (0, None)
+    mixed = {r["server"]: r for r in report["mixed"]["rows"]}
+    assert set(mixed) == {"mlx_lm", "mlx_spec"}
+    assert all(r["errors"] == 0 and r["requests"] == 3 for r in mixed.values())
+    assert all(r["same_text_as_mlx_lm"] == "3/3" for r in mixed.values())
+    assert mixed["mlx_spec"]["tokens_per_target_forward"] >= 1.0
+    assert mixed["mlx_lm"]["throughput_vs_mlx_lm"] == 1.0
+    assert "mixed prompt lengths" in (tmp_path / "serve.md").read_text()
 
 
 def test_a_draft_method_without_a_draft_stops_in_one_line(checkpoints, capsys):

@@ -41,12 +41,25 @@ template, else text completions):
   decode tokens/s per request (tokens after the first / time from first to
   last token) on ``mlx_lm`` and on ``mlx_spec`` with the cross-request index
   (method ``lookup``) and without it (``speculative_isolation``).
+* **mixed**: ``--mixed-clients`` (default 8) concurrent chat clients on
+  ``mlx_lm`` and ``mlx_spec``, each sending ``--mixed-requests`` requests
+  back to back; the requests mix prompt lengths (a suite request alone, after
+  a passage of about 250 tokens, or after a document of about 1000) and
+  ``max_tokens`` (24 to 192, capped by ``--max-tokens``), so long prompts
+  arrive while other rows decode. Reported per server: time to first token
+  (p50, p99), inter-token latency (p50 over requests of each request's
+  (last - first token time) / (tokens - 1): a speculative round streams
+  several tokens at once, so gaps between chunks would not compare), total
+  throughput (all completion tokens over the wall time of the run), tokens
+  per target forward (from ``speculative_stats``; 1 for plain decoding), and
+  the ratios to ``mlx_lm`` in the same run.
 * **memory**: server RSS over ``--rss-requests`` sequential requests after a
   warm-up, sampled every ``--rss-every`` requests (prompts made distinct
   so the prompt cache and the cross-request index keep filling and evicting).
 
 Results go to ``OUT/serve.json`` and ``OUT/serve.md``; the goals of issue 19
-are printed with the measured value next to each, never estimated.
+and of issue 40 are printed with the measured value next to each, never
+estimated.
 """
 
 import argparse
@@ -76,6 +89,12 @@ AGENT_SERVERS = ("mlx_lm", "mlx_spec", "mlx_spec_isolated")
 DEFAULT_MAX_TOKENS = 96
 DEFAULT_REQUESTS_PER_CLIENT = 2
 DEFAULT_RSS_REQUESTS = 500
+MIXED_SERVERS = ("mlx_lm", "mlx_spec")
+DEFAULT_MIXED_CLIENTS = 8
+DEFAULT_MIXED_REQUESTS = 2  # per client
+# The mixed workload's prompt lengths and max_tokens, combined in turn.
+MIXED_LENGTHS = ("short", "medium", "long")
+MIXED_MAX_TOKENS = (24, 48, 96, 192)
 MIN_REQUESTS = 4  # per (server, clients) run
 START_TIMEOUT = 300.0
 REQUEST_TIMEOUT = 900.0
@@ -101,6 +120,21 @@ GOALS = (
         "memory: server RSS flat within 10% over the requests after warm-up",
         "rss_max_over_min",
         None,
+    ),
+)
+# Goals of issue 40: (text, measured key, threshold, higher is better).
+MIXED_GOALS = (
+    (
+        "8 mixed clients: total tokens/s >= 1.5x mlx_lm.server batched plain",
+        "mixed_throughput_vs_mlx_lm",
+        1.5,
+        True,
+    ),
+    (
+        "8 mixed clients: p99 time to first token no worse than mlx_lm.server's",
+        "mixed_ttft_p99_vs_mlx_lm",
+        1.0,
+        False,
     ),
 )
 
@@ -385,6 +419,177 @@ def summarize(results: Sequence[Result]) -> dict:
     }
 
 
+def mixed_contexts(chat: bool) -> Dict[str, str]:
+    """The text put before a request, by prompt length (see the module docstring).
+
+    ``medium`` is the summarize set's passages (about 250 tokens); ``long``
+    every suite prompt's words (about 1000 tokens).
+    """
+    suite = prompt_suite(chat=chat)
+    passages = [p.user_text() for p in suite if p.prompt_set == "summarize"]
+    everything = [p.user_text() for p in suite]
+    return {
+        "short": "",
+        "medium": "Background notes:\n\n" + "\n\n".join(passages or everything),
+        "long": "Reference document:\n\n" + "\n\n".join(everything),
+    }
+
+
+def mixed_plan(
+    prompts: Sequence[tuple], chat: bool, n_clients: int, per_client: int, cap: int
+) -> List[List[tuple]]:
+    """Each client's ``(label, prompt, max_tokens)`` requests, in order.
+
+    Request ``j = r * n_clients + c`` (client ``c``'s ``r``-th) takes suite
+    prompt ``j``, the length ``MIXED_LENGTHS[j % 3]`` and ``max_tokens``
+    ``MIXED_MAX_TOKENS[(j // 3) % 4]`` (at most ``cap``): twelve requests
+    hold every combination, and any three clients in a row start with all
+    three lengths. Labels are unique.
+    """
+    contexts = mixed_contexts(chat)
+    plan = []
+    for c in range(n_clients):
+        requests = []
+        for r in range(per_client):
+            j = r * n_clients + c
+            name, prompt = prompts[j % len(prompts)]
+            length = MIXED_LENGTHS[j % len(MIXED_LENGTHS)]
+            max_tokens = min(MIXED_MAX_TOKENS[(j // 3) % len(MIXED_MAX_TOKENS)], cap)
+            context = contexts[length]
+            if context and chat:
+                prompt = [dict(m) for m in prompt]
+                prompt[-1]["content"] = f"{context}\n\n{prompt[-1]['content']}"
+            elif context:
+                prompt = f"{context}\n\n{prompt}"
+            requests.append((f"{j}:{name}:{length}:{max_tokens}", prompt, max_tokens))
+        plan.append(requests)
+    return plan
+
+
+def run_plan(server, plan: Sequence[Sequence[tuple]], chat: bool) -> List[Result]:
+    """One thread per client of ``plan``, each sending its requests back to back."""
+    results: List[Result] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(plan))
+
+    def client(requests):
+        barrier.wait()
+        for label, prompt, max_tokens in requests:
+            res = send(server, request_body(prompt, chat, max_tokens), label)
+            with lock:
+                results.append(res)
+
+    threads = [threading.Thread(target=client, args=(r,)) for r in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def inter_token_latency(result: Result) -> Optional[float]:
+    """A request's mean time between output tokens after the first, in s."""
+    if result.first is None or result.end is None or result.tokens < 2:
+        return None
+    return (result.end - result.first) / (result.tokens - 1)
+
+
+def latency_summary(results: Sequence[Result]) -> dict:
+    """Percentiles of one run of the mixed workload (see the module docstring)."""
+    ok = [r for r in results if r.error is None]
+    wall = max(r.end for r in ok) - min(r.start for r in ok) if ok else None
+    tokens = sum(r.tokens for r in ok)
+    stats = [r.stats for r in ok if r.stats]
+    forwards = sum(st.get("target_forwards", 0) for st in stats)
+    generated = sum(st.get("generated_tokens", 0) for st in stats)
+    return {
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "tokens": tokens,
+        "wall_s": wall,
+        "throughput_tokens_per_s": tokens / wall if wall else None,
+        "ttft_p50_s": percentile([r.ttft for r in ok], 0.5),
+        "ttft_p99_s": percentile([r.ttft for r in ok], 0.99),
+        "itl_p50_s": percentile([inter_token_latency(r) for r in ok], 0.5),
+        # Plain decoding (no stats) makes one token per target forward.
+        "tokens_per_target_forward": generated / forwards if forwards else None,
+    }
+
+
+def mixed_workload(args, target, draft, chat, out) -> dict:
+    """The mixed workload on each server, ``--mixed-repeats`` times, order rotating.
+
+    Rows pool the requests of every repeat; each run's throughput is kept.
+    """
+    prompts = suite_prompts(chat)
+    plan = mixed_plan(
+        prompts, chat, args.mixed_clients, args.mixed_requests, args.max_tokens
+    )
+    servers = _start_all(
+        MIXED_SERVERS,
+        target,
+        draft,
+        args.method,
+        out,
+        spec_extra=["--cross-request-tokens", "0"],
+    )
+    results: Dict[str, List[Result]] = {name: [] for name in servers}
+    runs = []
+    try:
+        for server in servers.values():  # warm-up
+            send(server, request_body(prompts[0][1], chat, 8), "warmup")
+        for rep in range(args.mixed_repeats):
+            names = list(servers)
+            names = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in names:
+                res = run_plan(servers[name], plan, chat)
+                results[name].extend(res)
+                run = {"server": name, "repeat": rep, **latency_summary(res)}
+                runs.append(run)
+                print(
+                    f"{name:>15} mixed clients={args.mixed_clients} "
+                    f"tokens={run['tokens']} errors={run['errors']} "
+                    f"throughput={_fmt(run['throughput_tokens_per_s'], 1)} tok/s",
+                    flush=True,
+                )
+    finally:
+        for server in servers.values():
+            server.stop()
+    ref = {r.prompt: r.text for r in results.get("mlx_lm", []) if not r.error}
+    rows = []
+    for name, res in results.items():
+        throughputs = [
+            r["throughput_tokens_per_s"]
+            for r in runs
+            if r["server"] == name and r["throughput_tokens_per_s"]
+        ]
+        row = {"server": name, **latency_summary(res)}
+        row["wall_s"] = None  # pooled over repeats: see the runs
+        row["throughput_tokens_per_s"] = (
+            statistics.median(throughputs) if throughputs else None
+        )
+        row["throughput_tokens_per_s_runs"] = throughputs
+        mine = [r for r in res if not r.error and r.prompt in ref]
+        same = sum(r.text == ref[r.prompt] for r in mine)
+        row["same_text_as_mlx_lm"] = f"{same}/{len(mine)}"
+        rows.append(row)
+    base = next((r for r in rows if r["server"] == "mlx_lm"), {})
+    for row in rows:
+        row["throughput_vs_mlx_lm"] = _ratio(
+            row["throughput_tokens_per_s"], base.get("throughput_tokens_per_s")
+        )
+        row["ttft_p99_vs_mlx_lm"] = _ratio(row["ttft_p99_s"], base.get("ttft_p99_s"))
+        row["itl_p50_vs_mlx_lm"] = _ratio(row["itl_p50_s"], base.get("itl_p50_s"))
+    return {
+        "clients": args.mixed_clients,
+        "requests_per_client": args.mixed_requests,
+        "repeats": args.mixed_repeats,
+        "requests": [[label for label, _, _ in c] for c in plan],
+        "rows": rows,
+        "runs": runs,
+    }
+
+
 def _mean(values) -> Optional[float]:
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
@@ -545,10 +750,29 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rss-every", type=int, default=25)
     parser.add_argument("--rss-warmup", type=int, default=20)
     parser.add_argument(
+        "--mixed-clients",
+        type=int,
+        default=DEFAULT_MIXED_CLIENTS,
+        help="Concurrent clients of the mixed workload.",
+    )
+    parser.add_argument(
+        "--mixed-requests",
+        type=int,
+        default=DEFAULT_MIXED_REQUESTS,
+        help="Requests per client of the mixed workload.",
+    )
+    parser.add_argument(
+        "--mixed-repeats",
+        type=int,
+        default=1,
+        help="Runs of the mixed workload per server (order rotating).",
+    )
+    parser.add_argument(
         "--workloads",
         nargs="+",
         default=["clients", "agent", "memory"],
-        choices=["clients", "agent", "memory"],
+        choices=["clients", "agent", "memory", "mixed"],
+        help="Default: clients agent memory (add mixed for the 8-client table).",
     )
     parser.add_argument(
         "--quick", action="store_true", help="Clients 1 and 4, fewer requests."
@@ -560,7 +784,11 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
+    for flag in ("mixed_clients", "mixed_requests", "mixed_repeats"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1.")
     if args.quick:
+        args.mixed_requests = 1
         args.clients = [c for c in args.clients if c in (1, 4)] or [1]
         args.requests_per_client = 1
         args.repeats = 1
@@ -602,6 +830,8 @@ def main(argv: Optional[Sequence[str]] = None):
         report["agent"] = agent_workload(args, target, draft, chat, out)
     if "memory" in args.workloads:
         report["memory"] = memory_workload(args, target, draft, chat, out)
+    if "mixed" in args.workloads:
+        report["mixed"] = mixed_workload(args, target, draft, chat, out)
     report["goals"] = check_goals(report)
     (out / "serve.json").write_text(json.dumps(report, indent=2))
     (out / "serve.md").write_text(markdown(report))
@@ -810,6 +1040,10 @@ def measured_goals(report) -> Dict[str, Optional[float]]:
         "agent_vs_mlx_lm": None,
         "rss_max_over_min": report.get("memory", {}).get("rss_max_over_min"),
     }
+    mixed = {r["server"]: r for r in report.get("mixed", {}).get("rows", [])}
+    spec = mixed.get("mlx_spec", {})
+    values["mixed_throughput_vs_mlx_lm"] = spec.get("throughput_vs_mlx_lm")
+    values["mixed_ttft_p99_vs_mlx_lm"] = spec.get("ttft_p99_vs_mlx_lm")
     agent = {r["server"]: r for r in report.get("agent", {}).get("rows", [])}
     if "mlx_spec" in agent and "mlx_lm" in agent:
         values["agent_vs_mlx_lm"] = _ratio(
@@ -831,6 +1065,14 @@ def check_goals(report) -> List[dict]:
         else:
             verdict = "met" if value >= threshold else "missed"
         out.append({"goal": text, "measured": value, "verdict": verdict})
+    for text, key, threshold, higher in MIXED_GOALS:
+        value = values.get(key)
+        if value is None:
+            verdict = "not run"
+        else:
+            met = value >= threshold if higher else value <= threshold
+            verdict = "met" if met else "missed"
+        out.append({"goal": text, "measured": value, "verdict": verdict})
     return out
 
 
@@ -840,6 +1082,32 @@ def _fmt(value, digits=2) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def mixed_markdown(mixed) -> List[str]:
+    """The mixed workload's table (see the module docstring)."""
+    lines = [
+        f"## {mixed['clients']} concurrent clients, mixed prompt lengths and max_tokens",
+        "",
+        f"{mixed['requests_per_client']} requests per client, {mixed['repeats']} "
+        "run(s) per server; percentiles pool every run's requests, throughput "
+        "is the median run's. Ratios are to `mlx_lm` in the same run.",
+        "",
+        "| server | requests | tokens | throughput tok/s | TTFT p50 / p99 s | inter-token p50 ms | tokens per target forward | throughput vs mlx_lm | TTFT p99 vs mlx_lm | same text as mlx_lm |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in mixed["rows"]:
+        tpf = r["tokens_per_target_forward"]
+        tpf = "1 (plain)" if tpf is None and r["server"] == "mlx_lm" else _fmt(tpf)
+        itl = None if r["itl_p50_s"] is None else 1000 * r["itl_p50_s"]
+        lines.append(
+            f"| {r['server']} | {r['requests']} | {r['tokens']} "
+            f"| {_fmt(r['throughput_tokens_per_s'], 1)} "
+            f"| {_fmt(r['ttft_p50_s'])} / {_fmt(r['ttft_p99_s'])} "
+            f"| {_fmt(itl, 1)} | {tpf} | {_fmt(r['throughput_vs_mlx_lm'])} "
+            f"| {_fmt(r['ttft_p99_vs_mlx_lm'])} | {r['same_text_as_mlx_lm']} |"
+        )
+    return lines + [""]
 
 
 def markdown(report) -> str:
@@ -907,8 +1175,10 @@ def markdown(report) -> str:
             f"max/min {_fmt(m['rss_max_over_min'], 3)}; errors {m['errors']}.",
             "",
         ]
+    if "mixed" in report:
+        lines += mixed_markdown(report["mixed"])
     lines += [
-        "## Goals (issue 19)",
+        "## Goals (issues 19 and 40)",
         "",
         "| goal | measured | verdict |",
         "|---|---|---|",
