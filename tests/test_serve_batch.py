@@ -388,6 +388,36 @@ def test_prefilling_every_waiting_prompt_lets_all_rows_decode_from_round_one(
         assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 12)
 
 
+def test_short_prompts_waiting_together_share_one_prefill_step(load_model):
+    """A step prefills up to ``prefill_step_size`` tokens in arrival order:
+    three short prompts go through in one step (they used to take a step
+    each), a long one takes a budget-sized chunk per step, and the rows that
+    decode meanwhile stay exact."""
+    model, tokenizer = load_model("llama")
+    sizes = [len(tokenizer.encode(p)) for p in PROMPTS[:3]]
+    budget = sum(sizes)  # each prompt's last token is left for the first round
+    gen = SpecBatchGenerator(model, prefill_step_size=budget)
+    short = [gen.insert(_spec(tokenizer, p, "lookup", 10)) for p in PROMPTS[:3]]
+    first = gen.next()
+    assert {o.uid for o in first if o.progress} == set(short)
+    assert not gen.waiting and len(gen.ready) == 3
+    long_prompt = " ".join(PROMPTS) * 3
+    long_uid = gen.insert(_spec(tokenizer, long_prompt, "lookup", 10))
+    long_size = len(tokenizer.encode(long_prompt))
+    assert long_size - 1 > budget
+    outputs = {}
+    for out in first:
+        outputs.setdefault(out.uid, {"tokens": [], "finish": None, "progress": []})
+        outputs[out.uid]["progress"].append(out.progress)
+    outputs = _run(gen, outputs)
+    done = [p[0] for p in outputs[long_uid]["progress"]]
+    assert done == [min(budget * k, long_size) for k in range(1, len(done))] + [
+        long_size
+    ]
+    for uid, prompt in zip(short + [long_uid], list(PROMPTS[:3]) + [long_prompt]):
+        assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 10)
+
+
 def test_prefilling_waiting_prompts_stops_when_the_batch_is_full(load_model):
     model, tokenizer = load_model("llama")
     gen = SpecBatchGenerator(model, max_batch=2)

@@ -17,9 +17,13 @@ A round of :class:`SpecBatchGenerator`:
 5. each row's caches keep only its own accepted tokens
    (:class:`~.batch_cache.RaggedBatch`: the rest become masked gaps).
 
-Between rounds, requests join (after a prompt prefill of their own, one
-chunk per step, on their single-sequence prompt cache) and leave (EOS,
-``max_tokens``, a stop word or a disconnect seen by the caller).
+Between rounds, requests join (after a prompt prefill of their own, on
+their single-sequence prompt cache) and leave (EOS, ``max_tokens``, a stop
+word or a disconnect seen by the caller). Each step prefills at most
+``prefill_step_size`` prompt tokens, oldest request first: a long prompt
+takes one chunk per round, so the rows decoding wait one chunk at most,
+while short prompts queued together share one step instead of waiting a
+round each.
 
 Per row the output is exactly the single-sequence engine's: greedy rows
 emit the target's argmax chain, sampled rows follow the target's law
@@ -440,11 +444,22 @@ class SpecBatchGenerator:
     # Steps
 
     def next(self) -> List[SeqOutput]:
-        """Join ready requests, run one round, then one prefill chunk."""
+        """Join ready requests, run one round, then prefill up to one chunk's
+        worth of tokens (:meth:`_prefill_step`)."""
         with mx.stream(generation_stream):
             self._join()
             outputs = self._round() if self.active else []
-            outputs += self._prefill_chunk()
+            outputs += self._prefill_step()
+        return outputs
+
+    def _prefill_step(self) -> List[SeqOutput]:
+        """Prefill waiting prompts in arrival order, ``prefill_step_size``
+        tokens at most: the chunk of a long prompt, or several short ones."""
+        outputs, budget = [], self.prefill_step_size
+        while self.waiting and budget > 0:
+            s, before = self.waiting[0], self.waiting[0].prefilled
+            outputs += self._prefill_chunk(budget)
+            budget -= s.prefilled - before
         return outputs
 
     def prefill_waiting(self):
@@ -481,14 +496,16 @@ class SpecBatchGenerator:
             s.started = now
         mx.eval([c.state for c in self.target.caches])
 
-    def _prefill_chunk(self) -> List[SeqOutput]:
-        """One chunk of the oldest waiting prompt on its own cache."""
+    def _prefill_chunk(self, size: Optional[int] = None) -> List[SeqOutput]:
+        """One chunk (``size`` tokens at most, default ``prefill_step_size``)
+        of the oldest waiting prompt on its own cache."""
         if not self.waiting:
             return []
         s = self.waiting[0]
         tic = time.perf_counter()
         total = len(s.seq) - 1
-        chunk = s.seq[s.prefilled : min(s.prefilled + self.prefill_step_size, total)]
+        size = self.prefill_step_size if size is None else size
+        chunk = s.seq[s.prefilled : min(s.prefilled + size, total)]
         if chunk:
             tokens = mx.array(chunk, mx.uint32)[None]
             self.model(tokens, cache=s.single[: self.num_target_caches])
