@@ -2,8 +2,13 @@
 
 mlx_lm's generation stream is thread-local, so every model load and every
 generation runs on a single :class:`Worker` thread; Gradio's handler threads
-only read the tokens it streams back. Stopping sets an event the worker checks
-after every token, then closes the ``SpecStream``, which rewinds the caches.
+only read what it streams back: the request's place in the queue, the
+prefill's progress, then the tokens. Stopping sets an event that drops a
+waiting request, and that the generation checks between prefill chunks and
+before every token; the ``SpecStream`` then leaves the caches holding the
+prompt and the tokens yielded (or, stopped in the prompt, what they held).
+A run lends the thread to waiting requests between chunks and tokens, so a
+long prompt does not hold up a short question.
 
 A chat turn (:func:`respond`) runs the tokenizer's chat template over the
 whole conversation (system prompt first) and reuses the session's prompt
