@@ -22,9 +22,8 @@ import mlx_spec  # noqa: F401  (preloads OpenBLAS before mlx)
 import mlx.core as mx
 from mlx_lm.models import llama
 
-from mlx_spec.drafters.eagle import EagleContext
 from mlx_spec.drafters.published import load_published
-from mlx_spec.drafters.published.export import random_eagle3
+from mlx_spec.drafters.published.export import random_eagle3, unrolled_chain
 
 STEPS = 3
 TOKENS = 7
@@ -49,20 +48,11 @@ def small_target(vocab: int = 64, layers: int = 6) -> llama.Model:
 
 
 def unrolled_steps(head, hidden: mx.array, ids: mx.array) -> mx.array:
-    """``(STEPS, T, C)``: from each pair ``t``, the chain fed ``ids[t+1..]`` (0 past the end)."""
-    rows = []
-    for pos in range(hidden.shape[0]):
-        context = EagleContext(head)
-        out = context.feed(hidden[: pos + 1], ids[: pos + 1], None)
-        context.fed = pos + 1
-        g = out[:, -1:]
-        steps = [head.vocab.small_logits(g.reshape(1, -1))[0]]
-        for k in range(1, STEPS):
-            token = ids[pos + k] if pos + k < ids.shape[0] else mx.array(0)
-            g = context.step(g, token.astype(mx.uint32), pos + k)
-            steps.append(head.vocab.small_logits(g.reshape(1, -1))[0])
-        rows.append(mx.stack(steps))
-    return mx.stack(rows, axis=1)
+    """``(STEPS, T, C)``: the chain from every pair (see ``unrolled_chain``)."""
+    chains = [
+        unrolled_chain(head, hidden, ids, t, STEPS) for t in range(hidden.shape[0])
+    ]
+    return mx.stack(chains, axis=1)
 
 
 def main(argv=None):

@@ -35,6 +35,7 @@ from mlx_spec.drafters.published.export import (
     random_eagle1,
     random_eagle3,
     save_speculators_eagle3,
+    unrolled_chain,
 )
 from mlx_spec.engine import speculative_events
 from mlx_spec.sampling import normalize
@@ -105,19 +106,8 @@ def test_a_plain_llama_checkpoint_is_no_published_drafter(checkpoints):
 
 
 def _chain_logits(head, io, pos: int, steps: int):
-    """Draft-vocabulary logits of the chain from pair ``pos``, fed the reference's
-    tokens ``ids[pos+1..]`` (0 past the end, as the reference pads): ``(steps, C)``."""
-    hidden, ids = io["hidden_states"], io["input_ids"]
-    context = EagleContext(head)
-    out = context.feed(hidden[: pos + 1], ids[: pos + 1], None)
-    context.fed = pos + 1
-    g = out[:, -1:]
-    rows = [head.vocab.small_logits(g.reshape(1, -1))[0]]
-    for k in range(1, steps):
-        token = ids[pos + k] if pos + k < ids.shape[0] else mx.array(0)
-        g = context.step(g, token.astype(mx.uint32), pos + k)
-        rows.append(head.vocab.small_logits(g.reshape(1, -1))[0])
-    return mx.stack(rows)
+    """The chain from pair ``pos`` fed the reference's tokens: ``(steps, C)``."""
+    return unrolled_chain(head, io["hidden_states"], io["input_ids"], pos, steps)
 
 
 @pytest.mark.parametrize("name", EAGLE3)

@@ -24,20 +24,13 @@ import mlx.nn as nn
 from ...costs import DRAFT_LATENCY, weight_bytes
 from ...features import embed, feature_logits
 from ..base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
-from .layers import MLP, Attention, LayerCaches, LayerShape
+from ..pairs import FeaturePairs
+from .layers import DecoderLayer, LayerCaches
 
 
-class BlockLayer(nn.Module):
+class BlockLayer(DecoderLayer):
     """A DFlash decoder layer: queries from the block, keys and values from the
     cached context and the block."""
-
-    def __init__(self, shape: LayerShape):
-        super().__init__()
-        H, eps = shape.hidden_size, shape.rms_norm_eps
-        self.input_layernorm = nn.RMSNorm(H, eps=eps)
-        self.self_attn = Attention(shape, H)
-        self.post_attention_layernorm = nn.RMSNorm(H, eps=eps)
-        self.mlp = MLP(shape)
 
     def add_context(self, context: mx.array, positions: mx.array, cache):
         """Append the keys and values of fused context states ``(1, m, H)``."""
@@ -87,11 +80,13 @@ class DFlashHead(nn.Module):
         return LayerCaches(len(self.layers))
 
     def add_context(self, features: mx.array, start: int, cache: LayerCaches):
-        """Append target features ``(m, A * Ht)`` of positions ``start..`` to ``cache``."""
+        """Append target features ``(m, A * Ht)`` of positions ``start..`` to
+        ``cache``; return the fused context ``(1, m, H)``."""
         context = self.hidden_norm(self.fc(features))[None]
         positions = mx.arange(start, start + features.shape[0])[None]
         for layer, layer_cache in zip(self.layers, cache.layers):
             layer.add_context(context, positions, layer_cache)
+        return context
 
     def block(self, embeddings: mx.array, start: int, cache) -> mx.array:
         """Normed outputs ``(1, B, H)`` of a block of embeddings ``(1, B, H)``
@@ -158,6 +153,18 @@ class DFlashDraft:
         return []
 
 
+class DFlashContext(FeaturePairs):
+    """The drafter's cached context: the fused target features of every token
+    before the pending one, at positions ``0..fed-1``.
+
+    Its caches only ever hold context rows (a block's entries are never
+    stored), so rewinding trims nothing.
+    """
+
+    def feed(self, feats: mx.array, tokens: mx.array, state: RoundState) -> mx.array:
+        return self.module.add_context(feats, self.fed, self.cache)
+
+
 class DFlashDrafter:
     """Chains of up to ``block_size - 1`` tokens from one DFlash forward.
 
@@ -172,27 +179,13 @@ class DFlashDrafter:
     def __init__(self, draft: DFlashDraft, step_cost: float = DRAFT_LATENCY):
         self.draft = draft
         self.module = draft.module
+        self.context = DFlashContext(draft)
         self.feature_layers = tuple(draft.args.feature_layers)
         self.step_cost = step_cost
         self.note = None
-        self.cache = self.module.head_cache()
-        self.pending: List[mx.array] = []
 
     def add_features(self, features: mx.array, rows: Optional[List[int]]):
-        """Features ``(T, F)`` of a target forward; ``rows`` are the accepted ones."""
-        if rows is not None:
-            features = features[mx.array(rows, mx.int32)]
-        self.pending.append(features)
-
-    def _catch_up(self):
-        if self.pending:
-            feats = (
-                mx.concatenate(self.pending)
-                if len(self.pending) > 1
-                else self.pending[0]
-            )
-            self.pending = []
-            self.module.add_context(feats, self.cache.offset, self.cache)
+        self.context.add_features(features, rows)
 
     def prefill(self, tokens, step_size: int):
         """Nothing to do: the prompt's features arrive after the target's prefill."""
@@ -201,14 +194,18 @@ class DFlashDrafter:
         """Already chains."""
 
     def propose(self, state: RoundState, size: int) -> Proposal:
-        self._catch_up()
-        start = self.cache.offset  # context rows: every token before the pending one
-        size = min(size, self.module.args.block_size - 1)
-        if start == 0 or size < 1:
+        if self.context.catch_up(state) is None:
             return empty_proposal()
-        block = [state.seq[-1]] + [self.module.args.mask_token_id] * size
-        h = self.module.block(self.draft.embed(mx.array([block])), start, self.cache)
-        logits = self.draft.logits(h[0, 1:])
+        start = self.context.fed  # context rows: every token before the pending one
+        args = self.module.args
+        size = min(size, args.block_size - 1)
+        if size < 1:
+            return empty_proposal()
+        # Always the whole block, as trained: its slots all see each other.
+        block = [state.seq[-1]] + [args.mask_token_id] * (args.block_size - 1)
+        embedded = self.draft.embed(mx.array([block]))
+        h = self.module.block(embedded, start, self.context.cache)
+        logits = self.draft.logits(h[0, 1 : size + 1])
         tokens, laws = [], []
         for i in range(size):
             token, law = state.choose(logits[i : i + 1], tokens)
@@ -219,6 +216,7 @@ class DFlashDrafter:
 
     def commit(self, state, proposal, num_accepted: int, path=None):
         """Nothing to undo: the block's entries were never cached."""
+        self.context.rewind()
 
     def caches(self) -> List:
         return []

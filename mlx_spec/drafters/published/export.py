@@ -297,3 +297,24 @@ def random_eagle1(target: nn.Module, path, *, seed: int = 0, num_layers: int = 1
     config["rope_theta"] = args.shape.rope_theta
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
+
+
+def unrolled_chain(head, hidden: mx.array, ids: mx.array, pos: int, steps: int):
+    """Draft-vocabulary logits ``(steps, C)`` of the chain from pair ``pos``.
+
+    The head reads pairs ``(hidden[t], ids[t])`` for ``t <= pos``, then is fed
+    its own output and the tokens ``ids[pos+1..]`` (0 past the end): what
+    speculators computes as its training-time-test steps.
+    """
+    from ..eagle import EagleContext
+
+    context = EagleContext(head)
+    out = context.feed(hidden[: pos + 1], ids[: pos + 1], None)
+    context.fed = pos + 1
+    g = out[:, -1:]
+    rows = [head.vocab.small_logits(g.reshape(1, -1))[0]]
+    for k in range(1, steps):
+        token = ids[pos + k] if pos + k < ids.shape[0] else mx.array(0)
+        g = context.step(g, token.astype(mx.uint32), pos + k)
+        rows.append(head.vocab.small_logits(g.reshape(1, -1))[0])
+    return mx.stack(rows)
