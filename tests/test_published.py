@@ -450,3 +450,25 @@ def test_a_published_head_takes_the_dtype_of_a_half_precision_target(tmp_path):
     config = SpecConfig(method="eagle", max_tokens=24, adaptive=False)
     events = speculative_events(mx.array(PROMPT), target, head, config=config)
     assert [e.token for e in events] == greedy_continuation(target, PROMPT, 24)[0]
+
+
+def test_a_short_dflash_round_drafts_what_the_whole_block_drafts():
+    """A round asking for fewer tokens than a block still runs the whole block
+    (its slots all see each other): its drafts and their laws are the first
+    ones of a full round."""
+    from mlx_spec.drafters.base import RoundState
+    from mlx_spec.drafters.published.dflash import DFlashDrafter
+
+    io = _io("dflash-authors")
+    draft = load_published(FIXTURES / "dflash-authors", _fixture_target(io))
+    seq = io["input_ids"].tolist()
+    laws = {}
+    for size in (1, 3):
+        drafter = DFlashDrafter(draft)
+        drafter.add_features(io["hidden_states"][: len(seq) - 1], None)
+        state = RoundState(
+            seq, 0, lambda logits, _: (mx.argmax(logits, -1), normalize(logits)), False
+        )
+        laws[size] = drafter.propose(state, size).logprobs
+    assert laws[1].shape[0] == 1 and laws[3].shape[0] == 3
+    assert _relative(laws[1][0], laws[3][0]) < TOLERANCE
