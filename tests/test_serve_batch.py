@@ -6,6 +6,8 @@ Rows join and leave between rounds and accept different counts per round,
 so every test mixes methods, prompt lengths and output lengths.
 """
 
+from types import SimpleNamespace
+
 import mlx.core as mx
 import mlx_lm
 import numpy as np
@@ -23,6 +25,7 @@ from mlx_spec.serve.batch import (
     SpecBatchGenerator,
     batch_gamma,
     batch_width,
+    round_rate,
 )
 from mlx_spec.serve.batch_accept import (
     greedy_accept_rows,
@@ -361,6 +364,36 @@ def test_one_rows_match_does_not_widen_a_batch_that_gains_nothing_else():
     assert batch_width(everyone, 8, 0.1, 6) > 0
     # A costlier draft step shortens the round.
     assert batch_width(everyone, 8, 1.0, 6) <= batch_width(everyone, 8, 0.1, 6)
+
+
+def test_draft_steps_are_priced_for_every_row_of_the_draft_batch(load_model):
+    """Each draft step is a forward of the whole draft batch, lookup rows of
+    ``auto`` included: one draft-model row among seven lookup rows pays for
+    eight rows' draft steps, and here sits the round out."""
+    lookups, drafter = [(0.7, 2)] * 7, (0.7, 8)
+    rows = lookups + [drafter]
+    alone = lookups + [(0.0, 0)]
+    width = batch_width(alone, 0, 0.1, 8)
+    own = batch_width(rows, 1, 0.1, 8)
+    whole = batch_width(rows, 1, 0.1, 8, draft_batch=8)
+    assert round_rate(rows, 1, 0.1, own) > round_rate(alone, 0, 0.1, width)
+    assert round_rate(rows, 1, 0.1, whole, draft_batch=8) < round_rate(
+        alone, 0, 0.1, width
+    )
+    model, _ = load_model("llama")
+    draft, _ = load_model("llama-near")
+    gen = SpecBatchGenerator(model, draft)
+    gen.draft_step_cost = 0.1
+
+    def row(alpha, cap, arm):
+        ema = AcceptanceEma(prior=alpha, weight=1.0)
+        return SimpleNamespace(
+            arm=arm, cap=cap, config=SpecConfig(), controller=lambda _: ema
+        )
+
+    seqs = [row(a, n, "lookup") for a, n in lookups] + [row(*drafter, "draft")]
+    gen.drafting = seqs  # every row of auto drafts in the draft batch
+    assert gen._width(seqs, 8) == (width, True)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])

@@ -143,12 +143,14 @@ def batch_width(
     draft_rows: int,
     step_cost: float,
     max_width: int,
+    *,
+    draft_batch: Optional[int] = None,
 ) -> int:
     """The round's draft width ``K`` (0: a plain round), for the whole batch.
 
     Every row pays for the widest row: the verify forward holds ``B * (K + 1)``
-    tokens, and ``K`` draft steps run for the ``draft_rows`` rows that use the
-    draft model. ``K`` maximises the batch's expected tokens over the round's
+    tokens, and ``K`` draft steps run when ``draft_rows`` rows draft with the
+    draft model, each step a forward of the whole draft batch. ``K`` maximises the batch's expected tokens over the round's
     modelled cost, so one row's long match does not widen a batch whose
     other rows would gain nothing (which costs more, the larger the batch).
 
@@ -158,22 +160,30 @@ def batch_width(
         draft_rows: Rows whose drafts come from the draft model.
         step_cost: One draft forward, relative to one target forward.
         max_width: The largest ``K`` to consider.
+        draft_batch: Rows each draft step computes (rows that do not draft
+          this round catch up or idle in it). Default: ``draft_rows``.
     """
     best, best_rate = 0, 0.0
     for K in range(max_width + 1):
-        rate = round_rate(rows, draft_rows, step_cost, K)
+        rate = round_rate(rows, draft_rows, step_cost, K, draft_batch=draft_batch)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = K, rate
     return best
 
 
 def round_rate(
-    rows: Sequence[Tuple[float, int]], draft_rows: int, step_cost: float, width: int
+    rows: Sequence[Tuple[float, int]],
+    draft_rows: int,
+    step_cost: float,
+    width: int,
+    *,
+    draft_batch: Optional[int] = None,
 ) -> float:
     """A round's expected tokens over its modelled cost (see :func:`batch_width`)."""
     B = len(rows)
     base = 1.0 - VERIFY_SLOPE + VERIFY_SLOPE * B
-    step = step_cost * (1.0 - VERIFY_SLOPE + VERIFY_SLOPE * draft_rows)
+    computed = draft_rows if draft_batch is None else max(draft_batch, draft_rows)
+    step = step_cost * (1.0 - VERIFY_SLOPE + VERIFY_SLOPE * computed)
     tokens = sum(chain_tokens(a, min(width, n)) for a, n in rows)
     cost = base + VERIFY_SLOPE * B * width + (step * width if draft_rows else 0.0)
     return tokens / cost
@@ -584,14 +594,16 @@ class SpecBatchGenerator:
         rows = [(s.controller(s.arm).rate if s.arm else 0.0, s.cap) for s in seqs]
         model = [s.arm == "draft" for s in seqs]
         step, draft_rows = self.draft_step_cost, sum(model)
-        width = batch_width(rows, draft_rows, step, widest)
+        # Each draft step is a forward of every row of the draft batch.
+        computed = dict(draft_batch=len(self.drafting))
+        width = batch_width(rows, draft_rows, step, widest, **computed)
         fixed = any(m and not s.config.adaptive for m, s in zip(model, seqs))
         if not draft_rows or fixed:  # fixed draft lengths are kept
             return width, False
         rest = [(0.0, 0) if m else row for row, m in zip(rows, model)]
         narrow = batch_width(rest, 0, step, widest)
         alone = round_rate(rest, 0, step, narrow)
-        if alone > round_rate(rows, draft_rows, step, width):
+        if alone > round_rate(rows, draft_rows, step, width, **computed):
             return narrow, True
         return width, False
 
