@@ -8,7 +8,12 @@ the project's own environment; CI needs neither)::
         safetensors pydantic pydantic-settings loguru numpy huggingface-hub \\
         rich typer click openai psutil protobuf aiohttp httpx "datasets<=5.1.0"
     /tmp/refvenv/bin/pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
-    /tmp/refvenv/bin/python scripts/published_fixtures.py tests/fixtures/published
+    /tmp/refvenv/bin/python scripts/published_fixtures.py tests/fixtures/published \\
+        --eagle-source EAGLE/eagle/model
+
+The committed fixtures were built with speculators 0.9.0, torch 2.14.1,
+transformers 5.19.0 and the EAGLE authors' repository at commit cb7e084;
+rebuilding with those gives the same bytes (every draw is seeded).
 
 For each variant it builds a small random checkpoint with speculators' own
 model classes (``Eagle3DraftModel``, ``DFlashDraftModel``), saves it in the
