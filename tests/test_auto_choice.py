@@ -277,3 +277,38 @@ def test_engine_reports_the_cost_model_it_measured(load_model):
     assert stream.stats.rounds - 1 <= report["rounds"] <= stream.stats.rounds
     assert report["verify_by_width"][1] == 1.0 and report["step_s"] > 0
     assert set(report["draft_step"]) <= {"draft", "tree"}
+
+
+def test_auto_holds_lookup_matches_to_a_higher_bar_while_lookup_rounds_lose():
+    """Lookup preempts the other arms on a match; while its rounds earn less
+    than the best other choice is expected to, only a match length whose
+    first token is accepted at least LOSING_LOOKUP_BAR of the time drafts."""
+    from mlx_spec.drafters.auto import LOSING_LOOKUP_BAR, AutoDrafter
+    from mlx_spec.drafters.lookup import MIN_ACCEPTANCE, MatchRates
+
+    class Lookup(_NoMatch):
+        rates = MatchRates()
+
+        def will_draft(self, seq):
+            return self.rates.rate(2) >= self.rates.min_acceptance
+
+    class Estimates:
+        rate = 10.0  # tokens per second of the best choice
+
+        def plain_rate(self):
+            return self.rate
+
+        def arm_rate(self, arm):
+            return None
+
+    lookup = Lookup()
+    for accepted in (True, False, False):  # first token accepted 1/3 of the time
+        lookup.rates.observe(2, accepted)
+    assert MIN_ACCEPTANCE <= lookup.rates.rate(2) < LOSING_LOOKUP_BAR
+    auto = AutoDrafter({"draft": _Arm("draft", 0.1), "lookup": lookup}, None)
+    auto.use_estimates(Estimates())
+    assert auto.select([1]) is lookup and auto.current == "lookup"
+    auto.observe(3, 0.2, drafted=4)  # 15 tokens/s: lookup pays
+    assert auto.select([1]) is lookup and auto.current == "lookup"
+    auto.observe(1, 0.5, drafted=4)  # now (0.7 * 3 + 1) / (0.7 * 0.2 + 0.5) < 10
+    assert auto.select([1]) is lookup and auto.current == "plain"

@@ -1,9 +1,9 @@
 """``--speculative auto``: pick the drafter and its size each round.
 
 Prompt lookup drafts for free, so a round whose context has a match worth
-proposing copies it: a match length whose first token is accepted often
-enough (see :class:`~mlx_spec.drafters.lookup.MatchRates`) that a one-token
-lookup round is expected to beat the best other choice.
+proposing (see :class:`~mlx_spec.drafters.lookup.MatchRates`) copies it;
+while lookup rounds earn less than the best other choice is expected to,
+only a match whose first token is usually accepted counts.
 Every other round is a plain step (``plain``) or one of the remaining arms:
 with a draft model the draft chain and the draft tree; with a head, its arms
 (EAGLE tree and chain, Medusa, or the checkpoint's MTP layer); without
@@ -36,9 +36,11 @@ MAX_PROBE_AFTER = 512
 # A tree's first round waits until a chain arm has run this many rounds (and
 # is expected to beat plain rounds on what they measured, not on its prior).
 TREE_AFTER = 4
-# A lookup match drafts only if its first token is accepted often enough to
-# beat the best other choice, and never below this share (lookup's own bar).
-MAX_LOOKUP_BAR = 0.95
+# While lookup rounds earn less than the best other choice (measured: decayed
+# tokens over decayed cost, LOOKUP_EMA), a match length is proposed only if its
+# first token is accepted at least this often.
+LOSING_LOOKUP_BAR = 0.5
+LOOKUP_EMA = 0.3
 LOOKUP, PLAIN = "lookup", "plain"
 
 
@@ -63,6 +65,7 @@ class AutoDrafter:
         self.config = config
         self.estimates = None  # the planner: plain_rate, arm_rate, round_cost
         self._rates = None  # (rounds, expected_rates()) as last priced
+        self.lookup_worth = (0.0, 0.0)  # lookup rounds' decayed (tokens, cost)
         self.tries: Dict[str, int] = {}
         self.rounds = 0
         self.last_round: Dict[str, int] = {}  # the round each arm last ran
@@ -142,15 +145,14 @@ class AutoDrafter:
         return best > rates[PLAIN]
 
     def _lookup_drafts(self, seq: List[int]) -> bool:
-        """Whether lookup has a match worth proposing on ``seq``: one whose
-        first token is accepted often enough that a 1-token lookup round is
-        expected to beat the best other choice."""
+        """Whether lookup has a match worth proposing on ``seq``: a stricter one
+        while lookup rounds earn less than the best other choice is expected to."""
         rates = getattr(self.lookup, "rates", None)
-        if rates is not None and self.estimates is not None:
+        tokens, spent = self.lookup_worth
+        if rates is not None and self.estimates is not None and spent > 0:
             best = max(r for r in self.expected_rates().values() if r is not None)
-            # (1 + p) / cost(lookup, 1) > best  <=>  p > best * cost - 1
-            bar = best * self.estimates.round_cost(self.lookup, 1) - 1.0
-            rates.min_acceptance = min(max(bar, MIN_ACCEPTANCE), MAX_LOOKUP_BAR)
+            losing = tokens / spent < best
+            rates.min_acceptance = LOSING_LOOKUP_BAR if losing else MIN_ACCEPTANCE
         return self.lookup.will_draft(seq)
 
     def select(self, seq: Optional[List[int]] = None):
@@ -222,6 +224,11 @@ class AutoDrafter:
         self.rounds += 1
         self.last_round[name] = self.rounds
         self.kept_all = drafted > 0 and emitted == drafted + 1
+        if name == LOOKUP:
+            # Tokens over cost, not a mean of per-round rates (rounds' times are noisy).
+            tokens, spent = self.lookup_worth
+            keep = 1 - LOOKUP_EMA
+            self.lookup_worth = (keep * tokens + emitted, keep * spent + cost)
         self._update_wait(name, accepted=emitted > 1)
 
     def _update_wait(self, name: str, accepted: bool):
