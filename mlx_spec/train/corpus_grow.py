@@ -244,9 +244,8 @@ class Grower:
                         break
                     if job.temp not in samplers:
                         samplers[job.temp] = make_sampler(temp=job.temp)
-                    limit = self.max_tokens
                     (uid,) = gen.insert(
-                        [job.ids], [limit], samplers=[samplers[job.temp]]
+                        [job.ids], [self.max_tokens], samplers=[samplers[job.temp]]
                     )
                     live[uid], out[uid] = job, []
                 if not live:
@@ -262,8 +261,6 @@ class Grower:
                 if time.perf_counter() - self.last_shard >= self.shard_seconds:
                     self.made += self.flush()
                     pending_tokens = 0
-                if goal_met and self.done and not live:
-                    break
         except KeyboardInterrupt:  # keep what is finished, then stop
             self.made += self.flush()
             raise
