@@ -157,6 +157,8 @@ def grow(args) -> int:
     temps = G.DEFAULT_TEMPS
     _log(f"{len(known)} prompts stored; building prompts")
     follow = G.follow_up_jobs(tokenizer, corpus, known, temps)
+    if args.self_instruct:
+        _log(f"the target writes {args.self_instruct} requests of its own")
     own = G.self_jobs(model, tokenizer, args.self_instruct, known, temps, len(known))
     stream = G.template_jobs(tokenizer, _stream(args.seed), known, temps)
     jobs = G.interleave(stream, own + follow, G.DEFAULT_FOLLOW_UP_SHARE)

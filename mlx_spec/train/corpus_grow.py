@@ -318,9 +318,16 @@ class Grower:
 
 
 def measure_batch(
-    model, tokenizer, prompts: Sequence[List[int]], batch_size: int, seconds: float
+    model,
+    tokenizer,
+    prompts: Sequence[List[int]],
+    batch_size: int,
+    seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Dict:
     """Greedy decoding speed of ``batch_size`` rows once all of them decode.
+
+    ``clock`` gives wall time in seconds.
 
     Returns:
         ``batch_size``, ``tokens``, ``seconds``, ``tokens_per_s`` (wall) and
@@ -339,13 +346,13 @@ def measure_batch(
     )
     try:
         gen.insert(rows)
-        started = 0
-        while started < batch_size:  # every row prefilled and decoding
-            started += len(gen.next_generated())
-        tokens, tic, cpu = 0, time.perf_counter(), time.process_time()
-        while time.perf_counter() - tic < seconds:
+        decoding = set()
+        while len(decoding) < batch_size:  # every row prefilled and decoding
+            decoding.update(r.uid for r in gen.next_generated())
+        tokens, tic, cpu = 0, clock(), time.process_time()
+        while clock() - tic < seconds:
             tokens += len(gen.next_generated())
-        wall, cpu = time.perf_counter() - tic, time.process_time() - cpu
+        wall, cpu = clock() - tic, time.process_time() - cpu
     finally:
         gen.close()
     return {
