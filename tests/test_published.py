@@ -14,7 +14,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 import pytest
 from law_checks import assert_counts_follow_law
 from mlx_lm.models import llama

@@ -24,7 +24,7 @@ its quantization (:mod:`mlx_spec.drafters.storage`).
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -42,7 +42,7 @@ from ..storage import (
 from .dflash import DFlashDraft, DFlashHead
 from .eagle1 import Eagle1Head
 from .eagle3 import Eagle3Head, OwnVocab
-from .layers import LayerShape, layer_shape
+from .layers import layer_shape
 
 FORMATS = ("speculators-eagle3", "eagle3", "speculators-dflash", "dflash", "eagle")
 KIND_OF_FORMAT = {
