@@ -17,7 +17,12 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchResponse, BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, plan_method
+from .config import (
+    DEFAULT_NUM_DRAFT_TOKENS,
+    SpecConfig,
+    check_generation_options,
+    plan_method,
+)
 from .generation import _encode, stream_generate
 from .models import num_caches
 from .serve.batch import BATCH_METHODS, DEFAULT_MAX_BATCH, SeqSpec, SpecBatchGenerator
@@ -101,6 +106,7 @@ def batch_generate(
         **method_options,
     )
     configs = [SpecConfig(method=method, max_tokens=n, **options) for n in limits]
+    check_generation_options(seed=seed, prefill_step_size=prefill_step_size)
     ids = [_encode(tokenizer, p).tolist() for p in prompts]
     if any(not row for row in ids):
         raise ValueError("a prompt is empty; give each prompt some text or tokens.")

@@ -254,3 +254,12 @@ def test_a_temperature_too_small_to_represent_is_greedy(load_model, method):
         return [r.token for r in stream]
 
     assert run(1e-300) == run(0.0) == _plain(model, tokenizer, ids, 12)
+
+
+@pytest.mark.parametrize("options", [dict(seed=-1), dict(prefill_step_size=0)])
+def test_batch_generate_checks_the_same_run_options(load_model, options):
+    from mlx_spec import batch_generate
+
+    model, tokenizer = load_model("llama")
+    with pytest.raises(ValueError, match="is out of range"):
+        batch_generate(model, tokenizer, ["hi", "ho"], max_tokens=2, **options)
