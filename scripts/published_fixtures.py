@@ -187,9 +187,10 @@ def specforge_copy(model, source: Path, folder: Path):
     layer.update(
         architectures=["LlamaForCausalLMEagle3"],
         draft_vocab_size=spec["draft_vocab_size"],
+        # SpecForge names the same layers by their outputs (SGLang adds one).
         eagle_config={
-            "eagle_aux_hidden_state_layer_ids": spec[
-                "eagle_aux_hidden_state_layer_ids"
+            "eagle_aux_hidden_state_layer_ids": [
+                i - 1 for i in spec["eagle_aux_hidden_state_layer_ids"]
             ],
             "use_aux_hidden_state": True,
         },

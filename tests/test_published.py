@@ -100,6 +100,18 @@ def test_each_format_is_detected(name):
     assert published_kind(FIXTURES / name) == ("dflash" if name in DFLASH else "eagle")
 
 
+def test_each_format_reads_its_target_layers_in_its_own_convention(fixture_target):
+    """The same three target layers: speculators names layer inputs (2, 3, 5),
+    SpecForge's eagle_config layer outputs (1, 2, 4), the DFlash authors block
+    outputs; all capture the outputs of blocks 1, 2, 4 (0, 2, 3 for DFlash)."""
+    for name in ("eagle3-llama-d2t", "specforge-llama"):
+        head = load_published(FIXTURES / name, fixture_target)
+        assert head.args.feature_layers == [1, 2, 4], name
+    for name in DFLASH:
+        draft = load_published(FIXTURES / name, _fixture_target(_io(name)))
+        assert draft.args.feature_layers == [0, 2, 3], name
+
+
 def test_a_plain_llama_checkpoint_is_no_published_drafter(checkpoints):
     assert published_format(checkpoints["llama"]) is None
 

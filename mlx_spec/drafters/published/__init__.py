@@ -132,9 +132,10 @@ def published_kind(path) -> Optional[str]:
 def _blocks_from_ids(ids: List[int], convention: str) -> List[int]:
     """Target layer ids -> the target blocks whose outputs are the features.
 
-    ``input``: id ``i`` is the input of layer ``i`` (vLLM, speculators,
-    SpecForge), i.e. the output of block ``i - 1``. ``output``: id ``i`` is
-    block ``i``'s output (the DFlash authors' ``hidden_states[i + 1]``).
+    ``input``: id ``i`` is the input of layer ``i`` (vLLM and speculators),
+    i.e. the output of block ``i - 1``. ``output``: id ``i`` is block ``i``'s
+    output (SGLang's and SpecForge's ``eagle_config``, the DFlash authors'
+    ``hidden_states[i + 1]``).
     """
     return [int(i) - 1 if convention == "input" else int(i) for i in ids]
 
@@ -172,19 +173,22 @@ def describe(config: Dict, fmt: str, num_target_layers: int, where: str):
     shape = layer_shape(layer_config, where)
     target_hidden = int(config.get("target_hidden_size") or shape.hidden_size)
     if fmt in ("speculators-eagle3", "eagle3"):
-        ids = config.get("eagle_aux_hidden_state_layer_ids")
+        # speculators' top-level ids name layer inputs (vLLM's convention);
+        # SpecForge's eagle_config ids name layer outputs (SGLang adds one).
+        ids, convention = config.get("eagle_aux_hidden_state_layer_ids"), "input"
         if ids is None:
-            ids = (config.get("eagle_config") or {}).get(
-                "eagle_aux_hidden_state_layer_ids"
-            )
-        ids = list(ids) if ids else _default_ids(num_target_layers)
+            nested = config.get("eagle_config") or {}
+            ids, convention = nested.get("eagle_aux_hidden_state_layer_ids"), "output"
+        if not ids:
+            ids, convention = _default_ids(num_target_layers), "input"
+        ids = list(ids)
         draft_vocab = int(config.get("draft_vocab_size") or shape.vocab_size)
         args = SimpleNamespace(
             shape=shape,
             target_hidden_size=target_hidden,
             num_aux=len(ids),
             layer_ids=ids,
-            feature_layers=_blocks_from_ids(ids, "input"),
+            feature_layers=_blocks_from_ids(ids, convention),
             draft_vocab_size=draft_vocab,
             norm_before_residual=bool(config.get("norm_before_residual", False)),
             norm_before_fc=bool(config.get("norm_before_fc", False)),
