@@ -160,6 +160,7 @@ def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
     assert mixed["mlx_spec"]["tokens_per_target_forward"] >= 1.0
     assert mixed["mlx_lm"]["throughput_vs_mlx_lm"] == 1.0
     assert "mixed prompt lengths" in (tmp_path / "serve.md").read_text()
+    assert report["command"].startswith("python -m mlx_spec.bench.serve --model ")
 
 
 def test_a_draft_method_without_a_draft_stops_in_one_line(checkpoints, capsys):

@@ -821,7 +821,8 @@ def main(argv: Optional[Sequence[str]] = None):
         "method": args.method,
         "chat": chat,
         "max_tokens": args.max_tokens,
-        "command": " ".join(sys.argv),
+        # As typed, without this machine's path to the module.
+        "command": " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)]),
         "notes": notes,
     }
     if "clients" in args.workloads:
