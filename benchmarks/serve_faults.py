@@ -100,9 +100,8 @@ class Server:
             self.process.kill()
 
 
-def _request(server: Server, body: dict, hang_up_after: Optional[int]) -> str:
-    """Send a completion; return its text, or hang up after that many chunks
-    (0: before any answer, for a request that is not streamed)."""
+def _open(server: Server, body: dict) -> socket.socket:
+    """A raw connection that has sent ``body`` as a completion request."""
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=600)
     sock.sendall(
@@ -111,6 +110,13 @@ def _request(server: Server, body: dict, hang_up_after: Optional[int]) -> str:
         + f"Content-Length: {len(data)}\r\n\r\n".encode()
         + data
     )
+    return sock
+
+
+def _request(server: Server, body: dict, hang_up_after: Optional[int]) -> str:
+    """Send a completion; return its text, or hang up after that many chunks
+    (0: before any answer, for a request that is not streamed)."""
+    sock = _open(server, body)
     received = b""
     try:
         while True:
@@ -170,14 +176,7 @@ def storm(server: Server, model: str, methods, max_tokens: int) -> dict:
         body = {"prompt": PROMPTS[i], "max_tokens": 3000, "stream": stream}
         # A streamed leaver reads a few chunks first; both hang up once the
         # keepers are done, so the last event is a hang-up.
-        data = json.dumps(body).encode()
-        sock = socket.create_connection(("127.0.0.1", server.port), timeout=600)
-        sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-            b"Content-Type: application/json\r\n"
-            + f"Content-Length: {len(data)}\r\n\r\n".encode()
-            + data
-        )
+        sock = _open(server, body)
         if stream:
             received = b""
             while received.count(b"data:") < 3:

@@ -10,9 +10,10 @@ import time
 import urllib.error
 import urllib.request
 
-import mlx.core as mx
 import mlx_lm
 import pytest
+from test_serve_server import _start
+from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
 from mlx_spec.serve.cli import host_warning, setup_arg_parser
@@ -20,12 +21,6 @@ from mlx_spec.serve.server import SpecServer
 from mlx_spec.testing import PROMPTS
 
 MAX_TOKENS = 16
-
-
-def _start(argv):
-    server = SpecServer(setup_arg_parser().parse_args(argv)).start()
-    server.wait_ready()
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -272,28 +267,10 @@ def test_a_non_loopback_host_is_warned_about():
     assert "no authentication" in host_warning("0.0.0.0")
 
 
-def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, tmp_path):
+def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, adapters):
     """It failed every request: "There is no Stream(cpu, 0) in current thread"."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.tuner.utils import linear_to_lora_layers
-
-    model, _ = mlx_lm.load(str(checkpoints["llama"]))
-    model.freeze()
-    lora = {"rank": 4, "scale": 20.0, "dropout": 0.0}
-    linear_to_lora_layers(model, len(model.layers), lora)
-    mx.random.seed(0)
-    weights = {
-        name: 0.1 * mx.random.normal(w.shape)
-        for name, w in tree_flatten(model.trainable_parameters())
-    }
-    mx.save_safetensors(str(tmp_path / "adapters.safetensors"), weights)
-    config = {"fine_tune_type": "lora", "num_layers": len(model.layers)}
-    (tmp_path / "adapter_config.json").write_text(
-        json.dumps(dict(config, lora_parameters=lora))
-    )
-    adapted, tokenizer = mlx_lm.load(
-        str(checkpoints["llama"]), adapter_path=str(tmp_path)
-    )
+    lora = adapters["lora"]
+    adapted, tokenizer = mlx_lm.load(str(checkpoints["llama"]), adapter_path=lora)
     base, _ = mlx_lm.load(str(checkpoints["llama"]))
     ids = tokenizer.encode(PROMPTS[0])
     expected = _greedy_ids(adapted, tokenizer, ids)
@@ -303,7 +280,7 @@ def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, tmp_path):
             "--model",
             str(checkpoints["llama"]),
             "--adapter-path",
-            str(tmp_path),
+            lora,
             "--port",
             "0",
             "--max-tokens",
