@@ -263,11 +263,13 @@ def _generate(
     with mx.stream(generation_stream):
         try:
             tic = time.perf_counter()
-            drafter.prefill(prompt[:-1], prefill_step_size)
             total = int(prompt.size)
             report = progress and (lambda done, _: progress(done, total))
             with maybe_capturing(capture):
                 target.prefill(prompt[:-1], prefill_step_size, report)
+            # After the target's (which reports progress and can stop): a
+            # draft model's prefill is the short one.
+            drafter.prefill(prompt[:-1], prefill_step_size)
             prefilled = True
             features = capture.take() if capture is not None else None
             if features is not None:

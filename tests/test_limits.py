@@ -263,3 +263,37 @@ def test_batch_generate_checks_the_same_run_options(load_model, options):
     model, tokenizer = load_model("llama")
     with pytest.raises(ValueError, match="is out of range"):
         batch_generate(model, tokenizer, ["hi", "ho"], max_tokens=2, **options)
+
+
+def test_stop_during_the_prompt_comes_before_a_draft_model_reads_it(
+    load_model, monkeypatch
+):
+    """The target reads the prompt first, stoppable chunk by chunk; the draft after."""
+    from mlx_spec.limits import GenerationCancelled
+
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    draft_calls, chunks = [], []
+    original = type(draft).__call__
+
+    def counting(self, *args, **kwargs):
+        if self is draft:
+            draft_calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(draft), "__call__", counting)
+    stream = stream_generate(
+        model,
+        tokenizer,
+        list(range(5, 69)),
+        draft,
+        speculative="draft",
+        max_tokens=4,
+        prefill_step_size=16,
+        should_stop=lambda: True,
+        prompt_progress_callback=lambda done, total: chunks.append(done),
+    )
+    with pytest.raises(GenerationCancelled):
+        list(stream)
+    assert chunks == [16]  # stopped after the target's first chunk
+    assert draft_calls == []  # the draft never read the prompt
