@@ -40,6 +40,8 @@ PROMPTS = [
 ]
 METHODS = ("auto", "lookup", "none", "draft", "tree")
 DRAFT_FREE = ("auto", "lookup", "none")
+# Leavers count on: a long answer, still going when they hang up.
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,"
 IDLE_CORES = 0.05  # below this share of one core the server counts as idle
 
 
@@ -139,6 +141,22 @@ def _request(server: Server, body: dict, hang_up_after: Optional[int]) -> str:
     return text
 
 
+def _answered(sock: socket.socket) -> bool:
+    """Whether the whole answer has arrived on ``sock`` (reads what is there)."""
+    sock.setblocking(False)
+    received = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return True
+            received += chunk
+    except BlockingIOError:
+        pass
+    # Streamed: the end marker; not streamed: any answer at all (a 200 or an error).
+    return b"[DONE]" in received or bool(received) and b"data:" not in received
+
+
 def _idle_after(server: Server, since: float, window: float = 0.2) -> float:
     """Seconds from ``since`` until the server's CPU use drops below idle."""
     cpu, _ = server.usage()
@@ -162,7 +180,15 @@ def storm(server: Server, model: str, methods, max_tokens: int) -> dict:
         for p in PROMPTS[:4]
     }
     results: List = [None] * 8
-    keepers_done = threading.Barrier(8)  # every client; then the leavers hang up
+    busy = []
+
+    def measure_busy():  # the server's CPU use just before the hang-ups
+        cpu, tic = server.usage()[0], time.monotonic()
+        time.sleep(0.5)
+        busy.append((server.usage()[0] - cpu) / (time.monotonic() - tic))
+
+    # Every client; then the leavers hang up.
+    keepers_done = threading.Barrier(8, action=measure_busy)
     last_hang_up = [0.0]
 
     def keeper(i):
@@ -173,7 +199,7 @@ def storm(server: Server, model: str, methods, max_tokens: int) -> dict:
 
     def leaver(i):
         stream = i % 2 == 0
-        body = {"prompt": PROMPTS[i], "max_tokens": 3000, "stream": stream}
+        body = {"prompt": COUNTING, "max_tokens": 3000, "stream": stream}
         # A streamed leaver reads a few chunks first; both hang up once the
         # keepers are done, so the last event is a hang-up.
         sock = _open(server, body)
@@ -182,9 +208,9 @@ def storm(server: Server, model: str, methods, max_tokens: int) -> dict:
             while received.count(b"data:") < 3:
                 received += sock.recv(4096)
         keepers_done.wait()
+        results[i] = "finished before" if _answered(sock) else "hung up"
         sock.close()
         last_hang_up[0] = max(last_hang_up[0], time.monotonic())
-        results[i] = "hung up"
 
     threads = [threading.Thread(target=keeper, args=(i,)) for i in range(4)]
     threads += [threading.Thread(target=leaver, args=(i,)) for i in range(4, 8)]
@@ -194,12 +220,15 @@ def storm(server: Server, model: str, methods, max_tokens: int) -> dict:
         t.join(900)
     idle = _idle_after(server, last_hang_up[0])
     exact = sum(results[i] == expected[PROMPTS[i]] for i in range(4))
+    hung_up = results[4:].count("hung up")
     return {
         "clients": 8,
-        "hung_up": 4,
+        "hung_up_while_generating": f"{hung_up}/4",
         "exact_answers": f"{exact}/4",
+        "server_cores_before_hang_up": round(busy[0], 2) if busy else None,
         "idle_after_last_hang_up_s": round(idle, 2),
-        "ok": exact == 4 and idle <= 2.0,
+        "server_alive": server.process.poll() is None,
+        "ok": exact == 4 and hung_up == 4 and idle <= 2.0 and busy[0] > IDLE_CORES,
     }
 
 
