@@ -144,6 +144,30 @@ def _prompts(n, offset=0):
     ]
 
 
+def test_shards_wait_for_enough_sequences_and_count_every_decoded_token(
+    load_model, tmp_path
+):
+    model, tokenizer = load_model("llama")
+    corpus = _corpus(tmp_path)
+    jobs = G.template_jobs(tokenizer, _prompts(7), set(), {0.0: 1.0})
+    grower = G.Grower(
+        model,
+        tokenizer,
+        corpus,
+        batch_size=2,
+        max_tokens=6,
+        shard_seconds=0.0,
+        min_shard_sequences=3,
+        log=lambda s: None,
+    )
+    grower.grow(jobs)
+    sizes = [len(s) for s in corpus.shards()]
+    assert sum(sizes) == 7 and all(n >= 3 for n in sizes[:-1]) and len(sizes) >= 2
+    # Every decoded token is counted once; a run leaves no row unfinished.
+    decoded = sum(s.meta["decoded_tokens"] for s in corpus.shards())
+    assert decoded == sum(s.completion_tokens for s in corpus.shards())
+
+
 def test_grow_writes_greedy_completions_of_the_target(load_model, tmp_path):
     from mlx_lm import generate
 
@@ -189,6 +213,7 @@ def test_a_killed_run_keeps_its_shards_and_the_next_run_goes_on(load_model, tmp_
         batch_size=2,
         max_tokens=6,
         shard_seconds=0.0,  # a shard after every finished step
+        min_shard_sequences=1,
         log=kill_after_first_shard,
     )
     with pytest.raises(Killed):

@@ -303,7 +303,11 @@ class Corpus:
             run = shard.meta.get("run", "")
             r = runs.setdefault(run, {"shards": 0, "tokens": 0, "seconds": 0.0})
             r["shards"] += 1
-            r["tokens"] += shard.completion_tokens + shard.meta.get("lost_tokens", 0)
+            r["tokens"] += shard.completion_tokens
+            # Throughput counts every decoded token (unfinished rows too) when known.
+            r["decoded"] = r.get("decoded", 0) + shard.meta.get(
+                "decoded_tokens", shard.completion_tokens
+            )
             r["seconds"] += float(shard.meta.get("seconds", 0.0))
             for k in ("batch_size", "max_tokens", "started"):
                 if k in shard.meta:

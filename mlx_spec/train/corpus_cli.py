@@ -303,15 +303,16 @@ def card_text(summary: Dict, manifest: Dict, measured: Optional[Dict] = None) ->
         lines.append(f"| {name} | {row['sequences']:,} | {row['tokens']:,} |")
     lines += [
         "",
-        "Runs (throughput: completion tokens per hour of wall time, niced, on a "
-        "shared 2-core CPU):",
+        "Runs (throughput: tokens decoded per hour of wall time, niced, on a shared "
+        "2-core CPU; runs written before decoded tokens were recorded count the "
+        "completion tokens of their finished rows only):",
         "",
         "| run | shards | completion tokens | hours | tokens/hour | batch | max tokens |",
         "|---|---|---|---|---|---|---|",
     ]
     for run, r in sorted(summary["runs"].items()):
         hours = r["seconds"] / 3600
-        rate = r["tokens"] / hours if hours else 0
+        rate = r["decoded"] / hours if hours else 0
         lines.append(
             f"| {run} | {r['shards']} | {r['tokens']:,} | {hours:.2f} | {rate:,.0f} "
             f"| {r.get('batch_size', '')} | {r.get('max_tokens', '')} |"

@@ -43,6 +43,9 @@ DEFAULT_FOLLOW_UP_SHARE = 0.15
 # Turns a conversation may reach through follow-ups.
 MAX_TURNS = 3
 MIN_PARENT_TOKENS = 8
+# Fewest finished sequences in a shard written on time (the last one of a run
+# may hold fewer): the first rows of a run finish one by one.
+MIN_SHARD_SEQUENCES = 16
 # Rows waiting to enter the batch, as a multiple of the batch size.
 QUEUE_FACTOR = 2
 
@@ -181,6 +184,8 @@ class Grower:
         batch_size: Rows decoded together.
         max_tokens: Longest completion.
         shard_seconds: Seconds between shards.
+        min_shard_sequences: Fewest finished sequences in a shard written on
+          time (a run's last shard may hold fewer).
         run: This run's name (stored in each shard).
         log: Called with one line per shard.
     """
@@ -194,15 +199,18 @@ class Grower:
         batch_size: int = DEFAULT_BATCH_SIZE,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         shard_seconds: float = DEFAULT_SHARD_SECONDS,
+        min_shard_sequences: int = MIN_SHARD_SEQUENCES,
         run: str = "",
         log: Callable[[str], None] = print,
     ):
         self.model, self.tokenizer, self.corpus = model, tokenizer, corpus
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shard_seconds, self.run, self.log = shard_seconds, run, log
+        self.min_shard_sequences = min_shard_sequences
         self.done: List[Record] = []
         self.turns: Dict[str, int] = {}
         self.made = 0  # completion tokens written to shards by this run
+        self.decoded = 0  # tokens decoded since the last shard, unfinished rows too
         self.started = time.perf_counter()
         self.last_shard = self.started
 
@@ -250,7 +258,9 @@ class Grower:
                     live[uid], out[uid] = job, []
                 if not live:
                     break
-                for r in gen.next_generated() or []:
+                responses = gen.next_generated() or []
+                self.decoded += len(responses)
+                for r in responses:
                     out[r.uid].append(int(r.token))
                     if r.finish_reason is None:
                         continue
@@ -258,7 +268,8 @@ class Grower:
                     completion = out.pop(r.uid)
                     self._finish(job, completion, completion[-1] in stop_set)
                     pending_tokens += len(completion)
-                if time.perf_counter() - self.last_shard >= self.shard_seconds:
+                due = time.perf_counter() - self.last_shard >= self.shard_seconds
+                if due and len(self.done) >= self.min_shard_sequences:
                     self.made += self.flush()
                     pending_tokens = 0
         except KeyboardInterrupt:  # keep what is finished, then stop
@@ -293,6 +304,7 @@ class Grower:
         meta = {
             "run": self.run,
             "seconds": round(now - self.last_shard, 2),
+            "decoded_tokens": self.decoded,
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "written": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -307,12 +319,12 @@ class Grower:
             self.done, self.turns = [], {}
             self.last_shard = now
             return 0
-        rate = tokens / max(now - self.last_shard, 1e-9) * 3600
+        rate = self.decoded / max(now - self.last_shard, 1e-9) * 3600
         self.log(
-            f"{path.name}: {len(self.done)} sequences, {tokens} completion tokens, "
-            f"{rate:,.0f} tokens/hour"
+            f"{path.name}: {len(self.done)} sequences, {tokens} completion tokens; "
+            f"decoding {rate:,.0f} tokens/hour"
         )
-        self.done, self.turns = [], {}
+        self.done, self.turns, self.decoded = [], {}, 0
         self.last_shard = now
         return tokens
 
