@@ -77,8 +77,18 @@ def requested_model_key(provider, model) -> Tuple[Any, Any, Any]:
 
 
 def is_distributed(generator) -> bool:
-    """Whether a ``ResponseGenerator`` serves a sharded (``--pipeline``) model."""
+    """Whether a ``ResponseGenerator`` runs under mlx.launch (several processes)."""
     return generator._is_distributed
+
+
+def share_object(generator, obj):
+    """Rank 0's ``obj`` on every rank of a distributed server (pickled, all_sum)."""
+    return generator._share_object(obj)
+
+
+def generation_failed(generator) -> bool:
+    """Whether a ``ResponseGenerator``'s generation thread died of an error."""
+    return generator._generation_failed
 
 
 def stopping(generator) -> bool:

@@ -16,6 +16,7 @@ from test_serve_server import _start
 from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
+from mlx_spec.serve import server as server_module
 from mlx_spec.serve.cli import host_warning, setup_arg_parser
 from mlx_spec.serve.server import SpecServer
 from mlx_spec.testing import PROMPTS
@@ -296,3 +297,21 @@ def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, adapters):
             assert body["choices"][0]["text"] == expected
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--no-batching"], "drop --no-batching"),
+        (["--kv-bits", "4"], "drop --kv-bits"),
+    ],
+)
+def test_a_sharded_server_refuses_flags_that_would_not_batch(
+    checkpoints, monkeypatch, flags, message
+):
+    """Sharded, every request must batch: these would refuse every request."""
+    monkeypatch.setattr(server_module, "sharded_group", lambda: object())
+    argv = ["--model", str(checkpoints["llama"]), "--port", "0", *flags]
+    with pytest.raises(ValueError) as e:
+        SpecServer(setup_arg_parser().parse_args(argv))
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

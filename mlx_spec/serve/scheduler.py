@@ -3,19 +3,31 @@
 Batchable requests decode together in a :class:`SpecBatchGenerator`; a
 request that arrives at an idle server runs alone (:class:`SoloRun`) until
 another arrives, and the others run alone once the batch has drained.
+
+Sharded (under ``mlx.launch``, tensor-parallel), rank 0 takes the HTTP
+requests and every rank runs this loop in lockstep: rank 0 shares each
+request and each step's hang-ups (mlx_lm's ``all_sum`` of pickled bytes),
+and every decision after that depends only on shared data (requests, the
+target's all-reduced logits, a shared seed), so every rank runs the same
+batch steps and so the same collectives. Every request is batched there
+(the single-sequence engine times its rounds per rank); one that cannot be
+gets a 400, and an error in a step ends the group.
 """
 
+import dataclasses
 import gc
 import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+import mlx.core as mx
 import mlx_lm.server as lm_server
 
 from .. import mlx_lm_private as lm_private
 from ..chat_text import LiteralText
 from ..config import SpecConfig, plan_method
+from ..distributed import shared_seed
 from ..loading import tokenizer_size
 from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
@@ -38,6 +50,8 @@ from .solo import (
 
 # Why a batchable request ran on the single-sequence engine.
 ALONE_NOTE = "no other request was running (single-sequence engine)"
+# A sharded server's answer to a request it cannot batch (then why).
+SHARDED_NOTE = "a sharded server batches every request, and this one cannot be: "
 
 
 @dataclass
@@ -86,9 +100,27 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     # ------------------------------------------------------------------ #
     # The generation thread
 
+    @property
+    def _sharded(self) -> bool:
+        """Tensor-parallel over several processes (``--pipeline`` runs alone)."""
+        return lm_private.is_distributed(self) and not self.cli_args.pipeline
+
+    def _share_request(self, request):
+        """mlx_lm's, without the client's connection (rank 0 keeps its own)."""
+        if not lm_private.is_distributed(self):
+            return request
+        if request is None or not isinstance(request[1], SpecCompletionRequest):
+            return super()._share_request(request)
+        rqueue, spec_request, args = request
+        bare = dataclasses.replace(spec_request, client_gone=None)
+        super()._share_request((rqueue, bare, args))
+        return request
+
     def _generate(self):
         provider = self.model_provider
         provider.load_default()
+        if self._sharded:  # every rank samples alike
+            mx.random.seed(shared_seed(None))
         pending = deque()  # requests in arrival order
         while not lm_private.stopping(self):
             request = lm_private.next_request(
@@ -106,10 +138,17 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                     pending.popleft()
                     self._fail(rqueue, request, e)
                     continue
+                if reason is not None and self._sharded:
+                    pending.popleft()
+                    self._fail(rqueue, request, RequestError(SHARDED_NOTE + reason))
+                    continue
                 if reason is None and (not self._busy or key == self._batch_key):
                     pending.popleft()
                     alone = not (
-                        self._busy or pending or self._drafts_from_index(request)
+                        self._busy
+                        or pending
+                        or self._drafts_from_index(request)
+                        or self._sharded
                     )
                     self._admit(rqueue, request, args, key, alone)
                     continue
@@ -165,8 +204,8 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         cli = self.cli_args
         if not getattr(cli, "batching", True):
             return "batching is off (--no-batching)"
-        if lm_private.is_distributed(self):
-            return "distributed serving runs one request at a time"
+        if lm_private.is_distributed(self) and not self._sharded:
+            return "a --pipeline server runs one request at a time"
         if cli.kv_bits is not None:
             return "quantized KV caches (--kv-bits) are not batched"
         if key != self.model_provider.model_key:
@@ -385,15 +424,20 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     def _step(self):
         """Drop disconnected clients, run one batch step, send what it made."""
         batch = self._batch
-        for uid, client in list(self._clients.items()):
-            if client_left(client.ctx, client.request):
-                self._finish(uid, batch.remove(uid, client.sent - client.before))
+        gone = [u for u, c in self._clients.items() if client_left(c.ctx, c.request)]
+        if self._sharded:  # rank 0's clients
+            gone = lm_private.share_object(self, gone) or []
+        for uid in gone:
+            client = self._clients[uid]
+            self._finish(uid, batch.remove(uid, client.sent - client.before))
         try:
             outputs = batch.next()
         except Exception as e:
             logging.exception("batch step failed")
             self._fail_all(e)
             self._batch, self._batch_key = None, None
+            if self._sharded:  # the ranks may differ now: end the group
+                raise
             return
         for out in outputs:
             client = self._clients.get(out.uid)
@@ -442,7 +486,10 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 )
             )
             client.sent += 1
-            if finish_reason is not None or client_left(client.ctx, client.request):
+            if finish_reason is not None:
+                return True
+            # Sharded, a hang-up is seen at the next step, on every rank.
+            if not self._sharded and client_left(client.ctx, client.request):
                 return True
         return False
 

@@ -51,6 +51,7 @@ from mlx_lm.models.cache import LRUPromptCache
 
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
+from ..distributed import load_sharded, rank, sharded_group
 from ..loading import draft_source, load_draft, load_model
 from ..mtp import load_mtp
 from .cli import check_port, host_warning, resolve_model_args, setup_arg_parser
@@ -62,27 +63,41 @@ from .scheduler import SpecResponseGenerator
 class SpecModelProvider(lm_server.ModelProvider):
     """mlx_lm's provider with one-line load errors and a checked draft.
 
-    A distributed (``--pipeline``) load is mlx_lm's and serves one request at
-    a time. A draft whose tokenizer differs from the target's is refused
-    (``ValueError``) rather than merely warned about.
+    Under ``mlx.launch`` the target is sharded tensor-parallel over the
+    processes (:func:`mlx_spec.distributed.load_sharded`) and the draft
+    model is whole on every rank; a ``--pipeline`` load is mlx_lm's and
+    serves one request at a time, without a draft. A draft whose tokenizer
+    differs from the target's is refused (``ValueError``) rather than
+    merely warned about.
     """
 
     def _load(self, model_path, adapter_path=None, draft_model_path=None):
-        if self.is_distributed:  # mlx_lm's sharded load (it refuses drafts)
+        if self.is_distributed and self.cli_args.pipeline:
             super()._load(model_path, adapter_path, draft_model_path)
             self.is_batchable = False
             return
+        if self.is_distributed and adapter_path is not None:
+            raise ValueError(
+                "a sharded server takes no adapters; drop --adapter-path or "
+                "run one process."
+            )
         self.reset()
         gc.collect()
         mx.clear_cache()
-        model, tokenizer, config = load_model(
-            model_path,
-            "model",
-            adapter_path=adapter_path,
-            tokenizer_config=lm_private.tokenizer_config(self),
-            return_config=True,
-            trust_remote_code=self.cli_args.trust_remote_code,
-        )
+        if self.is_distributed:
+            model, tokenizer = load_sharded(
+                model_path, tokenizer_config=lm_private.tokenizer_config(self)
+            )
+            config = None
+        else:
+            model, tokenizer, config = load_model(
+                model_path,
+                "model",
+                adapter_path=adapter_path,
+                tokenizer_config=lm_private.tokenizer_config(self),
+                return_config=True,
+                trust_remote_code=self.cli_args.trust_remote_code,
+            )
         if self.cli_args.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
         draft_model = None
@@ -90,6 +105,11 @@ class SpecModelProvider(lm_server.ModelProvider):
             self.cli_args.speculative, model_path, draft_model_path, model
         )
         if source is not None and source[0] == "mtp":
+            if self.is_distributed:
+                raise ValueError(
+                    "a sharded server cannot draft with the checkpoint's MTP "
+                    "layer; give a --draft-model or another --speculative method."
+                )
             draft_model = load_mtp(source[1], model)  # a checkpoint's MTP layer
         elif draft_model_path is not None:  # a model, or a head bound to this target
             draft_model = load_draft(
@@ -101,9 +121,26 @@ class SpecModelProvider(lm_server.ModelProvider):
         self.model_key = (model_path, adapter_path, draft_model_path)
         self.model = model
         self.tokenizer = tokenizer
-        self.processor = lm_server.load_processor(model, config)
+        # A sharded load has no processor: images are refused anyway.
+        self.processor = (
+            None if config is None else lm_server.load_processor(model, config)
+        )
         self.draft_model = draft_model
         self.is_batchable = False
+
+
+def check_sharded_flags(args: argparse.Namespace):
+    """A one-line ``ValueError`` for flags a sharded (tensor-parallel) server
+    cannot honour: it batches every request."""
+    if sharded_group() is None or args.pipeline:
+        return
+    if not getattr(args, "batching", True):
+        raise ValueError("a sharded server batches every request; drop --no-batching.")
+    if args.kv_bits is not None:
+        raise ValueError(
+            "a sharded server batches every request, and quantized KV caches "
+            "are not batched; drop --kv-bits."
+        )
 
 
 class SpecServer:
@@ -123,6 +160,7 @@ class SpecServer:
         ``args.port`` 0 picks a free port (see :attr:`port`).
         """
         self.args = resolve_model_args(args)
+        check_sharded_flags(self.args)
         family, _, _, _, address = socket.getaddrinfo(
             self.args.host,
             self.args.port,
@@ -131,13 +169,16 @@ class SpecServer:
         )[0]
         fingerprint = lm_server.get_system_fingerprint()
         # Bind first: a busy port fails before the generation thread starts.
-        self.httpd = SpecHTTPServer(
-            address,
-            lambda *a, **k: SpecAPIHandler(
-                self.generator, *a, system_fingerprint=fingerprint, **k
-            ),
-            family,
-        )
+        # Under mlx.launch only rank 0 serves HTTP; the others follow it.
+        self.httpd = None
+        if rank() == 0:
+            self.httpd = SpecHTTPServer(
+                address,
+                lambda *a, **k: SpecAPIHandler(
+                    self.generator, *a, system_fingerprint=fingerprint, **k
+                ),
+                family,
+            )
         cache_limits = {"max_size": self.args.prompt_cache_size}
         if getattr(self.args, "prompt_cache_bytes", None) is not None:
             cache_limits["max_bytes"] = self.args.prompt_cache_bytes
@@ -147,7 +188,8 @@ class SpecServer:
             self.provider = SpecModelProvider(self.args)
             self.provider.load_default()
         except BaseException:
-            self.httpd.server_close()
+            if self.httpd is not None:
+                self.httpd.server_close()
             raise
         tokens = getattr(self.args, "cross_request_tokens", 0)
         self.index = CrossRequestIndex(tokens) if tokens else None
@@ -192,27 +234,44 @@ class SpecServer:
         return self
 
     def serve_forever(self):
+        """Serve until interrupted (see :attr:`failed`).
+
+        Sharded, every rank returns when the generation thread ends (an error
+        on any rank ends the group: mlx.launch stops the others once one
+        exits with an error).
+        """
         try:
-            self.httpd.serve_forever()
+            if self.provider.is_distributed:
+                if self.httpd is not None:
+                    self.start()
+                self.generator.join()
+            else:
+                self.httpd.serve_forever()
         except KeyboardInterrupt:
             pass
         finally:
             self.stop()
+
+    @property
+    def failed(self) -> bool:
+        """Whether the generation thread died of an error."""
+        return lm_private.generation_failed(self.generator)
 
     def stop(self):
         if self._thread is not None:
             self.httpd.shutdown()
             self._thread.join()
             self._thread = None
-        self.httpd.server_close()
+        if self.httpd is not None:
+            self.httpd.server_close()
         self.generator.stop_and_join()
 
 
 def main(argv: Optional[List[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper(), None),
+    logging.basicConfig(  # only rank 0 logs below warnings
+        level=getattr(logging, args.log_level.upper()) if rank() == 0 else "WARNING",
         format="%(asctime)s - %(levelname)s - %(message)s",
     )
     try:
@@ -228,8 +287,11 @@ def main(argv: Optional[List[str]] = None):
     warning = host_warning(args.host)
     if warning is not None:
         logging.warning(warning)
-    logging.info(server.describe())
+    if rank() == 0:
+        logging.info(server.describe())
     server.serve_forever()
+    if server.failed:
+        parser.exit(1, f"{parser.prog}: error: generation failed; see the log.\n")
 
 
 if __name__ == "__main__":

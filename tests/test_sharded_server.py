@@ -1,0 +1,180 @@
+"""mlx_spec.server on a target sharded over two processes (mlx.launch, ring
+backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps.
+
+Concurrent greedy requests of several methods must equal unsharded plain
+mlx-lm; a request the sharded server cannot batch gets a 400 and the group
+goes on; an error in a rank ends the whole group.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import mlx_lm
+import pytest
+
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+SERVER = Path(sys.executable).with_name("mlx_spec.server")
+PROMPTS = ("def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n")
+METHODS = ("draft", "lookup", "none")
+MAX_TOKENS = 16
+TIMEOUT = 400
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (LAUNCH.exists() and SERVER.exists()),
+        reason="mlx.launch or the mlx_spec.server script is not installed",
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(port, body, timeout=TIMEOUT):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+class _Group:
+    """Two ranks of ``mlx_spec.server``; killed as a group when done."""
+
+    def __init__(self, tmp_path, *args):
+        self.port = _free_port()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        argv = [str(LAUNCH), "--backend", "ring", "-n", "2"]
+        argv += ["--python", sys.executable, str(SERVER), *args]
+        argv += ["--port", str(self.port), "--max-tokens", str(MAX_TOKENS)]
+        self.log = open(tmp_path / "group.log", "w+")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def wait_ready(self):
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the group exited early:\n{self.output()}")
+            try:
+                url = f"http://127.0.0.1:{self.port}/health"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"the group did not start in {TIMEOUT} s:\n{self.output()}")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def group(checkpoints, tmp_path):
+    group = _Group(
+        tmp_path,
+        "--model",
+        str(checkpoints["llama"]),
+        "--draft-model",
+        str(checkpoints["llama-near"]),
+        "--log-level",
+        "CRITICAL",
+    )
+    yield group
+    group.kill()
+
+
+def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
+    model, tokenizer = load_model("llama")
+    references = {
+        p: mlx_lm.generate(model, tokenizer, tokenizer.encode(p), max_tokens=MAX_TOKENS)
+        for p in PROMPTS
+    }
+    group.wait_ready()
+    results = {}
+
+    def ask(prompt, method):
+        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "speculative": method}
+        results[prompt] = _post(group.port, body)
+
+    for _ in range(2):  # the second wave reuses the prompt cache on both ranks
+        threads = [
+            threading.Thread(target=ask, args=(p, m)) for p, m in zip(PROMPTS, METHODS)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=TIMEOUT)
+        for prompt in PROMPTS:
+            status, body = results[prompt]
+            assert status == 200, (body, group.output())
+            assert body["choices"][0]["text"] == references[prompt]
+            assert body["speculative_stats"]["batched"] is True
+    # A request the batch cannot take is refused; the ranks stay in step.
+    status, body = _post(
+        group.port, {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": "tree"}
+    )
+    assert status == 400 and "sharded server batches every request" in body["error"]
+    status, body = _post(group.port, {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS})
+    assert status == 200 and body["choices"][0]["text"] == references[PROMPTS[1]]
+    assert group.proc.poll() is None
+
+
+def test_a_rank_that_dies_ends_the_whole_group(group):
+    group.wait_ready()
+    ranks = subprocess.run(
+        ["pgrep", "-s", str(group.proc.pid), "-f", str(SERVER)],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    ranks = [int(pid) for pid in ranks if int(pid) != group.proc.pid]  # not mlx.launch
+    assert len(ranks) == 2, group.output()
+    os.kill(max(ranks), signal.SIGKILL)  # the later-started rank
+    try:
+        group.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the group went on with a rank gone:\n{group.output()}")
+    deadline = time.monotonic() + 30
+    while _alive(min(ranks)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(min(ranks)), "rank 0 outlived its group"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
