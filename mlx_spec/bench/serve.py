@@ -808,7 +808,8 @@ def main(argv: Optional[Sequence[str]] = None):
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     notes, lm_draft = [], draft
-    if draft is not None and read_head_config(draft) is not None:
+    wants_lm_draft = "clients" in args.workloads and "mlx_lm_draft" in args.servers
+    if wants_lm_draft and read_head_config(draft) is not None:
         lm_draft, note = mlx_lm_draft_model(target, draft, out)
         notes.append(note)
         if lm_draft is None:
