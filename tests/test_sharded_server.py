@@ -152,6 +152,40 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
     assert group.proc.poll() is None
 
 
+def test_sampled_sharded_rows_keep_the_ranks_in_step(group, load_model):
+    """Sampled rows of several methods are answered by the group, and the
+    greedy answers after them are still plain mlx-lm's. (That every rank
+    draws the same tokens is not checked here: rank 1's answers go nowhere.)"""
+    model, tokenizer = load_model("llama")
+    group.wait_ready()
+    results = []
+
+    def ask(prompt, method, temperature):
+        body = {
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": temperature,
+            "speculative": method,
+        }
+        results.append((prompt, temperature, _post(group.port, body)))
+
+    for temperature in (1.0, 0.0):
+        threads = [
+            threading.Thread(target=ask, args=(p, m, temperature))
+            for p, m in zip(PROMPTS, METHODS)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=TIMEOUT)
+    assert [status for _, _, (status, _) in results] == [200] * 6, group.output()
+    for prompt, temperature, (_, body) in results:
+        if temperature == 0.0:
+            ids = tokenizer.encode(prompt)
+            plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
+            assert body["choices"][0]["text"] == plain
+
+
 def test_a_rank_that_dies_ends_the_whole_group(group):
     group.wait_ready()
     ranks = subprocess.run(
