@@ -9,7 +9,7 @@ rollback decode one prompt at a time on the single-sequence engine instead.
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Union
 
 import mlx.core as mx
@@ -17,17 +17,13 @@ import mlx.nn as nn
 from mlx_lm.generate import BatchResponse, BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .config import (
-    DEFAULT_NUM_DRAFT_TOKENS,
-    SpecConfig,
-    check_generation_options,
-    plan_method,
-)
+from .config import DEFAULT_NUM_DRAFT_TOKENS, check_generation_options, plan_method
 from .generation import _encode, stream_generate
 from .models import num_caches
 from .serve.batch import BATCH_METHODS, DEFAULT_MAX_BATCH, SeqSpec, SpecBatchGenerator
 from .serve.batch_cache import pair_unbatchable
 from .stats import SpecStats
+from .validation import spec_config
 
 Prompt = Union[str, List[int]]
 
@@ -105,7 +101,8 @@ def batch_generate(
         min_tokens_to_keep=min_tokens_to_keep,
         **method_options,
     )
-    configs = [SpecConfig(method=method, max_tokens=n, **options) for n in limits]
+    config = spec_config(speculative, draft_model, **options)
+    configs = [replace(config, max_tokens=n) for n in limits]
     check_generation_options(seed=seed, prefill_step_size=prefill_step_size)
     ids = [_encode(tokenizer, p).tolist() for p in prompts]
     if any(not row for row in ids):

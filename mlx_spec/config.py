@@ -7,7 +7,7 @@ the server and the UI can show it as a one-line error.
 
 import functools
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from .drafters.registry import METHODS
@@ -30,7 +30,7 @@ DEFAULT_NGRAM_MAX = 3
 DEFAULT_ADAPTIVE = True
 
 
-def resolve_method(speculative: Optional[str], draft_model) -> str:
+def resolve_method(speculative: Optional[str]) -> str:
     """The default is ``auto``: it picks among the methods this call can use."""
     return "auto" if speculative is None else speculative
 
@@ -55,7 +55,7 @@ def plan_method(speculative: Optional[str], draft_model) -> Tuple[str, bool]:
         builds ``make_prompt_cache(model) + make_prompt_cache(draft_model)``,
         otherwise no draft model and the target's caches only.
     """
-    method = resolve_method(speculative, draft_model)
+    method = resolve_method(speculative)
     uses = DRAFT_CACHE_METHODS + HEAD_METHODS
     return method, draft_model is not None and method in uses
 
@@ -139,9 +139,26 @@ def check_generation_options(
     )
 
 
+class OptionError(ValueError):
+    """A value out of its range; the message names the option, the value and the range."""
+
+    def __init__(self, name: str, value, allowed: str):
+        super().__init__(f"{name}={value!r} is out of range: {allowed}.")
+        self.name, self.value, self.allowed = name, value, allowed
+
+    def as_flag(self) -> "OptionError":
+        """The same error, naming the option as its command-line flag."""
+        return OptionError(flag_name(self.name), self.value, self.allowed)
+
+
+def flag_name(name: str) -> str:
+    """``num_draft_tokens`` -> ``--num-draft-tokens``."""
+    return "--" + name.replace("_", "-")
+
+
 def _check(ok: bool, name: str, value, allowed: str):
     if not ok:
-        raise ValueError(f"{name}={value!r} is out of range: {allowed}.")
+        raise OptionError(name, value, allowed)
 
 
 def _is_int(value) -> bool:
@@ -317,7 +334,7 @@ class SpecConfig:
             _is_int(self.tree_top_k) and 1 <= self.tree_top_k <= MAX_TREE_TOP_K,
             "tree_top_k",
             self.tree_top_k,
-            "an integer from 1 to 16",
+            f"an integer from 1 to {MAX_TREE_TOP_K}",
         )
         _check(
             _is_int(self.tree_depth) and 1 <= self.tree_depth <= MAX_DRAFT_TOKENS,
@@ -380,7 +397,3 @@ class SpecConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def field_names(cls) -> List[str]:
-        return [f.name for f in fields(cls)]

@@ -30,17 +30,13 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .caches.owners import claim, own, spoil
 from .chat_text import repair_text
-from .config import (
-    DEFAULT_NUM_DRAFT_TOKENS,
-    SpecConfig,
-    check_generation_options,
-    resolve_method,
-)
+from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, check_generation_options
 from .engine import TARGET, speculative_events
 from .limits import GenerationCancelled, stopping_progress
 from .loading import tokenizer_size
 from .models import cache_offset
 from .stats import SpecStats
+from .validation import spec_config
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_PROMPT = "def fibonacci(n):\n"
@@ -124,6 +120,7 @@ def stream_generate(
     history_tokens: Optional[List[int]] = None,
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     should_stop: Optional[Callable[[], bool]] = None,
+    config: Optional[SpecConfig] = None,
     **method_options,
 ) -> SpecStream:
     """Generate text, yielding mlx_lm ``GenerationResponse`` objects.
@@ -162,6 +159,9 @@ def stream_generate(
           "the client left"). ``prompt_cache`` then holds the prompt and the
           tokens yielded; stopped during the prompt, what it held before
           (a recurrent cache that cannot go back is refused if reused).
+        config: A config checked already (see :func:`mlx_spec.validation.spec_config`);
+          it replaces ``speculative``, the sampling arguments, ``max_tokens``,
+          ``seed``, ``profile`` and the method options.
         method_options: Further :class:`SpecConfig` fields of later methods.
 
     Returns:
@@ -175,7 +175,6 @@ def stream_generate(
     """
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
-    method = resolve_method(speculative, draft_model)
     check_generation_options(
         seed=seed,
         kv_bits=kv_bits,
@@ -184,32 +183,36 @@ def stream_generate(
         prefill_step_size=prefill_step_size,
         max_kv_size=max_kv_size,
     )
-    config = SpecConfig(
-        method=method,
-        num_draft_tokens=num_draft_tokens,
-        temp=temp,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        min_tokens_to_keep=min_tokens_to_keep,
-        max_tokens=max_tokens,
-        seed=seed,
-        profile=profile,
-        **method_options,
-    )
+    if config is None:
+        config = spec_config(
+            speculative,
+            draft_model,
+            num_draft_tokens=num_draft_tokens,
+            temp=temp,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            min_tokens_to_keep=min_tokens_to_keep,
+            max_tokens=max_tokens,
+            seed=seed,
+            profile=profile,
+            **method_options,
+        )
+    method, max_tokens = config.method, config.max_tokens
     prompt = _encode(tokenizer, prompt)
     if prompt.size == 0:
         raise ValueError("the prompt is empty; give some text to continue.")
     claim(prompt_cache)  # close a suspended stream on these caches first
-    if seed is not None:
-        mx.random.seed(seed)
-    stats = SpecStats(method=method, num_draft_tokens=num_draft_tokens)
+    if config.seed is not None:
+        mx.random.seed(config.seed)
+    stats = SpecStats(method=method, num_draft_tokens=config.num_draft_tokens)
     progress = stopping_progress(should_stop, prompt_progress_callback)
 
     if method == "none":
         if sampler is None:
-            sampler = mlx_lm_make_sampler(  # config.temp: 0 below representable
-                config.temp, top_p, min_p, min_tokens_to_keep, top_k=top_k
+            law = config.sampling_params  # temp 0 below representable
+            sampler = mlx_lm_make_sampler(
+                law.temp, law.top_p, law.min_p, law.min_tokens_to_keep, top_k=law.top_k
             )
         steps = generate_step(
             prompt,

@@ -14,19 +14,13 @@ DEFAULT_HEAD_NAMES = {
     "eagle-chain": "smollm2-135m-eagle",
     "medusa": "smollm2-135m-medusa",
 }
-# Methods that need a draft model (a trained head will not do).
-DRAFT_METHODS = ("draft", "tree")
-# Methods that draft without a draft model or head (one given goes unused).
-DRAFTLESS_METHODS = ("none", "lookup", "self")
-# The drafter each method drafts with: the ``kind`` a train-draft directory records.
-METHOD_KINDS = {
-    "draft": "draft",
-    "tree": "draft",
-    "eagle": "eagle",
-    "eagle-chain": "eagle",
-    "medusa": "medusa",
-    "dflash": "dflash",
-}
+from .config import resolve_method
+from .drafters.fit import (
+    DRAFTLESS_METHODS,
+    check_drafter,
+    drafter_description,
+    drafter_methods,
+)
 
 
 def _log_progress(message: str) -> None:
@@ -150,14 +144,21 @@ def drafter_dir_kind(path: Optional[str]) -> Optional[str]:
     return str(config[HEAD_KEY].get("kind", "draft"))
 
 
-def drafter_description(kind: str) -> str:
-    """``a distilled draft model`` or ``a trained eagle head``."""
-    return "a distilled draft model" if kind == "draft" else f"a trained {kind} head"
+def draft_path_kind(path) -> Optional[str]:
+    """The kind of drafter at ``path`` (read, not loaded): ``None`` without a
+    path, a ``train-draft`` directory's kind, else ``"draft"`` (a plain model)."""
+    if path is None:
+        return None
+    return drafter_dir_kind(str(path)) or "draft"
 
 
-def drafter_methods(kind: str) -> str:
-    """The methods that draft with a ``kind`` drafter: ``eagle or eagle-chain``."""
-    return " or ".join(m for m, k in METHOD_KINDS.items() if k == kind) or "auto"
+def check_draft_path(method: str, path, subject: str = "") -> None:
+    """:func:`~mlx_spec.drafters.fit.check_drafter` before anything loads.
+
+    ``mtp`` reads a checkpoint's MTP layer, checked as it loads.
+    """
+    if method != "mtp":
+        check_drafter(method, draft_path_kind(path), subject=subject)
 
 
 def check_not_a_drafter(path: str, role: str) -> None:
@@ -220,28 +221,6 @@ def load_draft(path: str, model, tokenizer, **kwargs):
     return draft_model
 
 
-def drafter_kind(draft_model) -> Optional[str]:
-    """What a loaded drafter is: ``None``, ``"draft"`` or a head's kind
-    (the values of :data:`METHOD_KINDS`, and ``"mtp"``)."""
-    if draft_model is None:
-        return None
-    return draft_model.kind if getattr(draft_model, "is_head", False) else "draft"
-
-
-def check_draft_given(method: Optional[str], draft_path: Optional[str]) -> None:
-    """A one-line ``ValueError`` when ``method`` needs a draft model or a trained
-    head and none is given."""
-    wanted = METHOD_KINDS.get(method)
-    if wanted is None or draft_path is not None:
-        return
-    if wanted == "draft":
-        raise ValueError(f"--speculative {method} needs a --draft-model.")
-    raise ValueError(
-        f"--speculative {method} needs a trained {wanted} head as --draft-model; "
-        f"train one with: mlx_spec train-draft --kind {wanted}."
-    )
-
-
 def skip_unused_draft(
     method: Optional[str], draft_path: Optional[str]
 ) -> Optional[str]:
@@ -257,27 +236,6 @@ def skip_unused_draft(
         file=sys.stderr,
     )
     return None
-
-
-def check_drafter_kind(method: Optional[str], draft_path: Optional[str]) -> None:
-    """A one-line ``ValueError``, before anything loads, when ``draft_path`` holds
-    a head that ``method`` cannot draft with (or a draft model for a head's method)."""
-    wanted = METHOD_KINDS.get(method)
-    if wanted is None or draft_path is None:
-        return
-    kind = drafter_dir_kind(draft_path) or "draft"  # a plain model drafts as one
-    if kind == wanted:
-        return
-    given = "the draft model given" if kind == "draft" else f"the {kind} head given"
-    if wanted == "draft":
-        raise ValueError(
-            f"--speculative {method} needs a draft model, not {given}; "
-            f"use --speculative {kind}."
-        )
-    raise ValueError(
-        f"--speculative {method} needs a trained {wanted} head as --draft-model, "
-        f"not {given}; train one with: mlx_spec train-draft --kind {wanted}."
-    )
 
 
 def draft_source(
@@ -332,7 +290,7 @@ def load_pair(
     **kwargs,
 ):
     """Load a target and the draft ``method`` runs with (see :func:`resolve_draft`)."""
-    check_drafter_kind(method, draft_path)  # before the target loads
+    check_draft_path(resolve_method(method), draft_path)  # before the target loads
     model, tokenizer = load_model(model_path, "model", **kwargs)
     draft_model = resolve_draft(method, model_path, draft_path, model, tokenizer)
     return model, tokenizer, draft_model

@@ -9,10 +9,16 @@ uses. This module imports only the configuration, so every command can use it.
 import argparse
 import dataclasses
 import functools
-import inspect
 from typing import Dict, List, Optional
 
-from .config import METHODS, SpecConfig, check_generation_options, resolve_method
+from .config import (
+    MAX_DRAFT_TOKENS,
+    MAX_TREE_BUDGET,
+    MAX_TREE_TOP_K,
+    METHODS,
+    SpecConfig,
+    resolve_method,
+)
 
 # SpecConfig fields that are not method options (sampling, length, timing).
 GENERAL_FIELDS = (
@@ -27,13 +33,14 @@ GENERAL_FIELDS = (
     "profile",
 )
 OPTION_HELP = {
-    "num_draft_tokens": "Draft tokens per round, 1 to 64",
+    "num_draft_tokens": f"Draft tokens per round, 1 to {MAX_DRAFT_TOKENS}",
     "tree_budget": "tree: tree nodes verified per round (adaptive: a drafted tree "
     "starts at 4 at most and grows up to 4x this where it pays)",
-    "tree_top_k": "tree: children per node, 1 to 16",
+    "tree_top_k": f"tree: children per node, 1 to {MAX_TREE_TOP_K}",
     "tree_depth": "tree: maximum tree depth",
-    "tree_choices": "tree: a static tree as JSON index paths of child ranks 0-15, "
-    'e.g. "[[0], [1], [0, 0]]" (at most 256 nodes, 64 deep)',
+    "tree_choices": "tree: a static tree as JSON index paths of child ranks "
+    f'0-{MAX_TREE_TOP_K - 1}, e.g. "[[0], [1], [0, 0]]" (at most {MAX_TREE_BUDGET} '
+    f"nodes, {MAX_DRAFT_TOKENS} deep)",
     "ngram_min": "lookup: shortest n-gram to match",
     "ngram_max": "lookup: longest n-gram to match",
     "lookup_candidates": "lookup: matches verified together as one token tree (1 = a chain)",
@@ -123,7 +130,7 @@ def add_speculative_options(
             default=speculative_default,
             metavar="METHOD",
             help=f"Speculative method, one of: {', '.join(METHODS)} "
-            f"(default: {speculative_default or resolve_method(None, None)}).",
+            f"(default: {speculative_default or resolve_method(None)}).",
         )
     for f in method_option_fields():
         if f.name in existing:
@@ -162,38 +169,3 @@ def method_options(args: argparse.Namespace) -> Dict[str, object]:
         for name in method_option_names()
         if hasattr(args, name)
     }
-
-
-def check_generation_args(args: argparse.Namespace) -> None:
-    """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has.
-
-    Raises:
-        ValueError: One line naming the flag (``--kv-group-size=0 ...``).
-    """
-    given = {
-        name: getattr(args, name)
-        for name in inspect.signature(check_generation_options).parameters
-        if hasattr(args, name)
-    }
-    try:
-        check_generation_options(**given)
-    except ValueError as e:
-        name, _, rest = str(e).partition("=")
-        raise ValueError(f"--{name.replace('_', '-')}={rest}") from None
-
-
-def check_sampling_options(args: argparse.Namespace) -> None:
-    """A one-line ``ValueError`` for a sampling flag out of range (those ``args``
-    has), or a run flag (:func:`check_generation_args`)."""
-    ranges = {
-        "temp": (lambda v: v >= 0, "a number >= 0 (0 is greedy)"),
-        "top_p": (lambda v: 0 <= v <= 1, "0 <= top_p <= 1 (0 and 1 are off)"),
-        "min_p": (lambda v: 0 <= v <= 1, "0 <= min_p <= 1"),
-        "top_k": (lambda v: v >= 0, "an integer >= 0 (0 is off)"),
-    }
-    for name, (ok, allowed) in ranges.items():
-        value = getattr(args, name, None)
-        if value is not None and not ok(value):
-            flag = name.replace("_", "-")
-            raise ValueError(f"--{flag}={value} is out of range: {allowed}.")
-    check_generation_args(args)

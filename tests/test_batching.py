@@ -157,7 +157,7 @@ def test_sampled_rows_repeat_with_a_seed_and_report_the_targets_logprobs(load_mo
         (dict(max_tokens=[5, 6]), "max_tokens has 2 values for 3 prompts"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(temp=-1.0), "temp"),
-        (dict(speculative="draft"), "draft model"),
+        (dict(speculative="draft"), "needs a --draft-model"),
     ],
 )
 def test_bad_arguments_name_what_is_wrong(load_model, kwargs, message):

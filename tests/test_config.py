@@ -51,11 +51,11 @@ def test_defaults_are_adaptive_and_valid():
 
 
 def test_sampling_flags_are_checked_with_mlx_lm_meanings():
-    from mlx_spec.options import check_sampling_options
+    from mlx_spec.validation import spec_config_of_args
 
     # top_p 0 and 1 both turn top-p off, as in mlx_lm.
-    check_sampling_options(argparse.Namespace(temp=0.0, top_p=0.0, min_p=0.0, top_k=0))
+    spec_config_of_args(argparse.Namespace(temp=0.0, top_p=0.0, min_p=0.0, top_k=0))
     for name, value in (("temp", -1.0), ("top_p", 1.5), ("min_p", 2.0), ("top_k", -1)):
         flag = name.replace("_", "-")
         with pytest.raises(ValueError, match=f"--{flag}={value} is out of range"):
-            check_sampling_options(argparse.Namespace(**{name: value}))
+            spec_config_of_args(argparse.Namespace(**{name: value}))

@@ -154,7 +154,10 @@ BAD_INPUTS = [
     (["--top-p", "1.5"], "top-p"),
     (["--max-tokens", "0"], "max-tokens"),
     (["--prompt", ""], "prompt is empty"),
-    (["--speculative", "tree", "--tree-budget", "0"], "tree_budget"),
+    (
+        ["--speculative", "tree", "--tree-budget", "0"],
+        "--tree-budget=0 is out of range",
+    ),
     (["--speculative", "tree", "--tree-choices", "[[0], [1"], "tree_choices"),
     (
         ["--stats-json", "/no/such/folder/stats.json"],
@@ -167,7 +170,7 @@ BAD_INPUTS = [
             "--draft-model",
             str(REPO / "models" / "smollm2-135m-eagle"),
         ],
-        "needs a draft model, not the eagle head given; use --speculative eagle.",
+        "needs a draft model, not the eagle head given; use --speculative eagle or eagle-chain.",
     ),
 ]
 

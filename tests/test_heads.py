@@ -488,11 +488,13 @@ def test_head_of_another_kind_one_line_error(tiny):
     head = random_head("medusa", tiny)
     config = SpecConfig(method="eagle", max_tokens=4)
     with pytest.raises(
-        ValueError, match="needs a trained eagle head .*got a medusa head"
+        ValueError, match="needs a trained eagle head, not the medusa head given"
     ):
         list(speculative_events(mx.array(PROMPT), tiny, head, config=config))
     config = SpecConfig(method="medusa", max_tokens=4)
-    with pytest.raises(ValueError, match="needs a trained medusa head .*got no draft"):
+    with pytest.raises(
+        ValueError, match="needs a trained medusa head as --draft-model"
+    ):
         list(speculative_events(mx.array(PROMPT), tiny, None, config=config))
 
 

@@ -353,11 +353,12 @@ def test_a_head_method_without_its_head_gets_400_naming_what_to_ask_instead(
         server, "/v1/completions", {"prompt": "x", "speculative": method}
     )
     assert status == 400, body
+    kind = method.split("-")[0]
     assert body["error"] == (
-        f"speculative='{method}' needs {needs}, which this server was not started "
-        f"with (it has a draft model); ask for one of {', '.join(FIXTURE_METHODS)} "
-        "instead; to serve it, start the server with --draft-model DIR holding one "
-        f"(mlx_spec train-draft --kind {method.split('-')[0]})."
+        f"speculative='{method}' needs {needs}, not the draft model given; use "
+        "--speculative draft or tree, or train one with: mlx_spec train-draft "
+        f"--kind {kind}. This server has a draft model: ask for one of "
+        f"{', '.join(FIXTURE_METHODS)} instead."
     )
 
 
@@ -382,9 +383,8 @@ def test_a_draft_method_on_a_server_without_a_draft_gets_400_naming_the_fix(
     status, answer = _post(server_without_draft, "/v1/completions", body)
     assert status == 400, answer
     assert answer["error"] == (
-        f"speculative='{method}' needs a draft model, which this server was not "
-        "started with (it has no drafter); ask for one of none, lookup, self, auto "
-        "instead; to serve it, start the server with --draft-model DIR."
+        f"speculative='{method}' needs a --draft-model. This server has no "
+        "drafter: ask for one of none, lookup, self, auto instead."
     )
     body = {"prompt": "x", "speculative": "lookup"}
     assert _post(server_without_draft, "/v1/completions", body)[0] == 200
@@ -397,9 +397,9 @@ def test_a_server_holding_an_eagle_head_offers_the_eagle_methods():
     requests.check_request_method("eagle-chain", head)
     with pytest.raises(requests.RequestError) as e:
         requests.check_request_method("medusa", head)
-    assert "(it has a trained eagle head); ask for one of " + ", ".join(runnable) in (
-        str(e.value)
-    )
+    assert "This server has a trained eagle head: ask for one of " + ", ".join(
+        runnable
+    ) in str(e.value)
 
 
 def test_sampled_requests_with_a_seed_are_reproducible(server):
@@ -464,7 +464,7 @@ BAD_STARTUP = [
     (["--cross-request-tokens", "10"], "--cross-request-tokens=10 is out of range"),
     (
         ["--speculative", "draft", "--draft-model", str(EAGLE_HEAD)],
-        "needs a draft model, not the eagle head given; use --speculative eagle.",
+        "needs a draft model, not the eagle head given; use --speculative eagle or eagle-chain.",
     ),
     # It started, and then refused every request.
     (["--speculative", "eagle"], "--speculative eagle needs a trained eagle head"),

@@ -20,12 +20,13 @@ from typing import List, Optional, Tuple
 from mlx_spec.config import (
     DEFAULT_NUM_DRAFT_TOKENS,
     METHODS,
-    SpecConfig,
     check_generation_options,
+    resolve_method,
 )
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
-from mlx_spec.loading import check_draft_given, check_not_a_drafter, default_model_pair
+from mlx_spec.loading import check_draft_path, check_not_a_drafter, default_model_pair
 from mlx_spec.options import one_line_errors
+from mlx_spec.validation import DRAFTER_LATER, spec_config
 
 from .handlers import DEFAULT_METHOD, MAX_UI_TOKENS, App
 from .layout import launch_kwargs
@@ -150,7 +151,9 @@ def check_start_values(args) -> None:
         raise ValueError(
             f"--max-tokens={args.max_tokens} is out of range: 1 to {MAX_UI_TOKENS}."
         )
-    SpecConfig(method=args.speculative, num_draft_tokens=args.num_draft_tokens)
+    spec_config(
+        args.speculative, DRAFTER_LATER, num_draft_tokens=args.num_draft_tokens
+    )  # the drafter is checked once the default pair is known
     if args.prefill_step_size is not None:
         check_generation_options(prefill_step_size=args.prefill_step_size)
     if args.model is not None:
@@ -189,7 +192,7 @@ def main(argv=None):
             max_tokens=args.max_tokens,
         )
         app.prefill_step_size = args.prefill_step_size
-        check_draft_given(args.speculative, app.default_draft)
+        check_draft_path(resolve_method(args.speculative), app.default_draft)
         if not args.no_preload:
             print("Loading the models...", file=sys.stderr)
             app.preload()

@@ -20,8 +20,8 @@ import gradio as gr
 from mlx.utils import tree_flatten
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
+from mlx_spec.drafters.fit import METHOD_KINDS, drafter_kind
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
-from mlx_spec.loading import METHOD_KINDS, drafter_kind
 
 from . import layout, render
 from .layout import (

@@ -55,8 +55,9 @@ from mlx_spec.config import (
     MAX_TREE_BUDGET,
 )
 from mlx_spec.costs import model_step_cost
+from mlx_spec.drafters.fit import DRAFT_METHODS
 from mlx_spec.drafters.heads import static_choices
-from mlx_spec.loading import DRAFT_METHODS, default_model_pair, load_draft, load_model
+from mlx_spec.loading import default_model_pair, load_draft, load_model
 from mlx_spec.options import one_line_errors
 from mlx_spec.planner import make_controller
 

@@ -11,9 +11,10 @@ import json
 import os
 from pathlib import Path
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
 from mlx_spec.drafters.registry import METHODS
 from mlx_spec.options import method_option_names, one_line_errors
+from mlx_spec.validation import DRAFTER_LATER, spec_config
 
 from .measure import QWEN2_SHAPES
 from .prompts import BASE_SETS, CHAT_SETS
@@ -281,13 +282,11 @@ def resolve_settings(args) -> dict:
     ):
         if value < low:
             raise ValueError(f"{name}={value} is out of range: an integer >= {low}.")
+    # Each run's config is made as it runs; the ranges are checked here, at once.
     for g in [args.num_draft_tokens] + settings["gamma_sweep"]:
-        if not 1 <= g <= 64:
-            raise ValueError(f"γ={g} is out of range: an integer from 1 to 64.")
-    if any(t < 0 for t in settings["temps"]):
-        raise ValueError(
-            f"--temps {settings['temps']}: every temperature must be >= 0."
-        )
+        spec_config(None, DRAFTER_LATER, flags=True, num_draft_tokens=g)
+    for temp in settings["temps"]:
+        spec_config(None, DRAFTER_LATER, flags=True, temp=temp)
     check_method_options(settings["method_options"])
     check_out(args.out)
     return settings
@@ -303,8 +302,8 @@ def check_method_options(options: dict):
                 f"{', '.join(sorted(fields))}."
             )
     try:
-        SpecConfig(**options)  # its own one-line range checks
-    except TypeError as e:  # a value of the wrong kind
+        spec_config(None, DRAFTER_LATER, **options)
+    except ValueError as e:
         raise ValueError(f"--option: {e}") from None
 
 

@@ -76,8 +76,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from mlx_spec.drafters.fit import DRAFT_METHODS
 from mlx_spec.drafters.heads import read_head_config
-from mlx_spec.loading import DRAFT_METHODS, default_model_pair
+from mlx_spec.loading import default_model_pair
 from mlx_spec.options import one_line_errors
 
 from .machine import machine_info

@@ -23,20 +23,11 @@ from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
-from ..config import SpecConfig, plan_method
+from ..config import plan_method
 from ..generation import history_kwargs, stream_generate
-from ..loading import (
-    check_draft_given,
-    default_model_pair,
-    load_pair,
-    skip_unused_draft,
-)
-from ..options import (
-    add_speculative_options,
-    check_sampling_options,
-    method_options,
-    one_line_errors,
-)
+from ..loading import default_model_pair, load_pair, skip_unused_draft
+from ..options import add_speculative_options, one_line_errors
+from ..validation import spec_config_of_args
 
 HELP = "commands: q exit, r reset the conversation, h help"
 
@@ -82,13 +73,17 @@ class Reply(NamedTuple):
 class Chat:
     """One conversation: the models, the kept prompt cache and the turns."""
 
-    def __init__(self, model, tokenizer, draft_model, args, out=sys.stdout):
+    def __init__(
+        self, model, tokenizer, draft_model, args, out=sys.stdout, config=None
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.args = args
         self.out = out
-        self.method, uses_draft = plan_method(args.speculative, draft_model)
-        check_draft_given(self.method, draft_model)
+        if config is None:
+            config = spec_config_of_args(args, draft_model, max_tokens=args.max_tokens)
+        self.config = config
+        self.method, uses_draft = plan_method(config.method, draft_model)
         self.draft_model = draft_model if uses_draft else None
         self.use_template = (
             tokenizer.has_chat_template and not args.ignore_chat_template
@@ -138,13 +133,11 @@ class Chat:
             self.tokenizer,
             prompt,
             self.draft_model,
-            speculative=self.method,
-            max_tokens=self.args.max_tokens,
+            config=self.config,
             sampler=self.sampler,
             prompt_cache=self.cache,
             prefill_step_size=self.args.prefill_step_size,
             **history_kwargs(stream_generate, self.history),
-            **method_options(self.args),
         )
         interrupted = False
         text, tokens = "", []
@@ -184,20 +177,13 @@ def run(args, out=sys.stdout):
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
         draft_path = draft_path or default_draft
-    method, _ = plan_method(args.speculative, draft_path)
-    check_draft_given(method, draft_path)
-    SpecConfig(method=method, temp=args.temp, **method_options(args))
-    check_sampling_options(args)
-    if args.max_tokens < 1:
-        raise ValueError(
-            f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
-        )
+    config = spec_config_of_args(args, draft_path, max_tokens=args.max_tokens)
     mx.random.seed(args.seed)
     if args.pipeline:
         raise ValueError(
             "--pipeline (distributed inference) is not supported by mlx_spec.chat."
         )
-    draft_path = skip_unused_draft(method, draft_path)  # after the checks
+    draft_path = skip_unused_draft(config.method, draft_path)  # after the checks
     model, tokenizer, draft_model = load_pair(
         model_path,
         draft_path,
@@ -205,7 +191,7 @@ def run(args, out=sys.stdout):
         adapter_path=args.adapter_path,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
     )
-    chat = Chat(model, tokenizer, draft_model, args, out)
+    chat = Chat(model, tokenizer, draft_model, args, out, config)
     out.write(f"[model {model_path}]\n")
     if chat.draft_model is not None:
         out.write(f"[draft {draft_path}]\n")

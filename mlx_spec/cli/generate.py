@@ -13,23 +13,17 @@ import mlx.core as mx
 from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..chat_text import repair_text
-from ..config import DEFAULT_NUM_DRAFT_TOKENS
+from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 from ..distributed import load_sharded, rank, sharded_group, shared_seed
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
-    check_drafter_kind,
     default_model_pair,
     load_model,
     resolve_draft,
     skip_unused_draft,
 )
-from ..options import (
-    add_speculative_options,
-    check_sampling_options,
-    method_options,
-    one_line_errors,
-)
-from ..sampling import top_p_or_off
+from ..options import add_speculative_options, one_line_errors
+from ..validation import spec_config_of_args
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -51,7 +45,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
                 "the embedded default pair in models/ (with its draft)."
             )
         if action.dest == "num_draft_tokens":
-            action.help = f"Draft tokens per round, 1 to 64 (default: {DEFAULT_NUM_DRAFT_TOKENS})."
+            action.help = (
+                f"Draft tokens per round, 1 to {MAX_DRAFT_TOKENS} "
+                f"(default: {DEFAULT_NUM_DRAFT_TOKENS})."
+            )
         if action.dest == "prefill_step_size":
             action.help = "Prompt tokens processed at a time (default: 512)."
     group = add_speculative_options(parser)
@@ -76,15 +73,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args):
-    if args.max_tokens < 1:
-        raise ValueError(
-            f"--max-tokens={args.max_tokens} is out of range: an integer >= 1."
-        )
-    check_sampling_options(args)  # top_p 0 is off, as in mlx_lm.generate
-    if not 1 <= args.num_draft_tokens <= 64:
-        raise ValueError(
-            f"--num-draft-tokens={args.num_draft_tokens} is out of range: an integer from 1 to 64."
-        )
+    """The flags of mlx_lm.generate that mlx_spec does not take, and --stats-json."""
     if args.xtc_probability > 0:
         raise ValueError(
             "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
@@ -148,8 +137,8 @@ def run(args) -> str:
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
         draft_path = draft_path or default_draft
-    check_drafter_kind(args.speculative, draft_path)  # before the target loads
-    draft_path = skip_unused_draft(args.speculative, draft_path)
+    config = spec_config_of_args(args, draft_path, max_tokens=args.max_tokens)
+    draft_path = skip_unused_draft(config.method, draft_path)
     sharded = sharded_group() is not None
     seed = shared_seed(args.seed)  # ranks draw alike
     if seed is not None:
@@ -187,20 +176,12 @@ def run(args) -> str:
         tokenizer,
         prompt,
         draft_model,
-        speculative=args.speculative,
-        temp=args.temp,
-        top_p=top_p_or_off(args.top_p),
-        top_k=args.top_k,
-        min_p=args.min_p,
-        min_tokens_to_keep=args.min_tokens_to_keep,
-        max_tokens=args.max_tokens,
+        config=config,
         max_kv_size=args.max_kv_size,
         prefill_step_size=args.prefill_step_size,
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
-        profile=args.profile,
-        **method_options(args),
     )
     text = collect_text(stream, args.verbose)
     if not args.verbose:

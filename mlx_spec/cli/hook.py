@@ -31,11 +31,9 @@ import sys
 from typing import Callable, Dict, List, Optional
 
 from .. import integration
-from ..config import METHODS, SpecConfig, plan_method
+from ..config import METHODS, plan_method
 from ..generation import collect_text, stream_generate
 from ..loading import (
-    check_draft_given,
-    check_drafter_kind,
     check_model_path,
     load_draft,
     resolve_draft,
@@ -43,10 +41,10 @@ from ..loading import (
 )
 from ..options import (
     add_speculative_options,
-    check_sampling_options,
     method_options,
     one_line_errors,
 )
+from ..validation import spec_config_of_args
 
 # The method ``--draft-model`` alone runs (mlx-lm's speculative decoding).
 DRAFT_MODEL_METHOD = "draft"
@@ -102,11 +100,8 @@ def speculative_method(args: argparse.Namespace) -> Optional[str]:
 def check_method(parser: argparse.ArgumentParser, method: str, args) -> None:
     """A one-line usage error for bad method options or a missing draft model."""
     draft_model = getattr(args, "draft_model", None)
-    try:
-        SpecConfig(method=method, **method_options(args))
-        check_sampling_options(args)
-        check_drafter_kind(method, draft_model)
-        check_draft_given(method, draft_model)
+    try:  # mlx_lm's command runs it: the config it makes is checked alike
+        spec_config_of_args(args, draft_model, speculative=method)
     except ValueError as error:
         parser.error(str(error))
     uses_draft = plan_method(method, draft_model)[1]

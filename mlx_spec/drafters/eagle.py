@@ -35,6 +35,7 @@ from .base import (
     empty_proposal,
     subset_choice,
 )
+from .fit import check_drafter, drafter_kind
 from .heads import LoadedHead
 from .pairs import FeaturePairs
 from .tree import TreeDrafter, _StaticShape
@@ -224,20 +225,7 @@ def head_step_cost(head: LoadedHead, target) -> float:
 
 
 def _check_head(draft_model, method: str, kind: str, target) -> LoadedHead:
-    if not getattr(draft_model, "is_head", False) or draft_model.kind != kind:
-        got = (
-            "no draft"
-            if draft_model is None
-            else (
-                f"{'an' if draft_model.kind == 'eagle' else 'a'} {draft_model.kind} head"
-                if getattr(draft_model, "is_head", False)
-                else "a draft model"
-            )
-        )
-        raise ValueError(
-            f"--speculative {method} needs a trained {kind} head as --draft-model (got {got}); "
-            f"train one with: mlx_spec train-draft --kind {kind}."
-        )
+    check_drafter(method, drafter_kind(draft_model))
     if draft_model.target is not target.model:
         raise ValueError(
             f"the {kind} head was loaded for another model object; load it with "

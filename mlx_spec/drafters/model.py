@@ -15,6 +15,7 @@ from .base import (
     subset_choice,
     vocab_subset,
 )
+from .fit import check_drafter, drafter_kind
 
 
 class ModelDrafter:
@@ -116,16 +117,7 @@ class ModelDrafter:
 
 
 def make_model_drafter(config, target, draft_model, cache, kv, vocab_size):
-    if draft_model is None:
-        raise ValueError(
-            f"speculative method '{config.method}' needs a draft model (--draft-model)."
-        )
-    # A trained head drafts by its own method.
-    if getattr(draft_model, "is_head", False):
-        raise ValueError(
-            f"--speculative {config.method} needs a draft model, not the "
-            f"{draft_model.kind} head given; use --speculative {draft_model.kind}."
-        )
+    check_drafter(config.method, drafter_kind(draft_model))
     if cache is not None:
         if not cache:
             raise ValueError(

@@ -30,6 +30,7 @@ from ..costs import DRAFT_LATENCY, weight_bytes
 from ..features import FINAL, output_layer
 from ..mtp import MTPHead
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
+from .fit import check_drafter, drafter_kind
 from .pairs import FeaturePairs
 
 
@@ -114,21 +115,7 @@ def mtp_step_cost(head: MTPHead, target) -> float:
 
 def check_mtp_head(draft_model, target) -> MTPHead:
     """The MTP head passed as ``draft_model``, checked against the target."""
-    if not isinstance(draft_model, MTPHead):
-        got = (
-            "no draft"
-            if draft_model is None
-            else (
-                f"a {draft_model.kind} head"
-                if getattr(draft_model, "is_head", False)
-                else "a draft model"
-            )
-        )
-        raise ValueError(
-            f"--speculative mtp drafts with the model's own MTP layer (got {got}); "
-            "load it with mlx_spec.load_mtp(path, model) (the command line does this "
-            "from --model)."
-        )
+    check_drafter("mtp", drafter_kind(draft_model))
     if draft_model.target is not target.model:
         raise ValueError(
             "the MTP layer was loaded for another model object; load it with "

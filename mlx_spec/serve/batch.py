@@ -44,6 +44,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from ..config import SpecConfig
 from ..costs import VERIFY_SLOPE, chain_tokens, model_step_cost
 from ..drafters.base import align_vocab, vocab_subset
+from ..drafters.fit import check_drafter, drafter_kind
 from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
 from ..sampling import SamplingParams, normalize, processed_logprobs
@@ -360,8 +361,7 @@ class SpecBatchGenerator:
                 f"method '{spec.method}' is not batched; use one of {BATCH_METHODS}."
             )
         uses_draft = self.draft_model is not None and spec.method in ("draft", "auto")
-        if spec.method == "draft" and self.draft_model is None:
-            raise ValueError("method 'draft' needs a draft model.")
+        check_drafter(spec.method, drafter_kind(self.draft_model))
         if not spec.prompt:
             raise ValueError("the prompt is empty; give at least one token.")
         stats = stats if stats is not None else SpecStats()

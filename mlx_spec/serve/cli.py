@@ -5,15 +5,11 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from ..config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, plan_method
-from ..loading import check_draft_given, check_drafter_kind, default_model_pair
+from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS, OptionError
+from ..loading import default_model_pair
 from ..mlx_lm_private import server_parser
-from ..options import (
-    add_speculative_options,
-    check_sampling_options,
-    method_options,
-    one_line_errors,
-)
+from ..options import add_speculative_options, one_line_errors
+from ..validation import spec_config_of_args
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
 from .index import cap_range
 
@@ -44,7 +40,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         elif action.dest == "num_draft_tokens":
             action.default = DEFAULT_NUM_DRAFT_TOKENS
             action.help = (
-                f"Draft tokens per round, 1 to 64; requests may override it "
+                f"Draft tokens per round, 1 to {MAX_DRAFT_TOKENS}; requests may override it "
                 f"(default: {DEFAULT_NUM_DRAFT_TOKENS})."
             )
         elif action.dest == "host":
@@ -97,9 +93,7 @@ def check_port(port: int) -> int:
     """The ``--port`` value, or a one-line ``ValueError`` naming the range."""
     low, high = PORT_RANGE
     if not low <= port <= high:
-        raise ValueError(
-            f"--port={port} is out of range: an integer from {low} to {high}."
-        )
+        raise OptionError("--port", port, f"an integer from {low} to {high}")
     return port
 
 
@@ -108,10 +102,10 @@ def resolve_model_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.model is None:
         args.model, draft = default_model_pair(args.speculative)
         args.draft_model = args.draft_model or draft
-    method, _ = plan_method(args.speculative, args.draft_model)
-    check_draft_given(method, args.draft_model)
-    check_drafter_kind(method, args.draft_model)
-    SpecConfig(method=method, **method_options(args))
+    # What a request's fields fall back on (requests.request_config).
+    args.spec_config = spec_config_of_args(
+        args, args.draft_model, max_tokens=args.max_tokens
+    )
     check_request_defaults(args)
     return args
 
@@ -121,9 +115,7 @@ def check_request_defaults(args: argparse.Namespace) -> None:
 
     Otherwise a bad one would be reported to every client as its own error.
     """
-    check_sampling_options(args)
     checks = [
-        ("max-tokens", args.max_tokens, args.max_tokens >= 1, "an integer >= 1"),
         (
             "decode-concurrency",
             args.decode_concurrency,
@@ -165,7 +157,7 @@ def check_request_defaults(args: argparse.Namespace) -> None:
     )
     for flag, value, ok, allowed in checks:
         if not ok:
-            raise ValueError(f"--{flag}={value} is out of range: {allowed}.")
+            raise OptionError(f"--{flag}", value, allowed)
     for root in getattr(args, "allow_request_models", None) or []:
         if not Path(root).expanduser().is_dir():
             raise ValueError(f"--allow-request-models {root}: no such folder.")

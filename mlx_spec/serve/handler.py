@@ -9,11 +9,12 @@ import socket
 import sys
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import mlx_lm.server as lm_server
 
 from ..limits import context_window
+from ..config import SpecConfig
 from .requests import (
     POST_PATHS,
     STATS_FIELD,
@@ -24,8 +25,8 @@ from .requests import (
     check_request_fields,
     check_request_values,
     check_served_paths,
+    request_config,
     request_isolation,
-    request_speculation,
     stats_payload,
 )
 
@@ -34,13 +35,13 @@ class SpecAPIHandler(lm_server.APIHandler):
     """mlx_lm's handler with speculative request fields and statistics."""
 
     _spec_request: Optional[SpecCompletionRequest] = None
-    _speculation: Optional[Dict[str, Any]] = None
+    _config: Optional[SpecConfig] = None
     _isolation: bool = False
     _model_echo: Optional[str] = None
 
     def do_POST(self):
         self._spec_request = None
-        self._speculation = None
+        self._config = None
         self._isolation = False
         self._model_echo = None
         if self.path not in POST_PATHS or self.headers.get("Content-Length") is None:
@@ -109,14 +110,14 @@ class SpecAPIHandler(lm_server.APIHandler):
         check_request_fields(self.body, chat=self.path != "/v1/completions")
         body = dict(self.body)
         body["num_draft_tokens"] = self.num_draft_tokens
-        self._speculation = request_speculation(body, self.response_generator.cli_args)
+        self._config = request_config(body, self.response_generator.cli_args)
         self._isolation = request_isolation(body)
 
     def _with_speculation(self, request) -> SpecCompletionRequest:
         values = {name: getattr(request, name) for name in request.__dataclass_fields__}
         self._spec_request = SpecCompletionRequest(
             **values,
-            speculation=self._speculation or {},
+            config=self._config,
             isolation=self._isolation,
             client_gone=self._client_gone,
         )

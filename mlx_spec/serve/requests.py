@@ -7,15 +7,21 @@ Every refusal is one line, answered with HTTP 400.
 import argparse
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import mlx_lm.server as lm_server
 
 from ..config import MAX_SEED, METHODS, SpecConfig
-from ..loading import METHOD_KINDS, drafter_kind
+from ..drafters.fit import (
+    check_drafter,
+    drafter_description,
+    drafter_fits,
+    drafter_kind,
+)
 from ..options import method_option_fields
+from ..validation import DRAFTER_LATER, spec_config
 
 # Statistics left out of responses (per-round lists grow with the output).
 _STATS_LISTS = ("accepted_per_round", "drafted_per_round", "tree_sizes")
@@ -32,7 +38,7 @@ class RequestError(ValueError):
 class SpecCompletionRequest(lm_server.CompletionRequest):
     """mlx_lm's request plus its speculative options and, once served, stats."""
 
-    speculation: Dict[str, Any] = field(default_factory=dict)
+    config: Optional[SpecConfig] = None
     isolation: bool = False
     stats: Any = None
     serving: Optional[dict] = None
@@ -56,34 +62,33 @@ def _check_type(name: str, value, default):
         raise RequestError(f"{name} must be {kind}, got {value!r}.")
 
 
-def request_speculation(body: dict, cli_args: argparse.Namespace) -> Dict[str, Any]:
-    """The speculative options of a request (body fields over server flags).
+def request_config(body: dict, cli_args: argparse.Namespace) -> SpecConfig:
+    """The config of a request's speculative fields (body fields over server flags).
+
+    The drafter is checked once the request's model is loaded
+    (:func:`check_request_method`).
 
     Raises:
         RequestError: A field has a bad type or value.
     """
-    options = {"speculative": body.get("speculative", cli_args.speculative)}
-    if options["speculative"] is not None and not isinstance(
-        options["speculative"], str
-    ):
-        raise RequestError(
-            f"speculative must be a string, got {options['speculative']!r}."
-        )
+    speculative = body.get("speculative", cli_args.speculative)
+    if speculative is not None and not isinstance(speculative, str):
+        raise RequestError(f"speculative must be a string, got {speculative!r}.")
+    defaults = getattr(cli_args, "spec_config", None)
+    options = {}
     for f in method_option_fields():
-        value = body.get(f.name, getattr(cli_args, f.name, f.default))
+        value = body.get(f.name, getattr(defaults or cli_args, f.name, f.default))
         _check_type(f.name, value, f.default)
         options[f.name] = value
     try:
-        SpecConfig(
-            method=options["speculative"] or "draft", **method_options_of(options)
-        )
-    except (ValueError, TypeError) as e:
+        return spec_config(speculative, DRAFTER_LATER, **options)
+    except ValueError as e:
         raise RequestError(str(e)) from None
-    return options
 
 
-def method_options_of(options: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: v for k, v in options.items() if k != "speculative"}
+def config_of(request) -> SpecConfig:
+    """A request's config (``auto`` with the defaults for one without)."""
+    return getattr(request, "config", None) or spec_config(None, DRAFTER_LATER)
 
 
 def request_isolation(body: dict) -> bool:
@@ -94,46 +99,25 @@ def request_isolation(body: dict) -> bool:
     return value
 
 
-# The drafter each method needs (``METHOD_KINDS``, plus a checkpoint's MTP layer).
-_NEEDED_DRAFTER = dict(METHOD_KINDS, mtp="mtp")
-_DRAFTER_NAMES = {
-    None: "no drafter",
-    "draft": "a draft model",
-    "eagle": "a trained eagle head",
-    "medusa": "a trained medusa head",
-    "dflash": "a DFlash drafter",
-    "mtp": "the model's MTP layer",
-}
-
-
 def runnable_methods(draft_model) -> List[str]:
     """The ``speculative`` values a server holding ``draft_model`` can run."""
     kind = drafter_kind(draft_model)
-    return [m for m in METHODS if _NEEDED_DRAFTER.get(m) in (None, kind)]
+    return [m for m in METHODS if drafter_fits(m, kind)]
 
 
 def check_request_method(method: str, draft_model) -> None:
     """A one-line :class:`RequestError` when ``method`` needs a drafter the server lacks.
 
-    It names the request value, what is missing, what the client may ask
-    instead and how the operator enables the method.
+    It says what is missing and what the client may ask for instead.
     """
-    needed = _NEEDED_DRAFTER.get(method)
-    has = drafter_kind(draft_model)
-    if needed is None or needed == has:
-        return
-    lacks = f"which this server was not started with (it has {_DRAFTER_NAMES[has]})"
-    enable = "; to serve it, start the server with --draft-model DIR"
-    if needed == "mtp":
-        enable = "; to serve it, start the server with --speculative mtp"
-    elif needed == "dflash":
-        enable += " holding a published DFlash drafter"
-    elif needed != "draft":
-        enable += f" holding one (mlx_spec train-draft --kind {needed})"
-    raise RequestError(
-        f"speculative={method!r} needs {_DRAFTER_NAMES[needed]}, {lacks}; ask for "
-        f"one of {', '.join(runnable_methods(draft_model))} instead{enable}."
-    )
+    kind = drafter_kind(draft_model)
+    try:
+        check_drafter(method, kind, subject=f"speculative={method!r}")
+    except ValueError as e:
+        raise RequestError(
+            f"{e} This server has {drafter_description(kind)}: ask for one of "
+            f"{', '.join(runnable_methods(draft_model))} instead."
+        ) from None
 
 
 def stats_payload(stats, serving: Optional[dict] = None) -> Optional[dict]:

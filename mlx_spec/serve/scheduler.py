@@ -18,7 +18,7 @@ import dataclasses
 import gc
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional
 
 import mlx.core as mx
@@ -26,7 +26,7 @@ import mlx_lm.server as lm_server
 
 from .. import mlx_lm_private as lm_private
 from ..chat_text import LiteralText
-from ..config import SpecConfig, plan_method
+from ..config import plan_method
 from ..distributed import shared_seed
 from ..loading import tokenizer_size
 from ..stats import SpecStats
@@ -37,7 +37,7 @@ from .requests import (
     RequestError,
     SpecCompletionRequest,
     check_request_method,
-    method_options_of,
+    config_of,
     token_prompt,
 )
 from .solo import (
@@ -179,11 +179,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             return False
         if getattr(request, "isolation", False):
             return False
-        speculation = getattr(request, "speculation", None) or {}
-        method, _ = plan_method(
-            speculation.get("speculative"), self.model_provider.draft_model
-        )
-        return method in ("lookup", "auto")
+        return config_of(request).method in ("lookup", "auto")
 
     @property
     def _busy(self) -> bool:
@@ -215,15 +211,12 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         reason = self._models_reason()
         if reason is not None:
             return reason
-        speculation = getattr(request, "speculation", None) or {}
-        method, _ = plan_method(
-            speculation.get("speculative"), self.model_provider.draft_model
-        )
-        if method not in BATCH_METHODS:
-            return f"method '{method}' is not batched"
-        if speculation.get("lookup_candidates", 1) > 1:
+        config = config_of(request)
+        if config.method not in BATCH_METHODS:
+            return f"method '{config.method}' is not batched"
+        if config.lookup_candidates > 1:
             return "lookup trees (lookup_candidates > 1) are not batched"
-        if speculation.get("draft_p_min", 0.0) > 0:
+        if config.draft_p_min > 0:
             return "draft_p_min is not batched"
         if lm_private.logits_processors(args):
             return "logits processors (penalties, logit_bias) are not batched"
@@ -290,10 +283,8 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             self._handoff()
         provider = self.model_provider
         try:
-            speculation = getattr(request, "speculation", None) or {}
-            method, uses_draft = plan_method(
-                speculation.get("speculative"), provider.draft_model
-            )
+            config = config_of(request)
+            method, uses_draft = plan_method(config.method, provider.draft_model)
             check_request_method(method, provider.draft_model)
             tokenizer = provider.tokenizer
             prompt, _, _, initial_state, vision = lm_private.tokenize(
@@ -310,11 +301,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             cache, rest = self.prompt_cache.fetch_nearest_cache(cache_model, prompt)
             cached = len(prompt) - len(rest) if cache is not None else 0
             sampler = request_sampler(args, tokenizer)
-            config = SpecConfig(
-                method=method,
-                max_tokens=args.max_tokens,
-                **method_options_of(speculation),
-            )
+            config = replace(config, max_tokens=args.max_tokens)
             stats = SpecStats()
             uid = self._batch.insert(
                 SeqSpec(
@@ -380,11 +367,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         args = run.args
         try:
             self._ensure_batch(self._batch_key)
-            config = SpecConfig(
-                method=run.method,
-                max_tokens=args.max_tokens - run.sent,
-                **method_options_of(run.speculation),
-            )
+            config = replace(run.config, max_tokens=args.max_tokens - run.sent)
             uid = self._batch.insert(
                 SeqSpec(
                     tokens,

@@ -2,6 +2,7 @@
 :func:`mlx_spec.stream_generate`, and the keepalives of its prefill."""
 
 import threading
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx_lm.server as lm_server
@@ -17,7 +18,7 @@ from .requests import (
     SpecCompletionRequest,
     check_logit_bias_ids,
     check_request_method,
-    method_options_of,
+    config_of,
 )
 
 # Seconds between ``: keepalive`` comments while a streamed prompt is processed.
@@ -112,12 +113,11 @@ class SoloRun:
         # Out-of-range ids would index past the logits (and crash the process).
         vocab_size = getattr(getattr(model, "args", None), "vocab_size", None)
         check_logit_bias_ids(args.logits.logit_bias, vocab_size)
-        self.speculation = getattr(request, "speculation", None) or {}
         method, uses_draft = plan_method(
-            self.speculation.get("speculative"), provider.draft_model
+            config_of(request).method, provider.draft_model
         )
         check_request_method(method, provider.draft_model)
-        self.method = method
+        self.config = replace(config_of(request), max_tokens=args.max_tokens)
         draft_model = provider.draft_model if uses_draft else None
 
         prompt, _, _, initial_state, vision = lm_private.tokenize(
@@ -151,8 +151,7 @@ class SoloRun:
             tokenizer,
             rest,
             draft_model,
-            speculative=method,
-            max_tokens=args.max_tokens,
+            config=self.config,
             sampler=self.sampler,
             logits_processors=lm_private.logits_processors(args),
             prompt_cache=cache,
@@ -163,7 +162,6 @@ class SoloRun:
             prompt_progress_callback=self.keepalive.progress,
             should_stop=self._stopped,
             **history_kwargs(stream_generate, cached),
-            **method_options_of(self.speculation),
         )
         self.cache = cache
         self.stats = self.responses.stats

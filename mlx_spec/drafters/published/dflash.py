@@ -24,6 +24,7 @@ import mlx.nn as nn
 from ...costs import DRAFT_LATENCY, weight_bytes
 from ...features import embed, feature_logits
 from ..base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
+from ..fit import check_drafter, drafter_kind
 from ..pairs import FeaturePairs
 from .layers import DecoderLayer, LayerCaches
 
@@ -240,11 +241,7 @@ def dflash_step_cost(draft: DFlashDraft, target) -> float:
 
 def make_dflash_drafter(config, target, draft_model, cache, kv, vocab_size):
     """``--speculative dflash``: block drafts from a DFlash drafter."""
-    if not isinstance(draft_model, DFlashDraft):
-        raise ValueError(
-            "--speculative dflash needs a DFlash drafter as --draft-model "
-            "(a speculators or DFlash-authors checkpoint folder)."
-        )
+    check_drafter("dflash", drafter_kind(draft_model))
     if draft_model.target is not target.model:
         raise ValueError(
             "the DFlash drafter was loaded for another model object; load it with "

@@ -1,0 +1,111 @@
+"""The one path from user options to a checked :class:`SpecConfig`.
+
+Every front end (``mlx_spec generate``, ``chat``, the ``mlx_lm`` hook, the
+server at start-up and per request, the UI, the benchmarks) and
+:func:`mlx_spec.stream_generate` call :func:`spec_config`, so each rule and
+its message lives once: the ranges in :class:`SpecConfig`, whether the
+drafter fits the method in :func:`~mlx_spec.drafters.fit.check_drafter`.
+"""
+
+import argparse
+import inspect
+import os
+from typing import Any, Optional
+
+from .config import OptionError, SpecConfig, check_generation_options, resolve_method
+from .drafters.fit import check_drafter, drafter_kind
+from .loading import check_draft_path
+from .options import method_options
+
+# SpecConfig fields that commands read from flags of the same name. Not among
+# them: ``seed`` (a command seeds before it loads, as mlx_lm does) and
+# ``max_tokens`` (mlx_lm's -1 is "until EOS"; the commands pass their own).
+ARG_FIELDS = ("temp", "top_p", "top_k", "min_p", "min_tokens_to_keep")
+
+
+# ``draft`` when the drafter is not loaded yet (a server request, whose model
+# is chosen later): it is checked once loaded, with ``check_drafter``.
+DRAFTER_LATER = object()
+
+
+def _is_path(draft) -> bool:
+    return isinstance(draft, (str, os.PathLike))
+
+
+def spec_config(
+    speculative: Optional[str] = None,
+    draft: Any = None,
+    *,
+    flags: bool = False,
+    subject: str = "",
+    **fields,
+) -> SpecConfig:
+    """Check user options and return the config that runs them.
+
+    Args:
+        speculative: The requested method; ``None`` picks ``auto``.
+        draft: The drafter on hand: a path (checked before anything loads),
+          a loaded draft model or head, ``None``, or :data:`DRAFTER_LATER`.
+        flags: Name options as command-line flags in messages
+          (``--num-draft-tokens=0 ...``). Default: ``False``.
+        subject: How the front end names the method in messages (see
+          :func:`~mlx_spec.drafters.fit.check_drafter`).
+        fields: Further :class:`SpecConfig` fields.
+
+    Raises:
+        ValueError: One line naming the bad option and how to fix it.
+    """
+    method = resolve_method(speculative)
+    try:
+        config = SpecConfig(method=method, **fields)
+    except OptionError as e:
+        raise (e.as_flag() if flags else e) from None
+    except TypeError as e:  # an option SpecConfig does not have
+        raise ValueError(str(e)) from None
+    if draft is DRAFTER_LATER:
+        pass
+    elif _is_path(draft) or draft is None:
+        check_draft_path(method, draft, subject)
+    else:
+        check_drafter(method, drafter_kind(draft), subject=subject)
+    return config
+
+
+def check_generation_args(args: argparse.Namespace) -> None:
+    """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has.
+
+    Raises:
+        ValueError: One line naming the flag (``--kv-group-size=0 ...``).
+    """
+    given = {
+        name: getattr(args, name)
+        for name in inspect.signature(check_generation_options).parameters
+        if hasattr(args, name)
+    }
+    try:
+        check_generation_options(**given)
+    except OptionError as e:
+        raise e.as_flag() from None
+
+
+def spec_config_of_args(
+    args: argparse.Namespace,
+    draft: Any = None,
+    *,
+    speculative: Optional[str] = None,
+    **fields,
+) -> SpecConfig:
+    """:func:`spec_config` of a command's parsed flags (those ``args`` has),
+    with the run flags outside the config checked too (:func:`check_generation_args`).
+
+    ``speculative`` and ``fields`` override the flags' values.
+    """
+    values = {n: getattr(args, n) for n in ARG_FIELDS if hasattr(args, n)}
+    values.update(method_options(args))
+    if getattr(args, "profile", None) is not None:
+        values["profile"] = args.profile
+    values.update(fields)
+    speculative = speculative or getattr(args, "speculative", None)
+    config = spec_config(speculative, draft, flags=True, **values)
+    check_generation_args(args)
+    return config
