@@ -449,7 +449,7 @@ def test_a_server_runs_the_methods_of_its_published_drafter(imported):
         check_request_method("dflash", imported["eagle"])
     message = str(err.value)
     assert "\n" not in message and "needs a DFlash drafter" in message
-    assert "holding a published DFlash drafter" in message
+    assert "pass a published DFlash checkpoint folder" in message
 
 
 def test_a_published_head_takes_the_dtype_of_a_half_precision_target(tmp_path):

@@ -21,8 +21,6 @@ METHOD_KINDS = {
     "medusa": "medusa",
     "dflash": "dflash",
 }
-# The heads ``mlx_spec train-draft`` writes.
-TRAINED_KINDS = ("eagle", "medusa")
 # What each method needs once loaded (``mtp`` reads the checkpoint's MTP layer).
 NEEDED_DRAFTER = dict(METHOD_KINDS, mtp="mtp")
 
@@ -79,8 +77,8 @@ def check_drafter(method: str, kind: Optional[str], *, subject: str = "") -> Non
         raise ValueError(f"{subject} needs a --draft-model.")
     wanted = drafter_description(needed)
     train = f"train one with: mlx_spec train-draft --kind {needed}"
-    if needed not in TRAINED_KINDS:  # a published format
-        train = "pass a published checkpoint folder of that format"
+    if needed == "dflash":  # a published format only
+        train = "pass a published DFlash checkpoint folder"
     if kind is None:
         raise ValueError(f"{subject} needs {wanted} as --draft-model; {train}.")
     given = "the draft model given" if kind == "draft" else f"the {kind} head given"
