@@ -6,20 +6,19 @@ mlx-lm; a request the sharded server cannot batch gets a 400 and the group
 goes on; an error in a rank ends the whole group.
 """
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import mlx_lm
 import pytest
+from test_serve_server import _post
+from test_server import _free_port
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 SERVER = Path(sys.executable).with_name("mlx_spec.server")
@@ -35,25 +34,6 @@ pytestmark = [
         reason="mlx.launch or the mlx_spec.server script is not installed",
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _post(port, body, timeout=TIMEOUT):
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 class _Group:
@@ -73,6 +53,10 @@ class _Group:
             env=env,
             start_new_session=True,
         )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def output(self) -> str:
         self.log.flush()
@@ -127,7 +111,7 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
 
     def ask(prompt, method):
         body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "speculative": method}
-        results[prompt] = _post(group.port, body)
+        results[prompt] = _post(group, body, TIMEOUT)
 
     for _ in range(2):  # the second wave reuses the prompt cache on both ranks
         threads = [
@@ -144,10 +128,12 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
             assert body["speculative_stats"]["batched"] is True
     # A request the batch cannot take is refused; the ranks stay in step.
     status, body = _post(
-        group.port, {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": "tree"}
+        group, {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": "tree"}, TIMEOUT
     )
     assert status == 400 and "sharded server batches every request" in body["error"]
-    status, body = _post(group.port, {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS})
+    status, body = _post(
+        group, {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}, TIMEOUT
+    )
     assert status == 200 and body["choices"][0]["text"] == references[PROMPTS[1]]
     assert group.proc.poll() is None
 
@@ -167,7 +153,7 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(group, load_model):
             "temperature": temperature,
             "speculative": method,
         }
-        results.append((prompt, temperature, _post(group.port, body)))
+        results.append((prompt, temperature, _post(group, body, TIMEOUT)))
 
     for temperature in (1.0, 0.0):
         threads = [

@@ -377,40 +377,38 @@ def suite_prompts(chat: bool) -> List[tuple]:
 
 def run_clients(server, prompts, n_clients, per_client, chat, max_tokens, offset=0):
     """``n_clients`` threads, each sending ``per_client`` requests back to back."""
-    results: List[Result] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(n_clients)
-
-    def client(c: int):
-        barrier.wait()
-        for r in range(per_client):
-            label, prompt = prompts[(offset + c * per_client + r) % len(prompts)]
-            res = send(server, request_body(prompt, chat, max_tokens), label)
-            with lock:
-                results.append(res)
-
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(n_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    plan = [
+        [
+            (*prompts[(offset + c * per_client + r) % len(prompts)], max_tokens)
+            for r in range(per_client)
+        ]
+        for c in range(n_clients)
+    ]
+    return run_plan(server, plan, chat)
 
 
-def summarize(results: Sequence[Result]) -> dict:
+def _totals(results: Sequence[Result]):
+    """``(answered, row)``: the answered results, and the counts and tokens
+    per second (all completion tokens over the wall time of all requests)."""
     ok = [r for r in results if r.error is None]
-    wall = None
-    if ok:
-        wall = max(r.end for r in ok) - min(r.start for r in ok)
+    wall = max(r.end for r in ok) - min(r.start for r in ok) if ok else None
     tokens = sum(r.tokens for r in ok)
-    batch = [r.stats.get("mean_batch_size") for r in ok if r.stats]
-    batch = [b for b in batch if b is not None]
-    return {
+    return ok, {
         "requests": len(results),
         "errors": len(results) - len(ok),
         "tokens": tokens,
         "wall_s": wall,
-        "aggregate_tokens_per_s": tokens / wall if wall else None,
+        "tokens_per_s": tokens / wall if wall else None,
+    }
+
+
+def summarize(results: Sequence[Result]) -> dict:
+    ok, row = _totals(results)
+    batch = [r.stats.get("mean_batch_size") for r in ok if r.stats]
+    batch = [b for b in batch if b is not None]
+    return {
+        **row,
+        "aggregate_tokens_per_s": row["tokens_per_s"],
         "latency_p50_s": percentile([r.latency for r in ok], 0.5),
         "latency_p95_s": percentile([r.latency for r in ok], 0.95),
         "ttft_p50_s": percentile([r.ttft for r in ok], 0.5),
@@ -497,18 +495,13 @@ def inter_token_latency(result: Result) -> Optional[float]:
 
 def latency_summary(results: Sequence[Result]) -> dict:
     """Percentiles of one run of the mixed workload (see the module docstring)."""
-    ok = [r for r in results if r.error is None]
-    wall = max(r.end for r in ok) - min(r.start for r in ok) if ok else None
-    tokens = sum(r.tokens for r in ok)
+    ok, row = _totals(results)
     stats = [r.stats for r in ok if r.stats]
     forwards = sum(st.get("target_forwards", 0) for st in stats)
     generated = sum(st.get("generated_tokens", 0) for st in stats)
     return {
-        "requests": len(results),
-        "errors": len(results) - len(ok),
-        "tokens": tokens,
-        "wall_s": wall,
-        "throughput_tokens_per_s": tokens / wall if wall else None,
+        **row,
+        "throughput_tokens_per_s": row["tokens_per_s"],
         "ttft_p50_s": percentile([r.ttft for r in ok], 0.5),
         "ttft_p99_s": percentile([r.ttft for r in ok], 0.99),
         "itl_p50_s": percentile([inter_token_latency(r) for r in ok], 0.5),
