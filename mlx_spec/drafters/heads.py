@@ -526,9 +526,3 @@ def static_choices(config: Dict) -> Optional[List[Tuple[int, ...]]]:
     """The static tree a Medusa head directory recommends, if any."""
     choices = config.get("tree_choices")
     return [tuple(c) for c in choices] if choices else None
-
-
-def frequent_tokens(counts: Sequence[int], k: int) -> mx.array:
-    """The ``k`` most frequent token ids by ``counts`` ``(V,)``, ascending by id."""
-    order = sorted(range(len(counts)), key=lambda i: (-counts[i], i))[:k]
-    return mx.array(sorted(order), mx.int32)

@@ -23,8 +23,7 @@ reductions differs (extra exact zeros), as with mlx_lm's left padding.
 
 Gaps cost memory and attention width, never results. When rows join or
 leave (which copies the cache anyway, as mlx_lm's ``filter``/``extend`` do),
-or when the frame outgrows the longest row by :data:`SLACK` slots, the rows
-are gathered back into a tight right-aligned frame.
+the rows are gathered back into a tight right-aligned frame.
 """
 
 import weakref
@@ -36,10 +35,6 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from ..mlx_lm_private import set_write_index
-
-# Compact once the frame is this many slots (plus a quarter of the longest
-# row) longer than the longest row.
-SLACK = 64
 
 
 def batchable(model) -> Optional[str]:
@@ -186,9 +181,6 @@ class RaggedBatch:
     def slack(self) -> int:
         """Frame slots beyond the longest row."""
         return self.frame - int(self.lengths.max(initial=0))
-
-    def wants_compaction(self) -> bool:
-        return self.slack > SLACK + int(self.lengths.max(initial=0)) // 4
 
     def extract(self, r: int, length: Optional[int] = None) -> List[KVCache]:
         """Row ``r``'s first ``length`` tokens as single-sequence ``KVCache``s."""

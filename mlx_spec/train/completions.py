@@ -108,10 +108,6 @@ class Completions:
         """``(start_i - 1, K)``: row ``p`` is the law over prompt token ``p + 1``."""
         return [ids[: s - 1] for ids, s, _ in self._rows(self.law_ids)]
 
-    @property
-    def prompt_logp(self) -> List[np.ndarray]:
-        return [lp[: s - 1] for lp, s, _ in self._rows(self.law_logp)]
-
     def _rows(self, laws):
         return zip(laws, self.starts, self.tokens)
 
@@ -604,12 +600,3 @@ def _check_manifest(path: Path, settings: Dict):
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
-
-
-def read_completions(folder, name: str) -> Completions:
-    """Every shard of ``name`` in ``folder``, in order."""
-    data = Completions()
-    for path in sorted(Path(folder).glob(f"{name}-[0-9]*.npz")):
-        if ".tmp" not in path.name:
-            data.extend(Completions.load(path))
-    return data

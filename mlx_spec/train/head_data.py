@@ -15,7 +15,6 @@ target's forward in generation up to float rounding.
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
 import mlx.core as mx
@@ -209,7 +208,3 @@ def coverage(counts: np.ndarray, ids: np.ndarray) -> float:
     """Share of the counted top choices that ``ids`` contains."""
     total = counts.sum()
     return float(counts[ids].sum() / total) if total else 0.0
-
-
-def data_path(out_dir, name: str = "teacher.npz") -> Path:
-    return Path(out_dir) / name
