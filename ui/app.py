@@ -1,4 +1,6 @@
-"""The command line of the mlx-spec Gradio app: ``python -m ui.app``.
+"""The command line of the mlx-spec Gradio app: ``mlx_spec ui`` installed,
+``python -m ui.app`` in a checkout (:mod:`ui.__main__` is the entry point that
+checks for gradio).
 
 Serves http://127.0.0.1:7860: a multi-turn chat (or plain completion, for a
 model without a chat template) on the default model of
@@ -33,6 +35,7 @@ from .layout import launch_kwargs
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
+DEFAULT_PROG = f"python -m {__package__}.app"  # ui.app, or mlx_spec.ui.app installed
 
 
 def is_loopback(host: str) -> bool:
@@ -56,9 +59,9 @@ def parse_auth(values: Optional[List[str]]) -> Optional[List[Tuple[str, str]]]:
     return pairs
 
 
-def setup_arg_parser() -> argparse.ArgumentParser:
+def setup_arg_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ui.app",
+        prog=prog,
         description="The mlx-spec web app: chat with speculative decoding and watch it work.",
     )
     one_line_errors(parser)
@@ -160,8 +163,8 @@ def check_start_values(args) -> None:
         check_not_a_drafter(args.model, "model")
 
 
-def main(argv=None):
-    parser = setup_arg_parser()
+def main(argv=None, prog: str = DEFAULT_PROG):
+    parser = setup_arg_parser(prog)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"

@@ -1,4 +1,4 @@
-"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|bench|doctor|train-draft|corpus``.
+"""The ``mlx_spec`` command family: ``mlx_spec generate|server|chat|ui|bench|doctor|...``.
 
 Like the ``mlx_lm`` umbrella, the first argument picks a subcommand whose
 ``main()`` then parses the rest. Each subcommand is also its own console
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "generate": "mlx_spec.cli.generate:main",
     "server": "mlx_spec.serve.server:main",
     "chat": "mlx_spec.cli.chat:main",
+    "ui": "mlx_spec.ui.__main__:main",
     "bench": "mlx_spec.cli.bench:bench_main",
     "doctor": "mlx_spec.cli.doctor:main",
     "convert": "mlx_spec.convert.__main__:main",
@@ -35,6 +36,7 @@ def _usage() -> str:
         "generate": "generate text (a superset of mlx_lm.generate)",
         "server": "OpenAI-compatible HTTP server (a superset of mlx_lm.server)",
         "chat": "interactive terminal chat (like mlx_lm.chat)",
+        "ui": "the chat in the browser, each token coloured by where it came from",
         "bench": "benchmarks of the speculative methods",
         "doctor": "check the platform, the mlx device and the BLAS in use",
         "convert": "GGUF or Hugging Face (MTP kept) -> mlx-lm; the default SmolLM2",
