@@ -127,10 +127,25 @@ class PageRequest:
 
 # Enter sends, Shift+Enter makes a new line, Ctrl/Cmd+Enter sends too. Keys go
 # through the button, so one guard (its handler's) covers keys and clicks;
-# Gradio's own Shift+Enter submit never sees the key.
+# Gradio's own Shift+Enter submit never sees the key. Clicks of one task are one
+# send: Gradio's "once" trigger lets them all through (it marks a send pending
+# only after an await), and the handler's claim misses those that reach the
+# server after a short reply is over.
 KEYS_JS = """
 () => {
   const buttons = {prompt: "send", "race-prompt": "race"};
+  const sending = new Set();
+  document.addEventListener("click", (e) => {
+    const button = e.target.closest && e.target.closest("#send, #race, #retry");
+    if (!button) return;
+    if (sending.has(button.id)) {
+      e.stopImmediatePropagation();
+      e.preventDefault();
+      return;
+    }
+    sending.add(button.id);
+    setTimeout(() => sending.delete(button.id), 0);
+  }, true);
   const boxOf = (e) => e.target.tagName === "TEXTAREA" && e.key === "Enter"
     && !e.isComposing && e.target.closest("#prompt, #race-prompt");
   document.addEventListener("keydown", (e) => {
