@@ -4,6 +4,10 @@ Every rank decodes with every method on the sharded target; each rank's
 greedy tokens must equal unsharded plain mlx-lm's, tensor-parallel and in
 pipeline stages, and a seeded sampled run must draw what the unsharded
 engine draws with the same seed.
+
+Known limit: in pipeline stages, several generations with a draft model in
+one process stall now and then (about half the runs of five in a row here),
+so the pipeline test launches one generation per process group.
 """
 
 import json
@@ -97,19 +101,22 @@ def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
 
 
 def test_pipeline_stages_greedy_equal_plain_mlx_lm(checkpoints, load_model, tmp_path):
-    methods = ["none", "draft", "tree", "lookup", "auto"]
-    ranks = _ranks(
-        checkpoints,
-        tmp_path,
-        "qwen3_next",
-        methods,
-        "--pipeline",
-        "--draft-model",
-        str(checkpoints["qwen3_next-near"]),
-    )
+    # One generation per launch, as mlx_spec.generate runs: several draft-model
+    # generations in one pipelined process can stall (see the module docstring).
     expected = _plain(load_model("qwen3_next")[0])
-    for results in ranks:
-        for method in methods:
+    for method in ["none", "draft", "tree", "lookup", "auto"]:
+        out = tmp_path / method
+        out.mkdir()
+        ranks = _ranks(
+            checkpoints,
+            out,
+            "qwen3_next",
+            [method],
+            "--pipeline",
+            "--draft-model",
+            str(checkpoints["qwen3_next-near"]),
+        )
+        for results in ranks:
             assert results[method]["tokens"] == expected, method
 
 
