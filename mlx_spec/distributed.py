@@ -11,6 +11,8 @@ broadcast). Only rank 0 prints.
 
 import contextlib
 import functools
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -34,6 +36,23 @@ def rank() -> int:
     """This process's rank (0 when not sharded)."""
     group = sharded_group()
     return 0 if group is None else group.rank()
+
+
+def rank0_prints():
+    """Silence standard output on every rank but 0, which prints for the group."""
+    if rank() != 0:
+        sys.stdout = open(os.devnull, "w")
+
+
+def exit_in_one_line(parser, error: Exception):
+    """Exit 2 with ``error`` on one line, said by rank 0 alone.
+
+    Every rank meets the same error; the others give rank 0 time to say it
+    before mlx.launch stops the group.
+    """
+    if rank() != 0:
+        time.sleep(2.0)
+    parser.exit(2, f"{parser.prog}: error: {error}\n" if rank() == 0 else None)
 
 
 def from_rank0(value: float, group) -> float:

@@ -15,15 +15,20 @@ matplotlib, ``sharded.png`` (speedup against latency).
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 from statistics import geometric_mean
 from typing import Dict, List
 
 import mlx.core as mx
 
-from ..distributed import collective_delay, load_sharded, rank, sharded_group
+from ..distributed import (
+    collective_delay,
+    exit_in_one_line,
+    load_sharded,
+    rank,
+    rank0_prints,
+    sharded_group,
+)
 from ..generation import stream_generate
 from ..loading import default_model_pair, load_draft
 from .prompts import encode, prompt_suite
@@ -192,13 +197,12 @@ def plot(rows: List[Dict], path: Path):
 def main(argv=None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    if rank() != 0:
-        sys.stdout = open(os.devnull, "w")
+    rank0_prints()
     try:
         group = sharded_group()
         rows = measure(args)
     except ValueError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n" if rank() == 0 else None)
+        exit_in_one_line(parser, e)
     if rank() == 0:
         out = Path(args.out).expanduser()
         out.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,7 @@ plus ``--speculative``, the method options and the speculation statistics."""
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import List
 
@@ -14,7 +12,13 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..chat_text import repair_text
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS
-from ..distributed import load_sharded, rank, sharded_group, shared_seed
+from ..distributed import (
+    exit_in_one_line,
+    load_sharded,
+    rank0_prints,
+    sharded_group,
+    shared_seed,
+)
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
     default_model_pair,
@@ -195,16 +199,11 @@ def run(args) -> str:
 def main(argv=None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    if rank() != 0:  # a sharded run: rank 0 prints for all
-        sys.stdout = open(os.devnull, "w")
+    rank0_prints()  # a sharded run: rank 0 prints for all
     try:
         run(args)
     except (ValueError, FileNotFoundError, OSError) as e:
-        # Every rank meets the same error; rank 0 says it, the others give it
-        # time to do so before mlx.launch stops the group.
-        if rank() != 0:
-            time.sleep(2.0)
-        parser.exit(2, f"{parser.prog}: error: {e}\n" if rank() == 0 else None)
+        exit_in_one_line(parser, e)
     except KeyboardInterrupt:
         parser.exit(130, "\n")
 
