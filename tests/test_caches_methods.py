@@ -24,13 +24,9 @@ from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
 from mlx_spec.drafters.self_spec import make_self_drafter
 from mlx_spec.engine import speculative_events
 from mlx_spec.models import num_caches
-from mlx_spec.testing import (
-    ALL_ARCHITECTURES,
-    PROMPTS,
-    ROLLBACK_ARCHITECTURES,
-    _init_param,
-    _model_config,
-)
+from mlx_spec.testing import ALL_ARCHITECTURES, PROMPTS, ROLLBACK_ARCHITECTURES
+from mlx_spec.testing.checkpoints import init_param
+from mlx_spec.testing.configs import model_config
 
 FAMILIES = ALL_ARCHITECTURES
 METHODS = ("draft", "tree", "lookup", "self", "auto")
@@ -229,7 +225,7 @@ TINY_PROMPT = [3, 1, 4, 1, 5]
 def _tiny(arch, seed, head_noise=0.0):
     """A tiny ``arch`` model over 8 tokens whose logits spread over the vocabulary
     (sliding windows of 2, so the 5-token prompt already fills them)."""
-    config = _model_config(
+    config = model_config(
         arch, hidden_size=32, num_layers=3, num_heads=2, num_kv_heads=1, vocab_size=8
     )
     for fields in (config, config.get("text_config", {})):
@@ -239,7 +235,7 @@ def _tiny(arch, seed, head_noise=0.0):
     model = model_class(args_class.from_dict(config))
     weights = []
     for name, value in tree_flatten(model.parameters()):
-        w = _init_param(name, value.shape, arch=arch, head_scale=1.5, seed=seed)
+        w = init_param(name, value.shape, arch=arch, head_scale=1.5, seed=seed)
         if name.endswith("lm_head.weight") and head_noise:
             rng = np.random.default_rng(seed + 1)
             w = w + head_noise * rng.standard_normal(w.shape).astype(np.float32)

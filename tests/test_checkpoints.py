@@ -6,7 +6,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_spec import testing
 from mlx_spec.testing import (
     ARCHITECTURES,
     CHECKPOINT_NAMES,
@@ -15,6 +14,8 @@ from mlx_spec.testing import (
     greedy_agreement,
     make_checkpoint,
     min_top2_gap,
+    named_set,
+    tokenizer,
 )
 
 
@@ -49,9 +50,9 @@ def test_tokenizer_round_trips_text_and_has_eos_and_chat_template(load_model):
 
 
 def test_tokenizer_build_is_deterministic(tmp_path):
-    testing._tokenizer_json.cache_clear()
+    tokenizer._tokenizer_json.cache_clear()
     first = build_tokenizer(tmp_path / "a") / "tokenizer.json"
-    testing._tokenizer_json.cache_clear()
+    tokenizer._tokenizer_json.cache_clear()
     second = build_tokenizer(tmp_path / "b") / "tokenizer.json"
     assert first.read_bytes() == second.read_bytes()
 
@@ -131,21 +132,21 @@ def _fake_build(root):
 
 
 def test_set_is_built_once_and_stale_sets_are_replaced(tmp_path, monkeypatch):
-    monkeypatch.setattr(testing, "_build_set", _fake_build)
+    monkeypatch.setattr(named_set, "_build_set", _fake_build)
     root = tmp_path / "set"
-    paths = testing.test_checkpoints(root)
+    paths = named_set.test_checkpoints(root)
     assert set(paths) == set(CHECKPOINT_NAMES) and paths["llama"].is_dir()
-    stamp = root / testing._STAMP
+    stamp = root / named_set._STAMP
     mtime = stamp.stat().st_mtime_ns
-    testing.test_checkpoints(root)
+    named_set.test_checkpoints(root)
     assert stamp.stat().st_mtime_ns == mtime
     stamp.write_text(json.dumps({"version": "stale"}))
-    testing.test_checkpoints(root)
-    assert json.loads(stamp.read_text())["version"] == testing.version_hash()
+    named_set.test_checkpoints(root)
+    assert json.loads(stamp.read_text())["version"] == named_set.version_hash()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["set"]  # no temp left
 
 
 def test_set_refuses_to_overwrite_a_foreign_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError):
-        testing.test_checkpoints(tmp_path)
+        named_set.test_checkpoints(tmp_path)

@@ -356,7 +356,7 @@ def _tiny(arch):
     """A tiny ``arch`` model over 8 tokens whose laws spread over the vocabulary."""
     from mlx_lm.utils import _get_classes
 
-    from mlx_spec.testing import _mtp_config
+    from mlx_spec.testing.mtp import _mtp_config
 
     config = _mtp_config(arch, VOCAB)
     config["num_hidden_layers"] -= 1  # qwen3_next: linear then full attention
