@@ -5,8 +5,10 @@ Vocabulary (as in vLLM's rejection sampler): a round's output is the
 *recovered* token (drawn after a rejection) or the *bonus* token (drawn
 when every draft token was accepted).
 
-Every function returns ``(num_accepted, next_token)`` as device scalars, so
-the caller syncs once per round.
+Every function returns ``(num_accepted, next_token)`` on device, so the
+caller syncs once per round. The chain rules take leading row axes: the
+single-sequence engine calls them on one row, continuous batching on every
+row of a round at once (each row with its own draft length ``sizes``).
 """
 
 from typing import Optional, Tuple
@@ -14,15 +16,31 @@ from typing import Optional, Tuple
 import mlx.core as mx
 
 
-def accepted_prefix_length(match: mx.array) -> mx.array:
-    """Length of the leading run of ``True`` in ``match`` (shape ``(γ,)``)."""
-    if match.size == 0:
-        return mx.array(0, mx.int32)
+def accepted_prefix_length(
+    match: mx.array, sizes: Optional[mx.array] = None
+) -> mx.array:
+    """Length of the leading run of ``True`` in ``match``, capped at ``sizes``.
+
+    Args:
+        match: ``(..., γ)`` bool, position ``i`` accepted.
+        sizes: Optional ``(...)`` int, positions each row proposed (``<= γ``;
+          later columns are padding). Default: all ``γ``.
+
+    Returns:
+        ``(...)`` int32.
+    """
+    gamma = match.shape[-1]
+    if gamma == 0:
+        return mx.zeros(match.shape[:-1], mx.int32)
+    if sizes is not None:
+        match = match & (mx.arange(gamma) < sizes[..., None])
     return mx.sum(mx.cumprod(match.astype(mx.int32), axis=-1), axis=-1)
 
 
 def match_accept(
-    draft_tokens: mx.array, target_tokens: mx.array
+    draft_tokens: mx.array,
+    target_tokens: mx.array,
+    sizes: Optional[mx.array] = None,
 ) -> Tuple[mx.array, mx.array]:
     """Accept while the target's own choice equals the draft token.
 
@@ -31,23 +49,31 @@ def match_accept(
     (exact, but weak) sample-and-match rule mlx-lm uses.
 
     Args:
-        draft_tokens: Draft proposals, shape ``(γ,)``.
-        target_tokens: The target's choice at each position, ``(γ + 1,)``.
+        draft_tokens: Draft proposals, shape ``(..., γ)``.
+        target_tokens: The target's choice at each position, ``(..., γ + 1)``.
+        sizes: Optional ``(...)`` drafts per row (see
+          :func:`accepted_prefix_length`).
+
+    Returns:
+        ``(num_accepted, next_token)``, each ``(...)``.
     """
-    num_accepted = accepted_prefix_length(draft_tokens == target_tokens[:-1])
-    return num_accepted, target_tokens[num_accepted]
+    gamma = draft_tokens.shape[-1]
+    match = draft_tokens == target_tokens[..., :gamma]
+    num_accepted = accepted_prefix_length(match, sizes)
+    index = num_accepted[..., None]
+    return num_accepted, mx.take_along_axis(target_tokens, index, axis=-1)[..., 0]
 
 
 def greedy_accept(
     draft_tokens: mx.array, target_logits: mx.array
 ) -> Tuple[mx.array, mx.array]:
-    """Greedy acceptance: ``target_logits`` has shape ``(γ + 1, V)``."""
+    """Greedy acceptance: ``target_logits`` has shape ``(..., γ + 1, V)``."""
     return match_accept(draft_tokens, mx.argmax(target_logits, axis=-1))
 
 
 def one_hot_logprobs(tokens: mx.array, vocab_size: int) -> mx.array:
-    """Log-probabilities of point masses on ``tokens`` (shape ``(γ, V)``)."""
-    hit = mx.arange(vocab_size)[None, :] == tokens[:, None]
+    """Log-probabilities of point masses on ``tokens`` ``(...)``: ``(..., V)``."""
+    hit = mx.arange(vocab_size) == tokens[..., None]
     return mx.where(hit, 0.0, -mx.inf)
 
 
@@ -61,29 +87,53 @@ def residual_probs(p: mx.array, q: mx.array) -> mx.array:
 def acceptance_probability(
     draft_tokens: mx.array, target_logprobs: mx.array, draft_logprobs: mx.array
 ) -> mx.array:
-    """``min(1, p_i(d_i) / q_i(d_i))`` for each draft token, shape ``(γ,)``."""
-    index = draft_tokens[:, None]
-    log_p = mx.take_along_axis(
-        target_logprobs[: draft_tokens.shape[0]], index, axis=-1
-    )[:, 0]
-    log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)[:, 0]
-    return mx.minimum(mx.exp(log_p - log_q), 1.0)
+    """``min(1, p_i(d_i) / q_i(d_i))`` for each draft token.
+
+    Args:
+        draft_tokens: ``(..., γ)``.
+        target_logprobs: ``(..., γ', V)`` with ``γ' >= γ`` (the first γ rows count).
+        draft_logprobs: ``(..., γ, V)``.
+
+    Returns:
+        ``(..., γ)``.
+    """
+    gamma = draft_tokens.shape[-1]
+    index = draft_tokens[..., None].astype(mx.int32)
+    log_p = mx.take_along_axis(target_logprobs[..., :gamma, :], index, axis=-1)
+    log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)
+    return mx.minimum(mx.exp(log_p[..., 0] - log_q[..., 0]), 1.0)
 
 
 def recovered_law(
-    target_logprobs: mx.array, draft_logprobs: mx.array, num_accepted: mx.array
+    target_logprobs: mx.array,
+    draft_logprobs: mx.array,
+    num_accepted: mx.array,
+    sizes: Optional[mx.array] = None,
 ) -> mx.array:
-    """The law of the token emitted after ``num_accepted`` acceptances, ``(V,)``.
+    """The law of the token emitted after ``num_accepted`` acceptances.
 
     ``normalize(max(0, p_n - q_n))`` after a rejection at position n, and
-    ``p_γ`` (the bonus law) when all γ drafts were accepted.
+    ``p_n`` (the bonus law) when all of a row's drafts were accepted.
+
+    Args:
+        target_logprobs: ``(..., γ + 1, V)``.
+        draft_logprobs: ``(..., γ, V)``.
+        num_accepted: ``(...)``.
+        sizes: Optional ``(...)`` drafts per row; default ``γ``.
+
+    Returns:
+        ``(..., V)`` probabilities.
     """
-    vocab = target_logprobs.shape[-1]
     # The bonus position has no draft law: q = 0 there, so the residual is p.
-    no_draft = mx.full((1, vocab), -mx.inf)
-    log_q_rows = mx.concatenate([draft_logprobs, no_draft], axis=0)
-    p_n = mx.exp(target_logprobs[num_accepted])
-    q_n = mx.exp(log_q_rows[num_accepted])
+    no_draft = mx.full(
+        draft_logprobs.shape[:-2] + (1, target_logprobs.shape[-1]), -mx.inf
+    )
+    log_q_rows = mx.concatenate([draft_logprobs, no_draft], axis=-2)
+    at = num_accepted[..., None, None]
+    p_n = mx.exp(mx.take_along_axis(target_logprobs, at, axis=-2)[..., 0, :])
+    q_n = mx.exp(mx.take_along_axis(log_q_rows, at, axis=-2)[..., 0, :])
+    if sizes is not None:  # a row's own bonus position, before the padding
+        q_n = mx.where((num_accepted < sizes)[..., None], q_n, 0.0)
     return residual_probs(p_n, q_n)
 
 
@@ -92,6 +142,7 @@ def rejection_accept(
     target_logprobs: mx.array,
     draft_logprobs: Optional[mx.array],
     uniforms: Optional[mx.array] = None,
+    sizes: Optional[mx.array] = None,
 ) -> Tuple[mx.array, mx.array]:
     """Leviathan et al. rejection sampling over a chain of draft tokens.
 
@@ -99,25 +150,36 @@ def rejection_accept(
     ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection the recovered
     token is drawn from ``normalize(max(0, p_i - q_i))``, and if all are
     accepted the bonus token is drawn from ``p_γ``. Every emitted token
-    then follows the target's law exactly.
+    then follows the target's law exactly. Leading axes are rows (a batch),
+    each with its own draft length ``sizes``; one row without them is the
+    single-sequence engine's round.
 
     Args:
-        draft_tokens: Proposals, shape ``(γ,)``, drawn from ``draft_logprobs``.
-        target_logprobs: Processed target law, shape ``(γ + 1, V)``.
-        draft_logprobs: Processed draft law, shape ``(γ, V)``; ``None`` for
+        draft_tokens: Proposals, shape ``(..., γ)``, drawn from ``draft_logprobs``.
+        target_logprobs: Processed target law, shape ``(..., γ + 1, V)``.
+        draft_logprobs: Processed draft law, shape ``(..., γ, V)``; ``None`` for
           deterministic proposals (prompt lookup), i.e. point masses.
-        uniforms: Optional ``(γ,)`` uniforms in [0, 1) (tests pass them).
+        uniforms: Optional ``(..., γ)`` uniforms in [0, 1) (tests pass them).
+        sizes: Optional ``(...)`` drafts per row (columns past a row's size
+          are padding, never accepted). Default: ``γ``.
+
+    Returns:
+        ``(num_accepted, next_token)``, each ``(...)``.
     """
-    gamma = draft_tokens.shape[0]
+    gamma = draft_tokens.shape[-1]
+    if gamma == 0:  # a plain step: sample the law (no residual to form)
+        rows = draft_tokens.shape[:-1]
+        law = target_logprobs[..., 0, :]
+        return mx.zeros(rows, mx.int32), mx.random.categorical(law)
     if draft_logprobs is None:
         draft_logprobs = one_hot_logprobs(draft_tokens, target_logprobs.shape[-1])
     if uniforms is None:
-        uniforms = mx.random.uniform(shape=(gamma,))
+        uniforms = mx.random.uniform(shape=draft_tokens.shape)
     accept = uniforms < acceptance_probability(
         draft_tokens, target_logprobs, draft_logprobs
     )
-    num_accepted = accepted_prefix_length(accept)
-    law = recovered_law(target_logprobs, draft_logprobs, num_accepted)
+    num_accepted = accepted_prefix_length(accept, sizes)
+    law = recovered_law(target_logprobs, draft_logprobs, num_accepted, sizes)
     return num_accepted, mx.random.categorical(mx.log(law))
 
 

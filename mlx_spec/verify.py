@@ -26,13 +26,16 @@ class Law:
     """How tokens are chosen: greedy, exact rejection sampling, or sample-and-match.
 
     Exact rejection sampling needs the sampler's law; an opaque ``sampler``
-    callable falls back to sample-and-match, which is also exact.
+    callable falls back to sample-and-match, which is also exact. Neither
+    (``Law(None)``) is greedy.
     """
 
-    def __init__(self, params: Optional[SamplingParams], sampler: Optional[Callable]):
+    def __init__(
+        self, params: Optional[SamplingParams], sampler: Optional[Callable] = None
+    ):
         self.params = params
         self.sampler = sampler
-        if params is not None and params.greedy:
+        if params is None and sampler is None or params is not None and params.greedy:
             self.mode = "greedy"
         elif params is not None:
             self.mode = "rejection"
@@ -40,7 +43,8 @@ class Law:
             self.mode = "match"
 
     def draft_choice(self, logprobs: mx.array) -> Tuple[mx.array, Optional[mx.array]]:
-        """Pick a draft token from ``logprobs`` ``(1, V)``; return it and its law."""
+        """Pick a draft token per row of ``logprobs`` ``(R, V)``; return them ``(R,)``
+        and their law ``(R, V)`` (``None`` unless rejection sampling needs it)."""
         if self.mode == "greedy":
             return mx.argmax(logprobs, axis=-1), None
         if self.mode == "rejection":
@@ -63,15 +67,33 @@ class Law:
             proposal: The round's draft tokens ``(γ,)`` and their law.
             target_logprobs: The target's logprobs ``(γ + 1, V)``.
         """
-        drafts = proposal.tokens
-        if self.mode == "greedy":
-            return match_accept(drafts, mx.argmax(target_logprobs, axis=-1))
         if self.mode == "match":
-            return match_accept(drafts, self.sampler(target_logprobs))
+            return match_accept(proposal.tokens, self.sampler(target_logprobs))
+        return self.accept_rows(proposal.tokens, target_logprobs, proposal.logprobs)
+
+    def accept_rows(
+        self,
+        drafts: mx.array,
+        target_logprobs: mx.array,
+        draft_logprobs: Optional[mx.array] = None,
+        sizes: Optional[mx.array] = None,
+    ) -> Tuple[mx.array, mx.array]:
+        """``(num_accepted, next_token)`` of rows that share this law (greedy or
+        rejection sampling), on device; one row is the single-sequence round.
+
+        Args:
+            drafts: ``(..., γ)`` draft tokens.
+            target_logprobs: ``(..., γ + 1, V)`` the target's normalised logprobs.
+            draft_logprobs: ``(..., γ, V)`` the law each draft was drawn from
+              (``None``: point masses, a deterministic proposal).
+            sizes: Optional ``(...)`` drafts per row (the rest is padding).
+        """
+        if self.mode == "greedy":
+            return match_accept(drafts, mx.argmax(target_logprobs, axis=-1), sizes)
+        if self.mode == "match":
+            raise ValueError("sample-and-match accepts one proposal: use Law.accept")
         law = processed_logprobs(target_logprobs, self.params)
-        if proposal.size == 0:
-            return mx.array(0, mx.int32), mx.random.categorical(law[0])
-        return rejection_accept(drafts, law, proposal.logprobs)
+        return rejection_accept(drafts, law, draft_logprobs, sizes=sizes)
 
 
 def process_logits(

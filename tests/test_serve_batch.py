@@ -15,7 +15,12 @@ import pytest
 from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_spec.acceptance import match_accept, rejection_accept
+from mlx_spec.acceptance import (
+    match_accept,
+    one_hot_logprobs,
+    recovered_law,
+    rejection_accept,
+)
 from mlx_spec.config import SpecConfig
 from mlx_spec.costs import best_gamma
 from mlx_spec.sampling import SamplingParams
@@ -27,14 +32,10 @@ from mlx_spec.serve.batch import (
     batch_width,
     round_rate,
 )
-from mlx_spec.serve.batch_accept import (
-    greedy_accept_rows,
-    point_mass_law,
-    rejection_accept_rows,
-)
 from mlx_spec.serve.batch_cache import RaggedBatch, batchable
 from mlx_spec.serve.index import CrossRequestIndex
 from mlx_spec.stats import SpecStats
+from mlx_spec.verify import Law
 
 PROMPTS = (
     "def fibonacci(n):",
@@ -275,8 +276,9 @@ def test_ragged_batch_rows_roll_back_to_their_own_lengths(load_model):
 
 
 def test_batched_acceptance_equals_the_single_row_rules():
-    """Per row, the batched greedy and rejection rules accept exactly what
-    mlx_spec.acceptance accepts for that row alone (same uniforms)."""
+    """Rows of different draft lengths, padded into one batch, accept exactly
+    what each row accepts alone (same uniforms), and their recovered or bonus
+    law is the row's own: the batch is the single-sequence rule on every row."""
     rng = np.random.default_rng(1)
     B, W, V = 5, 6, 11
     sizes = np.array([0, 2, 5, 5, 3])
@@ -286,15 +288,15 @@ def test_batched_acceptance_equals_the_single_row_rules():
     q_logits = mx.array(rng.normal(size=(B, W - 1, V)).astype(np.float32))
     q = q_logits - mx.logsumexp(q_logits, axis=-1, keepdims=True)
     uniforms = mx.array(rng.random(size=(B, W - 1)).astype(np.float32))
-    n, nxt = greedy_accept_rows(mx.argmax(target, axis=-1), drafts, mx.array(sizes))
+    choices = mx.argmax(target, axis=-1)
+    n, nxt = match_accept(drafts, choices, mx.array(sizes))
     for b in range(B):
         k = int(sizes[b])
-        n_b, next_b = match_accept(
-            drafts[b, :k], mx.argmax(target[b, : k + 1], axis=-1)
-        )
+        n_b, next_b = match_accept(drafts[b, :k], choices[b, : k + 1])
         assert int(n[b]) == int(n_b) and int(nxt[b]) == int(next_b)
-    for law in (q, point_mass_law(drafts, V)):
-        n, _ = rejection_accept_rows(target, drafts, mx.array(sizes), law, uniforms)
+    for law in (q, one_hot_logprobs(drafts, V)):
+        n, _ = rejection_accept(drafts, target, law, uniforms, mx.array(sizes))
+        laws = recovered_law(target, law, n, mx.array(sizes))
         for b in range(B):
             k = int(sizes[b])
             row_law = None if law is not q else q[b, :k]
@@ -302,6 +304,37 @@ def test_batched_acceptance_equals_the_single_row_rules():
                 drafts[b, :k], target[b, : k + 1], row_law, uniforms[b, :k]
             )
             assert int(n[b]) == int(n_b)
+            alone = recovered_law(target[b, : k + 1], law[b, :k], n_b)
+            np.testing.assert_array_equal(np.array(laws[b]), np.array(alone))
+
+
+def test_batch_rows_accept_and_draft_through_the_single_sequence_law(
+    load_model, monkeypatch
+):
+    """The batch has no acceptance or draft-sampling rule of its own: each
+    law group of a round goes through :class:`mlx_spec.verify.Law`, the
+    single-sequence engine's rules, with the batch's rows as leading axes."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    calls = []
+    accept_rows, draft_choice = Law.accept_rows, Law.draft_choice
+
+    def spy_accept(self, drafts, target_logprobs, *args, **kw):
+        calls.append(("accept", self.mode, drafts.shape[0]))
+        return accept_rows(self, drafts, target_logprobs, *args, **kw)
+
+    def spy_choice(self, logprobs):
+        calls.append(("draft", self.mode, logprobs.shape[0]))
+        return draft_choice(self, logprobs)
+
+    monkeypatch.setattr(Law, "accept_rows", spy_accept)
+    monkeypatch.setattr(Law, "draft_choice", spy_choice)
+    gen = SpecBatchGenerator(model, draft)
+    for params in (None, SamplingParams(temp=1.0), None):
+        gen.insert(_spec(tokenizer, PROMPTS[0], "draft", 6, FIXED, params=params))
+    _run(gen)
+    assert ("accept", "greedy", 2) in calls and ("accept", "rejection", 1) in calls
+    assert ("draft", "rejection", 1) in calls
 
 
 def test_batched_rejection_emits_tokens_with_the_target_law():
@@ -323,8 +356,8 @@ def test_batched_rejection_emits_tokens_with_the_target_law():
     drafts = mx.random.categorical(q)  # each row's drafts drawn from q
     sizes = mx.array(rng.integers(0, W, size=B))
     half = mx.arange(B)[:, None, None] < B // 2
-    law = mx.where(half, q, point_mass_law(drafts, V))  # rows B/2..: fixed drafts
-    n, nxt = rejection_accept_rows(target, drafts, sizes, law)
+    law = mx.where(half, q, one_hot_logprobs(drafts, V))  # rows B/2..: fixed drafts
+    n, nxt = rejection_accept(drafts, target, law, sizes=sizes)
     first = mx.where(n > 0, drafts[:, 0], nxt)
     p0 = np.array(mx.softmax(p_logits[0, 0]), dtype=np.float64)
     for rows in (slice(0, B // 2), slice(B // 2, B)):

@@ -41,23 +41,17 @@ import numpy as np
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
+from ..acceptance import one_hot_logprobs
 from ..config import SpecConfig
 from ..costs import VERIFY_SLOPE, chain_tokens, model_step_cost
 from ..drafters.base import align_vocab, vocab_subset
 from ..drafters.fit import check_drafter, drafter_kind
 from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
-from ..sampling import SamplingParams, normalize, processed_logprobs
+from ..sampling import SamplingParams, normalize
 from ..stats import SpecStats
-from .batch_accept import (
-    emitted_tokens,
-    gather_logprobs,
-    greedy_accept_rows,
-    law_groups,
-    point_mass_law,
-    rejection_accept_rows,
-    sample_rows,
-)
+from ..verify import Law
+from .batch_accept import emitted_tokens, gather_logprobs, law_groups, sample_rows
 from .batch_cache import RaggedBatch
 from .index import CrossRequestIndex
 
@@ -758,12 +752,10 @@ class SpecBatchGenerator:
             lp = logprobs if whole else logprobs[index]
             d = drafts if whole else drafts[index]
             sz = sizes if whole else sizes[index]
-            if params is None:
-                n, nxt = greedy_accept_rows(mx.argmax(lp, axis=-1), d, sz)
-            else:
-                law = processed_logprobs(lp, params)
+            q = None  # greedy rows need no draft law
+            if params is not None:
                 q = self._draft_law(seqs, rows, d, draft_laws, draft_index)
-                n, nxt = rejection_accept_rows(law, d, sz, q)
+            n, nxt = Law(params).accept_rows(d, lp, q, sz)
             parts.append((rows, n, nxt.astype(mx.int32)))
         if len(parts) == 1:
             return parts[0][1], parts[0][2]
@@ -778,7 +770,7 @@ class SpecBatchGenerator:
     def _draft_law(self, seqs, rows, drafts, draft_laws, draft_index):
         """``(R, K, V)``: each row's draft log-law (point masses for lookup)."""
         K = drafts.shape[1]
-        law = point_mass_law(drafts, self.vocab_size)
+        law = one_hot_logprobs(drafts, self.vocab_size)
         model_rows = [i for i, b in enumerate(rows) if seqs[b].arm == "draft"]
         if not model_rows or K == 0:
             return law
