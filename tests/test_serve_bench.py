@@ -1,20 +1,21 @@
-"""mlx_spec/bench/serve.py: its statistics, goal verdicts and one tiny real run."""
+"""mlx_spec/bench/serve*.py: its statistics, goal verdicts and one tiny real run."""
 
 import json
 
 import pytest
 
 from mlx_spec.bench import serve as bench
+from mlx_spec.bench import serve_clients, serve_report, serve_workloads
 
 
 def _result(start, first, end, tokens, stats=None):
-    return bench.Result("s", "p", start, first, end, tokens, "", stats)
+    return serve_clients.Result("s", "p", start, first, end, tokens, "", stats)
 
 
 def test_percentiles_interpolate_and_skip_missing_values():
-    assert bench.percentile([3.0, 1.0, 2.0, None], 0.5) == 2.0
-    assert bench.percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
-    assert bench.percentile([], 0.5) is None
+    assert serve_clients.percentile([3.0, 1.0, 2.0, None], 0.5) == 2.0
+    assert serve_clients.percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
+    assert serve_clients.percentile([], 0.5) is None
 
 
 def test_summary_counts_tokens_over_the_wall_time_of_all_requests():
@@ -22,7 +23,7 @@ def test_summary_counts_tokens_over_the_wall_time_of_all_requests():
         _result(0.0, 0.5, 2.0, 10, {"mean_batch_size": 2.0}),
         _result(1.0, 1.2, 4.0, 30, {"mean_batch_size": 3.0}),
     ]
-    row = bench.summarize(results)
+    row = serve_clients.summarize(results)
     assert row["tokens"] == 40 and row["wall_s"] == 4.0
     assert row["aggregate_tokens_per_s"] == 10.0
     assert row["ttft_p50_s"] == pytest.approx(0.35)
@@ -40,10 +41,10 @@ def test_goals_report_measured_values_and_never_invent_missing_ones():
         },
         "memory": {"rss_max_over_min": 1.04},
     }
-    goals = {g["goal"][:30]: g for g in bench.check_goals(report)}
-    verdicts = [g["verdict"] for g in bench.check_goals(report)]
+    goals = {g["goal"][:30]: g for g in serve_report.check_goals(report)}
+    verdicts = [g["verdict"] for g in serve_report.check_goals(report)]
     assert verdicts == ["met", "not run", "not run", "not run", "met"] + ["not run"] * 2
-    assert bench.check_goals(report)[0]["measured"] == 1.5
+    assert serve_report.check_goals(report)[0]["measured"] == 1.5
     assert all(
         g["measured"] is None for g in goals.values() if g["verdict"] == "not run"
     )
@@ -53,14 +54,14 @@ def test_mixed_goals_compare_throughput_up_and_ttft_down():
     rows = [
         {"server": "mlx_spec", "throughput_vs_mlx_lm": 1.6, "ttft_p99_vs_mlx_lm": 1.2}
     ]
-    goals = bench.check_goals({"mixed": {"rows": rows}})[-2:]
+    goals = serve_report.check_goals({"mixed": {"rows": rows}})[-2:]
     assert [g["verdict"] for g in goals] == ["met", "missed"]
     assert [g["measured"] for g in goals] == [1.6, 1.2]
 
 
 def test_the_mixed_plan_combines_every_length_with_every_max_tokens():
-    prompts = bench.suite_prompts(chat=True)
-    plan = bench.mixed_plan(prompts, True, 4, 3, cap=100)
+    prompts = serve_clients.suite_prompts(chat=True)
+    plan = serve_workloads.mixed_plan(prompts, True, 4, 3, cap=100)
     requests = [r for client in plan for r in client]
     assert len(plan) == 4 and all(len(c) == 3 for c in plan)
     labels = [label for label, _, _ in requests]
@@ -68,8 +69,8 @@ def test_the_mixed_plan_combines_every_length_with_every_max_tokens():
     combos = {tuple(label.split(":")[2:]) for label in labels}
     assert combos == {
         (length, str(min(m, 100)))
-        for length in bench.MIXED_LENGTHS
-        for m in bench.MIXED_MAX_TOKENS
+        for length in serve_workloads.MIXED_LENGTHS
+        for m in serve_workloads.MIXED_MAX_TOKENS
     }
     size = {}
     for label, prompt, max_tokens in requests:
@@ -78,7 +79,9 @@ def test_the_mixed_plan_combines_every_length_with_every_max_tokens():
     assert max(size["short"]) < min(size["medium"])
     assert max(size["medium"]) < min(size["long"])
     # The first wave (one request per client) holds every length.
-    assert {plan[c][0][0].split(":")[2] for c in range(3)} == set(bench.MIXED_LENGTHS)
+    assert {plan[c][0][0].split(":")[2] for c in range(3)} == set(
+        serve_workloads.MIXED_LENGTHS
+    )
 
 
 def test_latency_summary_reads_percentiles_and_tokens_per_target_forward():
@@ -88,19 +91,21 @@ def test_latency_summary_reads_percentiles_and_tokens_per_target_forward():
         _result(0.0, 2.0, 3.0, 3, stats),  # 0.5 s
         _result(1.0, 1.5, 5.0, 8, None),  # 0.5 s
     ]
-    row = bench.latency_summary(results)
+    row = serve_clients.latency_summary(results)
     assert row["tokens"] == 16 and row["wall_s"] == 5.0
     assert row["throughput_tokens_per_s"] == pytest.approx(3.2)
     assert row["ttft_p50_s"] == 0.5 + 0.5  # ttfts 1.0, 2.0, 0.5
     assert row["ttft_p99_s"] == pytest.approx(1.0 + 0.98 * 1.0)
     assert row["itl_p50_s"] == pytest.approx(0.5)
     assert row["tokens_per_target_forward"] == 2.5
-    assert bench.latency_summary(results[2:])["tokens_per_target_forward"] is None
+    assert (
+        serve_clients.latency_summary(results[2:])["tokens_per_target_forward"] is None
+    )
 
 
 def test_agent_conversations_recur_across_episodes_with_the_servers_replies():
-    first = bench.agent_messages(0, ["call A", "call B"], 2)
-    second = bench.agent_messages(1, ["call A", "call B"], 2)
+    first = serve_workloads.agent_messages(0, ["call A", "call B"], 2)
+    second = serve_workloads.agent_messages(1, ["call A", "call B"], 2)
     assert first[0] == second[0]  # the same system prompt
     roles = ["system", "user", "assistant", "user", "assistant", "user"]
     assert [m["role"] for m in first] == roles
