@@ -195,3 +195,21 @@ def test_the_ui_rule_finds_a_planted_import_of_the_ui():
     assert list(filter(_is_ui, reachable(graph, "mlx_spec.engine"))) == [
         "mlx_spec.ui.app"
     ]
+
+
+def test_importing_the_package_loads_no_server_module():
+    """``import mlx_spec`` loads the engine, not the server (``batch_generate``
+    loads the continuous-batching engine on first use)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mlx_spec\n"
+        "print([m for m in sys.modules if m.startswith('mlx_spec.serve')])\n"
+        "mlx_spec.batch_generate\n"
+        "print('mlx_spec.serve.batch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
