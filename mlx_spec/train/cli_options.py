@@ -1,0 +1,418 @@
+"""The options of ``mlx_spec train-draft``: its parser, their checks, and the
+options a resumed run takes from its checkpoint.
+"""
+
+import argparse
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+from typing import List
+
+from ..features import FINAL, feature_owner
+from ..options import one_line_errors
+from ..outdir import check_out_dir, check_outside
+from . import completions as C
+from . import draft as D
+from . import head_command as H
+from .checkpoint import checkpoint_dir, read_state
+from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
+from .precision import PRECISIONS
+
+KINDS = ("draft", "eagle", "medusa")
+DEFAULT_NUM_PROMPTS = 1600
+DEFAULT_HELDOUT_PROMPTS = 48
+DEFAULT_EVAL_PROMPTS = 8
+DEFAULT_EVAL_TOKENS = 128
+DEFAULT_EVAL_GAMMAS = "1,2,3,4,5,6"
+
+
+def setup_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mlx_spec train-draft",
+        description="Train a drafter for a target model by self-distillation, with MLX.",
+    )
+    one_line_errors(p)
+    p.add_argument("--model", required=True, help="The target model (path or repo).")
+    p.add_argument("--kind", choices=KINDS, default="draft", help="What to train.")
+    p.add_argument("--out", required=True, help="Output directory of the drafter.")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into --out even if it holds files that train-draft did not write",
+    )
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--prompts", help="JSON-lines prompt file (default: built-in prompts)."
+    )
+    g.add_argument(
+        "--self-instruct",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Also N requests written by the target itself from its chat template's "
+        "empty user turn (varied prompts without a dataset; kept in the data folder).",
+    )
+    g.add_argument(
+        "--num-prompts",
+        type=int,
+        default=DEFAULT_NUM_PROMPTS,
+        help=f"Training prompts the target answers (default: {DEFAULT_NUM_PROMPTS}).",
+    )
+    g.add_argument(
+        "--heldout-prompts",
+        type=int,
+        default=DEFAULT_HELDOUT_PROMPTS,
+        help=f"Held-out prompts (default: {DEFAULT_HELDOUT_PROMPTS}).",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=C.DEFAULT_MAX_TOKENS,
+        help=f"Longest completion (default: {C.DEFAULT_MAX_TOKENS}).",
+    )
+    g.add_argument(
+        "--sampled-share",
+        type=float,
+        default=C.DEFAULT_SAMPLED_SHARE,
+        help="Share of training completions sampled at --sampled-temp, the rest "
+        f"greedy (default: {C.DEFAULT_SAMPLED_SHARE}).",
+    )
+    g.add_argument("--sampled-temp", type=float, default=C.DEFAULT_SAMPLED_TEMP)
+    g.add_argument(
+        "--gen-batch",
+        type=int,
+        default=C.DEFAULT_BATCH_SIZE,
+        help=f"Sequences generated together (default: {C.DEFAULT_BATCH_SIZE}).",
+    )
+    g.add_argument(
+        "--data",
+        metavar="DIR",
+        help="Where the completions are kept (default: OUT/data); drafters of "
+        "several kinds can share one folder.",
+    )
+    g.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="Train on a committed corpus (`mlx_spec corpus grow`) instead of new "
+        "completions: its train split trains, its held-out split measures; the "
+        "target's laws and features come from one prefill, cached outside git.",
+    )
+    g.add_argument(
+        "--corpus-tokens",
+        type=int,
+        metavar="N",
+        help="With --corpus: use only its first shards, up to about N completion "
+        "tokens (a point of the learning curve; default: all).",
+    )
+    g.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="With --corpus: where the prefilled laws and features are kept "
+        "(default: $MLX_SPEC_CACHE/corpus, else ~/.cache/mlx_spec/corpus).",
+    )
+    g.add_argument(
+        "--data-only",
+        action="store_true",
+        help="Make (or extend) the completions in OUT/data, then stop.",
+    )
+    g.add_argument(
+        "--keep-features",
+        metavar="LAYERS",
+        help="Target features kept at every position of the data: comma-separated "
+        f"block indices, {FINAL} = the final normed hidden state; a head whose "
+        "--feature-layers are among them needs no second pass of the target, and "
+        "the data grows by one hidden state per position for each one kept "
+        "(default: what the data folder holds, else what this run reads: an EAGLE "
+        f"head's --feature-layers, else {FINAL}).",
+    )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        default=C.DEFAULT_TOP_K,
+        help=f"Size of the kept top of the target's laws (default: {C.DEFAULT_TOP_K}).",
+    )
+    g = p.add_argument_group("training")
+    g.add_argument(
+        "--steps",
+        type=int,
+        help=f"Optimizer steps (draft {D.DEFAULT_STEPS}, {H.per_kind(H.DEFAULT_STEPS)}).",
+    )
+    g.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=D.DEFAULT_BATCH_TOKENS,
+        help=f"Draft: padded tokens per step (default: {D.DEFAULT_BATCH_TOKENS}).",
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        help=f"Peak learning rate (draft {D.DEFAULT_LR}, {H.per_kind(H.DEFAULT_LR)}).",
+    )
+    g.add_argument(
+        "--draft-vocab",
+        type=int,
+        help=f"Tokens the drafter may propose (draft: {D.DEFAULT_DRAFT_VOCAB}).",
+    )
+    g.add_argument(
+        "--layers",
+        default=",".join(map(str, D.DEFAULT_LAYERS)),
+        help="Target layers the draft starts from (comma-separated; negative from the end).",
+    )
+    g.add_argument(
+        "--soft-weight",
+        type=float,
+        default=D.DEFAULT_SOFT_WEIGHT,
+        help="Draft: weight of the soft (teacher law) loss against the written "
+        f"token's (default: {D.DEFAULT_SOFT_WEIGHT}).",
+    )
+    g.add_argument(
+        "--prompt-weight",
+        type=float,
+        default=D.DEFAULT_PROMPT_WEIGHT,
+        help="Weight of positions whose next token is a prompt token (the "
+        "target's laws there are kept too), relative to completion tokens; "
+        f"0 skips them (default: {D.DEFAULT_PROMPT_WEIGHT}).",
+    )
+    g.add_argument(
+        "--feature-weight",
+        type=float,
+        help="Weight of the regression of the drafter's hidden state on the "
+        f"target's final one (draft: {D.DEFAULT_FEATURE_WEIGHT}; eagle: "
+        f"{DEFAULT_EAGLE_FEATURE_WEIGHT}).",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=int,
+        default=D.DEFAULT_EVAL_EVERY,
+        help=f"Steps between held-out evaluations and checkpoints "
+        f"(default: {D.DEFAULT_EVAL_EVERY}).",
+    )
+    g.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="Start from this trained drafter of the same kind and shape (a draft: "
+        "the same --layers count; its shared vocabulary rows are kept).",
+    )
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="Compute dtype of training (weights stay float32); auto: bfloat16 "
+        "on Apple silicon, float32 on a CPU (default: auto).",
+    )
+    g.add_argument("--seed", type=int, default=0, help="Seed of data and order.")
+    g.add_argument(
+        "--no-compile", action="store_true", help="Do not mx.compile the step."
+    )
+    g = p.add_argument_group("evaluation")
+    g.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=DEFAULT_EVAL_PROMPTS,
+        help=f"Held-out chat prompts run through the engine (default: {DEFAULT_EVAL_PROMPTS}).",
+    )
+    g.add_argument(
+        "--eval-max-tokens",
+        type=int,
+        default=DEFAULT_EVAL_TOKENS,
+        help=f"Tokens generated per evaluation prompt (default: {DEFAULT_EVAL_TOKENS}).",
+    )
+    g.add_argument(
+        "--eval-gammas",
+        default=DEFAULT_EVAL_GAMMAS,
+        help=f"Draft lengths measured (default: {DEFAULT_EVAL_GAMMAS}).",
+    )
+    g.add_argument("--skip-eval", action="store_true", help="No engine measurement.")
+    p.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    H.add_head_arguments(p)  # the options of --kind eagle|medusa it lacks
+    return p
+
+
+def int_list(text: str, name: str) -> List[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--{name} must be comma-separated integers, got '{text}'."
+        ) from None
+
+
+def check_args(args):
+    for name in (
+        "num_prompts",
+        "max_tokens",
+        "gen_batch",
+        "top_k",
+        "steps",
+        "batch_tokens",
+    ):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1.")
+    if not 0 <= args.sampled_share <= 1:
+        raise ValueError("--sampled-share must be between 0 and 1.")
+    if not 0 <= args.soft_weight <= 1:
+        raise ValueError("--soft-weight must be between 0 and 1.")
+    if args.prompt_weight < 0:
+        raise ValueError("--prompt-weight must be at least 0.")
+    if args.feature_weight is not None and args.feature_weight < 0:
+        raise ValueError("--feature-weight must be at least 0.")
+    if args.self_instruct < 0:
+        raise ValueError("--self-instruct must be at least 0.")
+    if args.init_from and not Path(args.init_from).is_dir():
+        raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
+    if args.corpus and not (Path(args.corpus) / "corpus.json").is_file():
+        raise ValueError(
+            f"--corpus '{args.corpus}' holds no corpus (no corpus.json); grow one "
+            "with mlx_spec corpus grow."
+        )
+    if args.corpus_tokens is not None and not args.corpus:
+        raise ValueError("--corpus-tokens needs --corpus.")
+    if args.corpus_tokens is not None and args.corpus_tokens < 1:
+        raise ValueError("--corpus-tokens must be at least 1.")
+    if args.prompts and not Path(args.prompts).is_file():
+        raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
+    if args.lr is not None and not args.lr > 0:
+        raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
+    if Path(args.model).expanduser().is_dir():
+        check_outside(args.out, args.model, flag="--out", what="the target model")
+    check_out_dir(args.out, force=args.force, ours=is_train_draft_folder)
+    if args.init_from:
+        check_init_from(args.init_from, args.kind)
+    # Head options are checked before any model or data loads.
+    if args.kind == "draft" and args.feature_layers is not None:
+        raise ValueError(
+            "--feature-layers is for --kind eagle; a draft model reads no target "
+            "features (--keep-features chooses what the data keeps)."
+        )
+    if args.kind != "draft":
+        H.head_config(args, args.kind)
+
+
+def is_train_draft_folder(out: Path) -> bool:
+    """Whether ``out`` holds a run of train-draft (resumed in place, not refused)."""
+    from ..loading import drafter_dir_kind
+
+    data = out / "data"
+    made = any((data / name).is_file() for name in ("train.json", "heldout.json"))
+    return made or checkpoint_dir(out) is not None or drafter_dir_kind(out) is not None
+
+
+def check_init_from(path: str, kind: str):
+    """``--init-from`` must be a drafter that train-draft wrote for ``kind``."""
+    from ..drafters.heads import HEAD_KEY, read_head_config
+
+    config = read_head_config(path)
+    got = config[HEAD_KEY].get("kind") if config else None
+    if got != kind:
+        what = f"the {got} drafter" if got else "no drafter written by train-draft"
+        raise ValueError(
+            f"--init-from {path} holds {what}; pass a directory that "
+            f"`mlx_spec train-draft --kind {kind}` wrote."
+        )
+
+
+# Options that change only what the run shows, left out of the recorded command.
+DISPLAY_OPTIONS = ("--no-progress",)
+
+
+def command_line(argv: List[str]) -> str:
+    """The reproducing command: the subcommand plus the options given."""
+    kept = [a for a in argv if a not in DISPLAY_OPTIONS]
+    return " ".join(["mlx_spec train-draft", *(shlex.quote(a) for a in kept)])
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
+    """The draft's training options: the arguments, defaults where left unset."""
+    return D.DraftTrainConfig(
+        steps=_or(args.steps, D.DEFAULT_STEPS),
+        batch_tokens=args.batch_tokens,
+        lr=_or(args.lr, D.DEFAULT_LR),
+        draft_vocab=_or(args.draft_vocab, D.DEFAULT_DRAFT_VOCAB),
+        layers=layers,
+        soft_weight=args.soft_weight,
+        prompt_weight=args.prompt_weight,
+        feature_weight=_or(args.feature_weight, D.DEFAULT_FEATURE_WEIGHT),
+        precision=args.precision,
+        eval_every=args.eval_every,
+        checkpoint_every=args.eval_every,
+        seed=args.seed,
+        compile=not args.no_compile,
+        init_from=args.init_from or "",
+    )
+
+
+# Training options that a resumed run takes from its checkpoint when the
+# command line leaves them unset (the names of both the config and the option).
+RESUMED_OPTIONS = (
+    "steps",
+    "lr",
+    "batch_tokens",
+    "draft_vocab",
+    "layers",
+    "soft_weight",
+    "prompt_weight",
+    "feature_weight",
+    "precision",
+    "eval_every",
+    "seed",
+    "batch_size",
+    "window",
+    "feature_layers",
+    "train_steps",
+    "num_heads",
+    "init_from",
+)
+
+
+def given_options(argv: List[str]) -> set:
+    """The options ``argv`` names, as argument names (the rest keep defaults)."""
+    parser = setup_arg_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def draft_layers(args, num_layers: int) -> List[int]:
+    """``--layers`` as indices of the target's ``num_layers`` blocks (one-line errors)."""
+    layers = [i + num_layers if i < 0 else i for i in int_list(args.layers, "layers")]
+    if args.kind == "draft" and (
+        not layers or not all(0 <= i < num_layers for i in layers)
+    ):
+        raise ValueError(
+            f"draft layers {layers} must be indices of the target's {num_layers} "
+            "layers (negative counts from the end)."
+        )
+    return layers
+
+
+def resume_options(args, argv: List[str], model) -> List[str]:
+    """Set the training options of the run checkpointed in ``--out`` that ``argv`` leaves unset.
+
+    So the same command resumes a run with its own options, even after the
+    defaults changed. Only options whose saved value differs from what this
+    command would use are set. Returns them as command-line words.
+    """
+    state = read_state(args.out)
+    if state is None or state["config"].get("kind", "draft") != args.kind:
+        return []  # nothing to resume, or another kind (refused when it loads)
+    if args.kind == "draft":
+        current = asdict(draft_config(args, draft_layers(args, len(model.layers))))
+    else:
+        blocks = len(feature_owner(model).layers)
+        current = asdict(H.head_config(args, args.kind, blocks))
+    saved, given, words = state["config"], given_options(argv), []
+    for name in RESUMED_OPTIONS:
+        if name in given or name not in saved or saved[name] == current.get(name):
+            continue
+        value = saved[name]
+        if name == "init_from" and not Path(value).is_dir():
+            continue  # gone since; the checkpoint holds the weights anyway
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        setattr(args, name, text if isinstance(value, list) else value)
+        # One word: a value such as "-1,5" would read as an option.
+        words.append(f"--{name.replace('_', '-')}={text}")
+    return words
