@@ -1,9 +1,10 @@
 """Speculation on a target sharded across processes with ``mx.distributed``.
 
 Launched with ``mlx.launch``, every rank runs the same loop: the target is
-sharded with mlx-lm's own ``shard()`` (tensor parallel) or ``pipeline()``
-(stages), the drafter is replicated, and every rank takes part in each
-verification forward. The ranks stay in step because every input to a
+sharded with mlx-lm's own ``shard()`` (tensor parallel), its MLP alone where
+the attention heads do not divide by the number of processes, or
+``pipeline()`` (stages); the drafter is replicated, and every rank takes part
+in each verification forward. The ranks stay in step because every input to a
 decision is the same on all of them: the target's logits (all-reduced), the
 random state (seeded alike), and the measured round costs (rank 0's,
 broadcast). Only rank 0 prints.
@@ -74,19 +75,69 @@ def shared_seed(seed: Optional[int]) -> Optional[int]:
     return int(from_rank0(float(drawn), group))
 
 
-def _check_splittable(config: dict, size: int, path: str):
-    """A one-line error when ``size`` tensor-parallel shards cannot split the heads."""
+def heads_split(config: dict, size: int) -> bool:
+    """Whether ``size`` tensor-parallel shards split the attention heads evenly."""
     text = config.get("text_config", config)
     heads = text.get("num_attention_heads")
     kv_heads = text.get("num_key_value_heads", heads)
-    if heads is None:
-        return
-    if heads % size or kv_heads % size:
+    return heads is None or (heads % size == 0 and kv_heads % size == 0)
+
+
+def _gated_mlp(layer) -> Optional[tuple]:
+    """``(mlp, inputs, segments)``: a layer's dense gated MLP and its input projections.
+
+    ``inputs`` are the projections into the intermediate width (``gate_proj``
+    and ``up_proj``, or the fused ``gate_up_proj`` made of 2 segments); the
+    output projection is ``down_proj``. ``None`` when the layer has no such MLP.
+    """
+    mlp = getattr(layer, "mlp", None)
+    if mlp is None or not hasattr(mlp, "down_proj"):
+        return None
+    if hasattr(mlp, "gate_proj") and hasattr(mlp, "up_proj"):
+        return mlp, ("gate_proj", "up_proj"), 1
+    if hasattr(mlp, "gate_up_proj"):
+        return mlp, ("gate_up_proj",), 2
+    return None
+
+
+def shard_mlp(model, group, path: str = "the model"):
+    """Split each layer's MLP over ``group``; attention stays whole on every rank.
+
+    For targets whose attention heads do not divide by the number of processes
+    (SmolLM2-135M: 9 heads, 3 key/value heads): the MLP's intermediate width
+    usually does, and it holds most of a layer's weights. Each rank computes
+    its slice of the intermediate width; ``down_proj`` all-sums the slices, one
+    collective per layer. Uses mlx's ``shard_linear``, so quantized layers too.
+
+    Raises:
+        ValueError: when a layer has no dense gated MLP, or its intermediate
+            width does not divide by the group size.
+    """
+    from mlx.nn.layers.distributed import shard_linear
+
+    size = group.size()
+    layers = getattr(model, "layers", None) or []
+    found = [_gated_mlp(layer) for layer in layers]
+    if not found or any(f is None for f in found):
         raise ValueError(
-            f"{path} has {heads} attention heads and {kv_heads} key/value heads, "
-            f"which {size} tensor-parallel processes cannot split evenly; launch a "
-            "number of processes that divides both, or pass --pipeline."
+            f"{path} has attention heads that {size} processes cannot split, and "
+            "no dense MLP in every layer to split instead; launch a number of "
+            "processes that divides the heads, or pass --pipeline."
         )
+    for mlp, inputs, segments in found:
+        width = getattr(mlp, inputs[0]).weight.shape[0] // segments
+        if width % size:
+            raise ValueError(
+                f"{path}: neither its attention heads nor its MLP width ({width}) "
+                f"divide by {size} processes; launch a number of processes that "
+                "divides one of them, or pass --pipeline."
+            )
+        for name in inputs:
+            sharded = shard_linear(
+                getattr(mlp, name), "all-to-sharded", segments=segments, group=group
+            )
+            setattr(mlp, name, sharded)
+        mlp.down_proj = shard_linear(mlp.down_proj, "sharded-to-all", group=group)
 
 
 def load_sharded(
@@ -94,7 +145,9 @@ def load_sharded(
 ):
     """Load ``path`` sharded over the world group, as mlx-lm's ``sharded_load`` does.
 
-    Tensor parallel (``model.shard``) by default; ``pipeline`` gives each rank a
+    Tensor parallel (``model.shard``) by default, or the MLP alone
+    (:func:`shard_mlp`) when mlx-lm cannot shard the model or its attention
+    heads do not divide by the number of processes; ``pipeline`` gives each rank a
     range of layers (``model.model.pipeline``, DeepSeek-style families). A
     local folder needs no weight index; a hub repo goes through ``sharded_load``
     so that each rank fetches only its part.
@@ -125,14 +178,10 @@ def load_sharded(
                 "mlx-lm; drop --pipeline to shard it tensor-parallel."
             )
         model.model.pipeline(group)
-    else:
-        if not hasattr(model, "shard"):
-            raise ValueError(
-                f"{path} ({config.get('model_type')}) cannot be sharded tensor-"
-                "parallel by mlx-lm; try --pipeline."
-            )
-        _check_splittable(config, group.size(), path)
+    elif hasattr(model, "shard") and heads_split(config, group.size()):
         model.shard(group)
+    else:
+        shard_mlp(model, group, path)
     mx.eval(model.parameters())
     tokenizer = load_tokenizer(
         local, tokenizer_config or {}, eos_token_ids=config.get("eos_token_id")

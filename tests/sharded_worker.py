@@ -63,6 +63,12 @@ def main():
             "rounds": stream.stats.rounds,
             "tokens_per_forward": stream.stats.as_dict().get("tokens_per_forward"),
         }
+    if not args.pipeline:
+        layer = model.layers[0]
+        results["split"] = {
+            "attention": type(layer.self_attn.q_proj).__name__,
+            "mlp": type(layer.mlp.down_proj).__name__,
+        }
     out = Path(args.out) / f"rank{group.rank()}.json"
     out.write_text(json.dumps(results))
 

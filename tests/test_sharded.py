@@ -1,8 +1,8 @@
 """A target sharded over two processes (mlx.launch, ring backend, localhost).
 
 Every rank decodes with every method on the sharded target; each rank's
-greedy tokens must equal unsharded plain mlx-lm's, tensor-parallel and in
-pipeline stages, and a seeded sampled run must draw what the unsharded
+greedy tokens must equal unsharded plain mlx-lm's, tensor-parallel (the MLP
+alone when the heads do not divide by 2) and in pipeline stages, and a seeded sampled run must draw what the unsharded
 engine draws with the same seed.
 
 Known limit: in pipeline stages, several generations with a draft model in
@@ -71,30 +71,41 @@ def _plain(model) -> list:
     return [int(token) for token, _ in steps]
 
 
+EVERY_METHOD = [
+    "none",
+    "draft",
+    "tree",
+    "lookup",
+    "self",
+    "auto",
+    "eagle",
+    "eagle-chain",
+]
+
+
+@pytest.mark.parametrize(
+    "target, split",
+    [
+        ("llama", {"attention": "AllToShardedLinear", "mlp": "ShardedToAllLinear"}),
+        # 3 heads, 1 key/value head: attention stays whole, the MLP is split.
+        ("llama-3heads", {"attention": "Linear", "mlp": "ShardedToAllLinear"}),
+    ],
+)
 def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
-    checkpoints, load_model, tmp_path
+    checkpoints, load_model, tmp_path, target, split
 ):
-    methods = [
-        "none",
-        "draft",
-        "tree",
-        "lookup",
-        "self",
-        "auto",
-        "eagle",
-        "eagle-chain",
-    ]
     ranks = _ranks(
         checkpoints,
         tmp_path,
-        "llama",
-        methods,
+        target,
+        EVERY_METHOD,
         "--draft-model",
-        str(checkpoints["llama-near"]),
+        str(checkpoints[f"{target}-near"]),
     )
-    expected = _plain(load_model("llama")[0])
+    expected = _plain(load_model(target)[0])
     for results in ranks:
-        for method in methods:
+        assert results["split"] == split
+        for method in EVERY_METHOD:
             assert results[method]["tokens"] == expected, method
     # Speculation ran: the draft took fewer target forwards than tokens.
     assert ranks[0]["draft"]["rounds"] < MAX_TOKENS
@@ -155,7 +166,7 @@ def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(
         assert ranks[1][method]["tokens"] == expected, method
 
 
-def test_sharded_generate_prints_once_and_refuses_unsplittable_heads(checkpoints):
+def test_sharded_generate_prints_once_and_refuses_in_one_line(checkpoints):
     common = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "8"]
     common += ["--ignore-chat-template"]
     code, out = _launch(
@@ -166,12 +177,31 @@ def test_sharded_generate_prints_once_and_refuses_unsplittable_heads(checkpoints
     assert code == 0, out
     assert out.count("Speculation: draft") == 1  # rank 0 alone prints
 
-    # One key/value head cannot be split over two processes: one line from
-    # rank 0 and the group stops (mlx.launch itself exits 0 whatever the ranks do).
-    code, out = _launch(common + ["--model", str(checkpoints["llama-unrelated"])])
+    # mlx-lm has no pipeline stages for llama: one line from rank 0 and the
+    # group stops (mlx.launch itself exits 0 whatever the ranks do).
+    code, out = _launch(common + ["--model", str(checkpoints["llama"]), "--pipeline"])
     errors = [line for line in out.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "cannot split evenly" in errors[0], out
+    assert len(errors) == 1 and "has no pipeline stages" in errors[0], out
     assert "Traceback" not in out
+
+
+class _Group:
+    def __init__(self, size):
+        self._size = size
+
+    def size(self):
+        return self._size
+
+
+def test_mlp_split_refuses_a_width_or_a_model_it_cannot_split(load_model):
+    from mlx_spec.distributed import shard_mlp
+
+    # llama's MLP width is 128: 3 processes cannot split it.
+    with pytest.raises(ValueError, match=r"MLP width \(128\) divide by 3"):
+        shard_mlp(load_model("llama")[0], _Group(3), "llama")
+    # qwen3_next's layers hold experts, not one dense MLP.
+    with pytest.raises(ValueError, match="no dense MLP in every layer"):
+        shard_mlp(load_model("qwen3_next")[0], _Group(2), "qwen3_next")
 
 
 def test_collective_delay_waits_before_each_collective_and_restores_them(monkeypatch):

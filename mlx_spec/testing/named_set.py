@@ -102,6 +102,23 @@ def _build_set(root: Path) -> dict[str, Path]:
         padded_vocab=64,
         seed=200,
     )
+    # SmolLM2-135M's head shape (3 query heads per key/value head, 3 in all):
+    # 2 tensor-parallel processes cannot split its heads, only its MLP.
+    paths["llama-3heads"] = _make_target(
+        root / "llama-3heads",
+        "llama",
+        seed=7003,
+        hidden_size=48,
+        num_heads=3,
+        num_kv_heads=1,
+    )
+    paths["llama-3heads-near"] = make_checkpoint(
+        root / "llama-3heads-near",
+        "llama",
+        base=paths["llama-3heads"],
+        noise=DEFAULT_NEAR_NOISE,
+        seed=7004,
+    )
     paths["llama-othertok"] = make_checkpoint(
         root / "llama-othertok",
         "llama",
@@ -123,6 +140,8 @@ CHECKPOINT_NAMES = (
     "llama-unrelated",
     "qwen2-padded",
     "qwen2-padded-near",
+    "llama-3heads",
+    "llama-3heads-near",
     "llama-othertok",
 )
 
@@ -163,9 +182,11 @@ def test_checkpoints(root: str | Path | None = None) -> dict[str, Path]:
     Names: every arch in :data:`ALL_ARCHITECTURES` (targets), ``"<arch>-near"``
     (target + small noise, ~0.5-0.9 greedy acceptance), ``"<arch>-mtp"`` for
     :data:`MTP_ARCHITECTURES` (original layout with MTP weights), ``"llama-unrelated"``
-    (a small qwen3, low acceptance), ``"qwen2-padded"`` (``"qwen2"`` with 128
-    zero vocab rows), ``"qwen2-padded-near"`` (near ``"qwen2"``, 64 zero rows)
-    and ``"llama-othertok"`` (a different tokenizer, for mismatch errors).
+    (a small qwen3, low acceptance), ``"llama-3heads"`` (3 attention heads and 1
+    key/value head, which 2 processes cannot split) and its ``"-near"`` draft,
+    ``"qwen2-padded"`` (``"qwen2"`` with 128 zero vocab rows),
+    ``"qwen2-padded-near"`` (near ``"qwen2"``, 64 zero rows) and
+    ``"llama-othertok"`` (a different tokenizer, for mismatch errors).
 
     The set is built into a temporary sibling directory and renamed into
     place, so concurrent builders are safe; a stale set (older factory
