@@ -10,7 +10,7 @@ from mlx_spec.train import corpus_grow as G
 from mlx_spec.train.corpus import Corpus, CorpusFull, Record, Shard, prompt_hash
 from mlx_spec.train.corpus_cli import main as corpus_main
 from mlx_spec.train.corpus_prompts import prompt_stream, turn_suffix
-from mlx_spec.train.prompts import Prompt, split_of
+from mlx_spec.train.prompt import Prompt, split_of
 
 TARGET = {"model_type": "llama", "vocab_size": 300}
 TOKENIZER = {"vocab_size": 300, "eos_token_ids": [2]}

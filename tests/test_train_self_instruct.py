@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlx_spec.train import self_instruct as SI
-from mlx_spec.train.prompts import split_of
+from mlx_spec.train.prompt import split_of
 
 
 def test_the_user_turn_prefix_is_the_template_before_the_users_words(load_model):

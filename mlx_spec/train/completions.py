@@ -37,7 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..features import FINAL, FeatureCapture, maybe_capturing
-from .prompts import Prompt
+from .prompt import Prompt
 
 DEFAULT_TOP_K = 8
 DEFAULT_MAX_TOKENS = 160

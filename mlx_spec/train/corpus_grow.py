@@ -31,7 +31,7 @@ from .corpus_prompts import (
     source_split,
     turn_suffix,
 )
-from .prompts import Prompt, split_of
+from .prompt import Prompt, split_of
 
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_MAX_TOKENS = 512

@@ -16,7 +16,7 @@ On top of the four built-in sets, the corpus adds:
   (:mod:`mlx_spec.train.self_instruct`).
 
 Each prompt keeps its source (topic or module), so its split follows
-:func:`~mlx_spec.train.prompts.split_of` and no held-out topic trains.
+:func:`~mlx_spec.train.prompt.split_of` and no held-out topic trains.
 """
 
 from __future__ import annotations
@@ -27,18 +27,10 @@ from collections import Counter
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .prompts import (
-    AUDIENCES,
-    TOPICS,
-    Prompt,
-    _capitalize,
-    _dedupe,
-    _passage,
-    _stdlib_items,
-    _user,
-    builtin_prompts,
-    split_of,
-)
+from .chat_prompts import AUDIENCES, TOPICS, first_upper
+from .prompt import Prompt, dedupe, split_of, user_prompt
+from .prompts import builtin_prompts
+from .stdlib_prompts import doc_passage, stdlib_items
 
 # Share of each family in the stream (multiturn and self come on top, see grow).
 DEFAULT_SHARES = {
@@ -176,8 +168,8 @@ def _long_prompts() -> List[Prompt]:
         for topic in topics:
             for template in rng.sample(LONG_TEMPLATES, 3):
                 text = template.format(topic=topic, audience=rng.choice(AUDIENCES))
-                out.append(_user("long", _capitalize(text), f"chat:{topic}"))
-    return _dedupe(out)
+                out.append(user_prompt("long", first_upper(text), f"chat:{topic}"))
+    return dedupe(out)
 
 
 def _lower_first(text: str) -> str:
@@ -185,7 +177,7 @@ def _lower_first(text: str) -> str:
 
 
 def _polyglot_prompts() -> List[Prompt]:
-    functions, _ = _stdlib_items()
+    functions, _ = stdlib_items()
     rng = _rng("polyglot")
     out = []
     for f in functions:
@@ -195,16 +187,16 @@ def _polyglot_prompts() -> List[Prompt]:
             text = template.format(
                 lang=rng.choice(LANGUAGES), name=f.name, summary=_lower_first(f.summary)
             )
-            out.append(_user("polyglot", text, source))
+            out.append(user_prompt("polyglot", text, source))
         if f.source:
             template = rng.choice(TRANSLATE_TEMPLATES)
             text = template.format(lang=rng.choice(LANGUAGES), code=f.source)
-            out.append(_user("polyglot", text, source))
-    return _dedupe(out)
+            out.append(user_prompt("polyglot", text, source))
+    return dedupe(out)
 
 
 def _json_prompts() -> List[Prompt]:
-    functions, passages = _stdlib_items()
+    functions, passages = stdlib_items()
     rng = _rng("json")
     out = []
     for f in functions:
@@ -215,17 +207,19 @@ def _json_prompts() -> List[Prompt]:
                 args=f.args,
                 summary=_lower_first(f.summary),
             )
-            out.append(_user("json", text, f"module:{f.module}"))
+            out.append(user_prompt("json", text, f"module:{f.module}"))
     for module, doc in passages:
-        passage = _passage(doc)
+        passage = doc_passage(doc)
         if len(passage) >= 200:
             text = rng.choice(JSON_PASSAGE_TEMPLATES).format(passage=passage)
-            out.append(_user("json", text, f"module:{module}"))
+            out.append(user_prompt("json", text, f"module:{module}"))
     for topics in TOPICS.values():
         for topic in topics:
             for template in JSON_TOPIC_TEMPLATES:
-                out.append(_user("json", template.format(topic=topic), f"chat:{topic}"))
-    return _dedupe(out)
+                out.append(
+                    user_prompt("json", template.format(topic=topic), f"chat:{topic}")
+                )
+    return dedupe(out)
 
 
 def _swap_word(passage: str, rng: random.Random) -> Optional[Tuple[str, str]]:
@@ -238,11 +232,11 @@ def _swap_word(passage: str, rng: random.Random) -> Optional[Tuple[str, str]]:
 
 
 def _rewrite_prompts() -> List[Prompt]:
-    _, passages = _stdlib_items()
+    _, passages = stdlib_items()
     rng = _rng("rewrite")
     out = []
     for module, doc in passages:
-        passage = _passage(doc)
+        passage = doc_passage(doc)
         if len(passage) < 200:
             continue
         for template in rng.sample(REWRITE_TEMPLATES, 2):
@@ -256,8 +250,8 @@ def _rewrite_prompts() -> List[Prompt]:
                 word=swap[0],
                 new_word=swap[1],
             )
-            out.append(_user("rewrite", text, f"module:{module}"))
-    return _dedupe(out)
+            out.append(user_prompt("rewrite", text, f"module:{module}"))
+    return dedupe(out)
 
 
 _FAMILIES = {

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
-from .prompts import Prompt, split_of
+from .prompt import Prompt, split_of
 
 PROMPT_SET = "self"
 DEFAULT_TEMP = 1.0
