@@ -38,13 +38,14 @@ from ui.app import (  # noqa: E402
     parse_auth,
     setup_arg_parser,
 )
-from ui.handlers import DEFAULT_METHOD, App, parse_options  # noqa: E402
+from ui.handlers import App  # noqa: E402
 from ui.layout import (  # noqa: E402
     CHAT_EXAMPLES,
     COMPLETION_PROMPT,
     PageRequest,
     launch_kwargs,
 )
+from ui.options import DEFAULT_METHOD, parse_options  # noqa: E402
 from ui.session import (  # noqa: E402
     Pair,
     Session,

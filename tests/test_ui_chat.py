@@ -23,8 +23,9 @@ pytest.importorskip("gradio")
 
 import ui.session  # noqa: E402
 from mlx_spec.config import SpecConfig  # noqa: E402
-from ui.handlers import App, parse_options  # noqa: E402
+from ui.handlers import App  # noqa: E402
 from ui.layout import PageRequest  # noqa: E402
+from ui.options import parse_options  # noqa: E402
 from ui.session import (  # noqa: E402
     ModelStore,
     Session,

@@ -30,8 +30,9 @@ from mlx_spec.loading import check_draft_path, check_not_a_drafter, default_mode
 from mlx_spec.options import one_line_errors
 from mlx_spec.validation import DRAFTER_LATER, spec_config
 
-from .handlers import DEFAULT_METHOD, MAX_UI_TOKENS, App
+from .handlers import App
 from .layout import launch_kwargs
+from .options import DEFAULT_METHOD, MAX_UI_TOKENS
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860

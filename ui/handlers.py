@@ -10,7 +10,6 @@ the ``/generate`` API. The page itself is laid out by :mod:`ui.layout`.
 import html
 import json
 import logging
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import gradio as gr
 from mlx.utils import tree_flatten
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, METHODS, SpecConfig
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
 from mlx_spec.drafters.fit import METHOD_KINDS, drafter_kind
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 
@@ -33,6 +32,7 @@ from .layout import (
     PageRequest,
     lane_head,
 )
+from .options import DEFAULT_METHOD, as_bool, page_options, parse_options
 from .render import Turn
 from .session import (
     ModelStore,
@@ -50,8 +50,6 @@ from .session import (
 
 log = logging.getLogger("mlx_spec.ui")
 
-DEFAULT_METHOD = "auto"
-MAX_UI_TOKENS = 8192
 # Seconds between streamed page updates (tokens are batched in between).
 UPDATE_INTERVAL = 0.1
 # Yielded by a request's handler once its work is over, before its last
@@ -62,110 +60,6 @@ BUSY = (
     "A reply is on its way: wait for it or press <b>Stop</b>; your new message "
     "stays in the box."
 )
-
-
-# The words an API caller may send for a checkbox (any case).
-BOOL_WORDS = {
-    "true": True,
-    "yes": True,
-    "1": True,
-    "false": False,
-    "no": False,
-    "0": False,
-}
-
-
-def _as_number(value, name: str) -> float:
-    """A finite number from a UI value (a number or its text), else a ``ValueError``."""
-    number = value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"{name}={value!r} is not a number.") from None
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
-        raise ValueError(f"{name}={value!r} is not a number.")
-    if isinstance(number, float) and not math.isfinite(number):
-        raise ValueError(f"{name}={value!r} is not a finite number.")
-    return number
-
-
-def _as_int(value, name: str, optional: bool = False) -> Optional[int]:
-    """An integer from a UI number (3.0 will do, not 2.5), else a ``ValueError``."""
-    if value is None or value == "":
-        if optional:
-            return None
-        raise ValueError(f"{name} is empty; enter a whole number.")
-    number = _as_number(value, name)
-    if isinstance(number, float) and not number.is_integer():
-        raise ValueError(f"{name}={value!r} is not a whole number.")
-    return int(number)
-
-
-def _as_float(value, name: str) -> Optional[float]:
-    """A float from a UI number (``None`` when empty), else a ``ValueError``."""
-    if value is None or value == "":
-        return None
-    return float(_as_number(value, name))
-
-
-def _as_bool(value, name: str) -> bool:
-    """A checkbox value: a bool, or from the API 0/1 or a word of :data:`BOOL_WORDS`."""
-    if value is None:
-        return False
-    if isinstance(value, bool):
-        return value
-    if type(value) is int and value in (0, 1):
-        return bool(value)
-    word = value.strip().lower() if isinstance(value, str) else None
-    if word in BOOL_WORDS:
-        return BOOL_WORDS[word]
-    raise ValueError(
-        f"{name}={value!r} is not true or false (also accepted: yes/no, 1/0)."
-    )
-
-
-def parse_options(
-    method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed, adaptive=False
-) -> SpecConfig:
-    """UI values to a checked :class:`SpecConfig`, before anything runs.
-
-    Each value is checked for its type here, so a bad one names its field;
-    ``SpecConfig`` checks the ranges. Empty temp and top-p take its defaults.
-    """
-    if method not in METHODS:
-        raise ValueError(
-            f"method {method!r} is unknown; choose one of {', '.join(METHODS)}."
-        )
-    max_tokens = _as_int(max_tokens, "max tokens")
-    if max_tokens > MAX_UI_TOKENS:
-        raise ValueError(
-            f"max tokens={max_tokens} is out of range: at most {MAX_UI_TOKENS} here."
-        )
-    sampling = dict(temp=_as_float(temp, "temp"), top_p=_as_float(top_p, "top_p"))
-    return SpecConfig(
-        method=method,
-        num_draft_tokens=_as_int(num_draft_tokens, "γ (draft tokens per round)"),
-        tree_budget=_as_int(tree_budget, "tree budget"),
-        max_tokens=max_tokens,
-        seed=_as_int(seed, "seed", optional=True),
-        adaptive=_as_bool(adaptive, "adaptive"),
-        **{k: v for k, v in sampling.items() if v is not None},
-    )
-
-
-def page_options(page: PageRequest) -> SpecConfig:
-    """:func:`parse_options` of the page's settings."""
-    return parse_options(
-        page.method,
-        page.gamma,
-        page.tree_budget,
-        page.temp,
-        page.top_p,
-        page.max_tokens,
-        page.seed,
-        page.adaptive,
-    )
 
 
 def _param_count(model) -> int:
@@ -397,7 +291,7 @@ class App:
         text = clean_message(page.text)
         try:
             options = page_options(page)
-            raw = _as_bool(page.raw, "raw")
+            raw = as_bool(page.raw, "raw")
             if not text:
                 raise ValueError("the message is empty; type some text first.")
             if self._needs_loading(page.target, page.draft, options.method):
@@ -578,7 +472,7 @@ class App:
 
         try:
             options = page_options(page)
-            raw = _as_bool(page.raw, "raw")
+            raw = as_bool(page.raw, "raw")
             if options.method == "none":
                 raise ValueError(
                     "choose a speculative method to race against plain decoding."
@@ -694,7 +588,7 @@ class App:
                 seed,
                 adaptive,
             )
-            raw = _as_bool(raw, "raw")
+            raw = as_bool(raw, "raw")
             if not model:
                 model, draft_model = (
                     self.default_target,

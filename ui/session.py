@@ -36,8 +36,8 @@ from mlx_spec.chat_text import encode_chat, repair_text
 from mlx_spec.config import SpecConfig, plan_method
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
-from mlx_spec.limits import GenerationCancelled, check_context
 from mlx_spec.home import model_folders
+from mlx_spec.limits import GenerationCancelled, check_context
 from mlx_spec.loading import (
     default_model_pair,
     draft_source,
