@@ -14,9 +14,33 @@ VERIFY_SLOPE = 0.1  # each extra verified token adds 10% of a 1-token forward
 DRAFT_LATENCY = 0.05  # a draft forward's fixed cost (launch and dispatch)
 
 
-def static_round_cost(step_cost: float, forwards: int, width: int) -> float:
-    """Modelled cost of a round: draft forwards plus one verify of ``width``."""
-    return forwards * step_cost + 1.0 + VERIFY_SLOPE * (width - 1)
+def forward_cost(tokens: int) -> float:
+    """Modelled cost of one forward over ``tokens`` tokens (all rows together)."""
+    return 1.0 + VERIFY_SLOPE * (tokens - 1)
+
+
+def static_round_cost(
+    step_cost: float, forwards: int, width: int, *, rows: int = 1, draft_rows: int = 1
+) -> float:
+    """Modelled cost of a round: ``forwards`` draft steps plus one verify of ``width``.
+
+    In a batch the verify forward holds ``rows`` rows of ``width`` tokens and
+    each draft step is a forward of ``draft_rows`` rows; one row (the
+    single-sequence engine) is the default.
+    """
+    draft = forwards * step_cost * forward_cost(draft_rows)
+    return draft + 1.0 + VERIFY_SLOPE * (rows * width - 1)
+
+
+def chain_round_costs(
+    step_cost: float, gamma_max: int, *, rows: int = 1
+) -> List[float]:
+    """Modelled costs of chain rounds drafting ``0..gamma_max`` tokens (0: a
+    plain round), one draft step per token, for one of ``rows`` rows that
+    share the verify forward (so the more rows, the dearer a column)."""
+    return [
+        static_round_cost(step_cost, g, g + 1, rows=rows) for g in range(gamma_max + 1)
+    ]
 
 
 def chain_tokens(alpha: float, gamma: int) -> float:

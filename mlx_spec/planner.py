@@ -6,9 +6,9 @@ decoding, the fixed cost model of :mod:`mlx_spec.costs` when sampling).
 """
 
 import time
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from .adaptive import AdaptiveController
+from .adaptive import AdaptiveController, expected_tokens
 from .config import SpecConfig
 from .costs import VERIFY_SLOPE, MeasuredCosts, best_gamma, static_round_cost
 from .distributed import from_rank0, sharded_group
@@ -233,25 +233,107 @@ def make_controller(config: SpecConfig, arm, alone: bool = True):
             tree_budgets=sorted(budgets | {config.tree_budget, start}),
             init_budget=start,
         )
-    gamma_max = config.max_draft_tokens
     step = getattr(arm, "step_cost", 0.0)
     pauses = getattr(arm, "drafts_nothing", None) is not None
     if getattr(arm, "catches_up", False) and not alone:
         pauses = False
-    gamma_min = 0 if pauses else 1
+    alpha = getattr(arm, "acceptance_estimate", None)
+    return chain_controller(
+        config, step, pauses=pauses, alone=alone, acceptance_estimate=alpha
+    )
+
+
+def chain_controller(
+    config: SpecConfig,
+    step_cost: float,
+    *,
+    pauses: bool,
+    alone: bool = True,
+    acceptance_estimate: Optional[float] = None,
+) -> AdaptiveController:
+    """The controller of a chain arm (see :func:`make_controller`); a row of
+    continuous batching gets one per arm too.
+
+    Args:
+        config: Draft lengths come from ``max_draft_tokens`` and
+          ``num_draft_tokens``.
+        step_cost: One draft forward, in 1-token target forwards (0: lookup).
+        pauses: Whether the arm may choose γ 0, a plain round.
+        alone: False for one of several arms (``auto``): a longer memory.
+        acceptance_estimate: A searched acceptance to start from.
+    """
+    gamma_max = config.max_draft_tokens
     options = dict(
-        gamma_min=gamma_min, gamma_max=gamma_max, verify_slope=VERIFY_SLOPE + step
+        gamma_min=0 if pauses else 1,
+        gamma_max=gamma_max,
+        verify_slope=VERIFY_SLOPE + step_cost,
     )
     if not alone:
         # auto compares its arms with plain rounds: steadier estimates, fewer
         # rounds lost to an arm priced out by a short unlucky run.
         options["ema"] = ARM_EMA
-    alpha = getattr(arm, "acceptance_estimate", None)
+    alpha = acceptance_estimate
     if alpha is None:
         options["init_gamma"] = min(config.num_draft_tokens, gamma_max)
     else:
         # Searched estimates run high: start no longer than the fixed default.
-        gamma, _ = best_gamma(alpha, step, range(1, gamma_max + 1))
+        gamma, _ = best_gamma(alpha, step_cost, range(1, gamma_max + 1))
         gamma = min(gamma, config.num_draft_tokens)
         options.update(prior_acceptance=alpha, init_gamma=gamma)
     return AdaptiveController(**options)
+
+
+def batch_width(
+    rows: Sequence[Tuple[Sequence[float], int]],
+    draft_rows: int,
+    step_cost: float,
+    max_width: int,
+    *,
+    draft_batch: Optional[int] = None,
+) -> int:
+    """The draft width ``K`` of a continuous-batching round (0: a plain round).
+
+    Every row pays for the widest row: the verify forward holds ``B * (K + 1)``
+    tokens, and ``K`` draft steps run when ``draft_rows`` rows draft with the
+    draft model, each step a forward of the whole draft batch. ``K``
+    maximises the batch's expected tokens over the round's modelled cost
+    (:func:`~mlx_spec.costs.static_round_cost`), so one row's long match does
+    not widen a batch whose other rows would gain nothing.
+
+    Args:
+        rows: ``(acceptance, available)`` per row: its arm's conditional
+          acceptance by depth (:meth:`AdaptiveController.acceptance`) and the
+          drafts it can verify this round (``0``: none).
+        draft_rows: Rows whose drafts come from the draft model.
+        step_cost: One draft forward, relative to one target forward.
+        max_width: The largest ``K`` to consider.
+        draft_batch: Rows each draft step computes (rows that do not draft
+          this round catch up or idle in it). Default: ``draft_rows``.
+    """
+    best, best_rate = 0, 0.0
+    for K in range(max_width + 1):
+        rate = round_rate(rows, draft_rows, step_cost, K, draft_batch=draft_batch)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = K, rate
+    return best
+
+
+def round_rate(
+    rows: Sequence[Tuple[Sequence[float], int]],
+    draft_rows: int,
+    step_cost: float,
+    width: int,
+    *,
+    draft_batch: Optional[int] = None,
+) -> float:
+    """A batch round's expected tokens over its modelled cost (see :func:`batch_width`)."""
+    computed = draft_rows if draft_batch is None else max(draft_batch, draft_rows)
+    tokens = sum(expected_tokens(acc[: min(width, n)])[-1] for acc, n in rows)
+    cost = static_round_cost(
+        step_cost,
+        width if draft_rows else 0,
+        width + 1,
+        rows=len(rows),
+        draft_rows=computed,
+    )
+    return tokens / cost

@@ -22,16 +22,11 @@ from mlx_spec.acceptance import (
     rejection_accept,
 )
 from mlx_spec.config import SpecConfig
-from mlx_spec.costs import best_gamma
+from mlx_spec.costs import best_gamma, chain_round_costs
+from mlx_spec.drafters.model import ModelDrafter
+from mlx_spec.planner import RoundPlanner, batch_width, chain_controller, round_rate
 from mlx_spec.sampling import SamplingParams
-from mlx_spec.serve.batch import (
-    AcceptanceEma,
-    SeqSpec,
-    SpecBatchGenerator,
-    batch_gamma,
-    batch_width,
-    round_rate,
-)
+from mlx_spec.serve.batch import SeqSpec, SpecBatchGenerator, _Seq
 from mlx_spec.serve.batch_cache import RaggedBatch, batchable
 from mlx_spec.serve.index import CrossRequestIndex
 from mlx_spec.stats import SpecStats
@@ -365,23 +360,81 @@ def test_batched_rejection_emits_tokens_with_the_target_law():
         assert_counts_follow_law(counts, p0)
 
 
-def test_each_row_sizes_its_drafts_from_its_own_acceptance():
-    good, bad = AcceptanceEma(), AcceptanceEma()
+def _row(method, step=0.05, **config):
+    spec = SeqSpec([1], SpecConfig(method=method, num_draft_tokens=6, **config))
+    return _Seq(0, spec, method != "lookup", SpecStats(), step)
+
+
+def test_a_batch_row_adapts_as_the_single_sequence_planner_does():
+    """Same acceptance history, same draft lengths: a row of a batch of one
+    and the single-sequence engine's planner (sampling: the fixed cost
+    model) choose the same γ every round, down to pausing (γ 0) once the
+    draft's acceptance collapses, and they estimate the same acceptance."""
+    step = 0.05
+    arm = SimpleNamespace(
+        name="draft",
+        is_tree=False,
+        step_cost=step,
+        drafts_nothing=ModelDrafter.drafts_nothing,
+        catches_up=ModelDrafter.catches_up,
+    )
+    config = SpecConfig(method="draft", num_draft_tokens=6)
+    planner = RoundPlanner(config, arm, timed=False)
+    row = _row("draft", step)
+    planner._controller(arm).explore = row.controller("draft").explore = 0.0
+    rng = np.random.default_rng(0)
+    chosen = []
+    for r in range(60):
+        rate = 0.9 if r < 30 else 0.05  # the draft stops matching at round 30
+        _, gamma = planner.begin_round()
+        if r > 0:  # the planner's first round is its fixed start
+            row.arm, row.size, row.batch = None, 0, 1
+            row.cap = 12
+            SpecBatchGenerator._size(None, row, "draft", 12)
+            assert row.size == gamma, r
+        accepted = 0
+        while accepted < gamma and rng.random() < rate:
+            accepted += 1
+        proposal = SimpleNamespace(size=gamma, forwards=gamma, setup_time=0.0)
+        planner.end_round(gamma, proposal, accepted)
+        row.arm, row.size = ("draft", gamma) if gamma else (None, 0)
+        row.record(accepted)
+        chosen.append(gamma)
+    assert max(chosen[:30]) >= 6 and chosen[-1] == 0
+    np.testing.assert_allclose(
+        row.controller("draft").acceptance(), planner._controller(arm).acceptance()
+    )
+
+
+def test_a_collapsing_row_drafts_less_while_its_neighbour_keeps_drafting():
+    good, bad = _row("lookup", 0.0), _row("lookup", 0.0)
+    for row, accepted in ((good, 8), (bad, 0)):
+        row.arm, row.size = "lookup", 8
+        for _ in range(20):
+            row.record(accepted)
+        row.controller("lookup").explore = 0.0
+    assert good.controller("lookup").choose() > 4
+    assert bad.controller("lookup").choose() == 1  # lookup keeps γ >= 1
+    row = _row("draft")  # a draft model drafting alone pauses instead
+    row.arm, row.size = "draft", 4
     for _ in range(20):
-        good.update(8, 8)
-        bad.update(4, 0)
-    assert good.rate > 0.9 and bad.rate < 0.25
-    assert good.gamma(0.05, 16) > 4
-    assert bad.gamma(0.05, 16) == 1
+        row.record(0)
+    row.controller("draft").explore = 0.0
+    assert row.controller("draft").choose() == 0
 
 
 @pytest.mark.parametrize("alpha, step", [(0.9, 0.0), (0.8, 0.15), (0.4, 0.3)])
 def test_drafts_get_shorter_as_the_batch_grows(alpha, step):
     """A batch of one prices drafts like the single-sequence cost model; more
     rows sharing the verify forward make each extra column dearer."""
-    single = batch_gamma(alpha, step, 1, 16)
-    assert single == best_gamma(alpha, step, range(1, 17))[0]
-    lengths = [batch_gamma(alpha, step, b, 16) for b in (1, 2, 4, 8, 16)]
+    config = SpecConfig(num_draft_tokens=16)
+    controller = chain_controller(config, step, pauses=False, acceptance_estimate=alpha)
+    controller.explore = 0.0
+    lengths = []
+    for rows in (1, 2, 4, 8, 16):
+        controller.pricer = lambda most: chain_round_costs(step, most, rows=rows)
+        lengths.append(controller.choose())
+    assert lengths[0] == best_gamma(alpha, step, range(1, 17))[0]
     assert lengths == sorted(lengths, reverse=True)
     assert lengths[-1] < lengths[0] or lengths[0] == 1
 
@@ -389,11 +442,11 @@ def test_drafts_get_shorter_as_the_batch_grows(alpha, step):
 def test_one_rows_match_does_not_widen_a_batch_that_gains_nothing_else():
     """The width is chosen for the whole batch: a lone match pays alone, and
     not in a batch of eight where every other row would verify filler."""
-    lone = [(0.6, 6)]
+    lone = [([0.6] * 6, 6)]
     assert batch_width(lone, 0, 0.0, 6) > 0
-    crowd = lone + [(0.0, 0)] * 7
+    crowd = lone + [([], 0)] * 7
     assert batch_width(crowd, 0, 0.0, 6) == 0
-    everyone = [(0.9, 6)] * 8
+    everyone = [([0.9] * 6, 6)] * 8
     assert batch_width(everyone, 8, 0.1, 6) > 0
     # A costlier draft step shortens the round.
     assert batch_width(everyone, 8, 1.0, 6) <= batch_width(everyone, 8, 0.1, 6)
@@ -403,9 +456,9 @@ def test_draft_steps_are_priced_for_every_row_of_the_draft_batch(load_model):
     """Each draft step is a forward of the whole draft batch, lookup rows of
     ``auto`` included: one draft-model row among seven lookup rows pays for
     eight rows' draft steps, and here sits the round out."""
-    lookups, drafter = [(0.7, 2)] * 7, (0.7, 8)
+    lookups, drafter = [([0.7] * 2, 2)] * 7, ([0.7] * 8, 8)
     rows = lookups + [drafter]
-    alone = lookups + [(0.0, 0)]
+    alone = lookups + [([], 0)]
     width = batch_width(alone, 0, 0.1, 8)
     own = batch_width(rows, 1, 0.1, 8)
     whole = batch_width(rows, 1, 0.1, 8, draft_batch=8)
@@ -418,10 +471,10 @@ def test_draft_steps_are_priced_for_every_row_of_the_draft_batch(load_model):
     gen = SpecBatchGenerator(model, draft)
     gen.draft_step_cost = 0.1
 
-    def row(alpha, cap, arm):
-        ema = AcceptanceEma(prior=alpha, weight=1.0)
+    def row(acceptance, cap, arm):
+        controller = SimpleNamespace(acceptance=lambda: acceptance)
         return SimpleNamespace(
-            arm=arm, cap=cap, config=SpecConfig(), controller=lambda _: ema
+            arm=arm, cap=cap, config=SpecConfig(), controller=lambda _: controller
         )
 
     seqs = [row(a, n, "lookup") for a, n in lookups] + [row(*drafter, "draft")]

@@ -34,7 +34,7 @@ the attention of each row sees exactly its own tokens.
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -42,12 +42,14 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from ..acceptance import one_hot_logprobs
+from ..adaptive import AdaptiveController
 from ..config import SpecConfig
-from ..costs import VERIFY_SLOPE, chain_tokens, model_step_cost
+from ..costs import chain_round_costs, model_step_cost, static_round_cost
 from ..drafters.base import align_vocab, vocab_subset
 from ..drafters.fit import check_drafter, drafter_kind
 from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
+from ..planner import batch_width, chain_controller, round_rate
 from ..sampling import SamplingParams, normalize
 from ..stats import SpecStats
 from ..verify import Law
@@ -65,123 +67,6 @@ STRONG_MATCH = 2
 # so the acceptance estimates keep being measured.
 EXPLORE_EVERY = 16
 ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
-
-
-class AcceptanceEma:
-    """A sequence's per-token acceptance of one arm, as an exponential moving average.
-
-    A round that drafted ``γ`` tokens and accepted ``n`` shows ``n``
-    acceptances and, if ``n < γ``, one rejection; the rate is their
-    smoothed ratio with a prior. The draft length maximises the expected
-    tokens per modelled round cost (:func:`mlx_spec.costs.best_gamma`).
-
-    In a batch, the verify forward is shared and its width is set by the
-    longest row, so wall time cannot price one row's width (what
-    :class:`~mlx_spec.adaptive.AdaptiveController` measures); the fixed
-    cost model with the row's own acceptance can, costs microseconds, and
-    does not depend on timing (a seed gives the same text).
-    """
-
-    def __init__(self, prior: float = 0.6, weight: float = 2.0, decay: float = 0.8):
-        self.prior = prior
-        self.weight = weight
-        self.decay = decay
-        self.accepted = 0.0
-        self.trials = 0.0
-
-    @property
-    def rate(self) -> float:
-        w = self.weight
-        return (self.accepted + self.prior * w) / (self.trials + w)
-
-    def update(self, drafted: int, accepted: int):
-        if drafted <= 0:
-            return
-        rejected = 1 if accepted < drafted else 0
-        self.accepted = self.decay * self.accepted + accepted
-        self.trials = self.decay * self.trials + accepted + rejected
-
-    def forget(self, keep: float = 0.95):
-        """A round without drafts: drift back towards the prior, so an arm
-        paused for low acceptance is tried again later."""
-        self.accepted *= keep
-        self.trials *= keep
-
-    def gamma(self, step_cost: float, gamma_max: int, batch: int = 1) -> int:
-        """The draft length for a row of a batch of ``batch`` rows (see :func:`batch_gamma`)."""
-        return batch_gamma(min(self.rate, 0.999), step_cost, batch, gamma_max)
-
-
-def batch_gamma(alpha: float, step_cost: float, batch: int, gamma_max: int) -> int:
-    """The draft length that maximises a row's tokens per modelled round cost.
-
-    The verify forward is shared by ``batch`` rows: one more column costs
-    ``VERIFY_SLOPE * batch`` (a token per row) while the round's base cost
-    (``1 - VERIFY_SLOPE + VERIFY_SLOPE * batch``, the width-1 forward of
-    the whole batch) is shared too. So the larger the batch, the shorter
-    the drafts (:func:`mlx_spec.costs.best_gamma` for one row).
-    """
-    base = 1.0 - VERIFY_SLOPE + VERIFY_SLOPE * batch
-    slope = (VERIFY_SLOPE * batch + step_cost) / base
-    best, best_rate, tokens, reach = 1, 0.0, 1.0, 1.0
-    for gamma in range(1, gamma_max + 1):
-        reach *= alpha
-        tokens += reach
-        rate = tokens / (1.0 + slope * gamma)
-        if rate > best_rate:
-            best, best_rate = gamma, rate
-    return best
-
-
-def batch_width(
-    rows: Sequence[Tuple[float, int]],
-    draft_rows: int,
-    step_cost: float,
-    max_width: int,
-    *,
-    draft_batch: Optional[int] = None,
-) -> int:
-    """The round's draft width ``K`` (0: a plain round), for the whole batch.
-
-    Every row pays for the widest row: the verify forward holds ``B * (K + 1)``
-    tokens, and ``K`` draft steps run when ``draft_rows`` rows draft with the
-    draft model, each step a forward of the whole draft batch. ``K`` maximises the batch's expected tokens over the round's
-    modelled cost, so one row's long match does not widen a batch whose
-    other rows would gain nothing (which costs more, the larger the batch).
-
-    Args:
-        rows: ``(alpha, available)`` per row: its acceptance and the drafts
-          it can verify this round (``0``: none).
-        draft_rows: Rows whose drafts come from the draft model.
-        step_cost: One draft forward, relative to one target forward.
-        max_width: The largest ``K`` to consider.
-        draft_batch: Rows each draft step computes (rows that do not draft
-          this round catch up or idle in it). Default: ``draft_rows``.
-    """
-    best, best_rate = 0, 0.0
-    for K in range(max_width + 1):
-        rate = round_rate(rows, draft_rows, step_cost, K, draft_batch=draft_batch)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = K, rate
-    return best
-
-
-def round_rate(
-    rows: Sequence[Tuple[float, int]],
-    draft_rows: int,
-    step_cost: float,
-    width: int,
-    *,
-    draft_batch: Optional[int] = None,
-) -> float:
-    """A round's expected tokens over its modelled cost (see :func:`batch_width`)."""
-    B = len(rows)
-    base = 1.0 - VERIFY_SLOPE + VERIFY_SLOPE * B
-    computed = draft_rows if draft_batch is None else max(draft_batch, draft_rows)
-    step = step_cost * (1.0 - VERIFY_SLOPE + VERIFY_SLOPE * computed)
-    tokens = sum(chain_tokens(a, min(width, n)) for a, n in rows)
-    cost = base + VERIFY_SLOPE * B * width + (step * width if draft_rows else 0.0)
-    return tokens / cost
 
 
 @dataclass
@@ -251,7 +136,7 @@ class SeqOutput:
 class _Seq:
     """A request's state inside the batch."""
 
-    def __init__(self, uid: int, spec: SeqSpec, uses_draft: bool, stats: SpecStats):
+    def __init__(self, uid, spec: SeqSpec, uses_draft, stats: SpecStats, draft_step):
         self.uid = uid
         self.spec = spec
         self.config = spec.config
@@ -270,7 +155,9 @@ class _Seq:
         self.local = NGramIndex(
             ngram_min=spec.config.ngram_min, ngram_max=spec.config.ngram_max
         )
-        self.ema: Dict[str, AcceptanceEma] = {}
+        self.controllers: Dict[str, AdaptiveController] = {}
+        self.draft_step = draft_step  # a draft-model step, in target forwards
+        self.batch = 1  # rows in its current round
         self.started = 0.0
         self.batch_rows = 0  # sum of batch sizes over its rounds
         self.cross_drafted = 0
@@ -282,10 +169,30 @@ class _Seq:
         self.from_index = False
         self.cap = 0  # drafts it can verify this round
 
-    def controller(self, arm: str) -> AcceptanceEma:
-        if arm not in self.ema:
-            self.ema[arm] = AcceptanceEma()
-        return self.ema[arm]
+    def controller(self, arm: str) -> AdaptiveController:
+        """The arm's controller, made as the single-sequence planner makes
+        one (a draft model drafting alone may pause at γ 0, ``auto``'s arms
+        do not), priced by the fixed cost model for this row's batch."""
+        if arm not in self.controllers:
+            step = self.draft_step if arm == "draft" else 0.0
+            alone = self.spec.method != "auto"
+            controller = chain_controller(
+                self.config, step, pauses=arm == "draft" and alone, alone=alone
+            )
+            controller.pricer = lambda most: chain_round_costs(
+                step, most, rows=self.batch
+            )
+            self.controllers[arm] = controller
+        return self.controllers[arm]
+
+    def record(self, accepted: int):
+        """Feed this round's outcome to its arm's controller, with the round's
+        modelled cost, as the single-sequence planner records a sampled round."""
+        if self.arm is None:
+            return  # a plain round tells the arms nothing
+        step = self.draft_step if self.arm == "draft" else 0.0
+        cost = static_round_cost(step, self.size, self.size + 1, rows=self.batch)
+        self.controller(self.arm).update(self.size, accepted, 0.0, cost, draft_steps=0)
 
 
 class SpecBatchGenerator:
@@ -362,7 +269,7 @@ class SpecBatchGenerator:
         stats.method = spec.method
         stats.num_draft_tokens = spec.config.num_draft_tokens
         stats.prompt_tokens = stats.prompt_tokens or len(spec.prompt)
-        seq = _Seq(self._uid, spec, uses_draft, stats)
+        seq = _Seq(self._uid, spec, uses_draft, stats, self.draft_step_cost)
         self._uid += 1
         seq.single = self._initial_cache(spec, uses_draft)
         held = spec.cached if spec.cache is not None else 0
@@ -533,20 +440,20 @@ class SpecBatchGenerator:
     def _plan(self, seqs: List[_Seq]) -> int:
         """Choose each row's arm and drafts for this round; return the draft steps.
 
-        Each row picks its arm and its own draft length ``γ`` from its own
-        acceptance (:class:`AcceptanceEma`, priced for this batch size); a
-        row with a lookup match can verify up to its match's length. The
-        round's width ``K <= max γ`` is then chosen for the whole batch
-        (:func:`batch_width`): every row pays for the widest one, and the
-        draft-model rows may sit the round out (:meth:`_width`). Rows
-        verify up to ``K`` drafts (columns the batch computes anyway): a
-        lookup row the rest of its match, a draft-model row the drafts the
-        batched draft steps make.
+        Each row picks its arm, then its own draft length ``γ`` from that
+        arm's controller (:func:`mlx_spec.planner.chain_controller`, as in the
+        single-sequence engine, priced for this batch size; γ 0 pauses the
+        arm); a row with a lookup match can verify up to its match's length.
+        The round's width ``K <= max γ`` is then chosen for the whole batch
+        (:func:`mlx_spec.planner.batch_width`): every row pays for the
+        widest one, and the draft-model rows may sit the round out
+        (:meth:`_width`). Rows verify up to ``K`` drafts (columns the batch
+        computes anyway): a lookup row the rest of its match, a draft-model
+        row the drafts the batched draft steps make.
         """
-        B = len(seqs)
         for s in seqs:
             s.arm, s.size, s.proposal, s.from_index = None, 0, [], False
-            s.cap = 0
+            s.cap, s.batch = 0, len(seqs)
             limit = s.config.max_tokens - s.generated - 1
             if s.spec.method == "none" or limit < 1:
                 continue
@@ -556,13 +463,10 @@ class SpecBatchGenerator:
                 strong = match >= STRONG_MATCH or not s.uses_draft
                 if s.spec.method == "lookup" or strong:
                     if proposal:
-                        s.arm, s.proposal, s.from_index = "lookup", proposal, from_index
-                        s.size = self._gamma(s, "lookup", 0.0, B, len(proposal))
-                        s.cap = len(proposal) if s.config.adaptive else s.size
+                        s.proposal, s.from_index = proposal, from_index
+                        self._size(s, "lookup", len(proposal))
                     continue
-            s.arm = "draft"
-            s.size = self._gamma(s, "draft", self.draft_step_cost, B, cap)
-            s.cap = cap if s.config.adaptive else s.size
+            self._size(s, "draft", cap)
         widest = max((s.size for s in seqs), default=0)
         width, sit_out = self._width(seqs, widest)
         fixed = [s.size for s in seqs if s.arm and not s.config.adaptive]
@@ -571,13 +475,23 @@ class SpecBatchGenerator:
         if self.idle >= EXPLORE_EVERY:
             width, sit_out, self.idle = min(widest, 2), False, 0
         for s in seqs:
-            if s.arm is not None and (width == 0 or sit_out and s.arm == "draft"):
-                s.controller(s.arm).forget()
+            if width == 0 or sit_out and s.arm == "draft":
                 s.arm = None
             s.size = min(width, s.cap) if s.arm is not None else 0
             s.proposal = s.proposal[: s.size]
         draft_rows = sum(1 for s in seqs if s.arm == "draft")
         return width if draft_rows and width else 0
+
+    def _size(self, s: _Seq, arm: str, cap: int):
+        """The row's γ for ``arm`` (at most ``cap``) and the drafts it may
+        verify: its controller's choice, or the fixed ``num_draft_tokens``."""
+        if s.config.adaptive:
+            gamma = min(s.controller(arm).choose(), cap)
+        else:
+            gamma = max(1, min(s.config.num_draft_tokens, cap))
+        if gamma > 0:  # γ 0: the arm pauses, a plain round for this row
+            s.arm, s.size = arm, gamma
+            s.cap = cap if s.config.adaptive else gamma
 
     def _width(self, seqs: List[_Seq], widest: int) -> Tuple[int, bool]:
         """The round's width, and whether the draft-model rows sit it out.
@@ -585,7 +499,9 @@ class SpecBatchGenerator:
         Lookup drafts cost nothing to make: when the draft steps cost more
         than their rows gain, the lookup rows still verify theirs alone.
         """
-        rows = [(s.controller(s.arm).rate if s.arm else 0.0, s.cap) for s in seqs]
+        rows = [
+            (s.controller(s.arm).acceptance() if s.arm else [], s.cap) for s in seqs
+        ]
         model = [s.arm == "draft" for s in seqs]
         step, draft_rows = self.draft_step_cost, sum(model)
         # Each draft step is a forward of every row of the draft batch.
@@ -594,19 +510,12 @@ class SpecBatchGenerator:
         fixed = any(m and not s.config.adaptive for m, s in zip(model, seqs))
         if not draft_rows or fixed:  # fixed draft lengths are kept
             return width, False
-        rest = [(0.0, 0) if m else row for row, m in zip(rows, model)]
+        rest = [([], 0) if m else row for row, m in zip(rows, model)]
         narrow = batch_width(rest, 0, step, widest)
         alone = round_rate(rest, 0, step, narrow)
         if alone > round_rate(rows, draft_rows, step, width, **computed):
             return narrow, True
         return width, False
-
-    def _gamma(self, s, arm, step_cost, batch, cap) -> int:
-        if s.config.adaptive:
-            gamma = s.controller(arm).gamma(step_cost, s.config.max_draft_tokens, batch)
-        else:
-            gamma = s.config.num_draft_tokens
-        return max(1, min(gamma, cap))
 
     def _lookup(self, s: _Seq, max_len: int) -> Tuple[List[int], int, bool]:
         """The longer of the own-context and cross-request matches (own on ties)."""
@@ -802,8 +711,7 @@ class SpecBatchGenerator:
         for b, (s, v) in enumerate(zip(seqs, values)):
             n, nxt, drafts = v[0], v[1], v[2 : 2 + s.size]
             tokens = drafts[:n] + [nxt]
-            if s.arm is not None:
-                s.controller(s.arm).update(s.size, n)
+            s.record(n)
             if s.from_index:
                 s.cross_drafted += s.size
                 s.cross_accepted += n
