@@ -106,6 +106,20 @@ def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
         (["--prompts", "nope.jsonl"], "does not exist"),
         (["--init-from", "nope"], "--init-from directory 'nope' does not exist"),
         (["--self-instruct", "-1"], "--self-instruct must be at least 0"),
+        (["--rollout-steps", "-2"], "--rollout-steps must be at least 0"),
+        (
+            ["--rollout-steps", "3", "--rollout-share", "0"],
+            "--rollout-share must be more than 0 and at most 1, got 0.0",
+        ),
+        (
+            ["--rollout-steps", "3", "--rollout-temp", "-1"],
+            "--rollout-temp must be at least 0",
+        ),
+        (["--rollout-share", "0.5"], "--rollout-share and --rollout-temp need"),
+        (
+            ["--kind", "eagle", "--rollout-steps", "2"],
+            "--rollout-steps is for --kind draft",
+        ),
     ],
 )
 def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, message):

@@ -110,6 +110,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         f"decay; loss = {tc.get('soft_weight')} x soft cross-entropy to the teacher's "
         f"top-K law + {_fmt(1 - tc.get('soft_weight', 0.5), 2)} x cross-entropy of the "
         "written token, over completion tokens;",
+        *_rollout_lines(tc),
         f"- {training.get('tokens_seen')} completion tokens seen; final training loss "
         f"{_fmt(training.get('final_loss'))};",
         f"- time of the last run of each stage: {config.get('timing', {}).get('summary', '-')}.",
@@ -292,4 +293,18 @@ def _head_data_lines(data: Dict) -> List[str]:
         f"- Prompts: {sets}; {data.get('train_prompt_tokens')} prompt and "
         f"{data.get('train_completion_tokens')} completion tokens ({_sampling(data)}), "
         f"written in {data.get('generation_minutes')} min.",
+    ]
+
+
+def _rollout_lines(tc: Dict) -> List[str]:
+    """The card's line on rollouts (none when training was teacher-forced only)."""
+    k = tc.get("rollout_steps") or 0
+    if not k:
+        return []
+    temp = tc.get("rollout_temp") or 0
+    how = f"sampled at temperature {temp}" if temp else "greedy"
+    return [
+        f"- rollouts on {_fmt(tc.get('rollout_share'), 2)} of the steps: the draft wrote "
+        f"{k} tokens ({how}) after a random completion position, and trained also on "
+        "the target's top-K law at the positions reading them;"
     ]

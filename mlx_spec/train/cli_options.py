@@ -194,6 +194,30 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "the same --layers count; its shared vocabulary rows are kept).",
     )
     g.add_argument(
+        "--rollout-steps",
+        type=int,
+        metavar="K",
+        help="Draft: on a share of the steps (--rollout-share) the draft writes K "
+        "tokens from its own law after a random completion position, the target "
+        "scores them in one batched forward, and the draft also trains on the "
+        "positions that read its own tokens, as at inference (default: "
+        f"{D.DEFAULT_ROLLOUT_STEPS}, teacher forcing only).",
+    )
+    g.add_argument(
+        "--rollout-share",
+        type=float,
+        metavar="P",
+        help="Draft: share of the steps that roll out, spread evenly (default: "
+        f"{D.DEFAULT_ROLLOUT_SHARE}).",
+    )
+    g.add_argument(
+        "--rollout-temp",
+        type=float,
+        metavar="T",
+        help="Draft: temperature of the rollouts; 0 is greedy (default: "
+        f"{D.DEFAULT_ROLLOUT_TEMP}).",
+    )
+    g.add_argument(
         "--precision",
         choices=PRECISIONS,
         default="auto",
@@ -256,6 +280,7 @@ def check_args(args):
         raise ValueError("--prompt-weight must be at least 0.")
     if args.feature_weight is not None and args.feature_weight < 0:
         raise ValueError("--feature-weight must be at least 0.")
+    check_rollout_args(args)
     if args.self_instruct < 0:
         raise ValueError("--self-instruct must be at least 0.")
     if args.init_from and not Path(args.init_from).is_dir():
@@ -286,6 +311,36 @@ def check_args(args):
         )
     if args.kind != "draft":
         H.head_config(args, args.kind)
+
+
+def check_rollout_args(args):
+    """The rollout options: for --kind draft, in range, the share and temperature with K."""
+    given = [
+        name
+        for name in ("rollout_steps", "rollout_share", "rollout_temp")
+        if getattr(args, name) is not None
+    ]
+    if given and args.kind != "draft":
+        flag = given[0].replace("_", "-")
+        raise ValueError(f"--{flag} is for --kind draft (a head has its own unroll).")
+    if args.rollout_steps is not None and args.rollout_steps < 0:
+        raise ValueError(
+            f"--rollout-steps must be at least 0 (0: no rollout), got {args.rollout_steps}."
+        )
+    if args.rollout_share is not None and not 0 < args.rollout_share <= 1:
+        raise ValueError(
+            f"--rollout-share must be more than 0 and at most 1, got {args.rollout_share}."
+        )
+    if args.rollout_temp is not None and not args.rollout_temp >= 0:
+        raise ValueError(
+            f"--rollout-temp must be at least 0 (0: greedy), got {args.rollout_temp}."
+        )
+    if not args.rollout_steps and (
+        args.rollout_share is not None or args.rollout_temp is not None
+    ):
+        raise ValueError(
+            "--rollout-share and --rollout-temp need --rollout-steps K with K >= 1."
+        )
 
 
 def is_train_draft_folder(out: Path) -> bool:
@@ -342,6 +397,9 @@ def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
         seed=args.seed,
         compile=not args.no_compile,
         init_from=args.init_from or "",
+        rollout_steps=_or(args.rollout_steps, D.DEFAULT_ROLLOUT_STEPS),
+        rollout_share=_or(args.rollout_share, D.DEFAULT_ROLLOUT_SHARE),
+        rollout_temp=_or(args.rollout_temp, D.DEFAULT_ROLLOUT_TEMP),
     )
 
 
@@ -365,6 +423,9 @@ RESUMED_OPTIONS = (
     "train_steps",
     "num_heads",
     "init_from",
+    "rollout_steps",
+    "rollout_share",
+    "rollout_temp",
 )
 
 

@@ -15,6 +15,9 @@ cannot propose those tokens), and so are tokens outside it as hard labels.
 input of the output layer both share), kept with the completions: it carries
 the target's whole law, not only its top ``K``.
 
+With ``rollout_steps > 0`` a share of the steps also trains on contexts
+that hold the draft's own tokens, scored by the target (:mod:`.rollout`).
+
 Held-out greedy acceptance is computed exactly from one teacher-forced
 forward: on a greedy completion, a chain drafted from position ``j``
 accepts ``s`` tokens iff the draft's argmax equals the next token at
@@ -53,6 +56,13 @@ from .checkpoint import (
 )
 from .completions import Completions
 from .precision import compute_dtype, computing_in
+from .rollout import (
+    cut_view,
+    draft_rollout,
+    is_rollout_step,
+    rollout_cuts,
+    target_laws_at,
+)
 
 # The shipped draft's recipe: about an hour on a 2-core CPU (float32).
 DEFAULT_STEPS = 1000
@@ -66,6 +76,9 @@ DEFAULT_PROMPT_WEIGHT = 0.3
 DEFAULT_FEATURE_WEIGHT = 0.0
 DEFAULT_EVAL_EVERY = 250
 DEFAULT_MAX_LENGTH = 768
+DEFAULT_ROLLOUT_STEPS = 0  # teacher forcing only
+DEFAULT_ROLLOUT_SHARE = 0.25
+DEFAULT_ROLLOUT_TEMP = 0.0
 LENGTH_STEP = 64  # sequences are padded to a multiple of this (few compiled shapes)
 ROW_STEP = 256  # supervised rows are padded to a multiple of this
 EVAL_GAMMAS = (1, 2, 3, 4, 5, 6)
@@ -99,6 +112,11 @@ class DraftTrainConfig:
         compile: ``mx.compile`` the training step.
         init_from: A trained draft directory to start from instead of the
           target's layers (same layer count; shared vocabulary rows copied).
+        rollout_steps: Tokens the draft writes from its own law on a rollout
+          step, whose positions then train on the target's law there
+          (:mod:`.rollout`); ``0``: teacher forcing only.
+        rollout_share: Share of the steps that are rollout steps.
+        rollout_temp: Temperature of the draft's rollouts (``0``: greedy).
     """
 
     steps: int = DEFAULT_STEPS
@@ -117,6 +135,9 @@ class DraftTrainConfig:
     seed: int = 0
     compile: bool = True
     init_from: str = ""
+    rollout_steps: int = DEFAULT_ROLLOUT_STEPS
+    rollout_share: float = DEFAULT_ROLLOUT_SHARE
+    rollout_temp: float = DEFAULT_ROLLOUT_TEMP
 
 
 # Options a resumed run must share with its checkpoint.
@@ -237,12 +258,14 @@ def make_batch(
     max_length: int,
     prompt_weight: float = 0.0,
     features: bool = False,
+    width: int = 0,
 ) -> Batch:
     """Pad the sequences ``index`` into a :class:`Batch` (see its fields).
 
     ``features``: also gather the target's features of the rows.
+    ``width``: the least padded width (room for tokens added later).
     """
-    width = max(padded_length(len(data.tokens[i]), max_length) for i in index)
+    width = max(width, *(padded_length(len(data.tokens[i]), max_length) for i in index))
     K = data.law_ids[index[0]].shape[1]
     use_prompts = prompt_weight > 0
     tokens = np.zeros((len(index), width), np.int32)
@@ -311,6 +334,54 @@ def make_batch(
             feats[:real] = np.concatenate(parts["features"])
     return Batch(
         tokens, flat, soft_ids, soft_p, hard, weight, completion, target, counts, feats
+    )
+
+
+def append_rows(
+    batch: Batch,
+    rows: np.ndarray,
+    soft_ids: np.ndarray,
+    soft_p: np.ndarray,
+    target: np.ndarray,
+    to_draft: np.ndarray,
+    features: Optional[np.ndarray] = None,
+) -> Batch:
+    """``batch`` with ``E`` more supervised rows of weight 1 (not counted as completion rows).
+
+    Args:
+        rows: ``(E,)`` flat index ``b * T + t`` of each row.
+        soft_ids: ``(E, K)`` target ids of the teacher's top-K at each row.
+        soft_p: ``(E, K)`` their probabilities.
+        target: ``(E,)`` the hard label's target id.
+        to_draft: ``(V,)`` draft index of each target id (``-1``: outside).
+        features: ``(E, H)`` the target's final hidden state at each row
+          (when ``batch`` has features).
+    """
+    real = int((batch.target >= 0).sum())  # real rows come first, padding after
+    extra = len(rows)
+    R = max(-(-(real + extra) // ROW_STEP) * ROW_STEP, ROW_STEP)
+
+    def grow(old, new, fill):
+        out = np.full((R, *old.shape[1:]), fill, old.dtype)
+        out[:real] = old[:real]
+        out[real : real + extra] = new
+        return out
+
+    hard = np.where(target >= 0, to_draft[np.maximum(target, 0)], -1)
+    feats = None
+    if batch.features is not None:
+        feats = grow(batch.features, features, 0.0)
+    return Batch(
+        batch.tokens,
+        grow(batch.rows, rows, 0),
+        grow(batch.soft_ids, to_draft[soft_ids], -1),
+        grow(batch.soft_p, soft_p, 0.0),
+        grow(batch.hard, hard, -1),
+        grow(batch.weight, np.ones(extra, np.float32), 0.0),
+        grow(batch.completion, np.zeros(extra, np.float32), 0.0),
+        grow(batch.target, target, -1),
+        batch.counts,
+        feats,
     )
 
 
@@ -534,17 +605,78 @@ class DraftTrainer:
         )
         return self.batches[order[k]]
 
+    def rollout_due(self, step: int) -> bool:
+        c = self.config
+        return c.rollout_steps > 0 and is_rollout_step(step, c.rollout_share)
+
+    def rollout_batch(self, index: Sequence[int], step: int) -> Batch:
+        """Step ``step``'s batch cut at random completion positions, plus the
+        draft's rollout after each cut and the target's laws there (:mod:`.rollout`)."""
+        c, data = self.config, self.train
+        k = c.rollout_steps
+        rng = np.random.default_rng([c.seed, step, 1])
+        lengths = [min(len(data.tokens[i]), c.max_length) for i in index]
+        cuts = rollout_cuts(
+            [data.starts[i] for i in index], lengths, k, c.max_length, rng
+        )
+        view = cut_view(data, index, cuts)
+        some = np.nonzero(cuts >= 0)[0]  # the rows that roll out
+        room = padded_length(int(cuts.max()) + k, c.max_length) if len(some) else 0
+        batch = make_batch(
+            view,
+            range(len(view)),
+            self.to_draft,
+            c.max_length,
+            c.prompt_weight,
+            features=self.uses_features,
+            width=room,
+        )
+        if not len(some):
+            return batch
+        width = batch.tokens.shape[1]
+        key = mx.random.key(c.seed * 1_000_003 + step) if c.rollout_temp > 0 else None
+        tokens = draft_rollout(
+            self.draft,
+            mx.array(batch.tokens[some]),
+            mx.array(cuts[some]),
+            k,
+            temp=c.rollout_temp,
+            key=key,
+        )
+        # Positions cut .. cut + k - 1 read 1 .. k rollout tokens.
+        at = (cuts[some, None] + np.arange(k)[None]).reshape(-1)
+        sub = np.repeat(np.arange(len(some)), k) * width + at
+        K = data.law_ids[index[0]].shape[1]
+        ids, logp, feats = target_laws_at(self.target, tokens, mx.array(sub), K)
+        mx.eval(tokens, ids, logp, feats)
+        batch.tokens[some] = np.array(tokens)
+        ids = np.array(ids)
+        return append_rows(
+            batch,
+            np.repeat(some, k) * width + at,
+            ids,
+            np.exp(np.array(logp).astype(np.float32)),
+            ids[:, 0],
+            self.to_draft,
+            np.array(feats.astype(mx.float32)) if self.uses_features else None,
+        )
+
     def train_step(self) -> Dict:
         index = self.batch_of_step(self.step)
-        batch = make_batch(
-            self.train,
-            index,
-            self.to_draft,
-            self.config.max_length,
-            self.config.prompt_weight,
-            features=self.uses_features,
-        )
-        tic = time.perf_counter()
+        rollout = self.rollout_due(self.step)
+        if rollout:  # the rollout's forwards count as training time
+            tic = time.perf_counter()
+            batch = self.rollout_batch(index, self.step)
+        else:
+            batch = make_batch(
+                self.train,
+                index,
+                self.to_draft,
+                self.config.max_length,
+                self.config.prompt_weight,
+                features=self.uses_features,
+            )
+            tic = time.perf_counter()
         loss, accuracy = self._step_fn(*batch.arrays())
         mx.eval(loss, accuracy, self.draft.state, self.optimizer.state)
         self.train_time += time.perf_counter() - tic
@@ -555,6 +687,8 @@ class DraftTrainer:
             "loss": round(float(loss.item()), 4),
             "acc": round(float(accuracy.item()), 4),
         }
+        if rollout:
+            record["rollout"] = True
         self.history.append(record)
         return record
 

@@ -1,0 +1,173 @@
+"""Rollouts in draft distillation (``train-draft --kind draft --rollout-steps K``):
+the draft's own tokens in its context, scored by the target, on a tiny random target."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_spec.train import completions as C
+from mlx_spec.train import draft as D
+from mlx_spec.train.card import model_card
+from mlx_spec.train.prompts import mixed_prompts
+from mlx_spec.train.rollout import is_rollout_step, rollout_cuts
+
+
+@pytest.fixture(scope="module")
+def target(load_model):
+    return load_model("llama")
+
+
+@pytest.fixture(scope="module")
+def data(target, tmp_path_factory):
+    """Completions of 6 training and 2 held-out chat prompts (greedy and sampled)."""
+    model, tokenizer = target
+    folder = tmp_path_factory.mktemp("completions")
+    prompts = mixed_prompts(8, "heldout", seed=0, shares={"chat": 1.0})
+    options = dict(max_tokens=16, shard_size=4, progress=False)
+    train = C.build_completions(
+        model, tokenizer, prompts[:6], folder, "train", **options
+    )
+    heldout = C.build_completions(
+        model, tokenizer, prompts[6:], folder, "heldout", sampled_share=0.0, **options
+    )
+    return train, heldout
+
+
+def _config(**kw):
+    base = dict(
+        steps=12,
+        batch_tokens=1024,
+        lr=1e-2,
+        warmup=2,
+        draft_vocab=200,
+        layers=[1],
+        eval_every=6,
+        checkpoint_every=6,
+        rollout_steps=3,
+        rollout_share=0.5,
+    )
+    return D.DraftTrainConfig(**{**base, **kw})
+
+
+def _rollout_rows(batch):
+    """Flat positions of the rollout rows (prompt_weight 0: the only non-completion rows)."""
+    mask = (batch.weight > 0) & (batch.completion == 0)
+    return batch.rows[mask], np.nonzero(mask)[0]
+
+
+@pytest.mark.parametrize("feature_weight", [0.0, 1.0])
+def test_rollout_rows_hold_the_targets_law_on_the_drafts_own_tokens(
+    target, data, feature_weight
+):
+    model, tokenizer = target
+    train, heldout = data
+    if feature_weight:
+        train = train.with_features([-1])
+    config = _config(prompt_weight=0.0, feature_weight=feature_weight)
+    trainer = D.DraftTrainer(model, tokenizer, train, heldout, config)
+    for _ in range(2):  # a draft a little away from its initialisation
+        trainer.train_step()
+    index = trainer.batch_of_step(5)
+    batch = trainer.rollout_batch(index, 5)
+    flat, at = _rollout_rows(batch)
+    width = batch.tokens.shape[1]
+    assert len(flat) == 3 * len(index)
+    ids = np.array(trainer.draft.lm_head.token_ids)
+    K = train.law_ids[0].shape[1]
+    for r, i in zip(flat, at):
+        b, t = divmod(int(r), width)
+        row = mx.array(batch.tokens[b, : t + 1])[None]
+        # The input token at t is the draft's greedy choice after tokens[:t].
+        previous = trainer.draft.lm_head.subset_logits(
+            trainer.draft.hidden(row[:, :t])[0, -1]
+        )
+        assert batch.tokens[b, t] == ids[int(mx.argmax(previous).item())]
+        # Its label is the target's law computed alone on the same sequence.
+        top, logp = C.top_laws(model(row)[0, -1], K)
+        want = np.array(top)
+        assert np.array_equal(batch.soft_ids[i], trainer.to_draft[want])
+        np.testing.assert_allclose(
+            batch.soft_p[i], np.exp(np.array(logp).astype(np.float32)), atol=2e-3
+        )
+        assert batch.hard[i] == trainer.to_draft[want[0]]
+        assert batch.target[i] == want[0]
+        if feature_weight:
+            h = model.model(row)[0, -1]
+            np.testing.assert_allclose(batch.features[i], np.array(h), atol=1e-4)
+    # The rows before the cut are the stored teacher-forced ones.
+    tf = batch.completion > 0
+    assert tf.any()
+    for r, i in zip(batch.rows[tf][:5], np.nonzero(tf)[0][:5]):
+        b, t = divmod(int(r), width)
+        assert batch.target[i] == batch.tokens[b, t + 1]
+
+
+def test_rollout_cuts_leave_room_and_keep_the_prompt():
+    rng = np.random.default_rng(0)
+    starts, lengths = [5, 5, 30, 10], [20, 6, 40, 11]
+    for _ in range(50):
+        cuts = rollout_cuts(starts, lengths, 4, 32, rng)
+        assert 5 <= cuts[0] <= 19 and cuts[1] == 5
+        assert cuts[2] == -1  # no room for 4 tokens under max_length 32
+        assert cuts[3] == 10
+
+
+def test_rollout_steps_are_an_even_share():
+    assert [is_rollout_step(s, 0.25) for s in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert all(is_rollout_step(s, 1.0) for s in range(10))
+    assert sum(is_rollout_step(s, 0.3) for s in range(100)) == 30
+
+
+def test_training_with_sampled_rollouts_resumes_to_the_same_weights(
+    target, data, tmp_path
+):
+    model, tokenizer = target
+    train, heldout = data
+    config = _config(rollout_temp=0.8)
+    straight = D.DraftTrainer(model, tokenizer, train, heldout, config)
+    for _ in range(12):
+        straight.train_step()
+    assert [r.get("rollout", False) for r in straight.history[:4]] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+    first = D.DraftTrainer(model, tokenizer, train, heldout, config)
+    for _ in range(7):
+        first.train_step()
+    first.save_checkpoint(tmp_path)  # at step 7, before a rollout step
+    resumed = D.DraftTrainer(model, tokenizer, train, heldout, config)
+    assert resumed.load_checkpoint(tmp_path) and resumed.step == 7
+    while resumed.step < 12:
+        resumed.train_step()
+    for name, value in straight.draft.trainable_state().items():
+        other = resumed.draft.trainable_state()[name]
+        assert mx.allclose(value, other, atol=1e-5).item(), name
+    # Rollouts change training: the weights differ from teacher forcing alone.
+    plain = D.DraftTrainer(model, tokenizer, train, heldout, _config(rollout_steps=0))
+    for _ in range(12):
+        plain.train_step()
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not mx.allclose(
+        plain.draft.trainable_state()[name], straight.draft.trainable_state()[name]
+    ).item()
+
+
+def test_train_draft_with_rollouts_writes_a_draft_recording_them(
+    target, data, tmp_path
+):
+    model, tokenizer = target
+    train, heldout = data
+    config = _config(steps=4, eval_every=2, checkpoint_every=2)
+    trainer = D.train_draft(
+        model, tokenizer, train, heldout, config, tmp_path, progress=False
+    )
+    assert trainer.step == 4 and [e["step"] for e in trainer.evals] == [0, 2, 4]
+    written = json.loads((tmp_path / "config.json").read_text())
+    recorded = written["training"]["config"]
+    assert (recorded["rollout_steps"], recorded["rollout_share"]) == (3, 0.5)
+    text = model_card(written, "mlx_spec train-draft ...", None)
+    assert "rollouts on 0.50 of the steps: the draft wrote 3 tokens (greedy)" in text
