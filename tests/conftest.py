@@ -34,3 +34,14 @@ def load_model(checkpoints):
         return mlx_lm.load(str(checkpoints[name]))
 
     return load
+
+
+@pytest.fixture(scope="session")
+def pair_flags(checkpoints):
+    """``--model`` and ``--draft-model`` of the default test pair: llama and its near draft."""
+    return [
+        "--model",
+        str(checkpoints["llama"]),
+        "--draft-model",
+        str(checkpoints["llama-near"]),
+    ]

@@ -55,7 +55,7 @@ def _is_number(x) -> bool:
 
 
 @pytest.fixture(scope="module")
-def quick_results(checkpoints, tmp_path_factory):
+def quick_results(pair_flags, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # Made-up cost curves: the projection path runs without measuring them.
     curves = {
@@ -66,10 +66,7 @@ def quick_results(checkpoints, tmp_path_factory):
     argv = [
         "--cost-curves-from",
         str(out / "curves.json"),
-        "--model",
-        str(checkpoints["llama"]),
-        "--draft-model",
-        str(checkpoints["llama-near"]),
+        *pair_flags,
         "--quick",
         "--max-tokens",
         "6",

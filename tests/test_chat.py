@@ -68,17 +68,14 @@ class Terminal:
         os.close(self.master)
 
 
-def test_two_turns_through_a_pseudo_terminal(checkpoints):
+def test_two_turns_through_a_pseudo_terminal(pair_flags):
     terminal = Terminal(
         [
             sys.executable,
             "-m",
             "mlx_spec",
             "chat",
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
+            *pair_flags,
             "--max-tokens",
             "8",
         ]

@@ -100,14 +100,11 @@ def test_bench_without_harness_is_a_one_line_error(monkeypatch):
     assert "not available" in str(exit_info.value.code)
 
 
-def test_generate_subcommand_end_to_end(checkpoints, capsys):
+def test_generate_subcommand_end_to_end(pair_flags, capsys):
     cli.main(
         [
             "generate",
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
+            *pair_flags,
             "--prompt",
             "def fibonacci(n):",
             "--max-tokens",

@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model as mlx_lm_load_model
+from serving import start_server
 
 from mlx_spec import SpecConfig, SpecStats, stream_generate
 from mlx_spec.convert.hf import convert_hf
@@ -33,8 +34,6 @@ from mlx_spec.drafters.mtp import MTPDrafter
 from mlx_spec.engine import speculative_events
 from mlx_spec.loading import load_pair, resolve_draft
 from mlx_spec.mtp import MTP_FILE, MTPMissing, load_mtp, missing_message, random_mtp
-from mlx_spec.serve.cli import setup_arg_parser
-from mlx_spec.serve.server import SpecServer
 from mlx_spec.testing import (
     MTP_ARCHITECTURES,
     PROMPTS,
@@ -579,14 +578,7 @@ def test_the_server_loads_the_checkpoints_mtp_layer_and_stays_exact(mtp_model):
     """``mlx_spec.server --speculative mtp`` drafts with the checkpoint's own
     MTP layer (no --draft-model), and every request equals plain decoding."""
     path, model, tokenizer = mtp_model("qwen3_next")
-    args = setup_arg_parser().parse_args(
-        [
-            *("--model", str(path), "--speculative", "mtp", "--port", "0"),
-            *("--max-tokens", "20", "--log-level", "CRITICAL"),
-        ]
-    )
-    server = SpecServer(args).start()
-    server.wait_ready()
+    server = start_server("--model", str(path), "--speculative", "mtp", max_tokens=20)
     try:
         expected = mlx_lm.generate(model, tokenizer, PROMPT, max_tokens=20)
         for method in (None, "mtp", "auto"):

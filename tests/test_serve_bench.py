@@ -112,13 +112,10 @@ def test_agent_conversations_recur_across_episodes_with_the_servers_replies():
     assert first[2]["content"] == "call A" and "mean_0" in first[3]["content"]
 
 
-def test_a_tiny_run_writes_its_tables(checkpoints, tmp_path):
+def test_a_tiny_run_writes_its_tables(pair_flags, tmp_path):
     bench.main(
         [
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
+            *pair_flags,
             "--servers",
             "mlx_lm",
             "mlx_spec",

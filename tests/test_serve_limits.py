@@ -12,7 +12,7 @@ import urllib.request
 
 import mlx_lm
 import pytest
-from test_serve_server import _start
+from serving import start_server
 from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
@@ -26,21 +26,10 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def server(checkpoints):
-    server = _start(
-        [
-            "--model",
-            str(checkpoints["llama"]),
-            "--port",
-            "0",
-            "--max-tokens",
-            str(MAX_TOKENS),
-            "--log-level",
-            "CRITICAL",
-            "--prefill-step-size",
-            "8",
-            "--max-request-bytes",
-            "200000",
-        ]
+    server = start_server(
+        *("--model", str(checkpoints["llama"]), "--prefill-step-size", "8"),
+        *("--max-request-bytes", "200000"),
+        max_tokens=MAX_TOKENS,
     )
     yield server
     server.stop()
@@ -276,19 +265,12 @@ def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, adapters):
     ids = tokenizer.encode(PROMPTS[0])
     expected = _greedy_ids(adapted, tokenizer, ids)
     assert expected != _greedy_ids(base, tokenizer, ids)
-    served = _start(
-        [
-            "--model",
-            str(checkpoints["llama"]),
-            "--adapter-path",
-            lora,
-            "--port",
-            "0",
-            "--max-tokens",
-            str(MAX_TOKENS),
-            "--log-level",
-            "CRITICAL",
-        ]
+    served = start_server(
+        "--model",
+        str(checkpoints["llama"]),
+        "--adapter-path",
+        lora,
+        max_tokens=MAX_TOKENS,
     )
     try:
         for method in ("none", "lookup"):

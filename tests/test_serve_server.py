@@ -18,10 +18,10 @@ from typing import Tuple
 
 import mlx_lm
 import pytest
+from serving import start_server
 
 from mlx_spec.serve.cli import setup_arg_parser
 from mlx_spec.serve.requests import STATS_FIELD
-from mlx_spec.serve.server import SpecServer
 
 MAX_TOKENS = 16
 PROMPTS = (
@@ -42,29 +42,13 @@ def _greedy(model, tokenizer, prompt, max_tokens=MAX_TOKENS) -> str:
     )
 
 
-def _start(argv):
-    server = SpecServer(setup_arg_parser().parse_args(argv)).start()
-    server.wait_ready()
-    return server
-
-
 @pytest.fixture(scope="module")
-def server(checkpoints):
-    server = _start(
-        [
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
-            "--port",
-            "0",
-            "--max-tokens",
-            str(MAX_TOKENS),
-            "--log-level",
-            "CRITICAL",
-            "--allow-request-models",  # requests may switch to the other test models
-            str(checkpoints["qwen2"].parent),
-        ]
+def server(checkpoints, pair_flags):
+    server = start_server(
+        *pair_flags,
+        "--allow-request-models",  # requests may switch to the other test models
+        str(checkpoints["qwen2"].parent),
+        max_tokens=MAX_TOKENS,
     )
     yield server
     server.stop()
@@ -414,8 +398,8 @@ def test_switching_models_between_requests_keeps_each_models_answers(
 
 def test_a_model_without_batched_rollback_is_served_alone(checkpoints, caplog):
     caplog.set_level(logging.INFO)
-    server = _start(
-        ["--model", str(checkpoints["gemma3"]), "--port", "0", "--max-tokens", "8"]
+    server = start_server(
+        "--model", str(checkpoints["gemma3"]), max_tokens=8, quiet=False
     )
     try:
         for _ in range(2):

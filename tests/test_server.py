@@ -23,6 +23,7 @@ import httpx
 import mlx_lm
 import pytest
 from openai import OpenAI
+from serving import start_server
 
 from mlx_spec.config import METHODS, plan_method
 from mlx_spec.serve import requests, solo
@@ -64,25 +65,10 @@ def request_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(checkpoints, references, request_root):
-    args = setup_arg_parser().parse_args(
-        [
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
-            "--port",
-            "0",
-            "--max-tokens",
-            str(MAX_TOKENS),
-            "--log-level",
-            "CRITICAL",
-            "--allow-request-models",
-            str(request_root),
-        ]
+def server(pair_flags, references, request_root):
+    server = start_server(
+        *pair_flags, "--allow-request-models", str(request_root), max_tokens=MAX_TOKENS
     )
-    server = SpecServer(args).start()
-    server.wait_ready()
     yield server
     server.stop()
 
@@ -364,11 +350,9 @@ def test_a_head_method_without_its_head_gets_400_naming_what_to_ask_instead(
 
 @pytest.fixture(scope="module")
 def server_without_draft(checkpoints):
-    args = setup_arg_parser().parse_args(
-        ["--model", str(checkpoints["llama"]), "--port", "0", "--max-tokens", "4"]
+    server = start_server(
+        "--model", str(checkpoints["llama"]), max_tokens=4, quiet=False
     )
-    server = SpecServer(args).start()
-    server.wait_ready()
     yield server
     server.stop()
 
@@ -501,7 +485,9 @@ def test_server_command_with_bad_model_exits_instead_of_hanging():
     assert result.stderr.strip().splitlines()[-1].endswith("does not exist.")
 
 
-def test_startup_log_names_the_method_used(checkpoints, monkeypatch, caplog):
+def test_startup_log_names_the_method_used(
+    checkpoints, pair_flags, monkeypatch, caplog
+):
     monkeypatch.setattr(SpecServer, "serve_forever", lambda self: self.stop())
     caplog.set_level(logging.INFO)
     main(["--model", str(checkpoints["llama"]), "--port", str(_free_port())])
@@ -509,10 +495,7 @@ def test_startup_log_names_the_method_used(checkpoints, monkeypatch, caplog):
     assert f"speculative {method})" in caplog.text
     main(
         [
-            "--model",
-            str(checkpoints["llama"]),
-            "--draft-model",
-            str(checkpoints["llama-near"]),
+            *pair_flags,
             "--speculative",
             "lookup",
             "--port",

@@ -86,13 +86,10 @@ class _Group:
 
 
 @pytest.fixture
-def group(checkpoints, tmp_path):
+def group(pair_flags, tmp_path):
     group = _Group(
         tmp_path,
-        "--model",
-        str(checkpoints["llama"]),
-        "--draft-model",
-        str(checkpoints["llama-near"]),
+        *pair_flags,
         "--log-level",
         "CRITICAL",
     )
