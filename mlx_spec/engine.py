@@ -30,9 +30,18 @@ from .models import CachedModel, KVSettings, cache_offset, num_caches, output_si
 from .planner import RoundPlanner
 from .sampling import sampling_params_of
 from .stats import SpecStats
-from .verify import Law, LogitsProcessor, process_logits, verify_chain, verify_tree
-
-ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
+from .verify import (  # noqa: F401 (the token kinds are the engine's API too)
+    ACCEPTED,
+    BONUS,
+    RECOVERED,
+    TARGET,
+    Law,
+    LogitsProcessor,
+    process_logits,
+    token_kind,
+    verify_chain,
+    verify_tree,
+)
 
 
 @dataclass
@@ -369,30 +378,16 @@ def _generate(
                     )
                 drafter.commit(state, proposal, n, result.path)
                 planner.end_round(size, proposal, n)
-                stats.rounds += 1
-                stats.target_forwards += 1
-                stats.draft_forwards += proposal.forwards
-                stats.draft_tokens += drafted
-                stats.accepted_tokens += n
-                if drafted > 0:
-                    stats.accepted_per_round.append(n)
-                    stats.drafted_per_round.append(drafted)
-                    if proposal.parents is not None:
-                        stats.tree_sizes.append(drafted)
+                tree = proposal.parents is not None
+                stats.add_round(drafted, n, proposal.forwards, tree)
 
                 if processors:
                     history = mx.concatenate(
                         [history, mx.array(result.emitted, mx.uint32)]
                     )
                 for i, tok in enumerate(result.emitted):
-                    if i < n:
-                        kind, rejected = ACCEPTED, []
-                    elif drafted == 0:
-                        kind, rejected = TARGET, []
-                    elif result.bonus:
-                        kind, rejected = BONUS, []
-                    else:
-                        kind, rejected = RECOVERED, result.rejected
+                    kind = token_kind(i, n, drafted, result.bonus)
+                    rejected = result.rejected if kind == RECOVERED else []
                     seq.append(tok)
                     generated += 1
                     stats.generated_tokens = generated

@@ -41,6 +41,20 @@ class SpecStats:
     # How the method adapted to the model (e.g. a tree verified as chains).
     note: Optional[str] = None
 
+    def add_round(self, drafted: int, accepted: int, forwards: int, tree=False):
+        """Count one round: ``drafted`` draft tokens (tree nodes), ``accepted``
+        of them kept, ``forwards`` draft forwards, and one target forward."""
+        self.rounds += 1
+        self.target_forwards += 1
+        self.draft_forwards += forwards
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        if drafted > 0:
+            self.accepted_per_round.append(accepted)
+            self.drafted_per_round.append(drafted)
+            if tree:
+                self.tree_sizes.append(drafted)
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0

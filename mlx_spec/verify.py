@@ -20,6 +20,18 @@ from .drafters.base import Proposal
 from .sampling import SamplingParams, normalize, processed_logprobs
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
+
+
+def token_kind(index: int, accepted: int, drafted: int, bonus: bool) -> str:
+    """What the ``index``-th token a round emits is: an accepted draft, the
+    recovered or bonus token after ``drafted`` drafts (``bonus``: none was
+    rejected), or a plain step's ``target`` token."""
+    if index < accepted:
+        return ACCEPTED
+    if drafted == 0:
+        return TARGET
+    return BONUS if bonus else RECOVERED
 
 
 class Law:

@@ -564,3 +564,22 @@ def test_plain_sampled_rounds_in_a_batch_follow_the_target_law(load_model):
     logits = model(mx.array([ids]))[0, -1] / temp
     law = np.array(mx.softmax(logits), dtype=np.float64)
     assert_counts_follow_law(np.bincount(first, minlength=law.size), law)
+
+
+def test_batched_rows_count_their_rounds_as_the_single_sequence_engine_does(
+    load_model,
+):
+    """A batched request's stats hold each drafting round's drafted and
+    accepted counts (SpecStats.add_round, the engine's own count)."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    gen = SpecBatchGenerator(model, draft)
+    stats = [SpecStats(), SpecStats()]
+    for method, st in zip(("draft", "lookup"), stats):
+        gen.insert(_spec(tokenizer, PROMPTS[4], method, 30, FIXED), st)
+    _run(gen)
+    for st in stats:
+        assert st.drafted_per_round and st.rounds >= len(st.drafted_per_round)
+        assert sum(st.drafted_per_round) == st.draft_tokens
+        assert sum(st.accepted_per_round) == st.accepted_tokens
+        assert st.mean_accepted_depth > 0

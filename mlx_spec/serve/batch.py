@@ -52,7 +52,7 @@ from ..models import num_caches, output_size
 from ..planner import batch_width, chain_controller, round_rate
 from ..sampling import SamplingParams, normalize
 from ..stats import SpecStats
-from ..verify import Law
+from ..verify import Law, token_kind
 from .batch_accept import emitted_tokens, gather_logprobs, law_groups, sample_rows
 from .batch_cache import RaggedBatch
 from .index import CrossRequestIndex
@@ -66,7 +66,6 @@ STRONG_MATCH = 2
 # plain round, or draft-model rows sitting out), every row drafts two tokens,
 # so the acceptance estimates keep being measured.
 EXPLORE_EVERY = 16
-ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
 
 
 @dataclass
@@ -718,12 +717,7 @@ class SpecBatchGenerator:
             out = SeqOutput(s.uid)
             rows = [] if s.spec.top_logprobs > 0 else None
             for i, tok in enumerate(tokens):
-                if i < n:
-                    kind = ACCEPTED
-                elif s.size == 0:
-                    kind = TARGET
-                else:
-                    kind = BONUS if n == s.size else RECOVERED
+                kind = token_kind(i, n, s.size, n == s.size)
                 s.seq.append(tok)
                 s.generated += 1
                 out.tokens.append(tok)
@@ -739,12 +733,8 @@ class SpecBatchGenerator:
                     break
             out.rows = rows
             st = s.stats
-            st.rounds += 1
-            st.target_forwards += 1
-            if s.arm == "draft":
-                st.draft_forwards += max(s.size, 1)
-            st.draft_tokens += s.size
-            st.accepted_tokens += min(n, len(out.tokens))
+            forwards = max(s.size, 1) if s.arm == "draft" else 0
+            st.add_round(s.size, min(n, len(out.tokens)), forwards)
             st.generated_tokens = s.base_generated + s.generated
             st.generation_time = s.base_time + now - s.started
             s.batch_rows += B
