@@ -24,27 +24,17 @@ from mlx_lm.models import llama
 
 from mlx_spec.drafters.published import load_published
 from mlx_spec.drafters.published.export import random_eagle3, unrolled_chain
+from mlx_spec.testing import tiny_llama
 
 STEPS = 3
 TOKENS = 7
 
 
 def small_target(vocab: int = 64, layers: int = 6) -> llama.Model:
-    """A random llama target the exported head is shaped for."""
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=16,
-        num_hidden_layers=layers,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rms_norm_eps=1e-6,
-        vocab_size=vocab,
-        tie_word_embeddings=False,
+    """A random llama target the exported head is shaped for (the fixtures' shape)."""
+    return tiny_llama(
+        vocab, num_layers=layers, hidden_size=16, num_kv_heads=1, head_scale=None
     )
-    model = llama.Model(args)
-    mx.eval(model.parameters())
-    return model
 
 
 def unrolled_steps(head, hidden: mx.array, ids: mx.array) -> mx.array:

@@ -60,18 +60,9 @@ def _io(name: str):
 def _fixture_target(io=None, layers: int = 6):
     """A llama target of the fixtures' width and vocabulary (its blocks are unused:
     the features are given); with ``io``, the reference's embedding and output layer."""
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=16,
-        num_hidden_layers=layers,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        rms_norm_eps=1e-6,
-        vocab_size=64,
-        tie_word_embeddings=False,
+    model = tiny_llama(
+        64, num_layers=layers, hidden_size=16, num_kv_heads=1, head_scale=None
     )
-    model = llama.Model(args)
     if io is not None:
         model.model.embed_tokens.weight = io["verifier_embed"]
         model.lm_head.weight = io["verifier_lm_head"]

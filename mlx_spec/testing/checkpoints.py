@@ -10,6 +10,7 @@ import json
 import shutil
 import zlib
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -203,9 +204,15 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
 
 
 def tiny_llama(
-    vocab_size: int, *, num_layers: int = 1, seed: int = 0, head_scale: float = 0.2
+    vocab_size: int,
+    *,
+    num_layers: int = 1,
+    seed: int = 0,
+    head_scale: Optional[float] = 0.2,
+    hidden_size: int = 32,
+    num_kv_heads: int = 2,
 ):
-    """A random in-memory llama (width 32, 2 heads), evaluated, with no checkpoint.
+    """A random in-memory llama (2 query heads), evaluated, with no checkpoint.
 
     Its untied ``lm_head`` is redrawn small so that the logits spread over a
     tiny vocabulary, as exact-law and head tests want.
@@ -214,8 +221,10 @@ def tiny_llama(
         vocab_size: Vocabulary size.
         num_layers: Number of transformer blocks. Default: ``1``.
         seed: Seed of ``mx.random`` before the weights are drawn. Default: ``0``.
-        head_scale: Standard deviation of the ``lm_head`` weights.
-            Default: ``0.2``.
+        head_scale: Standard deviation of the ``lm_head`` weights; ``None``
+            keeps mlx-lm's initialisation. Default: ``0.2``.
+        hidden_size: Model width (the MLP is twice as wide). Default: ``32``.
+        num_kv_heads: Key/value heads. Default: ``2``.
 
     Returns:
         An ``mlx_lm.models.llama.Model``.
@@ -225,18 +234,20 @@ def tiny_llama(
 
     args = llama.ModelArgs(
         model_type="llama",
-        hidden_size=32,
+        hidden_size=hidden_size,
         num_hidden_layers=num_layers,
-        intermediate_size=64,
+        intermediate_size=2 * hidden_size,
         num_attention_heads=2,
-        num_key_value_heads=2,
+        num_key_value_heads=num_kv_heads,
         rms_norm_eps=1e-6,
         vocab_size=vocab_size,
         tie_word_embeddings=False,
     )
     mx.random.seed(seed)
     model = llama.Model(args)
-    model.lm_head.weight = head_scale * mx.random.normal(model.lm_head.weight.shape)
+    if head_scale is not None:
+        shape = model.lm_head.weight.shape
+        model.lm_head.weight = head_scale * mx.random.normal(shape)
     mx.eval(model.parameters())
     return model
 

@@ -58,6 +58,46 @@ def _make_target(
     )
 
 
+# The set's other members: (name, maker, arch, base member, options), made in
+# this order; a maker of _make_target re-seeds until greedy has no near-ties.
+_SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
+_OTHERS = (
+    ("llama-unrelated", make_checkpoint, "qwen3", None, dict(seed=7001, **_SMALL)),
+    # Same weights as "qwen2" plus zero rows: its logits over real tokens match.
+    ("qwen2-padded", make_checkpoint, "qwen2", "qwen2", dict(padded_vocab=128)),
+    (
+        "qwen2-padded-near",
+        make_checkpoint,
+        "qwen2",
+        "qwen2",
+        dict(noise=DEFAULT_NEAR_NOISE, padded_vocab=64, seed=200),
+    ),
+    # SmolLM2-135M's head shape (3 query heads per key/value head, 3 in all):
+    # 2 tensor-parallel processes cannot split its heads, only its MLP.
+    (
+        "llama-3heads",
+        _make_target,
+        "llama",
+        None,
+        dict(seed=7003, hidden_size=48, num_heads=3, num_kv_heads=1),
+    ),
+    (
+        "llama-3heads-near",
+        make_checkpoint,
+        "llama",
+        "llama-3heads",
+        dict(noise=DEFAULT_NEAR_NOISE, seed=7004),
+    ),
+    (
+        "llama-othertok",
+        make_checkpoint,
+        "llama",
+        None,
+        dict(seed=7002, tokenizer="other", **_SMALL),
+    ),
+)
+
+
 def _build_set(root: Path) -> dict[str, Path]:
     """Write the named checkpoint set into ``root`` (no caching)."""
     paths: dict[str, Path] = {}
@@ -81,54 +121,9 @@ def _build_set(root: Path) -> dict[str, Path]:
         paths[f"{arch}-mtp"] = _make_target(
             root / f"{arch}-mtp", arch, seed=40 + i, make=make_mtp_checkpoint
         )
-    paths["llama-unrelated"] = make_checkpoint(
-        root / "llama-unrelated",
-        "qwen3",
-        seed=7001,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-    )
-    # Same weights as "qwen2" plus zero rows: its logits over real tokens match.
-    paths["qwen2-padded"] = make_checkpoint(
-        root / "qwen2-padded", "qwen2", base=paths["qwen2"], padded_vocab=128
-    )
-    paths["qwen2-padded-near"] = make_checkpoint(
-        root / "qwen2-padded-near",
-        "qwen2",
-        base=paths["qwen2"],
-        noise=DEFAULT_NEAR_NOISE,
-        padded_vocab=64,
-        seed=200,
-    )
-    # SmolLM2-135M's head shape (3 query heads per key/value head, 3 in all):
-    # 2 tensor-parallel processes cannot split its heads, only its MLP.
-    paths["llama-3heads"] = _make_target(
-        root / "llama-3heads",
-        "llama",
-        seed=7003,
-        hidden_size=48,
-        num_heads=3,
-        num_kv_heads=1,
-    )
-    paths["llama-3heads-near"] = make_checkpoint(
-        root / "llama-3heads-near",
-        "llama",
-        base=paths["llama-3heads"],
-        noise=DEFAULT_NEAR_NOISE,
-        seed=7004,
-    )
-    paths["llama-othertok"] = make_checkpoint(
-        root / "llama-othertok",
-        "llama",
-        seed=7002,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        tokenizer="other",
-    )
+    for name, make, arch, base, options in _OTHERS:
+        based = {"base": paths[base]} if base else {}
+        paths[name] = make(root / name, arch, **based, **options)
     return paths
 
 
@@ -137,12 +132,7 @@ CHECKPOINT_NAMES = (
     *ALL_ARCHITECTURES,
     *(f"{a}-near" for a in ALL_ARCHITECTURES),
     *(f"{a}-mtp" for a in MTP_ARCHITECTURES),
-    "llama-unrelated",
-    "qwen2-padded",
-    "qwen2-padded-near",
-    "llama-3heads",
-    "llama-3heads-near",
-    "llama-othertok",
+    *(name for name, *_ in _OTHERS),
 )
 
 
