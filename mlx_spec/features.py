@@ -66,6 +66,18 @@ def check_feature_layers(model: nn.Module, layers: Sequence[int]) -> Tuple[int, 
     return layers
 
 
+def eagle3_blocks(num_layers: int) -> List[int]:
+    """EAGLE-3's low, middle and high blocks of a target with ``num_layers`` blocks.
+
+    Blocks ``m``, ``num_layers // 2`` and ``num_layers - 1 - m`` with
+    ``m = 2``, i.e. 2, 15 and 27 of 30. On targets under 8 blocks ``m``
+    shrinks so the three stay distinct; a target under 3 blocks gives each
+    of its blocks once.
+    """
+    margin = max(0, min(2, (num_layers - 2) // 3))
+    return sorted({margin, num_layers // 2, num_layers - 1 - margin})
+
+
 def _lm_head(model: nn.Module) -> Optional[nn.Module]:
     """``lm_head``, also inside a vision-language wrapper's ``language_model``."""
     head = getattr(model, "lm_head", None)

@@ -1,4 +1,5 @@
-"""Draft heads (EAGLE, Medusa): features of unmodified models, exactness, loading.
+"""Draft heads (EAGLE, EAGLE-3-shaped, Medusa): features of unmodified models,
+exactness, loading.
 
 Heads only propose, so their weights do not matter for exactness: random
 heads are used throughout. On a tiny 8-token vocabulary random drafts are
@@ -17,9 +18,11 @@ from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
 from mlx_spec import SpecConfig, SpecStats, stream_generate
 from mlx_spec.drafters.eagle import EagleContext, EagleDrafter
 from mlx_spec.drafters.heads import (
+    ARCHITECTURES,
     HEAD_KEY,
     DraftVocab,
     LoadedHead,
+    head_vocab,
     load_head,
     random_head,
     save_head,
@@ -34,7 +37,11 @@ from mlx_spec.train.head_data import teacher_data
 from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma", "phi3")
-METHODS = {"eagle": ("eagle", "eagle-chain"), "medusa": ("medusa",)}
+METHODS = {
+    "eagle": ("eagle", "eagle-chain"),
+    "eagle3": ("eagle", "eagle-chain"),
+    "medusa": ("medusa",),
+}
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5]
 
@@ -46,24 +53,29 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def trained(tiny):
-    """EAGLE and Medusa heads trained for a few seconds on the tiny target's greedy text."""
+    """EAGLE, EAGLE-3-shaped (on block 0) and Medusa heads trained for a few
+    seconds on the tiny target's greedy text."""
     rng = np.random.default_rng(0)
     sequences = []
     for _ in range(24):
         prompt = rng.integers(0, VOCAB, size=5).tolist()
         sequences.append(prompt + greedy_continuation(tiny, prompt, 40)[0])
     data = teacher_data(tiny, sequences, [5] * len(sequences))
+    blocks = teacher_data(tiny, sequences, [5] * len(sequences), feature_layers=[0])
     heads = {}
-    for kind in ("eagle", "medusa"):
+    for kind in ("eagle", "eagle3", "medusa"):
         config = HeadTrainConfig(
             kind=kind, steps=80, batch_size=8, window=48, lr=1e-2, draft_vocab=0
         )
-        trainer = HeadTrainer(tiny, data, config)
+        if kind == "eagle3":
+            config.feature_layers = [0]
+        trainer = HeadTrainer(tiny, blocks if kind == "eagle3" else data, config)
         for _ in range(config.steps):
             trainer.train_step()
-        config = {HEAD_KEY: {"kind": kind}}
-        vocab = DraftVocab(tiny, None, VOCAB)
-        heads[kind] = LoadedHead(kind, trainer.head, config, vocab, tiny)
+        vocab = head_vocab(kind, trainer.head, tiny, None, VOCAB)
+        heads[kind] = LoadedHead(
+            ARCHITECTURES[kind], trainer.head, {HEAD_KEY: {"kind": kind}}, vocab, tiny
+        )
     return heads
 
 
@@ -139,10 +151,23 @@ def test_heads_greedy_identity_every_architecture(load_model, arch):
             assert stream.stats.note is None
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-chain", "medusa", "auto"])
-def test_trained_heads_greedy_identity_with_deep_accepted_drafts(tiny, trained, method):
+HEAD_METHODS = [
+    ("eagle", "eagle"),
+    ("eagle-chain", "eagle"),
+    ("medusa", "medusa"),
+    ("eagle", "eagle3"),
+    ("eagle-chain", "eagle3"),
+]
+
+
+@pytest.mark.parametrize(
+    "method, kind", HEAD_METHODS + [("auto", "eagle"), ("auto", "eagle3")]
+)
+def test_trained_heads_greedy_identity_with_deep_accepted_drafts(
+    tiny, trained, method, kind
+):
     """Trained heads get several drafts accepted per round, and stay exact."""
-    head = trained["medusa" if method == "medusa" else "eagle"]
+    head = trained[kind]
     plain = greedy_continuation(tiny, PROMPT, 60)[0]
     stats = SpecStats()
     config = SpecConfig(
@@ -185,14 +210,15 @@ def _exact_law_of_three(model, temp) -> np.ndarray:
     return law
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle-chain", "medusa"])
-def test_heads_sampled_first_three_tokens_follow_exact_law(tiny, trained, method):
+@pytest.mark.parametrize("method, kind", HEAD_METHODS)
+def test_heads_sampled_first_three_tokens_follow_exact_law(tiny, trained, method, kind):
     """Chi-square of 200 sampled 3-token openings against the exact joint law.
 
     ``eagle-chain`` draws drafts from the head's law (rejection sampling);
-    ``eagle`` and ``medusa`` propose top-k trees (point masses).
+    ``eagle`` and ``medusa`` propose top-k trees (point masses). EAGLE-3-shaped
+    heads draw from their own output layer.
     """
-    head = trained["medusa" if method == "medusa" else "eagle"]
+    head = trained[kind]
     config = SpecConfig(
         method=method,
         max_tokens=3,
@@ -405,7 +431,7 @@ def test_medusa_grows_adaptive_trees_and_keeps_its_stored_tree_when_fixed(tiny):
 
 def test_head_directory_loads_as_its_kind_and_checks_the_target(checkpoints, tmp_path):
     model, tokenizer, _ = load_pair(str(checkpoints["llama"]), None)
-    for kind in ("eagle", "medusa"):
+    for kind in ("eagle", "eagle3", "medusa"):
         head = random_head(kind, model, seed=8, draft_ids=mx.array([1, 2, 3, 50]))
         save_head(
             tmp_path / kind,
@@ -415,7 +441,8 @@ def test_head_directory_loads_as_its_kind_and_checks_the_target(checkpoints, tmp
             draft_ids=head.vocab.ids,
         )
         _, _, loaded = load_pair(str(checkpoints["llama"]), str(tmp_path / kind))
-        assert loaded.kind == kind and loaded.vocab.ids.tolist() == [1, 2, 3, 50]
+        assert loaded.kind == ARCHITECTURES[kind]
+        assert loaded.vocab.ids.tolist() == [1, 2, 3, 50]
         with pytest.raises(ValueError) as error:
             load_pair(str(checkpoints["qwen2"]), str(tmp_path / kind))
         assert "trained for another target" in str(error.value)
@@ -467,14 +494,17 @@ def test_a_head_next_to_a_quantized_target_takes_its_quantization(quantized_head
             assert stats.accepted_tokens > 0, (kind, method)
 
 
-@pytest.mark.parametrize("method", ["eagle-chain", "medusa"])
+@pytest.mark.parametrize(
+    "method, kind",
+    [("eagle-chain", "eagle"), ("eagle-chain", "eagle3"), ("medusa", "medusa")],
+)
 def test_a_quantized_head_samples_the_quantized_targets_exact_law(
-    quantized_heads, method
+    quantized_heads, method, kind
 ):
     """``eagle-chain`` rejection-samples on the quantized head's own law;
     ``medusa`` proposes a top-k tree."""
     quantized, heads = quantized_heads
-    head = heads["medusa" if method == "medusa" else "eagle"][0]
+    head = heads[kind][0]
     config = SpecConfig(
         method=method, max_tokens=3, temp=1.0, adaptive=False, tree_budget=6
     )

@@ -22,6 +22,7 @@ from test_heads import PROMPT, VOCAB, _exact_law_of_three, _sampled_openings
 from mlx_spec import SpecConfig, SpecStats
 from mlx_spec.attention.tree import Tree
 from mlx_spec.drafters.eagle import EagleContext, EagleDrafter
+from mlx_spec.drafters.heads import load_head, random_head, save_head
 from mlx_spec.drafters.published import (
     PublishedHead,
     load_published,
@@ -37,6 +38,7 @@ from mlx_spec.drafters.published.export import (
     unrolled_chain,
 )
 from mlx_spec.engine import speculative_events
+from mlx_spec.fingerprint import model_fingerprint
 from mlx_spec.sampling import normalize
 from mlx_spec.testing import greedy_continuation, linear_quantizations, tiny_llama
 
@@ -369,6 +371,94 @@ def test_an_exported_eagle3_head_drafts_the_same_tokens(fixture_target, tmp_path
         second = _chain_logits(again, io, pos, 3)
         assert mx.array_equal(first, second)
         assert mx.array_equal(mx.argmax(first, -1), mx.argmax(second, -1))
+
+
+def _own_eagle3_dir(target, path, seed: int, ids=None):
+    """A random ``--kind eagle3`` head directory for ``target``."""
+    head = random_head(
+        "eagle3", target, seed=seed, draft_ids=None if ids is None else mx.array(ids)
+    )
+    save_head(
+        path,
+        "eagle3",
+        head.module,
+        target_fingerprint=model_fingerprint(target),
+        draft_ids=head.vocab.ids,
+    )
+    return path
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_our_eagle3_head_exported_and_imported_drafts_the_same(bits, tmp_path):
+    """A ``--kind eagle3`` head and its speculators export, loaded next to a float
+    and a 4-bit target: the same logits bit for bit, the same drafts and
+    acceptance in every round, and exact decoding."""
+    from mlx_spec.drafters.published.export import export_eagle3
+
+    target = tiny_llama(VOCAB, num_layers=3)
+    if bits:
+        nn.quantize(target, group_size=32, bits=bits)
+    own_dir = _own_eagle3_dir(target, tmp_path / "own", seed=3, ids=[1, 3, 4, 6])
+    export_eagle3(own_dir, target, tmp_path / "exported", verifier="tiny")
+    own = load_head(own_dir, target)
+    again = load_published(tmp_path / "exported", target)
+    assert again.format == "speculators-eagle3" and again.kind == own.kind
+    assert again.args.feature_layers == own.args.feature_layers
+    mx.random.seed(2)
+    hidden = mx.random.normal((6, 3 * 32))
+    ids = mx.random.randint(0, VOCAB, (6,)).astype(mx.int32)
+    for pos in range(6):
+        first = unrolled_chain(own, hidden, ids, pos, 3)
+        assert mx.array_equal(first, unrolled_chain(again, hidden, ids, pos, 3))
+    plain = greedy_continuation(target, PROMPT, 40)[0]
+    accepted = 0
+    for method in ("eagle", "eagle-chain"):
+        rounds = []
+        for head in (own, again):
+            stats = SpecStats()
+            config = SpecConfig(method=method, max_tokens=40, adaptive=False)
+            events = speculative_events(
+                mx.array(PROMPT), target, head, config=config, stats=stats
+            )
+            assert [e.token for e in events] == plain, method
+            rounds.append(stats.accepted_per_round)
+        assert rounds[0] == rounds[1], method
+        accepted += sum(rounds[0])
+    assert accepted > 0
+
+
+def test_the_export_command_writes_eagle3_heads_and_refuses_others_in_one_line(
+    checkpoints, tmp_path, capsys
+):
+    from mlx_spec.cli.export import main
+    from mlx_spec.loading import load_pair
+
+    model, _, _ = load_pair(str(checkpoints["llama"]), None)
+    own_dir = _own_eagle3_dir(model, tmp_path / "own", seed=4)
+    out = tmp_path / "exported"
+    argv = ["--model", str(checkpoints["llama"]), "--verifier", "org/target"]
+    main(["--head", str(own_dir), "--out", str(out), *argv])
+    assert "speculators EAGLE-3" in capsys.readouterr().out
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "org/target"
+    assert published_format(out) == "speculators-eagle3"
+    assert "d2t" not in mx.load(str(out / "model.safetensors"))  # the whole vocabulary
+    _, _, loaded = load_pair(str(checkpoints["llama"]), str(out))
+    assert isinstance(loaded, PublishedHead)
+    eagle = random_head("eagle", model, seed=5)
+    fingerprint = model_fingerprint(model)
+    save_head(tmp_path / "eagle", "eagle", eagle.module, target_fingerprint=fingerprint)
+    for head, words in (
+        (tmp_path / "eagle", "is not EAGLE-3-shaped"),
+        (tmp_path / "nothing", "holds no head"),
+        (own_dir, "already holds files"),
+    ):
+        target = out if head == own_dir else tmp_path / "again"
+        with pytest.raises(SystemExit) as exit:
+            main(["--head", str(head), "--out", str(target), *argv])
+        assert exit.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
 
 
 # --------------------------------------------------------------------------- #

@@ -19,13 +19,13 @@ from mlx_spec.engine import speculative_events
 from mlx_spec.features import FeatureCapture
 from mlx_spec.testing import greedy_continuation, tiny_llama
 from mlx_spec.train import eagle as eagle_train
+from mlx_spec.train.checkpoint import TrainingPaused, read_state
 from mlx_spec.train.head_command import (
     add_head_arguments,
     eagle3_blocks,
     head_config,
     run_head_training,
 )
-from mlx_spec.train.checkpoint import TrainingPaused, read_state
 from mlx_spec.train.head_data import teacher_data
 from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer, train_head
 from mlx_spec.train.medusa import calibrated_choices
@@ -308,3 +308,113 @@ def test_a_head_trains_on_a_quantized_target(kind, tmp_path):
     assert trainer.head.args.hidden_size == 32
     assert trainer.evaluate()["tokens_per_round"] > start + 0.3
     assert load_head(tmp_path, target).kind == kind
+
+
+# --------------------------------------------------------------------------- #
+# EAGLE-3-shaped heads (--kind eagle3)
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def tiny2():
+    return tiny_llama(VOCAB, num_layers=2)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_unrolled_training_steps_are_the_chains_the_head_drafts(tiny2, kind):
+    """The training-time test: step ``s`` at query ``q`` gives the logits of the
+    ``s``-th draft of the chain whose last true pair is ``q - s + 1``, as the
+    drafter computes it (own outputs fed back, its own cache)."""
+    from mlx_spec.drafters.heads import random_head
+    from mlx_spec.drafters.published.export import unrolled_chain
+    from mlx_spec.features import embed
+    from mlx_spec.train.heads import output_weight
+
+    head = random_head(kind, tiny2, seed=4, feature_layers=[0, 1])
+    mx.random.seed(5)
+    W, steps = 7, 3
+    batch = SimpleNamespace(
+        tokens=mx.random.randint(0, VOCAB, (1, W)).astype(mx.int32),
+        features=mx.random.normal((1, W, 2 * 32)),
+    )
+    if kind == "eagle3":
+        logits_fn = head.module.logits
+    else:
+        logits_fn = eagle_train.frozen_rows(output_weight(tiny2, None))
+    outs = eagle_train.unrolled_outputs(
+        head.module, lambda t: embed(tiny2, t), logits_fn, batch, steps
+    )
+    hidden, ids = batch.features[0, :-1], batch.tokens[0, 1:]
+    for s in range(1, steps + 1):
+        for q in range(s - 1, W - 1):
+            chain = unrolled_chain(head, hidden, ids, q - s + 1, s)
+            got = outs[s - 1][1][0, q]
+            assert mx.allclose(got, chain[s - 1], atol=1e-4, rtol=1e-4), (s, q)
+
+
+def test_an_eagle3_head_trains_saves_and_drafts_exactly(tiny2, tmp_path):
+    """``--kind eagle3``: held-out acceptance rises, the directory loads as an
+    ``eagle`` head of EAGLE-3's architecture, and drafting with it is exact."""
+    from mlx_spec.drafters.heads import head_architecture
+    from mlx_spec.drafters.published.eagle3 import Eagle3Head
+    from mlx_spec.train.head_command import write_card
+
+    rng = np.random.default_rng(2)
+    sequences = []
+    for _ in range(20):
+        prompt = rng.integers(0, VOCAB, size=5).tolist()
+        sequences.append(prompt + greedy_continuation(tiny2, prompt, 30)[0])
+    config = HeadTrainConfig(
+        kind="eagle3",
+        steps=40,
+        batch_size=8,
+        window=40,
+        lr=1e-2,
+        draft_vocab=6,
+        heldout=4,
+        eval_every=20,
+        checkpoint_every=20,
+        feature_layers=[0, 1],
+    )
+    data = teacher_data(tiny2, sequences, [5] * len(sequences), feature_layers=[0, 1])
+    start = HeadTrainer(tiny2, data, config).evaluate()["tokens_per_round"]
+    trainer = train_head(tiny2, data, config, tmp_path, progress=False)
+    assert trainer.evals[-1]["tokens_per_round"] > start + 0.5, trainer.evals
+    longer = HeadTrainConfig(**{**config.__dict__, "steps": 50})
+    assert train_head(tiny2, data, longer, tmp_path, progress=False).step == 50
+    saved = read_head_config(tmp_path)
+    assert head_architecture(saved) == "eagle3" and saved["draft_vocab_size"] == 6
+    write_card(tmp_path, "mlx_spec train-draft --kind eagle3")
+    assert "Architecture: EAGLE-3" in (tmp_path / "README.md").read_text()
+    head = load_head(tmp_path, tiny2)
+    assert head.kind == "eagle" and isinstance(head.module, Eagle3Head)
+    assert head.vocab.size == 6
+    prompt = sequences[0][:5]
+    for method in ("eagle-chain", "eagle"):
+        stats = SpecStats()
+        spec = SpecConfig(method=method, max_tokens=30, adaptive=False)
+        out = [
+            e.token
+            for e in speculative_events(
+                mx.array(prompt), tiny2, head, config=spec, stats=stats
+            )
+        ]
+        assert out == greedy_continuation(tiny2, prompt, 30)[0], method
+        assert stats.tokens_per_target_forward > 1.5, method
+
+
+def test_eagle3_refuses_the_final_state_and_an_eagle_init_in_one_line(tiny2, tmp_path):
+    from mlx_spec.drafters.heads import random_head, save_head
+    from mlx_spec.fingerprint import model_fingerprint
+    from mlx_spec.train.cli_options import check_init_from
+
+    with pytest.raises(ValueError, match="--kind eagle3 fuses target blocks") as e:
+        head_config(_head_args("--feature-layers", "0,-1"), "eagle3", 30)
+    assert "\n" not in str(e.value)
+    assert head_config(_head_args(), "eagle3", 30).feature_layers == [2, 15, 27]
+    head = random_head("eagle", tiny2, seed=1)
+    fingerprint = model_fingerprint(tiny2)
+    save_head(tmp_path, "eagle", head.module, target_fingerprint=fingerprint)
+    with pytest.raises(ValueError, match="holds the eagle drafter") as e:
+        check_init_from(str(tmp_path), "eagle3")
+    assert "\n" not in str(e.value) and "--kind eagle3" in str(e.value)

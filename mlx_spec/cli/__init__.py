@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "convert": "mlx_spec.convert.__main__:main",
     "train-draft": "mlx_spec.train.cli:main",
     "corpus": "mlx_spec.train.corpus_cli:main",
+    "export": "mlx_spec.cli.export:main",
 }
 
 
@@ -42,6 +43,7 @@ def _usage() -> str:
         "convert": "GGUF or Hugging Face (MTP kept) -> mlx-lm; the default SmolLM2",
         "train-draft": "train a drafter (draft model or head) for a target, with MLX",
         "corpus": "grow or describe a distillation corpus of the target's completions",
+        "export": "write a trained eagle3 head in speculators' EAGLE-3 format",
     }
     width = max(map(len, SUBCOMMANDS)) + 2
     for name in SUBCOMMANDS:

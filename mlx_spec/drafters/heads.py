@@ -11,10 +11,16 @@ the full ``V x H`` output layer.
   outputs, it drafts several tokens ahead. It keeps a small KV cache.
 - :class:`MedusaHeads`: ``K`` residual blocks on the last feature, head
   ``k`` predicting the token ``k + 1`` positions ahead (Medusa-1).
+- ``eagle3``: an EAGLE head in EAGLE-3's architecture
+  (:class:`~mlx_spec.drafters.published.eagle3.Eagle3Head`: ``fc`` fuses
+  several target blocks, one decoder layer over ``[embedding; feature]``,
+  its own final norm and output layer over the draft vocabulary). It
+  drafts as an ``eagle`` head and exports to speculators' format
+  (:mod:`mlx_spec.drafters.published.export`).
 
 A head directory holds ``config.json`` (with the key :data:`HEAD_KEY`
-naming the kind, the head's shape, the draft vocabulary size and the
-target's fingerprint) and ``head.safetensors``.
+naming the kind and the architecture, the head's shape, the draft
+vocabulary size and the target's fingerprint) and ``head.safetensors``.
 """
 
 import json
@@ -33,11 +39,14 @@ from .storage import (
     hidden_width,
     matmul_rows,
     quantization_of,
+    quantize_like_target,
     quantize_linears,
 )
 
 HEAD_KEY = "mlx_spec_head"
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "medusa")  # what a head drafts as
+# What a head is built as -> what it drafts as.
+ARCHITECTURES = {"eagle": "eagle", "eagle3": "eagle", "medusa": "medusa"}
 WEIGHTS_FILE = "head.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT_VERSION = 1
@@ -106,15 +115,15 @@ class HeadBlock(nn.Module):
         self.up_proj = nn.Linear(H, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, H, bias=False)
 
-    def __call__(self, x, positions, mask, cache=None, past=None):
+    def __call__(self, x, positions, mask, cache=None):
         """One layer over ``x`` ``(B, L, H)``.
 
         Args:
             x: Inputs ``(B, L, H)``.
             positions: Rope positions ``(B, L)``.
             mask: Bool visibility ``(L, S)`` or ``(B, 1, L, S)`` over the keys.
-            cache: A ``KVCache``: the new keys are appended and all are read.
-            past: Or ``(keys, values)`` ``(B, Nkv, S0, D)`` read before the new ones.
+            cache: A ``KVCache`` (or training's ``GrowingKeys``): the new
+              keys are appended and all are read.
 
         Returns:
             ``(out (B, L, H), (keys, values))`` of the new positions.
@@ -122,9 +131,6 @@ class HeadBlock(nn.Module):
         q, k, v = self.attn.project(self.input_norm(x), positions)
         if cache is not None:
             keys, values = cache.update_and_fetch(k, v)
-        elif past is not None:
-            keys = mx.concatenate([past[0], k], axis=2)
-            values = mx.concatenate([past[1], v], axis=2)
         else:
             keys, values = k, v
         h = x + self.attn.attend(q, keys, values, mask)
@@ -159,18 +165,24 @@ class EagleHead(nn.Module):
         """Target features ``(..., F)`` -> head inputs ``(..., H)``."""
         return self.proj(features) if "proj" in self else features
 
-    def __call__(self, features, embeddings, positions, mask, cache=None, past=None):
+    def __call__(self, features, embeddings, positions, mask, cache=None):
         """Head outputs ``(B, L, H)`` (and new keys/values) for pairs ``(f_t, x_{t+1})``.
 
         Args:
             features: ``(B, L, H)`` projected features (or own outputs).
             embeddings: ``(B, L, H)`` target embeddings of the next tokens.
-            positions, mask, cache, past: As in :class:`HeadBlock`.
+            positions, mask, cache: As in :class:`HeadBlock`.
         """
         x = mx.concatenate(
             [self.embed_norm(embeddings), self.feature_norm(features)], axis=-1
         )
-        return self.block(self.fc(x), positions, mask, cache, past)
+        return self.block(self.fc(x), positions, mask, cache)
+
+    def training_cache(self):
+        """A cache that grows by concatenation, for unrolled training steps."""
+        from .published.layers import GrowingKeys
+
+        return GrowingKeys()
 
 
 class ResBlock(nn.Module):
@@ -216,8 +228,12 @@ def head_args(kind: str, target: nn.Module, **options) -> SimpleNamespace:
     EAGLE: the target's attention heads, KV heads, MLP width, norm epsilon
     and rope base for its one layer; ``feature_layers`` (default
     ``[FINAL]``). Medusa: ``num_heads`` (default 4) of ``num_layers``
-    residual blocks (default 1).
+    residual blocks (default 1). EAGLE-3: ``feature_layers`` (target blocks,
+    no final state) and ``draft_vocab_size`` (default: the target's
+    vocabulary), the layer shaped as the target's.
     """
+    if kind == "eagle3":
+        return _eagle3_args(target, **options)
     targs = getattr(target, "args", SimpleNamespace())
     H = hidden_width(target)
     if kind == "eagle":
@@ -244,6 +260,33 @@ def head_args(kind: str, target: nn.Module, **options) -> SimpleNamespace:
     if kind == "eagle":
         base["feature_layers"] = [int(i) for i in base["feature_layers"]]
     return SimpleNamespace(**base)
+
+
+def _eagle3_args(
+    target: nn.Module,
+    *,
+    feature_layers: Optional[Sequence[int]] = None,
+    draft_vocab_size: Optional[int] = None,
+) -> SimpleNamespace:
+    """EAGLE-3 head arguments reading target blocks ``feature_layers``
+    (default: :func:`~mlx_spec.features.eagle3_blocks`)."""
+    from ..features import eagle3_blocks, feature_owner
+    from .published.eagle3 import eagle3_args_for
+
+    if feature_layers is None:
+        feature_layers = eagle3_blocks(len(feature_owner(target).layers))
+    layers = [int(i) for i in feature_layers]
+    if not layers or FINAL in layers:
+        raise ValueError(
+            f"an eagle3 head fuses target blocks (got feature layers {layers}); "
+            f"pass block indices 0.. without {FINAL}, the final normed state."
+        )
+    # speculators names the input of layer i, i.e. block i - 1's output.
+    return eagle3_args_for(
+        target,
+        layer_ids=[i + 1 for i in layers],
+        draft_vocab_size=draft_vocab_size,
+    )
 
 
 class DraftVocab:
@@ -408,15 +451,59 @@ def random_head(
     so their heads disagree with the target.
     """
     mx.random.seed(seed)
+    if kind == "eagle3" and draft_ids is not None:
+        options["draft_vocab_size"] = int(draft_ids.shape[0])
     module = build_head(kind, head_args(kind, target, **options))
     if kind == "medusa":
         for blocks in module.heads:
             for block in blocks:
                 block.linear.weight = 0.5 * mx.random.normal(block.linear.weight.shape)
     mx.eval(module.parameters())
-    vocab = DraftVocab(target, draft_ids, vocab_size or _width(target))
-    config = {HEAD_KEY: {"kind": kind, "format": FORMAT_VERSION}}
-    return LoadedHead(kind, module, config, vocab, target)
+    vocab = head_vocab(kind, module, target, draft_ids, vocab_size or _width(target))
+    config = {HEAD_KEY: _head_key(kind)}
+    return LoadedHead(ARCHITECTURES[kind], module, config, vocab, target)
+
+
+def _head_key(architecture: str) -> Dict:
+    return {
+        "kind": ARCHITECTURES[architecture],
+        "architecture": architecture,
+        "format": FORMAT_VERSION,
+    }
+
+
+def head_vocab(architecture: str, module, target, ids, vocab_size: int):
+    """The output side of a head: the target's output rows ``ids``
+    (:class:`DraftVocab`), or an EAGLE-3 head's own output layer."""
+    if architecture == "eagle3":
+        from .published.eagle3 import OwnVocab
+
+        return OwnVocab(module, ids, vocab_size)
+    return DraftVocab(target, ids, vocab_size)
+
+
+def head_architecture(config: Dict) -> str:
+    """What a head directory's head is built as (``eagle``, ``eagle3``, ``medusa``)."""
+    key = config[HEAD_KEY]
+    return str(key.get("architecture") or key.get("kind"))
+
+
+def head_record(architecture: str, args: SimpleNamespace) -> Dict:
+    """A head's arguments as the JSON its ``config.json`` keeps."""
+    if architecture == "eagle3":
+        from .published.eagle3 import args_record
+
+        return args_record(args)
+    return vars(args)
+
+
+def args_of_record(architecture: str, record: Dict) -> SimpleNamespace:
+    """The arguments :func:`head_record` wrote."""
+    if architecture == "eagle3":
+        from .published.eagle3 import args_from_record
+
+        return args_from_record(record)
+    return SimpleNamespace(**record)
 
 
 def save_head(
@@ -433,7 +520,7 @@ def save_head(
 
     Args:
         path: The directory (created if needed).
-        kind: ``"eagle"`` or ``"medusa"``.
+        kind: The architecture: ``"eagle"``, ``"eagle3"`` or ``"medusa"``.
         module: The head module.
         target_fingerprint: :func:`mlx_spec.fingerprint.model_fingerprint` of the target.
         draft_ids: ``(k,)`` draft vocabulary (target ids), or ``None`` for all.
@@ -447,8 +534,8 @@ def save_head(
         weights["draft_vocab"] = draft_ids.astype(mx.int32)
     mx.save_safetensors(str(path / WEIGHTS_FILE), weights)
     config = {
-        HEAD_KEY: {"kind": kind, "format": FORMAT_VERSION},
-        "head": vars(module.args),
+        HEAD_KEY: _head_key(kind),
+        "head": head_record(kind, module.args),
         "draft_vocab_size": None if draft_ids is None else int(draft_ids.shape[0]),
         "target": target_fingerprint,
     }
@@ -469,6 +556,11 @@ def read_head_config(path) -> Optional[Dict]:
 
 
 def build_head(kind: str, args: SimpleNamespace) -> nn.Module:
+    """The module of a head of architecture ``kind`` (see :data:`ARCHITECTURES`)."""
+    if kind == "eagle3":
+        from .published.eagle3 import Eagle3Head
+
+        return Eagle3Head(args)
     if kind not in MODULES:
         raise ValueError(f"unknown head kind '{kind}'; use one of: {', '.join(KINDS)}.")
     return MODULES[kind](args)
@@ -493,8 +585,12 @@ def load_head(path, target: nn.Module, vocab_size: Optional[int] = None) -> Load
             f"'{path}' holds no draft head (no {CONFIG_FILE} with {HEAD_KEY})."
         )
     kind = config[HEAD_KEY].get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"'{path}' holds a head of unknown kind '{kind}'.")
+    architecture = head_architecture(config)
+    if kind not in KINDS or ARCHITECTURES.get(architecture) != kind:
+        raise ValueError(
+            f"'{path}' holds a head of unknown kind '{kind}' ({architecture}); "
+            "this version of mlx-spec loads " + ", ".join(ARCHITECTURES) + " heads."
+        )
     reason = fingerprint_mismatch(config.get("target", {}), target)
     if reason is not None:
         raise ValueError(
@@ -503,16 +599,19 @@ def load_head(path, target: nn.Module, vocab_size: Optional[int] = None) -> Load
         )
     weights = mx.load(str(Path(path).expanduser() / WEIGHTS_FILE))
     ids = weights.pop("draft_vocab", None)
-    args = SimpleNamespace(**config["head"])
-    module = build_head(kind, args)
+    args = args_of_record(architecture, config["head"])
+    module = build_head(architecture, args)
     dtype = activation_dtype(target)
     module.load_weights([(k, v.astype(dtype)) for k, v in weights.items()])
-    quantize_linears(module, block_quantization(target))
+    if architecture == "eagle3":  # as the published loader quantizes it
+        quantize_like_target(module, target)
+    else:
+        quantize_linears(module, block_quantization(target))
     module.eval()
     mx.eval(module.parameters())
     if vocab_size is None:
         vocab_size = int(config["target"].get("vocab_size", 0)) or None
-    vocab = DraftVocab(target, ids, vocab_size or _width(target))
+    vocab = head_vocab(architecture, module, target, ids, vocab_size or _width(target))
     return LoadedHead(kind, module, config, vocab, target, str(path))
 
 

@@ -90,3 +90,22 @@ def matmul_rows(x: mx.array, layer: nn.Module, quantization: Optional[Quantizati
         bits=bits,
         mode=mode,
     )
+
+
+def quantize_like_target(module: nn.Module, target: nn.Module):
+    """Quantize like the target: blocks' layers as its blocks, output rows and
+    a head's own embedding as the target's."""
+    quantize_linears(module, block_quantization(target))
+    table = quantization_of(feature_owner(target).embed_tokens)
+    if "embed_tokens" in module and table is not None:
+        group, bits, mode = table
+        if module.embed_tokens.weight.shape[-1] % group == 0:
+            module.embed_tokens = nn.QuantizedEmbedding.from_embedding(
+                module.embed_tokens, group, bits, mode=mode
+            )
+    if "lm_head" in module and isinstance(module.lm_head, nn.Linear):
+        out = output_quantization(target)
+        if out is not None and module.lm_head.weight.shape[-1] % out[0] == 0:
+            module.lm_head = nn.QuantizedLinear.from_linear(
+                module.lm_head, out[0], out[1], mode=out[2]
+            )

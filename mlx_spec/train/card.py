@@ -190,7 +190,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
 
 
 def head_card(config: Dict, command: str) -> str:
-    """Markdown of a head's card (``--kind eagle|medusa``): reads, data, loss, acceptance.
+    """Markdown of a head's card (``--kind eagle|eagle3|medusa``): reads, data, loss, acceptance.
 
     Args:
         config: The head directory's ``config.json``: its ``training`` record
@@ -212,6 +212,7 @@ def head_card(config: Dict, command: str) -> str:
         "completions, its hidden states and next-token laws as teacher).",
         "",
         f"- Reads: {_head_reads(head)}.",
+        *_architecture_lines(head),
         f"- Training: {training.get('steps')} steps, {training.get('tokens_seen')} "
         f"supervised positions, {training.get('train_seconds', 0) / 60:.1f} min of "
         "optimizer time.",
@@ -269,6 +270,19 @@ def learning_curve_lines(data: Dict) -> List[str]:
             f"{p.get('steps', '')} | " + " | ".join(cells) + " |"
         )
     return lines + [""]
+
+
+def _architecture_lines(head: Dict) -> List[str]:
+    """An EAGLE-3-shaped head's line: what it is, and that it exports."""
+    if head.get("kind") != "eagle3":
+        return []
+    return [
+        "- Architecture: EAGLE-3 (`fc` fuses the blocks, one decoder layer over "
+        "[embedding; feature], its own norm and output layer over the draft "
+        "vocabulary; trained with the training-time test, "
+        f"{head.get('train_steps')} steps unrolled). `mlx_spec export` writes it "
+        "in speculators' format, which vLLM and SGLang load.",
+    ]
 
 
 def _head_reads(head: Dict) -> str:

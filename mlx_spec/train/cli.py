@@ -5,7 +5,7 @@ Stages, each resumed where it stopped when the command is run again:
 1. prompts: the built-in set (:mod:`.prompts`) or ``--prompts FILE``;
 2. the target's completions of them, with its laws and features
    (:mod:`.completions`), in ``OUT/data`` or ``--data DIR``;
-3. training (``--kind draft``: :mod:`.draft`; ``--kind eagle|medusa``:
+3. training (``--kind draft``: :mod:`.draft`; ``--kind eagle|eagle3|medusa``:
    :mod:`.head_command` on the same completions), resumed from checkpoints;
 4. ``--kind draft``: measurement with mlx-spec's engine and the model card
    (``OUT/README.md``).

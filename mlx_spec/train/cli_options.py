@@ -18,7 +18,7 @@ from .checkpoint import checkpoint_dir, read_state
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 
-KINDS = ("draft", "eagle", "medusa")
+KINDS = ("draft", "eagle", "eagle3", "medusa")
 DEFAULT_NUM_PROMPTS = 1600
 DEFAULT_HELDOUT_PROMPTS = 48
 DEFAULT_EVAL_PROMPTS = 8
@@ -248,7 +248,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--skip-eval", action="store_true", help="No engine measurement.")
     p.add_argument("--no-progress", action="store_true", help="No progress bars.")
-    H.add_head_arguments(p)  # the options of --kind eagle|medusa it lacks
+    H.add_head_arguments(p)  # the options of --kind eagle|eagle3|medusa it lacks
     return p
 
 
@@ -354,10 +354,10 @@ def is_train_draft_folder(out: Path) -> bool:
 
 def check_init_from(path: str, kind: str):
     """``--init-from`` must be a drafter that train-draft wrote for ``kind``."""
-    from ..drafters.heads import HEAD_KEY, read_head_config
+    from ..drafters.heads import head_architecture, read_head_config
 
     config = read_head_config(path)
-    got = config[HEAD_KEY].get("kind") if config else None
+    got = head_architecture(config) if config else None
     if got != kind:
         what = f"the {got} drafter" if got else "no drafter written by train-draft"
         raise ValueError(

@@ -15,10 +15,16 @@ Loss per step: cross-entropy of the head's law over the draft vocabulary
 against the target's (top-K) law, plus a smooth-L1 regression of ``g`` on
 the next feature when the feature is the final hidden state; steps are
 weighted ``STEP_DECAY**(s - 1)``.
+
+The same unrolling trains heads of EAGLE-3's architecture (``--kind
+eagle3``): their logits come from their own norm and output layer
+(``logits_fn``), and they have no feature regression, as in SpecForge and
+speculators, whose training-time test also feeds step ``s``'s outputs back
+with the tokens shifted by one and weighs the steps ``0.8**(s - 1)``.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -140,33 +146,41 @@ def _cross_entropy(logits: mx.array, ids: mx.array, p: mx.array) -> mx.array:
     return -(mx.where(ids >= 0, p, 0.0) * picked).sum(-1)
 
 
+LogitsFn = Callable[[mx.array], mx.array]
+
+
+def frozen_rows(vocab_weight: mx.array) -> LogitsFn:
+    """Draft logits through the target's frozen output rows ``(k, H)``."""
+    return lambda g: g @ vocab_weight.T
+
+
 def unrolled_outputs(
-    head, embed_fn, vocab_weight: mx.array, batch: Batch, steps: int
+    head, embed_fn, logits_fn: Optional[LogitsFn], batch: Batch, steps: int
 ) -> List[Tuple[mx.array, mx.array]]:
     """Head outputs and draft logits of every unrolled step.
 
+    Args:
+        head: An EAGLE head (ours or EAGLE-3-shaped), with ``project`` and
+          ``training_cache``.
+        embed_fn: Token ids -> embeddings.
+        logits_fn: Head outputs ``(..., H)`` -> draft logits ``(..., k)``, or ``None``.
+        batch: The windows.
+        steps: Unrolled draft steps.
+
     Returns:
         ``steps`` pairs ``(g (B, Q, H), logits (B, Q, k))`` for queries
-        ``q = 0..W-2`` (logits ``None`` without ``vocab_weight``).
+        ``q = 0..W-2`` (logits ``None`` without ``logits_fn``).
     """
     B, W = batch.tokens.shape
     Q = W - 1
     emb = embed_fn(batch.tokens[:, 1:])
     positions = mx.broadcast_to(mx.arange(Q)[None], (B, Q))
     inputs = head.project(batch.features[:, :-1])
-    past = None
+    cache = head.training_cache()  # keys of step 1, then 2, ...
     outs = []
-    for s, mask in enumerate(unrolled_masks(Q, steps), start=1):
-        g, (k, v) = head(inputs, emb, positions, mask, past=past)
-        past = (
-            (k, v)
-            if past is None
-            else (
-                mx.concatenate([past[0], k], axis=2),
-                mx.concatenate([past[1], v], axis=2),
-            )
-        )
-        outs.append((g, None if vocab_weight is None else g @ vocab_weight.T))
+    for mask in unrolled_masks(Q, steps):
+        g, _ = head(inputs, emb, positions, mask, cache=cache)
+        outs.append((g, None if logits_fn is None else logits_fn(g)))
         # The next step's input at q is this step's output at q - 1.
         inputs = mx.concatenate([mx.zeros_like(g[:, :1]), g[:, :-1]], axis=1)
     return outs
@@ -186,7 +200,7 @@ def supervised_rows(batch: Batch, step: int) -> mx.array:
 def eagle_loss(
     head,
     embed_fn,
-    vocab_weight: mx.array,
+    logits_fn: LogitsFn,
     batch: Batch,
     *,
     steps: int = DEFAULT_TRAIN_STEPS,
@@ -195,7 +209,8 @@ def eagle_loss(
 ) -> Tuple[mx.array, mx.array]:
     """The weighted loss and per-step draft accuracies ``(steps,)``.
 
-    Only supervised rows go through the output layer (the prompt's do not).
+    Only supervised rows go through the output layer ``logits_fn`` (the
+    prompt's do not).
     """
     outs = unrolled_outputs(head, embed_fn, None, batch, steps)
     H = outs[0][0].shape[-1]
@@ -211,7 +226,7 @@ def eagle_loss(
         w = row_weight[rows]
         norm = mx.maximum(w.sum(), 1e-6)
         g = g.reshape(-1, H)[rows]
-        logits = g @ vocab_weight.T
+        logits = logits_fn(g)
         loss = (w * _cross_entropy(logits, ids[rows], p[rows])).sum() / norm
         if final_feature and feature_weight > 0:
             reg = nn.losses.smooth_l1_loss(
@@ -227,7 +242,7 @@ def eagle_loss(
 
 
 def chain_acceptance(
-    head, embed_fn, vocab_weight, draft_ids: mx.array, batch: Batch, depth: int
+    head, embed_fn, logits_fn: LogitsFn, draft_ids: mx.array, batch: Batch, depth: int
 ) -> np.ndarray:
     """Greedy chain acceptance from every round start ``j`` of a batch.
 
@@ -239,7 +254,7 @@ def chain_acceptance(
         ``(N, depth)`` bool: for each valid round start, whether drafts
         ``1..s`` were all accepted.
     """
-    outs = unrolled_outputs(head, embed_fn, vocab_weight, batch, depth)
+    outs = unrolled_outputs(head, embed_fn, logits_fn, batch, depth)
     hits = []
     for g, logits in outs:
         draft = draft_ids[logits.argmax(-1)]

@@ -1,4 +1,4 @@
-"""The training loop of draft heads (``mlx_spec train-draft --kind eagle|medusa``).
+"""The training loop of draft heads (``mlx_spec train-draft --kind eagle|eagle3|medusa``).
 
 Given teacher data (:mod:`mlx_spec.train.head_data`), it trains the head
 with AdamW (warm-up, cosine decay, gradient clipping), shows a progress bar
@@ -9,7 +9,8 @@ held-out sequences, writes a checkpoint every ``checkpoint_every`` steps
 
 Held-out acceptance is the acceptance of greedy drafting, computed exactly
 from the teacher data: for EAGLE the unrolled steps reproduce what the head
-sees when drafting (see :mod:`mlx_spec.train.eagle`), so a chain from
+sees when drafting (see :mod:`mlx_spec.train.eagle`, EAGLE-3-shaped heads
+too), so a chain from
 round start ``j`` accepts ``s`` tokens iff its first ``s`` drafts equal the
 target's greedy tokens; for Medusa, iff heads ``1..s`` put the target's
 token first.
@@ -27,11 +28,14 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..drafters.heads import (
-    HEAD_KEY,
-)
 from ..drafters.heads import WEIGHTS_FILE as HEAD_WEIGHTS
-from ..drafters.heads import build_head, head_args, read_head_config, save_head
+from ..drafters.heads import (
+    build_head,
+    head_architecture,
+    head_args,
+    read_head_config,
+    save_head,
+)
 from ..features import embed, feature_owner, output_layer
 from ..fingerprint import model_fingerprint
 from . import eagle as eagle_train
@@ -63,7 +67,8 @@ class HeadTrainConfig:
     """Options of one head training (all recorded in the head's config).
 
     Args:
-        kind: ``"eagle"`` or ``"medusa"``.
+        kind: ``"eagle"``, ``"eagle3"`` (EAGLE-3's architecture, its own
+          norm and output layer, exportable to speculators) or ``"medusa"``.
         steps: Optimizer steps.
         batch_size: Windows per step.
         window: Tokens per window.
@@ -75,7 +80,8 @@ class HeadTrainConfig:
         checkpoint_every: Steps between checkpoints.
         seed: Seed of the data order and the head's initialisation.
         feature_layers: EAGLE: the target features read (see mlx_spec.features).
-        train_steps: EAGLE: draft steps unrolled in training.
+        train_steps: EAGLE: draft steps unrolled in training (EAGLE-3's
+          training-time test).
         feature_weight: EAGLE: weight of the feature regression.
         prompt_weight: Weight of positions whose next token is a prompt
           token (the data's laws cover them too), relative to completions.
@@ -132,7 +138,7 @@ def warm_start_head(head: nn.Module, kind: str, path):
         ValueError: ``path`` holds another kind of head or another shape.
     """
     config = read_head_config(path)
-    found = None if config is None else config[HEAD_KEY].get("kind")
+    found = None if config is None else head_architecture(config)
     if found != kind:
         raise ValueError(
             f"--init-from '{path}' holds no {kind} head (found: {found or 'none'}); "
@@ -149,6 +155,16 @@ def warm_start_head(head: nn.Module, kind: str, path):
             "(pass the same --feature-layers / --num-heads)."
         )
     head.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()])
+
+
+def start_from_target(head: nn.Module, model: nn.Module, vocab_weight: mx.array):
+    """An EAGLE-3 head starts scoring as the target does: its output layer is
+    the target's rows of the draft vocabulary ``(k, H)``, its final norm the
+    target's (as speculators initialises them)."""
+    head.lm_head.weight = vocab_weight.astype(mx.float32)
+    norm = feature_owner(model).norm
+    if isinstance(norm, nn.RMSNorm):  # not gemma's, which scales by 1 + weight
+        head.norm.weight = norm.weight.astype(mx.float32)
 
 
 def split_heldout(n: int, heldout: int, seed: int):
@@ -187,11 +203,15 @@ class HeadTrainer:
         self.set_draft_vocab(draft_ids)
         mx.random.seed(config.seed)
         options = {}
-        if config.kind == "eagle":
+        if config.kind in ("eagle", "eagle3"):
             options["feature_layers"] = config.feature_layers
         else:
             options["num_heads"] = config.num_heads
+        if config.kind == "eagle3":
+            options["draft_vocab_size"] = int(self.vocab_weight.shape[0])
         self.head = build_head(config.kind, head_args(config.kind, model, **options))
+        if config.kind == "eagle3":
+            start_from_target(self.head, model, self.vocab_weight)
         if config.init_from:
             warm_start_head(self.head, config.kind, config.init_from)
         mx.eval(self.head.parameters())
@@ -226,20 +246,28 @@ class HeadTrainer:
         self.draft_ids_mx = mx.array(ids.astype(np.int32))
         self.vocab_weight = output_weight(self.model, draft_ids)
 
+    def logits_fn(self, dtype=mx.float32):
+        """Head outputs -> draft logits: an EAGLE-3 head's own output layer,
+        else the target's frozen rows."""
+        if self.config.kind == "eagle3":
+            return self.head.logits
+        return eagle_train.frozen_rows(self.vocab_weight.astype(dtype))
+
     def _loss(self, batch):
         dtype = self.dtype
         batch = replace(batch, features=batch.features.astype(dtype))
         weight = self.vocab_weight.astype(dtype)
         with computing_in(self.head, dtype):
-            if self.config.kind == "eagle":
+            if self.config.kind in ("eagle", "eagle3"):
+                final = eagle_train.final_only(self.config.feature_layers)
                 return eagle_train.eagle_loss(
                     self.head,
                     lambda tokens: self.embed_fn(tokens).astype(dtype),
-                    weight,
+                    self.logits_fn(dtype),
                     batch,
                     steps=self.config.train_steps,
                     feature_weight=self.config.feature_weight,
-                    final_feature=eagle_train.final_only(self.config.feature_layers),
+                    final_feature=final and self.config.kind == "eagle",
                 )
             return medusa_train.medusa_loss(self.head, weight, batch)
 
@@ -284,12 +312,12 @@ class HeadTrainer:
             batch = eagle_train.make_batch(
                 self.data, index, self.to_draft, 1 << 30, np.random.default_rng(0)
             )
-            if self.config.kind == "eagle":
+            if self.config.kind in ("eagle", "eagle3"):
                 runs.append(
                     eagle_train.chain_acceptance(
                         self.head,
                         self.embed_fn,
-                        self.vocab_weight,
+                        self.logits_fn(),
                         self.draft_ids_mx,
                         batch,
                         EVAL_DEPTH,
@@ -302,7 +330,7 @@ class HeadTrainer:
                     )
                 )
         self.rng.bit_generator.state = rng_state
-        if self.config.kind == "eagle":
+        if self.config.kind in ("eagle", "eagle3"):
             summary = eagle_train.summarize_acceptance(np.concatenate(runs))
         else:
             all_ranks = np.concatenate(ranks)

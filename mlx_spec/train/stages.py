@@ -170,6 +170,7 @@ def learning_point(kind: str, record: Dict, last_eval: Dict, steps: int) -> Dict
     names = {
         "draft": ("alpha", "best_tokens_per_forward", "best_gamma"),
         "eagle": ("accept_by_depth", "conditional_by_depth", "tokens_per_round"),
+        "eagle3": ("accept_by_depth", "conditional_by_depth", "tokens_per_round"),
         "medusa": ("tree_tokens_per_round",),
     }[kind]
     point.update({n: last_eval[n] for n in names if n in last_eval})

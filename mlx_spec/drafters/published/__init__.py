@@ -31,14 +31,7 @@ import mlx.nn as nn
 
 from ...features import FINAL, feature_owner
 from ..heads import DraftVocab, LoadedHead
-from ..storage import (
-    activation_dtype,
-    block_quantization,
-    hidden_width,
-    output_quantization,
-    quantization_of,
-    quantize_linears,
-)
+from ..storage import activation_dtype, hidden_width, quantize_like_target
 from .dflash import DFlashDraft, DFlashHead
 from .eagle1 import Eagle1Head
 from .eagle3 import Eagle3Head, OwnVocab
@@ -328,25 +321,6 @@ def target_mismatch(
     return None
 
 
-def _quantize(module: nn.Module, target: nn.Module):
-    """Quantize like the target: blocks' layers as its blocks, output rows and
-    a head's own embedding as the target's."""
-    quantize_linears(module, block_quantization(target))
-    table = quantization_of(feature_owner(target).embed_tokens)
-    if "embed_tokens" in module and table is not None:
-        group, bits, mode = table
-        if module.embed_tokens.weight.shape[-1] % group == 0:
-            module.embed_tokens = nn.QuantizedEmbedding.from_embedding(
-                module.embed_tokens, group, bits, mode=mode
-            )
-    if "lm_head" in module and isinstance(module.lm_head, nn.Linear):
-        out = output_quantization(target)
-        if out is not None and module.lm_head.weight.shape[-1] % out[0] == 0:
-            module.lm_head = nn.QuantizedLinear.from_linear(
-                module.lm_head, out[0], out[1], mode=out[2]
-            )
-
-
 def load_published(path, target: nn.Module, vocab_size: Optional[int] = None):
     """Load a published drafter folder for ``target``.
 
@@ -395,7 +369,7 @@ def load_published(path, target: nn.Module, vocab_size: Optional[int] = None):
         raise ValueError(
             f"'{where}': weights do not match its config ({first})."
         ) from None
-    _quantize(module, target)
+    quantize_like_target(module, target)
     module.eval()
     mx.eval(module.parameters())
     if kind == "dflash":

@@ -71,7 +71,7 @@ class Eagle1Head(nn.Module):
         """The target's final normed states are the head's features as they are."""
         return features
 
-    def __call__(self, features, embeddings, positions, mask, cache=None, past=None):
+    def __call__(self, features, embeddings, positions, mask, cache=None):
         """Head outputs ``(B, L, H)`` (predicted target features) for pairs
         ``(feature, next token)``; arguments as :meth:`Eagle3Head.__call__`."""
         caches = cache.layers if cache is not None else [None] * len(self.layers)

@@ -16,13 +16,24 @@ layer's output back as the feature (normed first with ``norm_output``).
 tree and rollback paths run it unchanged.
 """
 
+from dataclasses import asdict
 from types import SimpleNamespace
-from typing import Optional
+from typing import Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .layers import MLP, Attention, DecoderLayer, LayerCaches, LayerShape
+from ...features import feature_owner
+from ...models import output_size
+from ..storage import hidden_width
+from .layers import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    GrowingKeys,
+    LayerCaches,
+    LayerShape,
+)
 
 
 class FirstLayer(nn.Module):
@@ -94,7 +105,7 @@ class Eagle3Head(nn.Module):
             )
         return self.fc(features)
 
-    def __call__(self, features, embeddings, positions, mask, cache=None, past=None):
+    def __call__(self, features, embeddings, positions, mask, cache=None):
         """Head outputs ``(B, L, H)`` for pairs ``(feature, next token)``.
 
         Args:
@@ -102,8 +113,8 @@ class Eagle3Head(nn.Module):
             embeddings: ``(B, L, H)`` embeddings of the next tokens.
             positions: Rope positions ``(B, L)``.
             mask: Bool visibility ``(L, S)`` over the cached and new entries, or ``None``.
-            cache: A :class:`LayerCaches` the new entries are appended to.
-            past: Unused (our own heads' training path).
+            cache: A :class:`LayerCaches` the new entries are appended to
+              (or any object whose ``layers`` hold one cache per layer).
 
         Returns:
             ``(out, None)``: the last layer's output (normed with ``norm_output``).
@@ -115,6 +126,10 @@ class Eagle3Head(nn.Module):
         if self.args.norm_output:
             h = self.norm(h)
         return h, None
+
+    def training_cache(self) -> SimpleNamespace:
+        """Caches that grow by concatenation, one per layer, for unrolled training."""
+        return SimpleNamespace(layers=[GrowingKeys() for _ in self.layers])
 
     def logits(self, h: mx.array) -> mx.array:
         """Head outputs ``(..., H)`` -> draft-vocabulary logits ``(..., C)``."""
@@ -169,3 +184,73 @@ class OwnVocab:
 
     def to_target(self, index: mx.array) -> mx.array:
         return (index if self.ids is None else self.ids[index]).astype(mx.uint32)
+
+
+def args_record(args: SimpleNamespace) -> dict:
+    """An :class:`Eagle3Head`'s arguments as a JSON-ready dict (see :func:`args_from_record`)."""
+    record = dict(vars(args))
+    record["shape"] = asdict(args.shape)
+    return record
+
+
+def args_from_record(record: dict) -> SimpleNamespace:
+    """The arguments :func:`args_record` wrote."""
+    fields = dict(record)
+    fields["shape"] = LayerShape(**fields["shape"])
+    return SimpleNamespace(**fields)
+
+
+def eagle3_args_for(
+    target: nn.Module,
+    *,
+    layer_ids: Optional[Sequence[int]] = None,
+    draft_vocab_size: Optional[int] = None,
+    model_type: str = "llama",
+    num_layers: int = 1,
+    **flags,
+) -> SimpleNamespace:
+    """EAGLE-3 module arguments shaped after ``target`` (its width, heads, vocabulary).
+
+    ``layer_ids`` are in speculators' convention (the input of layer ``i``);
+    by default a low, a middle and a high layer of the target.
+    """
+    targs = getattr(target, "args", SimpleNamespace())
+    H = hidden_width(target)
+    count = len(feature_owner(target).layers)
+    heads = getattr(targs, "num_attention_heads", max(H // 64, 1))
+    ids = list(layer_ids) if layer_ids else sorted({1, max(count // 2, 1), count})
+    vocab = output_size(target)
+    shape = LayerShape(
+        model_type=model_type,
+        hidden_size=H,
+        num_heads=heads,
+        num_kv_heads=getattr(targs, "num_key_value_heads", None) or heads,
+        head_dim=H // heads,
+        intermediate_size=getattr(targs, "intermediate_size", 4 * H),
+        rms_norm_eps=getattr(targs, "rms_norm_eps", 1e-6),
+        attention_bias=False,
+        rope_theta=float(getattr(targs, "rope_theta", 10000.0)),
+        rope_scaling=None,
+        rotary_dim=H // heads,
+        max_position_embeddings=4096,
+        num_layers=num_layers,
+        vocab_size=vocab,
+        sliding=False,
+    )
+    base = dict(
+        norm_before_residual=False,
+        norm_before_fc=False,
+        fc_norm=False,
+        norm_output=False,
+    )
+    base.update(flags)
+    return SimpleNamespace(
+        shape=shape,
+        target_hidden_size=H,
+        num_aux=len(ids),
+        layer_ids=ids,
+        feature_layers=[i - 1 for i in ids],
+        draft_vocab_size=draft_vocab_size or vocab,
+        own_embedding=False,
+        **base,
+    )

@@ -6,14 +6,21 @@
 ``transformer_layer_config``, and ``model.safetensors`` under speculators'
 weight names, ``d2t``/``t2d`` for a draft vocabulary.
 
-Our own ``train-draft --kind eagle`` heads are not EAGLE-3 heads: they norm
+:func:`export_eagle3` writes a head that ``mlx_spec train-draft --kind
+eagle3`` trained (the ``mlx_spec export`` command): its weights as stored,
+the target's embedding table (speculators keeps one in the head), its
+draft vocabulary as ``d2t``/``t2d``, and its target blocks as speculators'
+layer ids (the input of layer ``i`` is block ``i - 1``'s output).
+
+Our ``train-draft --kind eagle`` heads are not EAGLE-3 heads: they norm
 and fuse ``[embedding, feature]`` with a biased ``fc`` into the residual
 stream of a standard layer, read the target's final normed state, and
 score through the target's output layer with no norm of their own. EAGLE-3
 feeds the two normed halves straight to the attention projections, keeps
 the raw feature as the residual, and has its own final norm and output
 layer. No weight mapping turns one into the other exactly, so only
-EAGLE-3 heads (imported, or built here) are written in this format.
+EAGLE-3 heads (``--kind eagle3``, imported, or built here) are written in
+this format.
 """
 
 import json
@@ -25,9 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ...features import feature_owner
-from ..storage import hidden_width
-from .eagle3 import Eagle3Head
+from .eagle3 import Eagle3Head, eagle3_args_for
 from .layers import LayerShape
 
 WEIGHTS_FILE = "model.safetensors"
@@ -89,6 +94,7 @@ def save_speculators_eagle3(
     embedding: Optional[mx.array] = None,
     verifier: Optional[str] = None,
     dtype=mx.float32,
+    embedding_dtype=None,
 ):
     """Write ``module`` as a speculators EAGLE-3 folder.
 
@@ -100,6 +106,7 @@ def save_speculators_eagle3(
           head's own); the module's when ``None``.
         verifier: The target's name, recorded for vLLM users.
         dtype: Storage dtype. Default: float32.
+        embedding_dtype: Storage dtype of the embedding. Default: ``dtype``.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -113,7 +120,7 @@ def save_speculators_eagle3(
     if isinstance(table, nn.Embedding):
         table = table.weight
     if table is not None:
-        weights["embed_tokens.weight"] = table.astype(dtype)
+        weights["embed_tokens.weight"] = table.astype(embedding_dtype or dtype)
     if ids is not None:
         columns = mx.arange(ids.shape[0])
         weights["d2t"] = (ids.astype(mx.int64) - columns).astype(mx.int64)
@@ -125,62 +132,62 @@ def save_speculators_eagle3(
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def eagle3_args_for(
-    target: nn.Module,
-    *,
-    layer_ids: Optional[Sequence[int]] = None,
-    draft_vocab_size: Optional[int] = None,
-    model_type: str = "llama",
-    num_layers: int = 1,
-    **flags,
-) -> SimpleNamespace:
-    """EAGLE-3 module arguments shaped after ``target`` (its width, heads, vocabulary).
+def export_eagle3(path, target: nn.Module, out, *, verifier: Optional[str] = None):
+    """Write the ``--kind eagle3`` head directory ``path`` as a speculators folder ``out``.
 
-    ``layer_ids`` are in speculators' convention (the input of layer ``i``);
-    by default a low, a middle and a high layer of the target.
+    Weights keep their stored dtype and the embedding the target's, so the
+    exported head loads (:func:`~.load_published`) to the same weights as the
+    head itself, and drafts the same tokens.
+
+    Args:
+        path: A head directory written by ``mlx_spec train-draft --kind eagle3``.
+        target: The target it was trained for (checked; its embedding is stored).
+        out: The folder to write.
+        verifier: The target's name recorded for vLLM users (a hub id).
+
+    Raises:
+        ValueError: One line: no head, a head of another architecture, or
+          another target.
     """
-    from ...models import output_size
+    from ...features import embed
+    from ...fingerprint import fingerprint_mismatch
+    from ..heads import WEIGHTS_FILE as HEAD_WEIGHTS
+    from ..heads import args_of_record, head_architecture, read_head_config
 
-    targs = getattr(target, "args", SimpleNamespace())
-    H = hidden_width(target)
-    count = len(feature_owner(target).layers)
-    heads = getattr(targs, "num_attention_heads", max(H // 64, 1))
-    ids = list(layer_ids) if layer_ids else sorted({1, max(count // 2, 1), count})
-    vocab = output_size(target)
-    shape = LayerShape(
-        model_type=model_type,
-        hidden_size=H,
-        num_heads=heads,
-        num_kv_heads=getattr(targs, "num_key_value_heads", None) or heads,
-        head_dim=H // heads,
-        intermediate_size=getattr(targs, "intermediate_size", 4 * H),
-        rms_norm_eps=getattr(targs, "rms_norm_eps", 1e-6),
-        attention_bias=False,
-        rope_theta=float(getattr(targs, "rope_theta", 10000.0)),
-        rope_scaling=None,
-        rotary_dim=H // heads,
-        max_position_embeddings=4096,
-        num_layers=num_layers,
-        vocab_size=vocab,
-        sliding=False,
+    config = read_head_config(path)
+    if config is None:
+        raise ValueError(
+            f"'{path}' holds no head written by mlx_spec train-draft (no config.json "
+            "with mlx_spec_head)."
+        )
+    architecture = head_architecture(config)
+    if architecture != "eagle3":
+        raise ValueError(
+            f"the {architecture} head in '{path}' is not EAGLE-3-shaped, so it has no "
+            "speculators form; train one with mlx_spec train-draft --kind eagle3."
+        )
+    reason = fingerprint_mismatch(config.get("target", {}), target)
+    if reason is not None:
+        raise ValueError(
+            f"the eagle3 head in '{path}' was trained for another target ({reason}); "
+            "pass its own target as --model."
+        )
+    weights = mx.load(str(Path(path) / HEAD_WEIGHTS))
+    ids = weights.pop("draft_vocab", None)
+    module = Eagle3Head(args_of_record("eagle3", config["head"]))
+    module.load_weights(list(weights.items()))
+    dtype = next(iter(weights.values())).dtype
+    table = embed(target, mx.arange(module.args.shape.vocab_size))
+    save_speculators_eagle3(
+        out,
+        module,
+        ids=ids,
+        embedding=table,
+        verifier=verifier,
+        dtype=dtype,
+        embedding_dtype=table.dtype,
     )
-    base = dict(
-        norm_before_residual=False,
-        norm_before_fc=False,
-        fc_norm=False,
-        norm_output=False,
-    )
-    base.update(flags)
-    return SimpleNamespace(
-        shape=shape,
-        target_hidden_size=H,
-        num_aux=len(ids),
-        layer_ids=ids,
-        feature_layers=[i - 1 for i in ids],
-        draft_vocab_size=draft_vocab_size or vocab,
-        own_embedding=False,
-        **base,
-    )
+    return Path(out)
 
 
 def random_eagle3(

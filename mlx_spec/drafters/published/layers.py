@@ -234,3 +234,23 @@ class LayerCaches:
         for cache in self.layers:
             cache.trim(n)
         return n
+
+
+class GrowingKeys:
+    """Keys and values that grow by concatenation (differentiable, unlike ``KVCache``).
+
+    Training unrolls a head's draft steps over whole windows: step ``s``
+    attends to the entries of steps ``1..s``, in that order.
+    """
+
+    def __init__(self):
+        self.keys = self.values = None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Append ``(B, Nkv, L, D)`` keys and values; return all of them."""
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = mx.concatenate([self.keys, keys], axis=2)
+            self.values = mx.concatenate([self.values, values], axis=2)
+        return self.keys, self.values
