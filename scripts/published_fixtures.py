@@ -33,7 +33,15 @@ EAGLE authors' repository) it also builds original EAGLE-1/2 heads with
 their ``cnets1.Model`` and records their outputs and chained drafts.
 With ``--check-export DIR`` it instead loads an EAGLE-3 head exported by
 mlx-spec into ``Eagle3DraftModel`` and compares its step logits with the
-``DIR.io.safetensors`` mlx-spec wrote beside it.
+``DIR.io.safetensors`` mlx-spec wrote beside it; ``--record`` also keeps
+the reference's logits there (``reference_step_logits``), so a test without
+torch checks them. The committed ``mlx-spec-eagle3`` fixture, one of our own
+``train-draft --kind eagle3`` heads as ``mlx_spec export`` writes it, is
+made with::
+
+    python scripts/export_for_reference.py --own tests/fixtures/published/mlx-spec-eagle3
+    /tmp/refvenv/bin/python scripts/published_fixtures.py \
+        tests/fixtures/published/mlx-spec-eagle3 --check-export --record
 """
 
 import argparse
@@ -386,8 +394,11 @@ def build(out: Path, eagle_source=None):
         )
 
 
-def check_export(folder: Path) -> float:
-    """Load an exported head in speculators; the largest relative logit difference."""
+def check_export(folder: Path, record: bool = False) -> float:
+    """Load an exported head in speculators; the largest relative logit difference.
+
+    With ``record``, the reference's logits join the io file beside ``folder``.
+    """
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     # The verifier's own config and weights live on the hub, out of reach here;
@@ -395,6 +406,9 @@ def check_export(folder: Path) -> float:
     Eagle3DraftModel.load_verifier_weights = lambda self: None
     config = Eagle3SpeculatorConfig.from_pretrained(str(folder))
     config.transformer_layer_config._attn_implementation = "eager"
+    # from_pretrained reads a named verifier's config from the hub, only to
+    # check the layer ids against its depth.
+    config.speculators_config.verifier.name_or_path = None
     model = Eagle3DraftModel.from_pretrained(str(folder), config=config)
     model = model.eval().float()
     io = load_file(str(io_path(folder)))
@@ -413,6 +427,10 @@ def check_export(folder: Path) -> float:
         ids = torch.arange(model.d2t.shape[0]) + model.d2t
         if not torch.equal(ids, torch.nonzero(model.t2d).flatten()):
             raise SystemExit("exported head: d2t and t2d disagree")
+    if record:
+        save_file(
+            {**io, "reference_step_logits": ref.contiguous()}, str(io_path(folder))
+        )
     return float(((ref - ours).abs().max() / ours.abs().max()).item())
 
 
@@ -425,6 +443,11 @@ def main(argv=None):
         help="treat OUT as an EAGLE-3 head exported by mlx-spec and check it",
     )
     parser.add_argument(
+        "--record",
+        action="store_true",
+        help="with --check-export: keep the reference's logits beside OUT",
+    )
+    parser.add_argument(
         "--eagle-source",
         type=Path,
         help="the EAGLE authors' eagle/model folder (with cnets1.py), for "
@@ -432,7 +455,7 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     if args.check_export:
-        diff = check_export(args.out)
+        diff = check_export(args.out, record=args.record)
         print(f"exported head: max relative logit difference {diff:.2e}")
         sys.exit(0 if diff < 1e-4 else 1)
     build(args.out, args.eagle_source)

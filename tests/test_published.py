@@ -493,18 +493,40 @@ def test_the_command_line_runs_a_published_folder_by_its_kind(
         assert speculative_method(ns) == kind
 
 
+def test_our_exported_eagle3_head_gives_the_reference_logits():
+    """``mlx-spec-eagle3``: one of our own ``--kind eagle3`` heads (briefly
+    trained), written by ``mlx_spec export``'s code. speculators'
+    ``Eagle3DraftModel`` loaded it and recorded its training-time-test steps
+    (``reference_step_logits``); they are the logits the head directory drafted
+    with (``step_logits``), and mlx-spec's chains on the folder give them too."""
+    name = "mlx-spec-eagle3"
+    io = _io(name)
+    target = _fixture_target()
+    target.model.embed_tokens.weight = io["verifier_embed"]
+    assert published_format(FIXTURES / name) == "speculators-eagle3"
+    head = load_published(FIXTURES / name, target)
+    assert head.vocab.size == 32 and head.args.feature_layers == [1, 2, 4]
+    ref = io["reference_step_logits"]  # (steps, T, C)
+    assert _relative(io["step_logits"], ref) < TOLERANCE
+    for pos in range(ref.shape[1]):
+        got = _chain_logits(head, io, pos, ref.shape[0])
+        assert _relative(got, ref[:, pos]) < TOLERANCE, pos
+
+
+@pytest.mark.parametrize("own", [False, True])
 def test_the_export_script_writes_a_head_and_the_logits_the_reference_checks(
-    tmp_path,
+    tmp_path, own
 ):
     """``scripts/export_for_reference.py``: the folder loads, and the logits beside
-    it are the loaded head's own three unrolled steps."""
+    it are the loaded head's own three unrolled steps (with ``--own``, those of
+    the ``--kind eagle3`` head directory it exported)."""
     import importlib.util
 
     path = Path(__file__).parents[1] / "scripts" / "export_for_reference.py"
     spec = importlib.util.spec_from_file_location("export_for_reference", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    script.main([str(tmp_path / "exported")])
+    script.main([str(tmp_path / "exported")] + (["--own"] if own else []))
     io = mx.load(str(tmp_path / "exported.io.safetensors"))
     head = load_published(tmp_path / "exported", script.small_target())
     assert head.vocab.size == 32 and published_format(tmp_path / "exported")
