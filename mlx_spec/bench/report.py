@@ -59,100 +59,62 @@ def _geo(row: dict, name: str):
     return row.get(name) if value is None and not row.get("prompt_sets") else value
 
 
+def _table(rows: Sequence[dict], columns: Sequence[tuple]) -> List[str]:
+    """A Markdown table: ``columns`` are ``(header, cell of a row)`` pairs."""
+    lines = _head([name for name, _ in columns])
+    return lines + [_row([cell(r) for _, cell in columns]) for r in rows]
+
+
+def _value(name: str, digits: int = 2):
+    """The column cell of ``row[name]`` (``None`` when missing)."""
+    return lambda r: _fmt(r.get(name), digits)
+
+
+def _geomean(name: str):
+    """The column cell of :func:`_geo`'s value of ``name``."""
+    return lambda r: _fmt(_geo(r, name))
+
+
+def _share(name: str):
+    """The column cell of a time share (``draft``, ``verify`` or ``host``)."""
+    return lambda r: _pct(r.get(f"{name}_time_share"))
+
+
+# Columns the tables share.
+_TEMP = ("temp", _value("temp", 1))
+_GAMMA = ("γ", _gamma)
+_DECODE = ("decode tok/s", _value("decode_tokens_per_s", 1))
+_ACCEPTANCE = ("acceptance", _value("acceptance_rate"))
+_SHARES = tuple((name, _share(name)) for name in ("draft", "verify", "host"))
+_SAME = ("greedy = mlx_lm", _same)
+_RATIOS = (
+    ("× mlx_lm", "speedup_vs_plain"),
+    ("× mlx_lm spec", "speedup_vs_mlx_lm_speculative"),
+    ("tokens/target fwd", "tokens_per_target_forward"),
+    ("per-token acc.", "per_token_acceptance"),
+)
+
+
 def _main_table(rows: Sequence[dict]) -> List[str]:
     """Rows over all prompts: ratios as geometric means over the prompt sets."""
-    lines = _head(
-        [
-            "method",
-            "temp",
-            "γ",
-            "decode tok/s",
-            "e2e tok/s",
-            "× mlx_lm",
-            "× mlx_lm spec",
-            "× mlx_lm e2e",
-            "tokens/target fwd",
-            "per-token acc.",
-            "acceptance",
-            "draft",
-            "verify",
-            "host",
-            "overhead",
-            "peak GB",
-            "+MB",
-            "greedy = mlx_lm",
-        ]
-    )
-    for r in rows:
-        lines.append(
-            _row(
-                [
-                    _label(r),
-                    _fmt(r["temp"], 1),
-                    _gamma(r),
-                    _fmt(r.get("decode_tokens_per_s"), 1),
-                    _fmt(r["tokens_per_s"], 1),
-                    _fmt(_geo(r, "speedup_vs_plain")),
-                    _fmt(_geo(r, "speedup_vs_mlx_lm_speculative")),
-                    _fmt(_geo(r, "speedup_vs_plain_e2e")),
-                    _fmt(_geo(r, "tokens_per_target_forward")),
-                    _fmt(_geo(r, "per_token_acceptance")),
-                    _fmt(r["acceptance_rate"]),
-                    _pct(r.get("draft_time_share")),
-                    _pct(r.get("verify_time_share")),
-                    _pct(r.get("host_time_share")),
-                    _fmt(r["overhead"]),
-                    _fmt(r["peak_memory_gb"], 3),
-                    _fmt(_mb(r.get("memory_increase_gb")), 1),
-                    _same(r),
-                ]
-            )
-        )
-    return lines
+    ratios = [(name, _geomean(key)) for name, key in _RATIOS]
+    e2e = ("× mlx_lm e2e", _geomean("speedup_vs_plain_e2e"))
+    columns = [("method", _label), _TEMP, _GAMMA, _DECODE]
+    columns += [("e2e tok/s", _value("tokens_per_s", 1)), *ratios[:2], e2e]
+    columns += [*ratios[2:], _ACCEPTANCE, *_SHARES]
+    columns += [
+        ("overhead", _value("overhead")),
+        ("peak GB", _value("peak_memory_gb", 3)),
+    ]
+    columns += [("+MB", lambda r: _fmt(_mb(r.get("memory_increase_gb")), 1)), _SAME]
+    return _table(rows, columns)
 
 
 def _set_table(rows: Sequence[dict]) -> List[str]:
     """Rows of one prompt set each: paired medians over the set's blocks."""
-    lines = _head(
-        [
-            "prompts",
-            "method",
-            "temp",
-            "γ",
-            "decode tok/s",
-            "× mlx_lm",
-            "× mlx_lm spec",
-            "tokens/target fwd",
-            "per-token acc.",
-            "acceptance",
-            "draft",
-            "verify",
-            "host",
-            "greedy = mlx_lm",
-        ]
-    )
-    for r in rows:
-        lines.append(
-            _row(
-                [
-                    r["prompt_set"],
-                    _label(r),
-                    _fmt(r["temp"], 1),
-                    _gamma(r),
-                    _fmt(r.get("decode_tokens_per_s"), 1),
-                    _fmt(r["speedup_vs_plain"]),
-                    _fmt(r["speedup_vs_mlx_lm_speculative"]),
-                    _fmt(r["tokens_per_target_forward"]),
-                    _fmt(r.get("per_token_acceptance")),
-                    _fmt(r["acceptance_rate"]),
-                    _pct(r.get("draft_time_share")),
-                    _pct(r.get("verify_time_share")),
-                    _pct(r.get("host_time_share")),
-                    _same(r),
-                ]
-            )
-        )
-    return lines
+    ratios = [(name, _value(key)) for name, key in _RATIOS]
+    columns = [("prompts", _value("prompt_set")), ("method", _label), _TEMP, _GAMMA]
+    return _table(rows, columns + [_DECODE, *ratios, _ACCEPTANCE, *_SHARES, _SAME])
 
 
 def _position_table(rows: Sequence[dict]) -> List[str]:
@@ -199,44 +161,17 @@ def _cost_table(rows: Sequence[dict]) -> List[str]:
     return lines
 
 
+def _control(row: dict) -> str:
+    """How a γ-sweep row set its draft length."""
+    if row["method"] == "mlx_lm_speculative":
+        return "–"
+    return "fixed" if row.get("fixed") else "adaptive"
+
+
 def _sweep_table(rows: Sequence[dict]) -> List[str]:
-    lines = _head(
-        [
-            "method",
-            "temp",
-            "γ",
-            "control",
-            "decode tok/s",
-            "× mlx_lm",
-            "× mlx_lm spec",
-            "tokens/target fwd",
-            "per-token acc.",
-            "acceptance",
-            "greedy = mlx_lm",
-        ]
-    )
-    for r in rows:
-        control = "–"
-        if r["method"] != "mlx_lm_speculative":
-            control = "fixed" if r.get("fixed") else "adaptive"
-        lines.append(
-            _row(
-                [
-                    r["method"],
-                    _fmt(r["temp"], 1),
-                    _gamma(r),
-                    control,
-                    _fmt(r.get("decode_tokens_per_s"), 1),
-                    _fmt(_geo(r, "speedup_vs_plain")),
-                    _fmt(_geo(r, "speedup_vs_mlx_lm_speculative")),
-                    _fmt(_geo(r, "tokens_per_target_forward")),
-                    _fmt(_geo(r, "per_token_acceptance")),
-                    _fmt(r["acceptance_rate"]),
-                    _same(r),
-                ]
-            )
-        )
-    return lines
+    ratios = [(name, _geomean(key)) for name, key in _RATIOS]
+    columns = [("method", _value("method")), _TEMP, _GAMMA, ("control", _control)]
+    return _table(rows, columns + [_DECODE, *ratios, _ACCEPTANCE, _SAME])
 
 
 def _mb(gb: Optional[float]) -> Optional[float]:
