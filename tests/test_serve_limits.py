@@ -7,12 +7,10 @@ serves token-id prompts, and runs --adapter-path."""
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import mlx_lm
 import pytest
-from serving import start_server
+from serving import post, start_server
 from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
@@ -33,18 +31,6 @@ def server(checkpoints):
     )
     yield server
     server.stop()
-
-
-def _post(server, body, timeout=120, path="/v1/completions"):
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(
-        server.url + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _greedy_ids(model, tokenizer, ids, n=MAX_TOKENS):
@@ -74,7 +60,7 @@ def test_a_path_it_was_not_started_with_is_refused_alike_whether_it_exists(
     missing = str(tmp_path / "no-such-model")
     answers = []
     for value in (real, missing):
-        status, body = _post(server, {"prompt": "hi", field: value})
+        status, body = post(server, {"prompt": "hi", field: value})
         assert status == 400, body
         answers.append(body["error"].replace(value, "PATH"))
     assert answers[0] == answers[1]
@@ -85,7 +71,7 @@ def test_the_served_model_may_be_named_and_is_echoed(server, checkpoints, load_m
     model, tokenizer = load_model("llama")
     expected = _greedy_ids(model, tokenizer, tokenizer.encode(PROMPTS[0]))
     for name in (str(checkpoints["llama"]), "default_model"):
-        status, body = _post(server, {"prompt": PROMPTS[0], "model": name})
+        status, body = post(server, {"prompt": PROMPTS[0], "model": name})
         assert status == 200, body
         assert body["choices"][0]["text"] == expected and body["model"] == name
 
@@ -101,7 +87,7 @@ def test_a_prompt_beyond_the_context_is_refused_before_any_prefill(server, load_
     words = "word " * (limit + 50)
     ids = len(tokenizer.encode(words))
     tic = time.monotonic()
-    status, body = _post(server, {"prompt": words, "max_tokens": 4})
+    status, body = post(server, {"prompt": words, "max_tokens": 4})
     assert status == 400, body
     assert f"the prompt is {ids} tokens" in body["error"]
     assert f"context of {limit} tokens" in body["error"]
@@ -114,18 +100,18 @@ def test_max_tokens_beyond_the_limit_is_refused_by_count(
     server, load_model, max_tokens
 ):
     limit = context_window(load_model("llama")[0])
-    status, body = _post(server, {"prompt": "hi", "max_tokens": max_tokens})
+    status, body = post(server, {"prompt": "hi", "max_tokens": max_tokens})
     assert status == 400, body
     assert f"max_tokens={max_tokens} is out of range: at most {limit}" in body["error"]
-    status, body = _post(server, {"prompt": "hi"})
+    status, body = post(server, {"prompt": "hi"})
     assert status == 200
 
 
 def test_a_body_over_the_limit_gets_413_unread(server):
     big = json.dumps({"prompt": "x" * 300000}).encode()
-    status, body = _post(server, big)
+    status, body = post(server, big)
     assert status == 413 and "--max-request-bytes" in body["error"], body
-    status, body = _post(server, {"prompt": "hi"})
+    status, body = post(server, {"prompt": "hi"})
     assert status == 200
 
 
@@ -139,7 +125,7 @@ def test_a_token_id_prompt_is_served_as_those_ids(server, load_model):
     ids = tokenizer.encode(PROMPTS[1])
     expected = _greedy_ids(model, tokenizer, ids)
     for prompt in (ids, [ids]):
-        status, body = _post(server, {"prompt": prompt})
+        status, body = post(server, {"prompt": prompt})
         assert status == 200, body
         assert body["choices"][0]["text"] == expected
 
@@ -155,7 +141,7 @@ def test_a_token_id_prompt_is_served_as_those_ids(server, load_model):
     ],
 )
 def test_bad_token_id_prompts_get_400_naming_the_id(server, prompt, message):
-    status, body = _post(server, {"prompt": prompt})
+    status, body = post(server, {"prompt": prompt})
     assert status == 400 and message in body["error"], body
 
 
@@ -199,7 +185,7 @@ def test_a_client_that_hangs_up_stops_its_generation(server, load_model, stream)
     sock.close()
     assert 0 <= _idle(server, 2.0), "still generating 2 s after the client left"
     model, tokenizer = load_model("llama")
-    status, body = _post(server, {"prompt": PROMPTS[0]})
+    status, body = post(server, {"prompt": PROMPTS[0]})
     assert status == 200
     expected = _greedy_ids(model, tokenizer, tokenizer.encode(PROMPTS[0]))
     assert body["choices"][0]["text"] == expected
@@ -219,7 +205,7 @@ def test_a_client_that_hangs_up_during_its_prompt_stops_the_prefill(server, load
     assert 0 <= _idle(server, 2.0), "the prefill went on after the client left"
     assert run is not None and run.sent == 0
     assert run.keepalive.processed < run.keepalive.total  # stopped part-way
-    status, body = _post(server, {"prompt": long_prompt, "max_tokens": 4})
+    status, body = post(server, {"prompt": long_prompt, "max_tokens": 4})
     assert status == 200
     assert body["choices"][0]["text"] == _greedy_ids(
         model, tokenizer, tokenizer.encode(long_prompt), 4
@@ -274,7 +260,7 @@ def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, adapters):
     )
     try:
         for method in ("none", "lookup"):
-            status, body = _post(served, {"prompt": PROMPTS[0], "speculative": method})
+            status, body = post(served, {"prompt": PROMPTS[0], "speculative": method})
             assert status == 200, body
             assert body["choices"][0]["text"] == expected
     finally:

@@ -18,7 +18,7 @@ from typing import Tuple
 
 import mlx_lm
 import pytest
-from serving import start_server
+from serving import post, start_server
 
 from mlx_spec.serve.cli import setup_arg_parser
 from mlx_spec.serve.requests import STATS_FIELD
@@ -54,19 +54,6 @@ def server(checkpoints, pair_flags):
     server.stop()
 
 
-def _post(server, body, timeout=120):
-    request = urllib.request.Request(
-        server.url + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _concurrently(server, bodies):
     """POST every body at once (one thread each); return the answers in order."""
     results = [None] * len(bodies)
@@ -74,7 +61,7 @@ def _concurrently(server, bodies):
 
     def ask(i):
         barrier.wait()
-        results[i] = _post(server, bodies[i])
+        results[i] = post(server, bodies[i])
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
     for thread in threads:
@@ -200,8 +187,8 @@ def test_prompt_cache_is_reused_across_batched_requests(server, load_model):
     model, tokenizer = load_model("llama")
     prompt = "def cache_probe(items):\n    total = 0\n    for item in items:\n"
     with _companion(server):
-        first = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
-        second = _post(server, {"prompt": prompt, "speculative": "draft"})[1]
+        first = post(server, {"prompt": prompt, "speculative": "draft"})[1]
+        second = post(server, {"prompt": prompt, "speculative": "draft"})[1]
     text = _greedy(model, tokenizer, prompt)
     assert first["choices"][0]["text"] == second["choices"][0]["text"] == text
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -214,14 +201,14 @@ def test_lookup_drafts_from_an_earlier_request_unless_isolated(server, load_mode
     prompt = "class Index:\n    def lookup(self, key):\n        return"
     text = _greedy(model, tokenizer, prompt)
     body = {"prompt": prompt, "speculative": "lookup"}
-    assert _post(server, body)[1]["choices"][0]["text"] == text
+    assert post(server, body)[1]["choices"][0]["text"] == text
     held = len(server.index)
-    alone = _post(server, dict(body, speculative_isolation=True))[1]
+    alone = post(server, dict(body, speculative_isolation=True))[1]
     assert alone["choices"][0]["text"] == text
     assert len(server.index) == held  # an isolated request is not indexed
     with _companion(server):  # batched: the index is read in the batch
-        again = _post(server, dict(body, speculative_isolation=True))[1]
-        shared = _post(server, body)[1]
+        again = post(server, dict(body, speculative_isolation=True))[1]
+        shared = post(server, body)[1]
     assert again["choices"][0]["text"] == text
     assert again[STATS_FIELD]["cross_request_drafted"] == 0
     assert again[STATS_FIELD]["isolation"] is True
@@ -237,21 +224,8 @@ def test_lookup_drafts_from_an_earlier_request_unless_isolated(server, load_mode
 
 
 def test_bad_isolation_value_gets_400(server):
-    status, body = _post(server, {"prompt": "x", "speculative_isolation": "yes"})
+    status, body = post(server, {"prompt": "x", "speculative_isolation": "yes"})
     assert status == 400 and "speculative_isolation" in body["error"]
-
-
-def _post_to(server, path, body):
-    request = urllib.request.Request(
-        server.url + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 CHAT = "/v1/chat/completions"
@@ -334,28 +308,26 @@ BAD_FIELDS = [
     "fields", [{"n": None}, {"n": 1.0}, {"stop": None}, {"stop": ["\n\n"]}]
 )
 def test_well_formed_optional_fields_are_accepted(server, fields):
-    status, answer = _post(server, {"prompt": "x", "max_tokens": 4, **fields})
+    status, answer = post(server, {"prompt": "x", "max_tokens": 4, **fields})
     assert status == 200, answer
 
 
 @pytest.mark.parametrize("path, body, message", BAD_FIELDS)
 def test_malformed_request_fields_get_400_naming_the_field(server, path, body, message):
-    status, answer = _post_to(server, path, {"max_tokens": 4, **body})
+    status, answer = post(server, path=path, body={"max_tokens": 4, **body})
     assert status == 400 and message in answer["error"], (status, answer)
     assert "\n" not in answer["error"]
-    status, answer = _post_to(
+    status, answer = post(
         server,
-        path,
-        {
+        path=path,
+        body={
             "max_tokens": 4,
             "prompt": "x",
             "messages": [{"role": "user", "content": "x"}],
         },
     )
     assert status == 200, answer  # the server still serves
-    status, answer = _post_to(
-        server, "/v1/completions", {"prompt": "x", "max_tokens": 4, "temperature": 0.7}
-    )
+    status, answer = post(server, {"prompt": "x", "max_tokens": 4, "temperature": 0.7})
     assert status == 200, answer  # and still samples
 
 
@@ -370,7 +342,7 @@ def test_malformed_request_fields_get_400_naming_the_field(server, path, body, m
 def test_requests_that_cannot_batch_run_alone_and_say_why(
     server, load_model, fields, note
 ):
-    status, body = _post(server, dict({"prompt": PROMPTS[0]}, **fields))
+    status, body = post(server, dict({"prompt": PROMPTS[0]}, **fields))
     assert status == 200, body
     stats = body[STATS_FIELD]
     assert stats["batched"] is False and note in stats["batch_note"]
@@ -389,10 +361,10 @@ def test_switching_models_between_requests_keeps_each_models_answers(
     other = str(checkpoints["qwen2"])
     expected = _greedy(model, tokenizer, PROMPTS[1])
     for fields in ({}, {"model": other}, {"speculative": "none"}, {}):
-        status, body = _post(server, {"prompt": PROMPTS[1], **fields})
+        status, body = post(server, {"prompt": PROMPTS[1], **fields})
         assert status == 200, body
     assert body["choices"][0]["text"] == expected
-    status, body = _post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
+    status, body = post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
     assert body["choices"][0]["text"] == _greedy(model, tokenizer, PROMPTS[2])
 
 
@@ -403,7 +375,7 @@ def test_a_model_without_batched_rollback_is_served_alone(checkpoints, caplog):
     )
     try:
         for _ in range(2):
-            status, body = _post(server, {"prompt": PROMPTS[0]})
+            status, body = post(server, {"prompt": PROMPTS[0]})
             assert status == 200
             assert body[STATS_FIELD]["batched"] is False
             assert "cannot batch" in body[STATS_FIELD]["batch_note"]
@@ -439,7 +411,7 @@ def test_batched_stop_words_and_logprobs_equal_serving_alone(server, fields):
         assert "stop" in reasons  # a stop word ended some answer early
     for (status, body), request in zip(batched, bodies):
         assert status == 200 and body[STATS_FIELD]["batched"] is True
-        status, alone = _post(server, dict(request, speculative="tree"))
+        status, alone = post(server, dict(request, speculative="tree"))
         assert status == 200 and alone[STATS_FIELD]["batched"] is False
         got, want = body["choices"][0], alone["choices"][0]
         assert got["text"] == want["text"]
@@ -462,7 +434,7 @@ def test_a_request_running_alone_moves_into_the_batch_when_another_arrives(
     and both equal plain greedy decoding."""
     model, tokenizer = load_model("llama")
     stream = _open_stream(server, PROMPTS[0], 300)  # no EOS before 300 tokens
-    status, other = _post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
+    status, other = post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
     text, stats = _read_stream(stream)
     stream.close()
     assert status == 200
@@ -474,7 +446,7 @@ def test_a_request_running_alone_moves_into_the_batch_when_another_arrives(
 
 
 def test_a_request_alone_on_an_idle_server_runs_the_single_sequence_engine(server):
-    status, body = _post(server, {"prompt": PROMPTS[1], "speculative": "draft"})
+    status, body = post(server, {"prompt": PROMPTS[1], "speculative": "draft"})
     assert status == 200
     stats = body[STATS_FIELD]
     assert stats["batched"] is False and "no other request" in stats["batch_note"]
@@ -483,9 +455,9 @@ def test_a_request_alone_on_an_idle_server_runs_the_single_sequence_engine(serve
 def test_lookup_alone_drafts_from_earlier_requests_in_the_batch_engine(server):
     """The single-sequence engine only looks up the request's own context,
     so with earlier requests indexed, lookup and auto run in the batch."""
-    _post(server, {"prompt": PROMPTS[4], "speculative": "draft"})  # indexed
+    post(server, {"prompt": PROMPTS[4], "speculative": "draft"})  # indexed
     assert len(server.index) > 0
     for method in ("lookup", "auto"):
-        status, body = _post(server, {"prompt": PROMPTS[4], "speculative": method})
+        status, body = post(server, {"prompt": PROMPTS[4], "speculative": method})
         assert status == 200 and body[STATS_FIELD]["batched"] is True
         assert body[STATS_FIELD]["cross_request_accepted"] > 0

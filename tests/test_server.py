@@ -23,7 +23,7 @@ import httpx
 import mlx_lm
 import pytest
 from openai import OpenAI
-from serving import start_server
+from serving import post, start_server
 
 from mlx_spec.config import METHODS, plan_method
 from mlx_spec.serve import requests, solo
@@ -78,19 +78,6 @@ def client(server):
     http_client = httpx.Client(trust_env=False, timeout=60)
     yield OpenAI(base_url=server.url + "/v1", api_key="unused", http_client=http_client)
     http_client.close()
-
-
-def _post(server, path, body, timeout=60):
-    request = urllib.request.Request(
-        server.url + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_server_listens_on_localhost_by_default():
@@ -187,7 +174,7 @@ def test_models_endpoint(client, checkpoints):
     ],
 )
 def test_bad_request_values_get_400_json(server, field, value):
-    status, body = _post(server, "/v1/completions", {"prompt": "x", field: value})
+    status, body = post(server, {"prompt": "x", field: value})
     assert status == 400
     assert isinstance(body["error"], str) and body["error"]
 
@@ -237,7 +224,7 @@ def test_a_body_that_is_not_a_json_object_gets_400_saying_why(
     status, answer = _post_raw(server, body, length)
     assert status == 400 and message in answer["error"], (status, answer)
     assert "\n" not in answer["error"]
-    assert _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+    assert post(server, {"prompt": "x", "max_tokens": 2})[0] == 200
 
 
 def test_an_unknown_path_gets_404_whatever_its_body(server):
@@ -256,7 +243,7 @@ def test_concurrent_requests_each_equal_plain_greedy(server, references):
 
     def ask(prompt, method):
         body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "speculative": method}
-        results[prompt] = _post(server, "/v1/completions", body)
+        results[prompt] = post(server, body)
 
     # Mixed methods: caches with and without the draft's layers never mix.
     methods = ["draft", "none", "draft", "none"]
@@ -296,9 +283,7 @@ def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
     sock, _ = _stream_until_data(server, PROMPTS[3], 400)
     sock.close()
 
-    status, answer = _post(
-        server, "/v1/completions", {"prompt": PROMPTS[3], "max_tokens": MAX_TOKENS}
-    )
+    status, answer = post(server, {"prompt": PROMPTS[3], "max_tokens": MAX_TOKENS})
     assert status == 200
     assert answer["choices"][0]["text"] == references[PROMPTS[3]]
     with urllib.request.urlopen(server.url + "/health", timeout=30) as response:
@@ -313,9 +298,8 @@ FIXTURE_METHODS = [
 
 @pytest.mark.parametrize("method", FIXTURE_METHODS)
 def test_every_method_per_request_equals_plain_greedy(server, references, method):
-    status, body = _post(
+    status, body = post(
         server,
-        "/v1/completions",
         {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "speculative": method},
     )
     assert status == 200, body
@@ -335,9 +319,7 @@ def test_every_method_per_request_equals_plain_greedy(server, references, method
 def test_a_head_method_without_its_head_gets_400_naming_what_to_ask_instead(
     server, method, needs
 ):
-    status, body = _post(
-        server, "/v1/completions", {"prompt": "x", "speculative": method}
-    )
+    status, body = post(server, {"prompt": "x", "speculative": method})
     assert status == 400, body
     kind = method.split("-")[0]
     assert body["error"] == (
@@ -364,14 +346,14 @@ def test_a_draft_method_on_a_server_without_a_draft_gets_400_naming_the_fix(
     server_without_draft, method, stream
 ):
     body = {"prompt": "x", "speculative": method, "stream": stream}
-    status, answer = _post(server_without_draft, "/v1/completions", body)
+    status, answer = post(server_without_draft, body)
     assert status == 400, answer
     assert answer["error"] == (
         f"speculative='{method}' needs a --draft-model. This server has no "
         "drafter: ask for one of none, lookup, self, auto instead."
     )
     body = {"prompt": "x", "speculative": "lookup"}
-    assert _post(server_without_draft, "/v1/completions", body)[0] == 200
+    assert post(server_without_draft, body)[0] == 200
 
 
 def test_a_server_holding_an_eagle_head_offers_the_eagle_methods():
@@ -394,8 +376,8 @@ def test_sampled_requests_with_a_seed_are_reproducible(server):
         "top_p": 0.95,
         "seed": 7,
     }
-    first = _post(server, "/v1/completions", body)
-    second = _post(server, "/v1/completions", body)
+    first = post(server, body)
+    second = post(server, body)
     assert first[0] == second[0] == 200
     assert first[1]["choices"][0]["text"] == second[1]["choices"][0]["text"]
     assert first[1][STATS_FIELD]["method"] == DEFAULT_METHOD
@@ -550,9 +532,8 @@ def test_cached_conversation_reaches_the_engine_as_history(
     monkeypatch.setattr(solo, "stream_generate", spy)
     prompt = "def history_probe(tokens):\n    return"
     for _ in range(2):
-        status, _ = _post(
+        status, _ = post(
             server,
-            "/v1/completions",
             {
                 "prompt": prompt,
                 "max_tokens": 4,
@@ -612,10 +593,10 @@ def test_request_adapters_apply_to_the_default_model(
             "adapters": adapters["lora"],
             "speculative": method,
         }
-        status, answer = _post(server, "/v1/completions", body)
+        status, answer = post(server, body)
         assert status == 200, answer
         assert answer["choices"][0]["text"] == expected
-    status, answer = _post(server, "/v1/completions", {"prompt": PROMPTS[0]})
+    status, answer = post(server, {"prompt": PROMPTS[0]})
     assert (
         answer["choices"][0]["text"] == references[PROMPTS[0]]
     )  # none: the base model
@@ -641,10 +622,10 @@ def test_bad_request_adapters_get_400_and_the_server_goes_on(
     if name == "none":
         path = str(Path(adapters["lora"]).parent / "none")
     body = {"prompt": PROMPTS[1], "adapters": path}
-    status, answer = _post(server, "/v1/completions", body)
+    status, answer = post(server, body)
     assert status == 400 and message in answer["error"], (status, answer)
     assert "\n" not in answer["error"]
-    status, answer = _post(server, "/v1/completions", {"prompt": PROMPTS[1]})
+    status, answer = post(server, {"prompt": PROMPTS[1]})
     assert status == 200 and answer["choices"][0]["text"] == references[PROMPTS[1]]
 
 
@@ -662,13 +643,13 @@ def test_typed_special_token_text_stays_text_and_lone_surrogates_are_repaired(
     surrogate = [{"role": "user", "content": "hi \ud800 there"}]
     for messages in (injected, surrogate):
         body = {"messages": messages, "max_tokens": 2}
-        status, out = _post(server, "/v1/chat/completions", body)
+        status, out = post(server, body, path="/v1/chat/completions")
         assert status == 200, out
         literal = encode_chat(tokenizer, messages, add_generation_prompt=True)
         assert out["usage"]["prompt_tokens"] == len(literal)
         assert literal.count(marker) == 2  # the user's turn and the reply's
     assert tokenizer.decode(literal).count("\ufffd") == 1
     body = {"prompt": "a\ud800b", "max_tokens": 2}
-    status, out = _post(server, "/v1/completions", body)
+    status, out = post(server, body)
     assert status == 200, out
     assert out["usage"]["prompt_tokens"] == len(tokenizer.encode("a\ufffdb"))
