@@ -26,9 +26,11 @@ from mlx_spec.costs import best_gamma, chain_round_costs
 from mlx_spec.drafters.model import ModelDrafter
 from mlx_spec.planner import RoundPlanner, batch_width, chain_controller, round_rate
 from mlx_spec.sampling import SamplingParams
-from mlx_spec.serve.batch import SeqSpec, SpecBatchGenerator, _Seq
+from mlx_spec.serve.batch import SeqSpec, SpecBatchGenerator
 from mlx_spec.serve.batch_cache import RaggedBatch, batchable
+from mlx_spec.serve.batch_plan import RowPlanner, row_size
 from mlx_spec.serve.index import CrossRequestIndex
+from mlx_spec.serve.rows import Row
 from mlx_spec.stats import SpecStats
 from mlx_spec.verify import Law
 
@@ -362,7 +364,7 @@ def test_batched_rejection_emits_tokens_with_the_target_law():
 
 def _row(method, step=0.05, **config):
     spec = SeqSpec([1], SpecConfig(method=method, num_draft_tokens=6, **config))
-    return _Seq(0, spec, method != "lookup", SpecStats(), step)
+    return Row(0, spec, method != "lookup", SpecStats(), step)
 
 
 def test_a_batch_row_adapts_as_the_single_sequence_planner_does():
@@ -390,7 +392,7 @@ def test_a_batch_row_adapts_as_the_single_sequence_planner_does():
         if r > 0:  # the planner's first round is its fixed start
             row.arm, row.size, row.batch = None, 0, 1
             row.cap = 12
-            SpecBatchGenerator._size(None, row, "draft", 12)
+            row_size(row, "draft", 12)
             assert row.size == gamma, r
         accepted = 0
         while accepted < gamma and rng.random() < rate:
@@ -452,7 +454,7 @@ def test_one_rows_match_does_not_widen_a_batch_that_gains_nothing_else():
     assert batch_width(everyone, 8, 1.0, 6) <= batch_width(everyone, 8, 0.1, 6)
 
 
-def test_draft_steps_are_priced_for_every_row_of_the_draft_batch(load_model):
+def test_draft_steps_are_priced_for_every_row_of_the_draft_batch():
     """Each draft step is a forward of the whole draft batch, lookup rows of
     ``auto`` included: one draft-model row among seven lookup rows pays for
     eight rows' draft steps, and here sits the round out."""
@@ -466,10 +468,6 @@ def test_draft_steps_are_priced_for_every_row_of_the_draft_batch(load_model):
     assert round_rate(rows, 1, 0.1, whole, draft_batch=8) < round_rate(
         alone, 0, 0.1, width
     )
-    model, _ = load_model("llama")
-    draft, _ = load_model("llama-near")
-    gen = SpecBatchGenerator(model, draft)
-    gen.draft_step_cost = 0.1
 
     def row(acceptance, cap, arm):
         controller = SimpleNamespace(acceptance=lambda: acceptance)
@@ -478,8 +476,8 @@ def test_draft_steps_are_priced_for_every_row_of_the_draft_batch(load_model):
         )
 
     seqs = [row(a, n, "lookup") for a, n in lookups] + [row(*drafter, "draft")]
-    gen.drafting = seqs  # every row of auto drafts in the draft batch
-    assert gen._width(seqs, 8) == (width, True)
+    # Every row of auto drafts in the draft batch.
+    assert RowPlanner(0.1, None).width(seqs, 8, len(seqs)) == (width, True)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen3_next"])

@@ -1,21 +1,27 @@
 """Continuous batching with speculation: every active sequence in one round.
 
-A round of :class:`SpecBatchGenerator`:
+This module arranges rows (admission, prefill, the ragged caches, one
+forward for all); the rules of a round are the single-sequence engine's. A
+round of :class:`SpecBatchGenerator`:
 
-1. each sequence plans its arm and draft length ``γ`` from its own
-   acceptance (:class:`AcceptanceEma`): prompt lookup over its own context
-   and the server's earlier requests (:mod:`.index`), the draft model, or
-   nothing (a plain step); the round's width ``K <= max γ`` is chosen for
-   the whole batch (:func:`batch_width`), since every row pays for it
-   (draft-model rows sit a round out when their draft steps do not pay);
-2. the sequences that draft with the draft model do so together: one
-   batched draft forward per step, ``K`` steps;
-3. the target verifies every sequence in ONE forward of width ``1 + K``
-   (row ``b`` holds its pending token, its drafts, then filler), and
-   acceptance runs per row on device (:mod:`.batch_accept`);
+1. each row plans its arm and draft length ``γ`` (:mod:`.batch_plan`): its
+   arm's adaptive controller (:mod:`mlx_spec.planner`) chooses ``γ``, for
+   prompt lookup over its own context and the server's earlier requests
+   (:mod:`.index`), the draft model, or nothing (a plain step); the round's
+   width ``K <= max γ`` is chosen for the whole batch, since every row pays
+   for it (draft-model rows sit a round out when their draft steps do not pay);
+2. the rows that draft with the draft model do so together: one batched
+   draft forward per step, ``K`` steps, each row drawing from its own law
+   (:meth:`mlx_spec.verify.Law.draft_choice`);
+3. the target verifies every row in ONE forward of width ``1 + K`` (row
+   ``b`` holds its pending token, its drafts, then filler), and acceptance
+   runs on device for each group of rows that share a law
+   (:meth:`mlx_spec.verify.Law.accept_rows`, the rules of
+   :mod:`mlx_spec.acceptance` with the rows as a leading axis);
 4. one host sync reads every row's accepted count, next token and drafts;
 5. each row's caches keep only its own accepted tokens
-   (:class:`~.batch_cache.RaggedBatch`: the rest become masked gaps).
+   (:class:`~.batch_cache.RaggedBatch`: the rest become masked gaps), and its
+   controller records the round (:meth:`.rows.Row.record`).
 
 Between rounds, requests join (after a prompt prefill of their own, on
 their single-sequence prompt cache) and leave (EOS, ``max_tokens``, a stop
@@ -33,8 +39,7 @@ the attention of each row sees exactly its own tokens.
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -42,156 +47,22 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from ..acceptance import one_hot_logprobs
-from ..adaptive import AdaptiveController
-from ..config import SpecConfig
-from ..costs import chain_round_costs, model_step_cost, static_round_cost
+from ..costs import model_step_cost
 from ..drafters.base import align_vocab, vocab_subset
 from ..drafters.fit import check_drafter, drafter_kind
-from ..drafters.ngram import NGramIndex, extend_periodic
 from ..models import num_caches, output_size
-from ..planner import batch_width, chain_controller, round_rate
-from ..sampling import SamplingParams, normalize
+from ..sampling import normalize
 from ..stats import SpecStats
 from ..verify import Law, token_kind
 from .batch_accept import emitted_tokens, gather_logprobs, law_groups, sample_rows
 from .batch_cache import RaggedBatch
+from .batch_plan import RowPlanner
 from .index import CrossRequestIndex
+from .rows import Row, SeqOutput, SeqSpec, seq_info
 
 # Methods a batch runs; the others are served one request at a time.
 BATCH_METHODS = ("none", "lookup", "draft", "auto")
 DEFAULT_MAX_BATCH = 32
-# ``auto`` drafts by lookup when its match is at least this long.
-STRONG_MATCH = 2
-# After this many rounds in a row that left drafts on offer unverified (a
-# plain round, or draft-model rows sitting out), every row drafts two tokens,
-# so the acceptance estimates keep being measured.
-EXPLORE_EVERY = 16
-
-
-@dataclass
-class SeqSpec:
-    """One request, as the batch needs it.
-
-    Attributes:
-        prompt: Every prompt token (those in ``cache`` included).
-        config: The method (``config.method``: ``"none"``, ``"lookup"``,
-          ``"draft"`` or ``"auto"``) and its options; ``config.max_tokens``
-          bounds the output.
-        params: The sampling law (``None``: greedy).
-        cache: A prompt cache (target caches, then the draft's for a method
-          that uses the draft model) holding ``prompt[:cached]``.
-        cached: Prompt tokens ``cache`` holds.
-        stop_tokens: Tokens that end the output (EOS).
-        isolation: Neither read nor add to the cross-request index.
-        top_logprobs: Keep each token's logprobs row for the caller.
-        index_from: Tokens of ``prompt`` the cross-request index has seen
-          (served from the prompt cache); default: ``cached``.
-    """
-
-    prompt: List[int]
-    config: SpecConfig
-    params: Optional[SamplingParams] = None
-    cache: Optional[List[Any]] = None
-    cached: int = 0
-    stop_tokens: FrozenSet[int] = frozenset()
-    isolation: bool = False
-    top_logprobs: int = 0
-    index_from: Optional[int] = None
-
-    @property
-    def method(self) -> str:
-        return self.config.method
-
-
-@dataclass
-class SeqOutput:
-    """What one step produced for one request.
-
-    Attributes:
-        uid: The request.
-        progress: ``(processed, total)`` prompt tokens (prefill steps only).
-        tokens: Tokens emitted this round, in order.
-        logprobs: The target's log-probability of each.
-        kinds: ``"accepted"``, ``"recovered"``, ``"bonus"`` or ``"target"``.
-        rows: Each token's full logprobs ``(V,)`` (``top_logprobs`` only).
-        finish_reason: ``"stop"`` (EOS, the last token) or ``"length"``.
-        cache, cache_tokens: For a finished request, its prompt cache and
-          the tokens it holds (to store in the prompt cache).
-        info: For a finished request, :func:`seq_info`.
-    """
-
-    uid: int
-    progress: Optional[Tuple[int, int]] = None
-    tokens: List[int] = field(default_factory=list)
-    logprobs: List[float] = field(default_factory=list)
-    kinds: List[str] = field(default_factory=list)
-    rows: Optional[List[mx.array]] = None
-    finish_reason: Optional[str] = None
-    cache: Optional[List[Any]] = None
-    cache_tokens: Optional[List[int]] = None
-    info: Optional[dict] = None
-
-
-class _Seq:
-    """A request's state inside the batch."""
-
-    def __init__(self, uid, spec: SeqSpec, uses_draft, stats: SpecStats, draft_step):
-        self.uid = uid
-        self.spec = spec
-        self.config = spec.config
-        self.uses_draft = uses_draft
-        self.seq: List[int] = list(spec.prompt)
-        self.prompt_size = len(spec.prompt)
-        self.generated = 0
-        self.stats = stats
-        # A request that ran alone before: its counts go on from there.
-        self.base_generated = stats.generated_tokens
-        self.base_time = stats.generation_time
-        self.single: Optional[List[Any]] = None  # prompt cache during prefill
-        self.prefilled = 0
-        self.held = 0  # prompt tokens its prompt cache held
-        self.draft_len = 0  # tokens its draft-batch row holds
-        self.local = NGramIndex(
-            ngram_min=spec.config.ngram_min, ngram_max=spec.config.ngram_max
-        )
-        self.controllers: Dict[str, AdaptiveController] = {}
-        self.draft_step = draft_step  # a draft-model step, in target forwards
-        self.batch = 1  # rows in its current round
-        self.started = 0.0
-        self.batch_rows = 0  # sum of batch sizes over its rounds
-        self.cross_drafted = 0
-        self.cross_accepted = 0
-        # This round's plan.
-        self.arm: Optional[str] = None
-        self.size = 0
-        self.proposal: List[int] = []
-        self.from_index = False
-        self.cap = 0  # drafts it can verify this round
-
-    def controller(self, arm: str) -> AdaptiveController:
-        """The arm's controller, made as the single-sequence planner makes
-        one (a draft model drafting alone may pause at γ 0, ``auto``'s arms
-        do not), priced by the fixed cost model for this row's batch."""
-        if arm not in self.controllers:
-            step = self.draft_step if arm == "draft" else 0.0
-            alone = self.spec.method != "auto"
-            controller = chain_controller(
-                self.config, step, pauses=arm == "draft" and alone, alone=alone
-            )
-            controller.pricer = lambda most: chain_round_costs(
-                step, most, rows=self.batch
-            )
-            self.controllers[arm] = controller
-        return self.controllers[arm]
-
-    def record(self, accepted: int):
-        """Feed this round's outcome to its arm's controller, with the round's
-        modelled cost, as the single-sequence planner records a sampled round."""
-        if self.arm is None:
-            return  # a plain round tells the arms nothing
-        step = self.draft_step if self.arm == "draft" else 0.0
-        cost = static_round_cost(step, self.size, self.size + 1, rows=self.batch)
-        self.controller(self.arm).update(self.size, accepted, 0.0, cost, draft_steps=0)
 
 
 class SpecBatchGenerator:
@@ -236,13 +107,13 @@ class SpecBatchGenerator:
         self.draft_subset = vocab_subset(draft_model)
         self._uid = 0
         self.waiting: deque = deque()  # prefilling, in order
-        self.ready: List[_Seq] = []  # prefilled, joining at the next round
-        self.active: List[_Seq] = []  # target-batch order
-        self.drafting: List[_Seq] = []  # draft-batch order (uses_draft rows)
+        self.ready: List[Row] = []  # prefilled, joining at the next round
+        self.active: List[Row] = []  # target-batch order
+        self.drafting: List[Row] = []  # draft-batch order (uses_draft rows)
         self.target = RaggedBatch(self.num_target_caches, 0)
         self.draft: Optional[RaggedBatch] = None
         self.rounds = 0
-        self.idle = 0  # plain rounds in a row that had drafts on offer
+        self.planner = RowPlanner(self.draft_step_cost, index)
 
     # ------------------------------------------------------------------ #
     # Requests
@@ -268,7 +139,7 @@ class SpecBatchGenerator:
         stats.method = spec.method
         stats.num_draft_tokens = spec.config.num_draft_tokens
         stats.prompt_tokens = stats.prompt_tokens or len(spec.prompt)
-        seq = _Seq(self._uid, spec, uses_draft, stats, self.draft_step_cost)
+        seq = Row(self._uid, spec, uses_draft, stats, self.draft_step_cost)
         self._uid += 1
         seq.single = self._initial_cache(spec, uses_draft)
         held = spec.cached if spec.cache is not None else 0
@@ -436,101 +307,7 @@ class SpecBatchGenerator:
     # ------------------------------------------------------------------ #
     # A round
 
-    def _plan(self, seqs: List[_Seq]) -> int:
-        """Choose each row's arm and drafts for this round; return the draft steps.
-
-        Each row picks its arm, then its own draft length ``γ`` from that
-        arm's controller (:func:`mlx_spec.planner.chain_controller`, as in the
-        single-sequence engine, priced for this batch size; γ 0 pauses the
-        arm); a row with a lookup match can verify up to its match's length.
-        The round's width ``K <= max γ`` is then chosen for the whole batch
-        (:func:`mlx_spec.planner.batch_width`): every row pays for the
-        widest one, and the draft-model rows may sit the round out
-        (:meth:`_width`). Rows verify up to ``K`` drafts (columns the batch
-        computes anyway): a lookup row the rest of its match, a draft-model
-        row the drafts the batched draft steps make.
-        """
-        for s in seqs:
-            s.arm, s.size, s.proposal, s.from_index = None, 0, [], False
-            s.cap, s.batch = 0, len(seqs)
-            limit = s.config.max_tokens - s.generated - 1
-            if s.spec.method == "none" or limit < 1:
-                continue
-            cap = min(s.config.max_draft_tokens, limit)
-            if s.spec.method in ("lookup", "auto"):
-                proposal, match, from_index = self._lookup(s, cap)
-                strong = match >= STRONG_MATCH or not s.uses_draft
-                if s.spec.method == "lookup" or strong:
-                    if proposal:
-                        s.proposal, s.from_index = proposal, from_index
-                        self._size(s, "lookup", len(proposal))
-                    continue
-            self._size(s, "draft", cap)
-        widest = max((s.size for s in seqs), default=0)
-        width, sit_out = self._width(seqs, widest)
-        fixed = [s.size for s in seqs if s.arm and not s.config.adaptive]
-        width = max([width] + fixed)  # fixed draft lengths are kept
-        self.idle = self.idle + 1 if widest and (sit_out or not width) else 0
-        if self.idle >= EXPLORE_EVERY:
-            width, sit_out, self.idle = min(widest, 2), False, 0
-        for s in seqs:
-            if width == 0 or sit_out and s.arm == "draft":
-                s.arm = None
-            s.size = min(width, s.cap) if s.arm is not None else 0
-            s.proposal = s.proposal[: s.size]
-        draft_rows = sum(1 for s in seqs if s.arm == "draft")
-        return width if draft_rows and width else 0
-
-    def _size(self, s: _Seq, arm: str, cap: int):
-        """The row's γ for ``arm`` (at most ``cap``) and the drafts it may
-        verify: its controller's choice, or the fixed ``num_draft_tokens``."""
-        if s.config.adaptive:
-            gamma = min(s.controller(arm).choose(), cap)
-        else:
-            gamma = max(1, min(s.config.num_draft_tokens, cap))
-        if gamma > 0:  # γ 0: the arm pauses, a plain round for this row
-            s.arm, s.size = arm, gamma
-            s.cap = cap if s.config.adaptive else gamma
-
-    def _width(self, seqs: List[_Seq], widest: int) -> Tuple[int, bool]:
-        """The round's width, and whether the draft-model rows sit it out.
-
-        Lookup drafts cost nothing to make: when the draft steps cost more
-        than their rows gain, the lookup rows still verify theirs alone.
-        """
-        rows = [
-            (s.controller(s.arm).acceptance() if s.arm else [], s.cap) for s in seqs
-        ]
-        model = [s.arm == "draft" for s in seqs]
-        step, draft_rows = self.draft_step_cost, sum(model)
-        # Each draft step is a forward of every row of the draft batch.
-        computed = dict(draft_batch=len(self.drafting))
-        width = batch_width(rows, draft_rows, step, widest, **computed)
-        fixed = any(m and not s.config.adaptive for m, s in zip(model, seqs))
-        if not draft_rows or fixed:  # fixed draft lengths are kept
-            return width, False
-        rest = [([], 0) if m else row for row, m in zip(rows, model)]
-        narrow = batch_width(rest, 0, step, widest)
-        alone = round_rate(rest, 0, step, narrow)
-        if alone > round_rate(rows, draft_rows, step, width, **computed):
-            return narrow, True
-        return width, False
-
-    def _lookup(self, s: _Seq, max_len: int) -> Tuple[List[int], int, bool]:
-        """The longer of the own-context and cross-request matches (own on ties)."""
-        if len(s.local) < len(s.seq):
-            s.local.extend(s.seq[len(s.local) :])
-        own = s.local.propose(max_len=max_len, max_candidates=1)
-        own = extend_periodic(own[0], max_len) if own else []
-        own_match = s.local.last_match_len if own else 0
-        if self.index is None or s.spec.isolation:
-            return own, own_match, False
-        cross, cross_match = self.index.propose(s.seq, max_len)
-        if cross_match > own_match:
-            return cross, cross_match, True
-        return own, own_match, False
-
-    def _draft(self, seqs: List[_Seq], steps: int):
+    def _draft(self, seqs: List[Row], steps: int):
         """Draft with the draft model for the rows whose arm is ``draft``.
 
         Every row of the draft batch takes part (a batched forward computes
@@ -592,7 +369,7 @@ class SpecBatchGenerator:
         seqs = self.active
         B = len(seqs)
         tic = time.perf_counter()
-        steps = self._plan(seqs)
+        steps = self.planner.plan(seqs, len(self.drafting))
         drafts_dev, draft_laws = None, None
         if steps > 0:
             drafts_dev, draft_laws = self._draft(seqs, steps)
@@ -755,14 +532,3 @@ class SpecBatchGenerator:
             if s.uid == uid:
                 return seq_info(s)
         return None
-
-
-def seq_info(s: _Seq) -> dict:
-    rounds = max(s.stats.rounds, 1)
-    return {
-        "batched": True,
-        "mean_batch_size": s.batch_rows / rounds,
-        "cross_request_drafted": s.cross_drafted,
-        "cross_request_accepted": s.cross_accepted,
-        "isolation": s.spec.isolation,
-    }
