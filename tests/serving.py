@@ -1,6 +1,7 @@
 """Test servers: ``mlx_spec.server`` in this process on a free loopback port."""
 
 import json
+import socket
 import urllib.error
 import urllib.request
 
@@ -35,3 +36,42 @@ def post(server, body, *, path: str = "/v1/completions", timeout: float = 120):
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+class RawStream:
+    """A streamed completion over a raw socket: the socket and the bytes read so far."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.received = b""
+
+    def close(self):
+        self.sock.close()
+
+
+def send_raw(server, body: dict) -> socket.socket:
+    """POST ``body`` to ``/v1/completions`` over a raw socket, reading nothing
+    (so a test can hang up at any point); the caller closes the socket."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+def open_stream(server, body: dict, events: int = 1) -> RawStream:
+    """:func:`send_raw` of ``body`` streamed; read until ``events`` ``data:`` events came."""
+    stream = RawStream(send_raw(server, {**body, "stream": True}))
+    try:
+        while stream.received.count(b"data:") < events:
+            chunk = stream.sock.recv(4096)
+            assert chunk, stream.received  # refused, or closed early
+            stream.received += chunk
+    except BaseException:
+        stream.close()
+        raise
+    return stream

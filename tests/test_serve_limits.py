@@ -5,12 +5,11 @@ the work of a client that hung up (streamed or not, in its prefill too),
 serves token-id prompts, and runs --adapter-path."""
 
 import json
-import socket
 import time
 
 import mlx_lm
 import pytest
-from serving import post, start_server
+from serving import post, send_raw, start_server
 from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
@@ -150,18 +149,6 @@ def test_bad_token_id_prompts_get_400_naming_the_id(server, prompt, message):
 # --------------------------------------------------------------------------- #
 
 
-def _send(server, body) -> socket.socket:
-    data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-        b"Content-Type: application/json\r\n"
-        + f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    return sock
-
-
 def _wait_busy(server, timeout=60):
     generator, deadline = server.generator, time.monotonic() + timeout
     while generator._solo is None and not generator._clients:
@@ -172,7 +159,7 @@ def _wait_busy(server, timeout=60):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_hangs_up_stops_its_generation(server, load_model, stream):
     """Not streamed, nothing is written until the end: the hang-up was missed."""
-    sock = _send(
+    sock = send_raw(
         server,
         {"prompt": PROMPTS[2], "max_tokens": 3000, "stream": stream},
     )
@@ -198,7 +185,7 @@ def test_a_client_that_hangs_up_during_its_prompt_stops_the_prefill(server, load
     assert 1500 < total < context_window(model) - 8  # hundreds of chunks of 8
     # Isolated, it runs alone (not in the batch), with its prefill progress.
     body = {"prompt": long_prompt, "max_tokens": 4, "speculative_isolation": True}
-    sock = _send(server, body)
+    sock = send_raw(server, body)
     _wait_busy(server)
     run = server.generator._solo
     sock.close()

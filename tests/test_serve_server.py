@@ -9,7 +9,6 @@ or models that are served alone.
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 import urllib.error
@@ -18,17 +17,15 @@ from typing import Tuple
 
 import mlx_lm
 import pytest
-from serving import post, start_server
+from serving import RawStream, open_stream, post, start_server
 
+from mlx_spec import testing
 from mlx_spec.serve.cli import setup_arg_parser
 from mlx_spec.serve.requests import STATS_FIELD
 
 MAX_TOKENS = 16
 PROMPTS = (
-    "def fibonacci(n):",
-    "import os\nimport sys\n",
-    "The quick brown fox",
-    "class Parser:\n    def __init__(self",
+    *testing.PROMPTS,
     "x = [1, 2, 3]\nfor i in x:\n    print(i)\n",
     "for line in open(path):\n    ",
 )
@@ -71,37 +68,9 @@ def _concurrently(server, bodies):
     return results
 
 
-class _Stream:
-    """A raw streamed completion: its socket and the bytes read so far."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.received = b""
-
-    def close(self):
-        self.sock.close()
-
-
-def _open_stream(server, prompt, max_tokens, method="draft") -> _Stream:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
-    body = json.dumps(dict(body, speculative=method)).encode()
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-        b"Content-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    stream = _Stream(sock)
-    try:
-        while stream.received.count(b"data:") < 2:
-            chunk = sock.recv(4096)
-            assert chunk, stream.received  # refused, or closed early
-            stream.received += chunk
-    except BaseException:
-        sock.close()
-        raise
-    return stream
+def _open_stream(server, prompt, max_tokens, method="draft") -> RawStream:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "speculative": method}
+    return open_stream(server, body, events=2)
 
 
 @contextlib.contextmanager
@@ -116,7 +85,7 @@ def _companion(server, max_tokens=4000):  # the model's context is 4096
         stream.close()
 
 
-def _read_stream(stream: _Stream) -> Tuple[str, dict]:
+def _read_stream(stream: RawStream) -> Tuple[str, dict]:
     """The text and the last ``speculative_stats`` of an SSE completion stream."""
     data = stream.received
     while b"data: [DONE]" not in data:

@@ -23,23 +23,18 @@ import httpx
 import mlx_lm
 import pytest
 from openai import OpenAI
-from serving import post, start_server
+from serving import open_stream, post, start_server
 
 from mlx_spec.config import METHODS, plan_method
 from mlx_spec.serve import requests, solo
 from mlx_spec.serve.cli import resolve_model_args, setup_arg_parser
 from mlx_spec.serve.requests import STATS_FIELD
 from mlx_spec.serve.server import SpecServer, main
+from mlx_spec.testing import PROMPTS
 
 REPO = Path(__file__).resolve().parent.parent
 
 MAX_TOKENS = 16
-PROMPTS = (
-    "def fibonacci(n):",
-    "import os\nimport sys\n",
-    "The quick brown fox",
-    "class Parser:\n    def __init__(self",
-)
 CHAT = [{"role": "user", "content": "Write a parser."}]
 # What a request runs when it names no method (the server has a draft).
 DEFAULT_METHOD = plan_method(None, draft_model=object())[0]
@@ -260,28 +255,8 @@ def test_concurrent_requests_each_equal_plain_greedy(server, references):
         assert body["choices"][0]["text"] == references[prompt]
 
 
-def _stream_until_data(server, prompt, max_tokens):
-    """POST a streamed completion over a raw socket; read until the first
-    ``data:`` event. Returns the open socket and the bytes read so far."""
-    body = json.dumps(
-        {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
-    ).encode()
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
-        b"Content-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    received = b""
-    while b"data:" not in received:
-        received += sock.recv(4096)
-    return sock, received
-
-
 def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
-    sock, _ = _stream_until_data(server, PROMPTS[3], 400)
-    sock.close()
+    open_stream(server, {"prompt": PROMPTS[3], "max_tokens": 400}).close()
 
     status, answer = post(server, {"prompt": PROMPTS[3], "max_tokens": MAX_TOKENS})
     assert status == 200
@@ -493,9 +468,9 @@ def test_fixture_server_reports_its_default_method(server):
 
 
 def test_streaming_request_gets_keepalive_before_the_first_token(server):
-    sock, received = _stream_until_data(server, PROMPTS[1], 2)
-    sock.close()
-    assert b": keepalive 0/" in received.split(b"data:")[0]
+    stream = open_stream(server, {"prompt": PROMPTS[1], "max_tokens": 2})
+    stream.close()
+    assert b": keepalive 0/" in stream.received.split(b"data:")[0]
 
 
 def test_prefill_keepalive_repeats_then_ends_with_the_total():
