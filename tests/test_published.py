@@ -433,7 +433,9 @@ def test_the_export_command_writes_eagle3_heads_and_refuses_others_in_one_line(
     from mlx_spec.cli.export import main
     from mlx_spec.loading import load_pair
 
-    model, _, _ = load_pair(str(checkpoints["llama"]), None)
+    from mlx_spec.train.evaluate import engine_acceptance
+
+    model, tokenizer, _ = load_pair(str(checkpoints["llama"]), None)
     own_dir = _own_eagle3_dir(model, tmp_path / "own", seed=4)
     out = tmp_path / "exported"
     argv = ["--model", str(checkpoints["llama"]), "--verifier", "org/target"]
@@ -445,6 +447,15 @@ def test_the_export_command_writes_eagle3_heads_and_refuses_others_in_one_line(
     assert "d2t" not in mx.load(str(out / "model.safetensors"))  # the whole vocabulary
     _, _, loaded = load_pair(str(checkpoints["llama"]), str(out))
     assert isinstance(loaded, PublishedHead)
+    # The engine's acceptance, as measured on the real pair: the same to the digit.
+    prompts = [tokenizer.encode("def fibonacci(n):"), tokenizer.encode("Hello")]
+    measured = [
+        engine_acceptance(
+            model, tokenizer, head, prompts, [3], max_tokens=24, method="eagle-chain"
+        )
+        for head in (load_head(own_dir, model), load_published(out, model))
+    ]
+    assert measured[0] == measured[1] and measured[0][0]["tokens_per_forward"] >= 1
     eagle = random_head("eagle", model, seed=5)
     fingerprint = model_fingerprint(model)
     save_head(tmp_path / "eagle", "eagle", eagle.module, target_fingerprint=fingerprint)

@@ -2,7 +2,8 @@
 
 - :func:`engine_acceptance`: acceptance by draft position and tokens per
   target forward at fixed draft lengths (adaptive control off), from the
-  engine's round counters (``stream.stats``);
+  engine's round counters (``stream.stats``), for a draft model or, with
+  ``method="eagle-chain"``, a head;
 - :func:`step_time_ratio`: one draft step over one target step, measured
   interleaved in one run at a given context length;
 - :func:`end_to_end`: tokens/s of ``--speculative draft`` against plain
@@ -41,8 +42,9 @@ def engine_acceptance(
     max_tokens: int = 128,
     temp: float = 0.0,
     seed: int = 0,
+    method: str = "draft",
 ) -> List[Dict]:
-    """Acceptance of ``--speculative draft`` at each fixed draft length γ.
+    """Acceptance of ``--speculative METHOD`` at each fixed draft length γ.
 
     Args:
         model, tokenizer, draft: The pair.
@@ -51,6 +53,7 @@ def engine_acceptance(
         max_tokens: Tokens generated per prompt.
         temp: Sampling temperature (``0`` = greedy).
         seed: Seed of sampled runs.
+        method: A chain method: ``draft`` (default), or ``eagle-chain`` for a head.
 
     Returns:
         One dict per γ: ``acceptance`` (accepted / drafted, as
@@ -68,7 +71,7 @@ def engine_acceptance(
                 tokenizer,
                 ids,
                 draft,
-                speculative="draft",
+                speculative=method,
                 num_draft_tokens=gamma,
                 max_tokens=max_tokens,
                 temp=temp,
