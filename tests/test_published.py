@@ -329,18 +329,22 @@ def test_imported_heads_sample_the_exact_law(tiny, imported, method, kind):
 def test_imported_heads_next_to_a_quantized_target_take_its_quantization(
     tmp_path,
 ):
-    """4-bit target: the heads' linear layers are 4-bit too, and decoding stays exact."""
+    """4-bit target: the heads' linear layers are 4-bit too, and decoding stays
+    exact (EAGLE-3, DFlash, original EAGLE)."""
     target = tiny_llama(VOCAB, num_layers=2)
     nn.quantize(target, group_size=32, bits=4)
     plain = greedy_continuation(target, PROMPT, 40)[0]
     heads = {
         "eagle": load_published(random_eagle3(target, tmp_path / "e", seed=6), target),
         "dflash": load_published(random_dflash(target, tmp_path / "d", seed=5), target),
+        "eagle1": load_published(random_eagle1(target, tmp_path / "o", seed=6), target),
     }
     for method, head in (
         ("eagle", heads["eagle"]),
         ("eagle-chain", heads["eagle"]),
         ("dflash", heads["dflash"]),
+        ("eagle", heads["eagle1"]),
+        ("eagle-chain", heads["eagle1"]),
     ):
         assert (4, 32) in linear_quantizations(head.module), method
         if "embed_tokens" in head.module:  # EAGLE-3 keeps its own, quantized too
