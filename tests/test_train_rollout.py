@@ -11,7 +11,7 @@ from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train.card import model_card
 from mlx_spec.train.prompts import mixed_prompts
-from mlx_spec.train.rollout import is_rollout_step, rollout_cuts
+from mlx_spec.train.rollout import ROLLOUT_EVERY, is_rollout_step, pack, rollout_cuts
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +73,25 @@ def test_rollout_rows_hold_the_targets_law_on_the_drafts_own_tokens(
     batch = trainer.rollout_batch(index, 5)
     flat, at = _rollout_rows(batch)
     width = batch.tokens.shape[1]
-    assert len(flat) == 3 * len(index)
+    trunk = D.make_batch(train, index, trainer.to_draft, 768).tokens.shape[1]
+    completion = sum(len(train.tokens[i]) - train.starts[i] for i in index)
+    assert len(flat) >= 3 * completion / ROLLOUT_EVERY
     ids = np.array(trainer.draft.lm_head.token_ids)
     K = train.law_ids[0].shape[1]
     for r, i in zip(flat, at):
-        b, t = divmod(int(r), width)
-        row = mx.array(batch.tokens[b, : t + 1])[None]
-        # The input token at t is the draft's greedy choice after tokens[:t].
-        previous = trainer.draft.lm_head.subset_logits(
-            trainer.draft.hidden(row[:, :t])[0, -1]
+        b, slot = divmod(int(r), width)
+        seen = np.nonzero(batch.mask[b, slot])[0]  # the slots this one reads
+        drafted = int((seen >= trunk).sum())
+        assert 1 <= drafted <= 3 and np.array_equal(
+            seen[:-drafted], np.arange(len(seen) - drafted)
         )
-        assert batch.tokens[b, t] == ids[int(mx.argmax(previous).item())]
+        assert np.array_equal(batch.positions[b, seen], np.arange(len(seen)))
+        row = mx.array(batch.tokens[b, seen])[None]  # the sequence, unpacked
+        # Its last token is the draft's greedy choice after the rest.
+        previous = trainer.draft.lm_head.subset_logits(
+            trainer.draft.hidden(row[:, :-1])[0, -1]
+        )
+        assert batch.tokens[b, slot] == ids[int(mx.argmax(previous).item())]
         # Its label is the target's law computed alone on the same sequence.
         top, logp = C.top_laws(model(row)[0, -1], K)
         want = np.array(top)
@@ -96,22 +104,47 @@ def test_rollout_rows_hold_the_targets_law_on_the_drafts_own_tokens(
         if feature_weight:
             h = model.model(row)[0, -1]
             np.testing.assert_allclose(batch.features[i], np.array(h), atol=1e-4)
-    # The rows before the cut are the stored teacher-forced ones.
-    tf = batch.completion > 0
-    assert tf.any()
-    for r, i in zip(batch.rows[tf][:5], np.nonzero(tf)[0][:5]):
-        b, t = divmod(int(r), width)
-        assert batch.target[i] == batch.tokens[b, t + 1]
+    # The trunk's rows read the packed batch as the plain one: same hidden states.
+    plain = D.make_batch(
+        train, index, trainer.to_draft, 768, features=bool(feature_weight)
+    )
+    real = int((plain.weight > 0).sum())
+    packed_h = D.supervised_hidden(
+        trainer.draft,
+        mx.array(batch.tokens),
+        mx.array(batch.rows[:real]),
+        layout=batch.layout(),
+    )
+    plain_h = D.supervised_hidden(
+        trainer.draft, mx.array(plain.tokens), mx.array(plain.rows[:real])
+    )
+    assert mx.allclose(packed_h, plain_h, atol=1e-4).item()
+    assert np.array_equal(batch.soft_ids[:real], plain.soft_ids[:real])
 
 
-def test_rollout_cuts_leave_room_and_keep_the_prompt():
+def test_a_branch_sees_the_trunk_before_its_cut_and_itself():
+    trunks = np.array([[11, 12, 13, 14]], np.int32)
+    packed = pack(trunks, [np.array([2])], 2)
+    assert packed.tokens.shape == (1, 6)
+    assert packed.positions.tolist() == [[0, 1, 2, 3, 2, 3]]
+    assert np.nonzero(packed.mask[0, 4])[0].tolist() == [0, 1, 4]
+    assert np.nonzero(packed.mask[0, 5])[0].tolist() == [0, 1, 4, 5]
+    assert np.nonzero(packed.mask[0, 3])[0].tolist() == [0, 1, 2, 3]
+    assert packed.slots.tolist() == [[[4, 5]]] and packed.source.tolist() == [[[1, 4]]]
+    # A row with fewer cuts gets empty branches that see only themselves.
+    packed = pack(np.zeros((2, 4), np.int32), [np.array([2, 3]), np.array([1])], 2)
+    assert packed.real.tolist() == [[True, True], [True, False]]
+    assert np.nonzero(packed.mask[1, 6])[0].tolist() == [6]
+
+
+def test_rollout_cuts_are_distinct_completion_positions():
     rng = np.random.default_rng(0)
-    starts, lengths = [5, 5, 30, 10], [20, 6, 40, 11]
     for _ in range(50):
-        cuts = rollout_cuts(starts, lengths, 4, 32, rng)
-        assert 5 <= cuts[0] <= 19 and cuts[1] == 5
-        assert cuts[2] == -1  # no room for 4 tokens under max_length 32
-        assert cuts[3] == 10
+        cuts = rollout_cuts(5, 22, 8, rng)
+        assert len(cuts) == 3 and len(set(cuts)) == 3
+        assert list(cuts) == sorted(cuts) and 5 <= cuts[0] and cuts[-1] <= 21
+    assert rollout_cuts(0, 3, 8, rng).tolist() in ([1], [2])
+    assert len(rollout_cuts(6, 6, 8, rng)) == 0
 
 
 def test_rollout_steps_are_an_even_share():
@@ -170,4 +203,6 @@ def test_train_draft_with_rollouts_writes_a_draft_recording_them(
     recorded = written["training"]["config"]
     assert (recorded["rollout_steps"], recorded["rollout_share"]) == (3, 0.5)
     text = model_card(written, "mlx_spec train-draft ...", None)
-    assert "rollouts on 0.50 of the steps: the draft wrote 3 tokens (greedy)" in text
+    assert (
+        "rollouts on 0.50 of the steps: the draft wrote 3 tokens (greedy) after" in text
+    )

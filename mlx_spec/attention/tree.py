@@ -325,6 +325,12 @@ class _TreePositions:
         self.positions = positions
 
 
+def rope_positions(positions: mx.array) -> _TreePositions:
+    """A ``cache.offset`` that makes a prepared model rotate each token at its own
+    position (``positions`` broadcasts to the ``(B, L)`` of the forward)."""
+    return _TreePositions(positions.astype(mx.int32))
+
+
 class TreeRoPE(nn.Module):
     """Wraps an attention layer's rope to accept per-token positions.
 

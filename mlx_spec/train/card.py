@@ -319,6 +319,6 @@ def _rollout_lines(tc: Dict) -> List[str]:
     how = f"sampled at temperature {temp}" if temp else "greedy"
     return [
         f"- rollouts on {_fmt(tc.get('rollout_share'), 2)} of the steps: the draft wrote "
-        f"{k} tokens ({how}) after a random completion position, and trained also on "
+        f"{k} tokens ({how}) after about one completion position in 8, and trained also on "
         "the target's top-K law at the positions reading them;"
     ]

@@ -198,9 +198,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="K",
         help="Draft: on a share of the steps (--rollout-share) the draft writes K "
-        "tokens from its own law after a random completion position, the target "
-        "scores them in one batched forward, and the draft also trains on the "
-        "positions that read its own tokens, as at inference (default: "
+        "tokens from its own law after random completion positions (about one in "
+        "8), packed beside the batch's sequences; the target scores them in one "
+        "forward, and the draft also trains on the positions that read its own "
+        "tokens, as at inference (default: "
         f"{D.DEFAULT_ROLLOUT_STEPS}, teacher forcing only).",
     )
     g.add_argument(

@@ -29,9 +29,9 @@ target forward the engine would measure (up to float near-ties).
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +39,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..attention.tree import prepare_tree_model
 from ..drafters.distilled import (
     DistilledDraft,
     build_draft,
@@ -57,9 +58,11 @@ from .checkpoint import (
 from .completions import Completions
 from .precision import compute_dtype, computing_in
 from .rollout import (
-    cut_view,
+    ROLLOUT_EVERY,
     draft_rollout,
     is_rollout_step,
+    pack,
+    packed_cache,
     rollout_cuts,
     target_laws_at,
 )
@@ -173,6 +176,9 @@ class Batch:
         counts: Completion rows of each sequence, in order.
         features: ``(R, H)`` the target's final hidden state at each row, or
           ``None`` (no feature loss).
+        positions: ``(B, T)`` rope positions of a packed batch with rollout
+          branches (:class:`mlx_spec.train.rollout.Packed`), else ``None``.
+        mask: ``(B, T, T)`` bool: which slots each slot attends to (packed only).
     """
 
     tokens: np.ndarray
@@ -185,11 +191,19 @@ class Batch:
     target: np.ndarray
     counts: List[int]
     features: Optional[np.ndarray] = None
+    positions: Optional[np.ndarray] = None
+    mask: Optional[np.ndarray] = None
 
     def arrays(self):
         names = ("tokens", "rows", "soft_ids", "soft_p", "hard", "weight", "completion")
         out = tuple(mx.array(getattr(self, n)) for n in names)
         return out if self.features is None else (*out, mx.array(self.features))
+
+    def layout(self) -> Optional[Tuple[mx.array, mx.array]]:
+        """``(positions, mask)`` of a packed batch, else ``None`` (plain causal rows)."""
+        if self.positions is None:
+            return None
+        return mx.array(self.positions), mx.array(self.mask)
 
 
 def warm_start(draft: DistilledDraft, trained: DistilledDraft):
@@ -258,14 +272,12 @@ def make_batch(
     max_length: int,
     prompt_weight: float = 0.0,
     features: bool = False,
-    width: int = 0,
 ) -> Batch:
     """Pad the sequences ``index`` into a :class:`Batch` (see its fields).
 
     ``features``: also gather the target's features of the rows.
-    ``width``: the least padded width (room for tokens added later).
     """
-    width = max(width, *(padded_length(len(data.tokens[i]), max_length) for i in index))
+    width = max(padded_length(len(data.tokens[i]), max_length) for i in index)
     K = data.law_ids[index[0]].shape[1]
     use_prompts = prompt_weight > 0
     tokens = np.zeros((len(index), width), np.int32)
@@ -371,17 +383,16 @@ def append_rows(
     feats = None
     if batch.features is not None:
         feats = grow(batch.features, features, 0.0)
-    return Batch(
-        batch.tokens,
-        grow(batch.rows, rows, 0),
-        grow(batch.soft_ids, to_draft[soft_ids], -1),
-        grow(batch.soft_p, soft_p, 0.0),
-        grow(batch.hard, hard, -1),
-        grow(batch.weight, np.ones(extra, np.float32), 0.0),
-        grow(batch.completion, np.zeros(extra, np.float32), 0.0),
-        grow(batch.target, target, -1),
-        batch.counts,
-        feats,
+    return replace(
+        batch,
+        rows=grow(batch.rows, rows, 0),
+        soft_ids=grow(batch.soft_ids, to_draft[soft_ids], -1),
+        soft_p=grow(batch.soft_p, soft_p, 0.0),
+        hard=grow(batch.hard, hard, -1),
+        weight=grow(batch.weight, np.ones(extra, np.float32), 0.0),
+        completion=grow(batch.completion, np.zeros(extra, np.float32), 0.0),
+        target=grow(batch.target, target, -1),
+        features=feats,
     )
 
 
@@ -391,13 +402,19 @@ def append_rows(
 
 
 def supervised_hidden(
-    draft: DistilledDraft, tokens: mx.array, rows: mx.array, dtype=None
+    draft: DistilledDraft,
+    tokens: mx.array,
+    rows: mx.array,
+    dtype=None,
+    layout: Optional[Tuple[mx.array, mx.array]] = None,
 ) -> mx.array:
     """The draft's final hidden states at the supervised positions: ``(R, H)``.
 
     ``dtype``: the compute dtype of the forward (default: the weights').
+    ``layout``: ``(positions, mask)`` of a packed batch (see :mod:`.rollout`).
     """
-    h = draft.hidden(tokens, dtype=dtype)  # (B, T, H)
+    cache = None if layout is None else packed_cache(draft, *layout)
+    h = draft.hidden(tokens, cache=cache, dtype=dtype)  # (B, T, H)
     return h.reshape(-1, h.shape[-1])[rows]
 
 
@@ -422,18 +439,20 @@ def draft_loss(
     soft_weight: float,
     feature_weight: float = 0.0,
     dtype=mx.float32,
+    layout: Optional[Tuple[mx.array, mx.array]] = None,
 ):
     """Weighted mean distillation loss over the supervised rows, and the accuracy.
 
     ``dtype`` is the compute dtype of the draft's forward (the loss itself is
-    float32; see :mod:`mlx_spec.train.precision`).
+    float32; see :mod:`mlx_spec.train.precision`). ``layout``: the
+    ``(positions, mask)`` of a packed batch with rollout branches.
 
     Returns:
         ``(loss, accuracy)`` scalars; accuracy is the share of completion rows
         whose draft argmax is the next token.
     """
     with computing_in(draft, dtype):
-        h = supervised_hidden(draft, tokens, rows, dtype)  # (R, H)
+        h = supervised_hidden(draft, tokens, rows, dtype, layout)  # (R, H)
         logits = draft.lm_head.subset_logits(h)  # (R, k)
     h, logits = h.astype(mx.float32), logits.astype(mx.float32)
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -541,6 +560,9 @@ class DraftTrainer:
             warm_start(
                 self.draft, load_draft(config.init_from, target, like_target=False)
             )
+        if config.rollout_steps > 0:  # packed forwards: per-token rope positions
+            prepare_tree_model(self.draft)
+            prepare_tree_model(target)
         self.batches = plan_batches(
             [len(t) for t in train.tokens], config.batch_tokens, config.max_length
         )
@@ -564,6 +586,7 @@ class DraftTrainer:
         self.history: List[Dict] = []
         self.evals: List[Dict] = []
         self._step_fn = self._make_step()
+        self._packed_step_fn = self._make_step(packed=True)
 
     def _loss_weights(self) -> Dict[str, float]:
         return {
@@ -577,11 +600,15 @@ class DraftTrainer:
         return self.config.feature_weight > 0
 
     # The compiled update: loss, gradients, clipping, optimizer.
-    def _make_step(self):
+    def _make_step(self, packed: bool = False):
+        """The update; ``packed``: its first two inputs are a packed batch's layout."""
         draft, optimizer = self.draft, self.optimizer
         weights = self._loss_weights()
 
         def loss_fn(model, *batch):
+            if packed:
+                positions, mask, *batch = batch
+                return draft_loss(model, *batch, layout=(positions, mask), **weights)
             return draft_loss(model, *batch, **weights)
 
         grad_fn = nn.value_and_grad(draft, loss_fn)
@@ -610,50 +637,65 @@ class DraftTrainer:
         return c.rollout_steps > 0 and is_rollout_step(step, c.rollout_share)
 
     def rollout_batch(self, index: Sequence[int], step: int) -> Batch:
-        """Step ``step``'s batch cut at random completion positions, plus the
-        draft's rollout after each cut and the target's laws there (:mod:`.rollout`)."""
+        """Step ``step``'s batch packed with rollout branches: the draft's tokens
+        after random completion positions, and the target's laws there (:mod:`.rollout`).
+        """
         c, data = self.config, self.train
-        k = c.rollout_steps
-        rng = np.random.default_rng([c.seed, step, 1])
-        lengths = [min(len(data.tokens[i]), c.max_length) for i in index]
-        cuts = rollout_cuts(
-            [data.starts[i] for i in index], lengths, k, c.max_length, rng
-        )
-        view = cut_view(data, index, cuts)
-        some = np.nonzero(cuts >= 0)[0]  # the rows that roll out
-        room = padded_length(int(cuts.max()) + k, c.max_length) if len(some) else 0
         batch = make_batch(
-            view,
-            range(len(view)),
+            data,
+            index,
             self.to_draft,
             c.max_length,
             c.prompt_weight,
             features=self.uses_features,
-            width=room,
         )
-        if not len(some):
+        rng = np.random.default_rng([c.seed, step, 1])
+        cuts = [
+            rollout_cuts(
+                data.starts[i],
+                min(len(data.tokens[i]), c.max_length),
+                ROLLOUT_EVERY,
+                rng,
+            )
+            for i in index
+        ]
+        if not any(len(row) for row in cuts):
             return batch
-        width = batch.tokens.shape[1]
+        packed = pack(batch.tokens, cuts, c.rollout_steps)
+        layout = mx.array(packed.positions), mx.array(packed.mask)
         key = mx.random.key(c.seed * 1_000_003 + step) if c.rollout_temp > 0 else None
         tokens = draft_rollout(
             self.draft,
-            mx.array(batch.tokens[some]),
-            mx.array(cuts[some]),
-            k,
+            mx.array(packed.tokens),
+            layout,
+            mx.array(packed.slots),
+            mx.array(packed.source),
             temp=c.rollout_temp,
             key=key,
         )
-        # Positions cut .. cut + k - 1 read 1 .. k rollout tokens.
-        at = (cuts[some, None] + np.arange(k)[None]).reshape(-1)
-        sub = np.repeat(np.arange(len(some)), k) * width + at
+        W, N = batch.tokens.shape[1], packed.tokens.shape[1]
+        B = len(index)
+        branch = (np.arange(B)[:, None, None] * N + packed.slots)[packed.real]
+        branch = branch.reshape(
+            -1
+        )  # (E,) flat slots, row by row, cut by cut, level by level
         K = data.law_ids[index[0]].shape[1]
-        ids, logp, feats = target_laws_at(self.target, tokens, mx.array(sub), K)
+        ids, logp, feats = target_laws_at(
+            self.target, tokens, layout, mx.array(branch), K
+        )
         mx.eval(tokens, ids, logp, feats)
-        batch.tokens[some] = np.array(tokens)
+        trunk = batch.rows // W * N + batch.rows % W  # the trunk's rows, packed
+        batch = replace(
+            batch,
+            tokens=np.array(tokens),
+            rows=trunk.astype(np.int32),
+            positions=packed.positions,
+            mask=packed.mask,
+        )
         ids = np.array(ids)
         return append_rows(
             batch,
-            np.repeat(some, k) * width + at,
+            branch,
             ids,
             np.exp(np.array(logp).astype(np.float32)),
             ids[:, 0],
@@ -677,7 +719,11 @@ class DraftTrainer:
                 features=self.uses_features,
             )
             tic = time.perf_counter()
-        loss, accuracy = self._step_fn(*batch.arrays())
+        layout = batch.layout()
+        if layout is None:
+            loss, accuracy = self._step_fn(*batch.arrays())
+        else:
+            loss, accuracy = self._packed_step_fn(*layout, *batch.arrays())
         mx.eval(loss, accuracy, self.draft.state, self.optimizer.state)
         self.train_time += time.perf_counter() - tic
         self.step += 1
@@ -786,6 +832,7 @@ class DraftTrainer:
         self.evals = meta["evals"]
         mx.eval(self.draft.state, self.optimizer.state)
         self._step_fn = self._make_step()
+        self._packed_step_fn = self._make_step(packed=True)
         return True
 
     def record(self) -> Dict:
