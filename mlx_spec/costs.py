@@ -75,9 +75,21 @@ def weight_bytes(model) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
+def target_bytes(target) -> int:
+    """:func:`weight_bytes` of a target, alike on every rank when it is sharded.
+
+    Each rank holds its own share of a sharded target (pipeline stages differ
+    in size); a draft step priced against it would make the ranks choose
+    different draft lengths, so every rank takes rank 0's.
+    """
+    from .distributed import from_rank0, sharded_group
+
+    return int(from_rank0(float(weight_bytes(target)), sharded_group()))
+
+
 def model_step_cost(draft_model, target_model) -> float:
     """A draft forward's modelled cost: weight bytes read, relative, plus latency."""
-    ratio = weight_bytes(draft_model) / max(weight_bytes(target_model), 1)
+    ratio = weight_bytes(draft_model) / max(target_bytes(target_model), 1)
     return DRAFT_LATENCY + ratio
 
 

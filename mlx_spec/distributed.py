@@ -60,10 +60,18 @@ def from_rank0(value: float, group) -> float:
     """``value`` as rank 0 has it, on every rank of ``group`` (as is for ``None``)."""
     if group is None:
         return value
+    from mlx_lm.generate import generation_stream
+
     mine = value if group.rank() == 0 else 0.0
-    # On the default stream, after the forwards queued there: collectives
-    # must run in the same order on every rank.
-    return mx.distributed.all_sum(mx.array(mine, mx.float32), group=group).item()
+    # On the forwards' stream, after any forward still queued there (plain
+    # decoding queues its next step): every rank runs its collectives in one order.
+    with mx.stream(generation_stream):
+        return mx.distributed.all_sum(mx.array(mine, mx.float32), group=group).item()
+
+
+def barrier():
+    """Wait until every rank of the sharded run gets here (a no-op unsharded)."""
+    from_rank0(0.0, sharded_group())
 
 
 def shared_seed(seed: Optional[int]) -> Optional[int]:

@@ -62,6 +62,9 @@ def main():
             "tokens": tokens,
             "rounds": stream.stats.rounds,
             "tokens_per_forward": stream.stats.as_dict().get("tokens_per_forward"),
+            # What every rank decided from: it must be the same on all of them.
+            "drafted_per_round": stream.stats.drafted_per_round,
+            "cost_model": stream.stats.cost_model,
         }
     if not args.pipeline:
         layer = model.layers[0]

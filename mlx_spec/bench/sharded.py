@@ -19,9 +19,8 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Dict, List
 
-import mlx.core as mx
-
 from ..distributed import (
+    barrier,
     collective_delay,
     exit_in_one_line,
     load_sharded,
@@ -66,7 +65,7 @@ def _default_pair(method: str):
     """The default pair, built once by rank 0 while the others wait."""
     if rank() == 0:
         pair = default_model_pair(method)
-    mx.eval(mx.distributed.all_sum(mx.array(1.0)))
+    barrier()
     return pair if rank() == 0 else default_model_pair(method, build=False)
 
 
@@ -211,7 +210,7 @@ def main(argv=None):
         (out / "sharded.md").write_text(md)
         plot(rows, out / "sharded.png")
         print(md)
-    mx.eval(mx.distributed.all_sum(mx.array(1.0)))  # leave together
+    barrier()  # leave together
 
 
 if __name__ == "__main__":

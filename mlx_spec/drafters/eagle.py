@@ -26,7 +26,7 @@ from typing import List
 
 import mlx.core as mx
 
-from ..costs import DRAFT_LATENCY, weight_bytes
+from ..costs import DRAFT_LATENCY, target_bytes, weight_bytes
 from ..sampling import normalize
 from .base import (
     Proposal,
@@ -221,7 +221,7 @@ def head_step_cost(head: LoadedHead, target) -> float:
         from ..features import output_layer
 
         read += weight_bytes(output_layer(target))
-    return DRAFT_LATENCY + read / max(weight_bytes(target), 1)
+    return DRAFT_LATENCY + read / max(target_bytes(target), 1)
 
 
 def _check_head(draft_model, method: str, kind: str, target) -> LoadedHead:

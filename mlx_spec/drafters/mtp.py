@@ -26,7 +26,7 @@ from typing import List
 
 import mlx.core as mx
 
-from ..costs import DRAFT_LATENCY, weight_bytes
+from ..costs import DRAFT_LATENCY, target_bytes, weight_bytes
 from ..features import FINAL, output_layer
 from ..mtp import MTPHead
 from .base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
@@ -110,7 +110,7 @@ class MTPDrafter:
 def mtp_step_cost(head: MTPHead, target) -> float:
     """Modelled cost of an MTP step: bytes read relative to a target step, plus latency."""
     read = weight_bytes(head.module) + weight_bytes(output_layer(target))
-    return DRAFT_LATENCY + read / max(weight_bytes(target), 1)
+    return DRAFT_LATENCY + read / max(target_bytes(target), 1)
 
 
 def check_mtp_head(draft_model, target) -> MTPHead:

@@ -21,7 +21,7 @@ from typing import List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...costs import DRAFT_LATENCY, weight_bytes
+from ...costs import DRAFT_LATENCY, target_bytes, weight_bytes
 from ...features import embed, feature_logits
 from ..base import Proposal, RoundState, check_no_drafter_cache, empty_proposal
 from ..fit import check_drafter, drafter_kind
@@ -236,7 +236,7 @@ def dflash_step_cost(draft: DFlashDraft, target) -> float:
     read = weight_bytes(draft.module)
     if "lm_head" not in draft.module:
         read += weight_bytes(output_layer(target))
-    return DRAFT_LATENCY + read / max(weight_bytes(target), 1)
+    return DRAFT_LATENCY + read / max(target_bytes(target), 1)
 
 
 def make_dflash_drafter(config, target, draft_model, cache, kv, vocab_size):
