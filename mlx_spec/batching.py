@@ -217,7 +217,7 @@ def _one_at_a_time(model, tokenizer, ids, drafter, configs, options, verbose, ke
             model,
             tokenizer,
             prompt,
-            drafter,
+            draft_model=drafter,
             speculative=config.method,
             max_tokens=config.max_tokens,
             prompt_cache=cache,

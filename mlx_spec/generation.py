@@ -93,10 +93,21 @@ def _encode(tokenizer, prompt) -> mx.array:
     return mx.array(prompt)
 
 
+def _check_positional(value, name: str) -> None:
+    """A one-line ``TypeError`` for a model passed where mlx-lm's order puts ``name``."""
+    if isinstance(value, nn.Module):
+        raise TypeError(
+            f"{name} got a model: the arguments follow mlx-lm's order (model, "
+            "tokenizer, prompt, max_tokens, draft_model, ...); pass the draft "
+            "model as draft_model=."
+        )
+
+
 def stream_generate(
     model: nn.Module,
     tokenizer: Any,
     prompt: Union[str, mx.array, List[int]],
+    max_tokens: int = DEFAULT_MAX_TOKENS,
     draft_model: Optional[nn.Module] = None,
     *,
     speculative: Optional[str] = None,
@@ -106,7 +117,6 @@ def stream_generate(
     top_k: int = 0,
     min_p: float = 0.0,
     min_tokens_to_keep: int = 1,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
     seed: Optional[int] = None,
     sampler: Optional[Callable] = None,
     logits_processors: Optional[List[Callable]] = None,
@@ -125,10 +135,14 @@ def stream_generate(
 ) -> SpecStream:
     """Generate text, yielding mlx_lm ``GenerationResponse`` objects.
 
+    The arguments come in ``mlx_lm.stream_generate``'s order (``model,
+    tokenizer, prompt, max_tokens, draft_model``); the rest are keywords.
+
     Args:
         model: The target model (any mlx_lm model).
         tokenizer: Its tokenizer.
         prompt: Text or token ids.
+        max_tokens: Maximum number of generated tokens. Default: ``256``.
         draft_model: An optional draft model with the same tokenizer.
         speculative: ``"none"``, ``"draft"``, ``"tree"``, ``"lookup"``,
           ``"self"`` or ``"auto"``. Default: ``"auto"``, which picks among
@@ -136,7 +150,6 @@ def stream_generate(
         num_draft_tokens: Draft tokens per round (1 to 64). Default: ``4``.
         temp, top_p, top_k, min_p, min_tokens_to_keep: Sampling law, as in
           ``mlx_lm.sample_utils.make_sampler``. Default: greedy.
-        max_tokens: Maximum number of generated tokens. Default: ``256``.
         seed: Seed for reproducible sampling. Default: ``None``.
         sampler: An explicit sampler (overrides the sampling arguments).
         logits_processors: mlx_lm logits processors.
@@ -173,6 +186,7 @@ def stream_generate(
     ``close()``) is closed by the next call given the same ``prompt_cache``,
     so that call continues from exactly the prompt and the tokens yielded.
     """
+    _check_positional(max_tokens, "max_tokens")
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     check_generation_options(
@@ -345,16 +359,18 @@ def generate(
     model: nn.Module,
     tokenizer: Any,
     prompt: Union[str, List[int]],
-    draft_model: Optional[nn.Module] = None,
     verbose: bool = False,
     **kwargs,
 ) -> str:
-    """Generate a complete response; ``kwargs`` go to :func:`stream_generate`.
+    """Generate a complete response; ``kwargs`` (``draft_model``,
+    ``max_tokens``, ...) go to :func:`stream_generate`.
 
-    With ``verbose=True`` prints the text and timings in mlx_lm's format,
-    followed by a line of speculation statistics.
+    The arguments come in ``mlx_lm.generate``'s order. With ``verbose=True``
+    prints the text and timings in mlx_lm's format, followed by a line of
+    speculation statistics.
     """
-    stream = stream_generate(model, tokenizer, prompt, draft_model, **kwargs)
+    _check_positional(verbose, "verbose")
+    stream = stream_generate(model, tokenizer, prompt, **kwargs)
     return collect_text(stream, verbose)
 
 

@@ -136,7 +136,7 @@ def _spec_stream(model, tokenizer, prompt, max_tokens, draft_model, kwargs):
     if max_tokens < 0:
         max_tokens = _UNLIMITED
     stream = spec_stream_generate(
-        model, tokenizer, prompt, draft_model, max_tokens=max_tokens, **kwargs
+        model, tokenizer, prompt, max_tokens, draft_model, **kwargs
     )
     return stream
 
@@ -175,8 +175,10 @@ def stream_generate(
 ):
     """``mlx_lm.stream_generate``, speculative when the call asks for it.
 
-    Takes mlx_lm's arguments, positional or keyword (``model, tokenizer,
-    prompt, max_tokens, draft_model, stream, **kwargs``). With a
+    The hook's stand-in for mlx-lm's function (:func:`register` installs it),
+    not a second API: it takes mlx_lm's arguments, positional or keyword
+    (``model, tokenizer, prompt, max_tokens, draft_model, stream,
+    **kwargs``), the order :func:`mlx_spec.stream_generate` follows too. With a
     ``draft_model`` or a ``speculative=`` method, mlx-spec's loop runs
     (extra keywords such as ``num_draft_tokens``, ``temp``, ``tree_budget``
     go to :func:`mlx_spec.stream_generate`) and the yielded responses are

@@ -52,7 +52,7 @@ def main():
             model,
             tokenizer,
             args.prompt,
-            drafter,
+            draft_model=drafter,
             speculative=method,
             max_tokens=args.max_tokens,
             temp=args.temp,

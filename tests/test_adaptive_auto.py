@@ -16,7 +16,9 @@ def plain(model, ids, n):
 
 
 def run(model, tokenizer, ids, draft, n, **kw):
-    stream = stream_generate(model, tokenizer, ids, draft, max_tokens=n, **kw)
+    stream = stream_generate(
+        model, tokenizer, ids, draft_model=draft, max_tokens=n, **kw
+    )
     tokens = [r.token for r in stream]
     return tokens, stream.stats
 
@@ -87,7 +89,7 @@ def test_sampled_first_tokens_follow_target_law(load_model, kw):
     counts = np.zeros(p.size)
     for _ in range(runs):
         stream = stream_generate(
-            model, tokenizer, ids, draft, max_tokens=3, temp=1.5, **kw
+            model, tokenizer, ids, draft_model=draft, max_tokens=3, temp=1.5, **kw
         )
         counts[next(stream).token] += 1
         stream.close()

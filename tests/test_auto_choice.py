@@ -225,7 +225,7 @@ def test_auto_switching_every_round_is_greedy_identical(load_model, switching):
     try:
         expected = [t for t, _ in generate_step(mx.array(ids), model, max_tokens=48)]
         stream = stream_generate(
-            model, tokenizer, ids, draft, max_tokens=48, speculative="auto"
+            model, tokenizer, ids, draft_model=draft, max_tokens=48, speculative="auto"
         )
         got = [r.token for r in stream]
     finally:
@@ -248,7 +248,7 @@ def test_auto_switching_every_round_samples_the_target_law(load_model, switching
             model,
             tokenizer,
             ids,
-            draft,
+            draft_model=draft,
             max_tokens=n,
             speculative="auto",
             temp=temp,
@@ -269,7 +269,7 @@ def test_engine_reports_the_cost_model_it_measured(load_model):
     draft, _ = load_model("llama-near")
     ids = tokenizer.encode("def fibonacci(n):")
     stream = stream_generate(
-        model, tokenizer, ids, draft, max_tokens=24, speculative="auto"
+        model, tokenizer, ids, draft_model=draft, max_tokens=24, speculative="auto"
     )
     for _ in stream:
         pass

@@ -140,7 +140,7 @@ def test_real_pair_is_greedy_identical_to_mlx_lm_on_chat_prompts(
             model,
             tokenizer,
             prompt,
-            draft,
+            draft_model=draft,
             speculative=method,
             max_tokens=GREEDY_TOKENS,
         )
@@ -165,7 +165,11 @@ def test_a_drafter_loaded_on_one_thread_decodes_on_another(
     def decode():
         try:
             stream = stream_generate(
-                model, tokenizer, chat_prompts[0], draft, max_tokens=GREEDY_TOKENS
+                model,
+                tokenizer,
+                chat_prompts[0],
+                draft_model=draft,
+                max_tokens=GREEDY_TOKENS,
             )
             out["tokens"] = [r.token for r in stream]
         except Exception as e:  # reported below, in the test's thread
@@ -242,6 +246,11 @@ def test_shipped_drafters_decode_the_target_as_macos_converts_it(
     prompt, expected = quantized_prompt_and_greedy
     draft = load_draft(str(MODELS / f"smollm2-135m-{drafter}"), model, tokenizer)
     stream = stream_generate(
-        model, tokenizer, prompt, draft, speculative=method, max_tokens=len(expected)
+        model,
+        tokenizer,
+        prompt,
+        draft_model=draft,
+        speculative=method,
+        max_tokens=len(expected),
     )
     assert [r.token for r in stream] == expected

@@ -115,7 +115,7 @@ def test_stream_generate_matches_mlx_lm_text_and_eos_mid_round(load_model):
                     model,
                     tokenizer,
                     prompt,
-                    draft,
+                    draft_model=draft,
                     num_draft_tokens=gamma,
                     max_tokens=30,
                 )
@@ -127,6 +127,20 @@ def test_stream_generate_matches_mlx_lm_text_and_eos_mid_round(load_model):
             assert ours[-1].stats.generated_tokens >= len(ours)
     finally:
         tokenizer.eos_token_ids = saved
+
+
+def test_arguments_follow_mlx_lms_order(load_model):
+    """``max_tokens`` is the fourth argument, as in ``mlx_lm.stream_generate``;
+    a draft model passed there (the order of old) is refused in one line."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    ours = [r.token for r in stream_generate(model, tokenizer, PROMPTS[1], 7, draft)]
+    ref = [r.token for r in mlx_lm_stream_generate(model, tokenizer, PROMPTS[1], 7)]
+    assert ours == ref
+    with pytest.raises(TypeError, match="pass the draft model as draft_model="):
+        stream_generate(model, tokenizer, PROMPTS[1], draft)
+    with pytest.raises(TypeError, match="pass the draft model as draft_model="):
+        mlx_spec.generate(model, tokenizer, PROMPTS[1], draft)
 
 
 def test_logits_processors_applied_per_position(load_model):
@@ -227,7 +241,7 @@ def test_seed_makes_sampling_reproducible(load_model):
                 model,
                 tokenizer,
                 PROMPTS[0],
-                draft,
+                draft_model=draft,
                 temp=0.8,
                 top_p=0.95,
                 max_tokens=20,
@@ -249,7 +263,7 @@ def test_top_p_zero_is_off_in_the_python_api(load_model):
             model,
             tokenizer,
             PROMPTS[0],
-            draft,
+            draft_model=draft,
             temp=0.8,
             top_p=top_p,
             max_tokens=16,
@@ -332,7 +346,7 @@ def test_prompt_progress_is_reported_per_chunk(load_model, method):
         model,
         tokenizer,
         ids,
-        draft,
+        draft_model=draft,
         speculative=method,
         max_tokens=2,
         prefill_step_size=4,

@@ -145,7 +145,12 @@ def test_heads_greedy_identity_every_architecture(load_model, arch):
         head = random_head(kind, model, seed=1)
         for method in methods:
             stream = stream_generate(
-                model, tokenizer, prompt, head, speculative=method, max_tokens=24
+                model,
+                tokenizer,
+                prompt,
+                draft_model=head,
+                speculative=method,
+                max_tokens=24,
             )
             assert [r.token for r in stream] == plain, (kind, method)
             assert stream.stats.note is None

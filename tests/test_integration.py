@@ -156,7 +156,9 @@ def test_registered_generate_equals_unpatched_and_our_api(registered, pair, refe
     routed = mlx_lm.generate(
         model, tokenizer, prompt, max_tokens=MAX_TOKENS, draft_model=draft
     )
-    ours = mlx_spec.generate(model, tokenizer, prompt, draft, max_tokens=MAX_TOKENS)
+    ours = mlx_spec.generate(
+        model, tokenizer, prompt, draft_model=draft, max_tokens=MAX_TOKENS
+    )
     assert routed == plain == ours
     # mlx_lm's own speculative loop agrees too (greedy).
     unpatched_spec = ORIGINALS["generate"](

@@ -164,7 +164,7 @@ def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(
             model,
             tokenizer,
             PROMPT,
-            drafter,
+            draft_model=drafter,
             speculative=method,
             max_tokens=MAX_TOKENS,
             temp=1.0,

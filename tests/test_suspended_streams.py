@@ -66,11 +66,23 @@ def _spec_after_break(model, tokenizer, draft, method, first, second, stop):
         cache += make_prompt_cache(draft)
     options = dict(speculative=method, num_draft_tokens=3, adaptive=False)
     kept = stream_generate(
-        model, tokenizer, first, draft, max_tokens=12, prompt_cache=cache, **options
+        model,
+        tokenizer,
+        first,
+        draft_model=draft,
+        max_tokens=12,
+        prompt_cache=cache,
+        **options,
     )
     head = _tokens(kept, stop)  # ``kept`` stays referenced: suspended mid-round
     tail = stream_generate(
-        model, tokenizer, second, draft, max_tokens=8, prompt_cache=cache, **options
+        model,
+        tokenizer,
+        second,
+        draft_model=draft,
+        max_tokens=8,
+        prompt_cache=cache,
+        **options,
     )
     got = [r.token for r in tail]
     del kept

@@ -499,7 +499,7 @@ def test_written_draft_loads_via_draft_model_and_decodes_greedy_identically(
             model,
             tokenizer,
             prompt,
-            draft,
+            draft_model=draft,
             speculative=method,
             max_tokens=40,
             adaptive=False,
@@ -539,7 +539,7 @@ def test_greedy_drafts_of_a_distilled_draft_are_chosen_over_its_vocabulary_subse
         model,
         tokenizer,
         prompt,
-        draft,
+        draft_model=draft,
         speculative=method,
         max_tokens=24,
         adaptive=False,
@@ -707,7 +707,12 @@ def test_a_draft_next_to_a_quantized_target_takes_its_quantization(
     expected = [r.token for r in plain(model, tokenizer, prompt, max_tokens=24)]
     for method in ("draft", "tree"):
         stream = stream_generate(
-            model, tokenizer, prompt, draft, speculative=method, max_tokens=24
+            model,
+            tokenizer,
+            prompt,
+            draft_model=draft,
+            speculative=method,
+            max_tokens=24,
         )
         assert [r.token for r in stream] == expected, method
     # A float draft keeps float layers next to a float target.

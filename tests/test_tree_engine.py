@@ -283,7 +283,12 @@ def test_unsupported_architecture_verifies_chains_and_says_so(tmp_path):
     tokenizer = load_tokenizer(build_tokenizer(tmp_path / "tok"))
     responses = list(
         stream_generate(
-            model, tokenizer, "def f():", model, speculative="tree", max_tokens=8
+            model,
+            tokenizer,
+            "def f():",
+            draft_model=model,
+            speculative="tree",
+            max_tokens=8,
         )
     )
     tokens, stats = [r.token for r in responses], responses[-1].stats

@@ -84,7 +84,12 @@ def _drafters(args, model, tokenizer) -> Dict[str, object]:
 
 def _run(model, tokenizer, drafter, method, prompt, max_tokens) -> Dict:
     stream = stream_generate(
-        model, tokenizer, prompt, drafter, speculative=method, max_tokens=max_tokens
+        model,
+        tokenizer,
+        prompt,
+        draft_model=drafter,
+        speculative=method,
+        max_tokens=max_tokens,
     )
     tokens = [r.token for r in stream]
     stats = stream.stats

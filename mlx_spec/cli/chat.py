@@ -132,7 +132,7 @@ class Chat:
             self.model,
             self.tokenizer,
             prompt,
-            self.draft_model,
+            draft_model=self.draft_model,
             config=self.config,
             sampler=self.sampler,
             prompt_cache=self.cache,

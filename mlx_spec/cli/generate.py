@@ -179,7 +179,7 @@ def run(args) -> str:
         model,
         tokenizer,
         prompt,
-        draft_model,
+        draft_model=draft_model,
         config=config,
         max_kv_size=args.max_kv_size,
         prefill_step_size=args.prefill_step_size,

@@ -165,7 +165,12 @@ def speculative_generate(
     if max_tokens < 0:  # mlx-lm's "until the end of sequence"
         max_tokens = UNTIL_EOS
     stream = stream_generate(
-        model, tokenizer, prompt, draft_model, max_tokens=max_tokens, **kwargs
+        model,
+        tokenizer,
+        prompt,
+        draft_model=draft_model,
+        max_tokens=max_tokens,
+        **kwargs,
     )
     return collect_text(stream, verbose)
 

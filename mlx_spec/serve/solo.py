@@ -150,7 +150,7 @@ class SoloRun:
             model,
             tokenizer,
             rest,
-            draft_model,
+            draft_model=draft_model,
             config=self.config,
             sampler=self.sampler,
             logits_processors=lm_private.logits_processors(args),
