@@ -619,7 +619,7 @@ def run_turn(
         pair.model,
         pair.tokenizer,
         feed,
-        draft,
+        draft_model=draft,
         prompt_cache=cache,
         prompt_progress_callback=progress,
         should_stop=session.stop.is_set,
