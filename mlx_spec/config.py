@@ -148,7 +148,11 @@ class OptionError(ValueError):
 
     def as_flag(self) -> "OptionError":
         """The same error, naming the option as its command-line flag."""
-        return OptionError(flag_name(self.name), self.value, self.allowed)
+        return self.renamed(flag_name(self.name))
+
+    def renamed(self, name: str) -> "OptionError":
+        """The same error, naming the option as a front end calls it."""
+        return OptionError(name, self.value, self.allowed)
 
 
 def flag_name(name: str) -> str:

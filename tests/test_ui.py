@@ -232,6 +232,10 @@ def _options(**values) -> SpecConfig:
         (dict(adaptive="maybe"), "adaptive='maybe' is not true or false"),
         (dict(adaptive=2), "adaptive=2 is not true or false"),
         (dict(adaptive=""), "adaptive='' is not true or false"),
+        # Ranges are the config's, named as the page names them.
+        (dict(num_draft_tokens=0), "γ (draft tokens per round)=0 is out of range"),
+        (dict(method="bogus"), "method='bogus' is out of range: one of none,"),
+        (dict(max_tokens=9000), "max tokens=9000 is out of range: an integer from"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(values, message):
@@ -270,7 +274,7 @@ def test_whole_floats_and_yes_no_words_are_accepted():
     [
         (["--port", "99999"], "--port=99999 is out of range"),
         (["--max-tokens", "0"], "--max-tokens=0 is out of range"),
-        (["--num-draft-tokens", "0"], "num_draft_tokens=0 is out of range"),
+        (["--num-draft-tokens", "0"], "--num-draft-tokens=0 is out of range"),
         (["--prefill-step-size", "0"], "prefill_step_size=0 is out of range"),
     ],
 )
@@ -405,11 +409,11 @@ def test_errors_clear_stale_stats_and_mode_notes(app, checkpoints):
     settings = [target, draft, "auto", 4, 16, False, 0.0, 1.0, 0, "", True, ""]
     updates = list(app.on_generate(PageRequest(CODE_PROMPT, *settings), None))
     _, stats, chart, status, box, retry = updates[-1]
-    assert "max_tokens=0" in status and "error" in status
+    assert "max tokens=0" in status and "error" in status
     assert stats == empty_stats and chart == empty_chart
     updates = list(app.on_race(PageRequest(CODE_PROMPT, *settings), None))
     _, plain_stats, head, _, spec_stats, verdict, stats, chart = updates[-1]
-    assert "max_tokens=0" in verdict and "auto" in head
+    assert "max tokens=0" in verdict and "auto" in head
     assert plain_stats == spec_stats == stats == empty_stats and chart == empty_chart
 
 
@@ -554,7 +558,7 @@ def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(
     from gradio_client.exceptions import AppError
 
     client = Client(server, verbose=False)
-    with pytest.raises(AppError, match="max_tokens=0 is out of range"):
+    with pytest.raises(AppError, match="max tokens=0 is out of range"):
         client.predict(CODE_PROMPT, api_name="/generate", max_tokens=0)
     with pytest.raises(AppError, match="does not exist"):
         client.predict(CODE_PROMPT, api_name="/generate", model="/no/such/model")
@@ -569,7 +573,7 @@ def test_api_bad_inputs_give_readable_errors_and_the_app_keeps_running(
         client.predict(
             CODE_PROMPT, api_name="/generate", method="draft", draft_model="(none)"
         )
-    with pytest.raises(AppError, match="method 'bogus' is unknown"):
+    with pytest.raises(AppError, match="method='bogus' is out of range"):
         client.predict(CODE_PROMPT, api_name="/generate", method="bogus")
     out = client.predict(CODE_PROMPT, api_name="/generate", raw=True, max_tokens=8)
     assert out["finish_reason"] in ("length", "stop")

@@ -22,8 +22,8 @@ from typing import List, Optional, Tuple
 from mlx_spec.config import (
     DEFAULT_NUM_DRAFT_TOKENS,
     METHODS,
+    SpecConfig,
     check_generation_options,
-    resolve_method,
 )
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 from mlx_spec.loading import check_draft_path, check_not_a_drafter, default_model_pair
@@ -32,7 +32,7 @@ from mlx_spec.validation import DRAFTER_LATER, spec_config
 
 from .handlers import App
 from .layout import launch_kwargs
-from .options import DEFAULT_METHOD, MAX_UI_TOKENS
+from .options import DEFAULT_METHOD, check_max_tokens
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -147,21 +147,24 @@ def create_app(
     return App(model, draft_model, **kwargs)
 
 
-def check_start_values(args) -> None:
-    """A one-line ``ValueError`` for a start-up value the page would refuse later."""
+def check_start_values(args) -> SpecConfig:
+    """The page's starting settings, checked: a one-line ``ValueError`` for a
+    start-up value the page would refuse later."""
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port={args.port} is out of range: 1 to 65535.")
-    if not 1 <= args.max_tokens <= MAX_UI_TOKENS:
-        raise ValueError(
-            f"--max-tokens={args.max_tokens} is out of range: 1 to {MAX_UI_TOKENS}."
-        )
-    spec_config(
-        args.speculative, DRAFTER_LATER, num_draft_tokens=args.num_draft_tokens
-    )  # the drafter is checked once the default pair is known
+    check_max_tokens(args.max_tokens, "--max-tokens")
+    config = spec_config(
+        args.speculative,
+        DRAFTER_LATER,  # checked once the default pair is known
+        flags=True,
+        num_draft_tokens=args.num_draft_tokens,
+        max_tokens=args.max_tokens,
+    )
     if args.prefill_step_size is not None:
         check_generation_options(prefill_step_size=args.prefill_step_size)
     if args.model is not None:
         check_not_a_drafter(args.model, "model")
+    return config
 
 
 def main(argv=None, prog: str = DEFAULT_PROG):
@@ -173,7 +176,7 @@ def main(argv=None, prog: str = DEFAULT_PROG):
     env_auth = [a for a in os.environ.get("MLX_SPEC_UI_AUTH", "").split(",") if a]
     try:
         auth = parse_auth(args.auth or env_auth)
-        check_start_values(args)
+        config = check_start_values(args)
     except ValueError as e:
         parser.error(str(e))
     if not is_loopback(args.host):
@@ -191,12 +194,12 @@ def main(argv=None, prog: str = DEFAULT_PROG):
         app = create_app(
             args.model,
             args.draft_model,
-            method=args.speculative,
-            num_draft_tokens=args.num_draft_tokens,
-            max_tokens=args.max_tokens,
+            method=config.method,
+            num_draft_tokens=config.num_draft_tokens,
+            max_tokens=config.max_tokens,
         )
         app.prefill_step_size = args.prefill_step_size
-        check_draft_path(resolve_method(args.speculative), app.default_draft)
+        check_draft_path(config.method, app.default_draft)
         if not args.no_preload:
             print("Loading the models...", file=sys.stderr)
             app.preload()

@@ -19,7 +19,7 @@ import gradio as gr
 from mlx.utils import tree_flatten
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig
-from mlx_spec.drafters.fit import METHOD_KINDS, drafter_kind
+from mlx_spec.drafters.fit import check_drafter, drafter_kind
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
 
 from . import layout, render
@@ -32,7 +32,7 @@ from .layout import (
     PageRequest,
     lane_head,
 )
-from .options import DEFAULT_METHOD, as_bool, page_options, parse_options
+from .options import DEFAULT_METHOD, PAGE_WORDS, as_bool, page_options, parse_options
 from .render import Turn
 from .session import (
     ModelStore,
@@ -667,24 +667,8 @@ def _prompt_for_mode(prompt: Optional[str], chat: bool):
 
 
 def _check_pair(options: SpecConfig, pair: Pair):
-    """Refuse a method whose drafter is missing or of another kind, in the UI's words."""
-    method = options.method
-    wanted = METHOD_KINDS.get(method)
-    if wanted is None:
-        return
-    if pair.draft_model is None:
-        raise ValueError(
-            f"the {method} method needs a draft model: choose one under "
-            "'Models and method', or pick lookup, self or auto."
-        )
-    kind = drafter_kind(pair.draft_model)
-    if kind != wanted:
-        needed = "a draft model" if wanted == "draft" else f"a trained {wanted} head"
-        given = "a draft model" if kind == "draft" else f"a trained {kind} head"
-        raise ValueError(
-            f"the {method} method needs {needed}, but the draft model chosen is "
-            f"{given}: pick the {kind} method, or choose another draft model."
-        )
+    """Refuse a method whose drafter is missing or of another kind, in the page's words."""
+    check_drafter(options.method, drafter_kind(pair.draft_model), words=PAGE_WORDS)
 
 
 def _draft_size_note(pair: Pair) -> str:

@@ -7,9 +7,25 @@ page's words; :func:`mlx_spec.validation.spec_config` checks the ranges.
 import math
 from typing import Optional
 
-from mlx_spec.config import METHODS, SpecConfig
+from mlx_spec.config import OptionError, SpecConfig
+from mlx_spec.drafters.fit import Words
+from mlx_spec.validation import DRAFTER_LATER, spec_config
 
 from .layout import PageRequest
+
+# The page's names of config fields, in messages.
+PAGE_NAMES = {
+    "speculative": "method",
+    "num_draft_tokens": "γ (draft tokens per round)",
+    "tree_budget": "tree budget",
+    "max_tokens": "max tokens",
+}
+# The page's names for the choices in a drafter check's message.
+PAGE_WORDS = Words(
+    subject="the {method} method",
+    draft_model="draft model (choose one under 'Models and method')",
+    pick="pick the {methods} method",
+)
 
 DEFAULT_METHOD = "auto"
 MAX_UI_TOKENS = 8192
@@ -74,33 +90,36 @@ def as_bool(value, name: str) -> bool:
     )
 
 
+def check_max_tokens(value: int, name: str) -> None:
+    """The page's own cap on max tokens (below the config's), named ``name``."""
+    if not 1 <= value <= MAX_UI_TOKENS:
+        raise OptionError(name, value, f"an integer from 1 to {MAX_UI_TOKENS} here")
+
+
 def parse_options(
     method, num_draft_tokens, tree_budget, temp, top_p, max_tokens, seed, adaptive=False
 ) -> SpecConfig:
     """UI values to a checked :class:`SpecConfig`, before anything runs.
 
     Each value is checked for its type here, so a bad one names its field;
-    ``SpecConfig`` checks the ranges. Empty temp and top-p take its defaults.
+    :func:`~mlx_spec.validation.spec_config` checks the ranges, its messages
+    naming the page's fields. Empty temp and top-p take the config's defaults.
     """
-    if method not in METHODS:
-        raise ValueError(
-            f"method {method!r} is unknown; choose one of {', '.join(METHODS)}."
-        )
     max_tokens = as_int(max_tokens, "max tokens")
-    if max_tokens > MAX_UI_TOKENS:
-        raise ValueError(
-            f"max tokens={max_tokens} is out of range: at most {MAX_UI_TOKENS} here."
-        )
+    check_max_tokens(max_tokens, "max tokens")
     sampling = dict(temp=as_float(temp, "temp"), top_p=as_float(top_p, "top_p"))
-    return SpecConfig(
-        method=method,
-        num_draft_tokens=as_int(num_draft_tokens, "γ (draft tokens per round)"),
-        tree_budget=as_int(tree_budget, "tree budget"),
+    fields = dict(
+        num_draft_tokens=as_int(num_draft_tokens, PAGE_NAMES["num_draft_tokens"]),
+        tree_budget=as_int(tree_budget, PAGE_NAMES["tree_budget"]),
         max_tokens=max_tokens,
         seed=as_int(seed, "seed", optional=True),
         adaptive=as_bool(adaptive, "adaptive"),
         **{k: v for k, v in sampling.items() if v is not None},
     )
+    try:
+        return spec_config(method, DRAFTER_LATER, **fields)
+    except OptionError as e:
+        raise e.renamed(PAGE_NAMES.get(e.name, e.name)) from None
 
 
 def page_options(page: PageRequest) -> SpecConfig:

@@ -6,7 +6,7 @@ MTP layer). Every front end (commands, server, UI) and every drafter asks
 :func:`check_drafter`, so the rule and its message live here once.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 # Methods that need a draft model (a trained head will not do).
 DRAFT_METHODS = ("draft", "tree")
@@ -54,19 +54,37 @@ def drafter_fits(method: str, kind: Optional[str]) -> bool:
     return needed is None or needed == kind
 
 
-def check_drafter(method: str, kind: Optional[str], *, subject: str = "") -> None:
+class Words(NamedTuple):
+    """How a front end names its choices in :func:`check_drafter`'s messages."""
+
+    # The request: "{method}" is the method asked for.
+    subject: str = "--speculative {method}"
+    # Where a drafter is given ("needs a {draft_model}", "as {draft_model}").
+    draft_model: str = "--draft-model"
+    # How to choose other methods: "{methods}" is "eagle or eagle-chain".
+    pick: str = "use --speculative {methods}"
+
+
+# The commands' words (flags); the UI names its page's controls instead.
+FLAG_WORDS = Words()
+
+
+def check_drafter(
+    method: str, kind: Optional[str], *, subject: str = "", words: Words = FLAG_WORDS
+) -> None:
     """A one-line ``ValueError`` unless ``method`` can draft with a ``kind`` drafter.
 
     Args:
         method: The method that will run.
         kind: The drafter on hand (see the module docstring).
         subject: How the front end names the request. Default:
-          ``--speculative METHOD``.
+          ``words.subject`` (``--speculative METHOD``).
+        words: How the front end names its choices. Default: the flags.
     """
     if drafter_fits(method, kind):
         return
     needed = NEEDED_DRAFTER[method]
-    subject = subject or f"--speculative {method}"
+    subject = subject or words.subject.format(method=method)
     if needed == "mtp":
         raise ValueError(
             f"{subject} drafts with the model's own MTP layer (got "
@@ -74,15 +92,15 @@ def check_drafter(method: str, kind: Optional[str], *, subject: str = "") -> Non
             "model) (the commands do this from --model)."
         )
     if kind is None and needed == "draft":
-        raise ValueError(f"{subject} needs a --draft-model.")
+        raise ValueError(f"{subject} needs a {words.draft_model}.")
     wanted = drafter_description(needed)
     train = f"train one with: mlx_spec train-draft --kind {needed}"
     if needed == "dflash":  # a published format only
         train = "pass a published DFlash checkpoint folder"
     if kind is None:
-        raise ValueError(f"{subject} needs {wanted} as --draft-model; {train}.")
+        raise ValueError(f"{subject} needs {wanted} as {words.draft_model}; {train}.")
     given = "the draft model given" if kind == "draft" else f"the {kind} head given"
-    fix = f"use --speculative {drafter_methods(kind)}"
+    fix = words.pick.format(methods=drafter_methods(kind))
     if needed != "draft":
         fix += f", or {train}"
     raise ValueError(f"{subject} needs {wanted}, not {given}; {fix}.")
