@@ -581,3 +581,18 @@ def test_batched_rows_count_their_rounds_as_the_single_sequence_engine_does(
         assert sum(st.drafted_per_round) == st.draft_tokens
         assert sum(st.accepted_per_round) == st.accepted_tokens
         assert st.mean_accepted_depth > 0
+
+
+def test_a_batch_row_keeps_out_lookup_matches_that_keep_failing():
+    """As single-sequence lookup does (MatchRates): a match length whose
+    first token keeps being rejected is kept out, and probed now and then."""
+    config = SpecConfig(method="lookup", adaptive=False, max_tokens=200)
+    row = Row(0, SeqSpec([5, 6, 7, 5, 6, 7, 5, 6], config), False, SpecStats(), 0.0)
+    planner = RowPlanner(0.0, None)
+    drafted = []
+    for _ in range(24):
+        planner.plan([row], 0)
+        drafted.append(row.arm == "lookup")
+        row.record(0)  # every draft rejected
+    assert drafted[:2] == [True, True]
+    assert 1 <= sum(drafted[8:]) <= 3  # the probes only

@@ -4,9 +4,12 @@ then the round's width for the whole batch.
 A row's γ comes from its arm's controller, the single-sequence engine's
 (:func:`mlx_spec.planner.chain_controller`), priced for its batch; the
 width, from :func:`mlx_spec.planner.batch_width` over every row's
-acceptance. What is the batch's own: which arm a row of ``auto`` runs (a
-strong lookup match, else the draft model), whether the draft-model rows
-sit a round out, and a periodic round that measures drafts left unverified.
+acceptance; whether a lookup match is worth proposing, from the row's
+:class:`~mlx_spec.drafters.lookup.MatchRates` as single-sequence lookup and
+``auto`` decide it. What is the batch's own: a row of ``auto`` without such
+a match drafts with the draft model (alone, ``auto`` also weighs a plain
+round and its other arms), whether the draft-model rows sit a round out,
+and a periodic round that measures drafts left unverified.
 """
 
 from typing import List, Optional, Tuple
@@ -16,8 +19,6 @@ from ..planner import batch_width, round_rate
 from .index import CrossRequestIndex
 from .rows import Row
 
-# ``auto`` drafts by lookup when its match is at least this long.
-STRONG_MATCH = 2
 # After this many rounds in a row that left drafts on offer unverified (a
 # plain round, or draft-model rows sitting out), every row drafts two tokens,
 # so the acceptance estimates keep being measured.
@@ -60,11 +61,15 @@ class RowPlanner:
             cap = min(s.config.max_draft_tokens, limit)
             if s.spec.method in ("lookup", "auto"):
                 proposal, match, from_index = self._lookup(s, cap)
-                strong = match >= STRONG_MATCH or not s.uses_draft
-                if s.spec.method == "lookup" or strong:
-                    if proposal:
-                        s.proposal, s.from_index = proposal, from_index
-                        row_size(s, "lookup", len(proposal))
+                # The single-sequence lookup's rule: a match length whose
+                # first token is seldom accepted is kept out (probed now and
+                # then), and an uncertain one drafts less.
+                if proposal and s.rates.worth_proposing(match):
+                    s.proposal = proposal[: s.rates.worth_length(match)]
+                    s.match, s.from_index = match, from_index
+                    row_size(s, "lookup", len(s.proposal))
+                    continue
+                if s.spec.method == "lookup" or not s.uses_draft:
                     continue
             row_size(s, "draft", cap)
         widest = max((s.size for s in seqs), default=0)

@@ -11,6 +11,7 @@ import mlx.core as mx
 from ..adaptive import AdaptiveController
 from ..config import SpecConfig
 from ..costs import chain_round_costs, static_round_cost
+from ..drafters.lookup import MatchRates
 from ..drafters.ngram import NGramIndex
 from ..planner import chain_controller
 from ..sampling import SamplingParams
@@ -104,6 +105,8 @@ class Row:
             ngram_min=spec.config.ngram_min, ngram_max=spec.config.ngram_max
         )
         self.controllers: Dict[str, AdaptiveController] = {}
+        self.rates = MatchRates()  # lookup's first-token acceptance by match length
+        self.match = 0  # this round's lookup match length
         self.draft_step = draft_step  # a draft-model step, in target forwards
         self.batch = 1  # rows in its current round
         self.started = 0.0
@@ -138,6 +141,8 @@ class Row:
         modelled cost, as the single-sequence planner records a sampled round."""
         if self.arm is None:
             return  # a plain round tells the arms nothing
+        if self.arm == "lookup":
+            self.rates.observe(self.match, accepted > 0)
         step = self.draft_step if self.arm == "draft" else 0.0
         cost = static_round_cost(step, self.size, self.size + 1, rows=self.batch)
         self.controller(self.arm).update(self.size, accepted, 0.0, cost, draft_steps=0)
