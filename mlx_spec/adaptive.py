@@ -57,6 +57,8 @@ _TINY = 1e-12
 # The next tree budget up is priced at this share of the last measured gain
 # slope: enough to climb where wide trees pay, damped where they do not.
 EXTRAPOLATE = 0.5
+# A round an arm sits out moves its acceptance this share back towards the prior.
+REST_KEEP = 0.95
 
 
 def _check_int(name: str, value, low: int, high: int) -> int:
@@ -380,6 +382,14 @@ class AdaptiveController:
         return max(self.expected_rates()[self.gamma_min :])
 
     # ------------------------------------------------------------- updates
+
+    def rest(self, keep: float = REST_KEEP) -> None:
+        """Note a round the arm was offered but did not run (it did not pay):
+        each depth's estimate moves ``1 - keep`` of the way back to the
+        prior, so an arm left out for low acceptance is tried again later."""
+        prior = self.prior_acceptance
+        for stat in self._accept:
+            stat.total = keep * stat.total + (1.0 - keep) * prior * stat.weight
 
     def _update_costs(self, verify_time, verify_width, overhead_time, plain=False):
         if plain:

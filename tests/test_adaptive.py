@@ -94,6 +94,20 @@ def test_gamma_zero_allowed_when_drafting_does_not_pay():
     assert ctl.choose() == 0
 
 
+def test_an_arm_left_out_drifts_back_to_its_prior():
+    """Rounds an arm sits out (rest) move its acceptance back towards the
+    prior, a share per round, so it is tried again; a round it runs does not."""
+    ctl = AdaptiveController(gamma_max=8, prior_acceptance=0.6, explore=0.0)
+    run_chain(ctl, 30, 0.0, rng=random.Random(0))
+    low = ctl.acceptance()[0]
+    assert low < 0.05
+    ctl.rest()
+    assert ctl.acceptance()[0] == pytest.approx(0.95 * low + 0.05 * 0.6)
+    for _ in range(100):
+        ctl.rest()
+    assert ctl.acceptance()[0] == pytest.approx(0.6, abs=0.01)
+
+
 def first_round_reaching(chosen, start, predicate):
     for r in range(start, len(chosen)):
         if predicate(chosen[r]):

@@ -43,9 +43,8 @@ class RowPlanner:
 
         Each row picks its arm, then its own draft length ``γ`` from that
         arm's controller (:func:`mlx_spec.planner.chain_controller`, as in the
-        single-sequence engine, priced for this batch size; γ 0 pauses the
-        arm); a row with a lookup match can verify up to its match's length.
-        The round's width ``K <= max γ`` is then chosen for the whole batch
+        single-sequence engine, priced for this batch size); a row with a
+        lookup match can verify up to its match's length. The round's width ``K <= max γ`` is then chosen for the whole batch
         (:func:`mlx_spec.planner.batch_width`): every row pays for the
         widest one, and the draft-model rows may sit the round out
         (:meth:`width`). Rows verify up to ``K`` drafts (columns the batch
@@ -80,7 +79,8 @@ class RowPlanner:
         if self.idle >= EXPLORE_EVERY:
             width, sit_out, self.idle = min(widest, 2), False, 0
         for s in seqs:
-            if width == 0 or sit_out and s.arm == "draft":
+            if s.arm is not None and (width == 0 or sit_out and s.arm == "draft"):
+                s.controller(s.arm).rest()
                 s.arm = None
             s.size = min(width, s.cap) if s.arm is not None else 0
             s.proposal = s.proposal[: s.size]
@@ -127,12 +127,11 @@ class RowPlanner:
 
 
 def row_size(s: Row, arm: str, cap: int):
-    """The row's γ for ``arm`` (at most ``cap``) and the drafts it may
-    verify: its controller's choice, or the fixed ``num_draft_tokens``."""
+    """Run ``arm`` on row ``s`` this round: its γ (at most ``cap``, which is at
+    least 1) from its controller, or the fixed ``num_draft_tokens``, and the
+    drafts it may verify."""
+    s.arm = arm
     if s.config.adaptive:
-        gamma = min(s.controller(arm).choose(), cap)
+        s.size, s.cap = min(s.controller(arm).choose(), cap), cap
     else:
-        gamma = max(1, min(s.config.num_draft_tokens, cap))
-    if gamma > 0:  # γ 0: the arm pauses, a plain round for this row
-        s.arm, s.size = arm, gamma
-        s.cap = cap if s.config.adaptive else gamma
+        s.size = s.cap = min(s.config.num_draft_tokens, cap)

@@ -122,14 +122,13 @@ class Row:
 
     def controller(self, arm: str) -> AdaptiveController:
         """The arm's controller, made as the single-sequence planner makes
-        one (a draft model drafting alone may pause at γ 0, ``auto``'s arms
-        do not), priced by the fixed cost model for this row's batch."""
+        one, priced by the fixed cost model for this row's batch. No arm
+        pauses by itself (γ >= 1): plain rounds are the batch's choice (its
+        width, or draft-model rows sitting out), as they are ``auto``'s alone."""
         if arm not in self.controllers:
             step = self.draft_step if arm == "draft" else 0.0
             alone = self.spec.method != "auto"
-            controller = chain_controller(
-                self.config, step, pauses=arm == "draft" and alone, alone=alone
-            )
+            controller = chain_controller(self.config, step, pauses=False, alone=alone)
             controller.pricer = lambda most: chain_round_costs(
                 step, most, rows=self.batch
             )
