@@ -379,3 +379,14 @@ def test_the_defaults_are_the_recipes_of_the_shipped_drafters(kind):
         ["batch_tokens"] if kind == "draft" else ["batch_size", "window"]
     )
     assert {k: made[k] for k in keys} == {k: trained[k] for k in keys}
+
+
+def test_a_corpus_folder_without_a_corpus_says_how_to_grow_one(tmp_path, capsys):
+    """The three front ends of a corpus (train-draft, corpus info, the data
+    stage) say it in one message: train-draft's own said to grow one without how."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "m", "--out", str(tmp_path / "o"), "--corpus", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err
+    assert f"--corpus '{tmp_path}' holds no corpus (no corpus.json)" in err
+    assert f"mlx_spec corpus grow --model MODEL --out {tmp_path}" in err

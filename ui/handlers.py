@@ -42,6 +42,7 @@ from .session import (
     Sessions,
     Waiting,
     Worker,
+    check_not_empty,
     clean_message,
     encode_prompt,
     respond,
@@ -292,8 +293,7 @@ class App:
         try:
             options = page_options(page)
             raw = as_bool(page.raw, "raw")
-            if not text:
-                raise ValueError("the message is empty; type some text first.")
+            check_not_empty(text, "message")
             if self._needs_loading(page.target, page.draft, options.method):
                 loading = render.banner("Loading models&hellip;")
                 yield keep, keep, keep, loading, keep, keep
@@ -477,8 +477,7 @@ class App:
                 raise ValueError(
                     "choose a speculative method to race against plain decoding."
                 )
-            if not text:
-                raise ValueError("the prompt is empty; type some text first.")
+            check_not_empty(text, "prompt")
             if self._needs_loading(page.target, page.draft, options.method):
                 loading = render.banner("Loading models&hellip;")
                 yield keep, keep, head, keep, keep, loading, keep, keep

@@ -587,8 +587,7 @@ def run_turn(
     Closing the generator closes the stream (which rewinds the caches) and
     records what the cache now holds.
     """
-    if not tokens:
-        raise ValueError("the prompt is empty; type some text first.")
+    check_not_empty(tokens, "prompt")
     layout, uses_draft = cache_layout(options.method, pair)
     draft = pair.draft_model if uses_draft else None
     layout = layout if use_cache else None
@@ -687,8 +686,7 @@ def respond(
           the conversation (nothing was prefilled). A turn that fails later stays in it with ``finish``
           ``"error"`` and its ``error`` (left out of later prompts).
     """
-    if not clean_message(text, trim=False):
-        raise ValueError("the message is empty; type some text first.")
+    check_not_empty(clean_message(text, trim=False), "message")
     history = [t for t in session.turns if t.finish != "error"] if chat else []
     tokens = encode_prompt(pair.tokenizer, text, history, chat, system)
     check_context(pair.model, len(tokens), options.max_tokens)
@@ -726,6 +724,12 @@ def respond(
         turn.progress = None
         if turn.finish is None:
             turn.finish = "stopped"
+
+
+def check_not_empty(value, what: str) -> None:
+    """A one-line ``ValueError`` for an empty ``what`` (a message or a prompt)."""
+    if not value:
+        raise ValueError(f"the {what} is empty; type some text first.")
 
 
 def clean_message(text: Optional[str], trim: bool = True) -> str:

@@ -15,6 +15,7 @@ from . import completions as C
 from . import draft as D
 from . import head_command as H
 from .checkpoint import checkpoint_dir, read_state
+from .corpus import Corpus
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 
@@ -286,11 +287,11 @@ def check_args(args):
         raise ValueError("--self-instruct must be at least 0.")
     if args.init_from and not Path(args.init_from).is_dir():
         raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
-    if args.corpus and not (Path(args.corpus) / "corpus.json").is_file():
-        raise ValueError(
-            f"--corpus '{args.corpus}' holds no corpus (no corpus.json); grow one "
-            "with mlx_spec corpus grow."
-        )
+    if args.corpus:
+        try:
+            Corpus(args.corpus).existing_manifest()
+        except ValueError as e:
+            raise ValueError(f"--corpus {e}") from None
     if args.corpus_tokens is not None and not args.corpus:
         raise ValueError("--corpus-tokens needs --corpus.")
     if args.corpus_tokens is not None and args.corpus_tokens < 1:

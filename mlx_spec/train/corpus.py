@@ -188,6 +188,16 @@ class Corpus:
         self.cap_bytes = int(cap_bytes or saved_cap or DEFAULT_CAP_BYTES)
 
     # -- manifest ------------------------------------------------------- #
+    def existing_manifest(self) -> Dict:
+        """:meth:`manifest`, or a one-line ``ValueError`` if the folder holds no corpus."""
+        manifest = self.manifest()
+        if manifest is None:
+            raise ValueError(
+                f"'{self.folder}' holds no corpus (no {MANIFEST}); grow one with: "
+                f"mlx_spec corpus grow --model MODEL --out {self.folder}"
+            )
+        return manifest
+
     def manifest(self) -> Optional[Dict]:
         path = self.folder / MANIFEST
         if not path.exists():

@@ -250,8 +250,7 @@ def read_sweep(folder) -> Optional[Dict]:
 
 def info(args) -> int:
     corpus = Corpus(args.folder)
-    if corpus.manifest() is None:
-        raise ValueError(f"'{args.folder}' holds no corpus (no corpus.json).")
+    corpus.existing_manifest()
     summary = corpus.summary()
     print(card_text(summary, corpus.manifest(), read_sweep(corpus.folder)))
     write_card(corpus, summary)

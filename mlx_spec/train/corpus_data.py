@@ -67,9 +67,7 @@ def corpus_completions(
     """
     from ..fingerprint import fingerprint_mismatch
 
-    manifest = corpus.manifest()
-    if manifest is None:
-        raise ValueError(f"'{corpus.folder}' holds no corpus (no corpus.json).")
+    manifest = corpus.existing_manifest()
     why = fingerprint_mismatch(manifest["target"], model)
     if why:
         raise ValueError(
