@@ -213,3 +213,21 @@ def test_importing_the_package_loads_no_server_module():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split("\n")
     assert out[:2] == ["[]", "True"]
+
+
+def test_importing_the_package_loads_no_front_end():
+    """``import mlx_spec`` loads the engine, not the commands, server, UI,
+    benchmarks, training or test fixtures."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mlx_spec\n"
+        "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('mlx_spec.')}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    front_ends = {"bench", "cli", "serve", "testing", "train", "ui"}
+    loaded = set(ast.literal_eval(out))
+    assert {"engine", "generation"} <= loaded and not front_ends & loaded, out
