@@ -9,13 +9,13 @@ checkpoint with every matrix replaced by its quantize-dequantize round trip
 
 import json
 import os
-import shutil
 import zipfile
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_checks import PROMPT_IDS, gguf_name, logits, reference_checkpoint
 from mlx.utils import tree_map_with_path
 
 from mlx_spec.convert import ConversionError, convert_gguf, fetch_smollm2
@@ -26,7 +26,6 @@ from mlx_spec.convert.__main__ import main as convert_main
 gguf = pytest.importorskip("gguf")
 
 REAL_MODEL = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
-PROMPT_IDS = [5, 77, 301, 12, 499, 3, 260, 41, 100, 7, 511, 64]
 TEXTS = [
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n",
     "Hello, world! How are you today?",
@@ -35,35 +34,11 @@ TEXTS = [
     "<|im_start|>user\nHi there<|im_end|>\n",
 ]
 FLOAT_TYPES = {"F32": np.float32, "F16": np.float16}
-# Test checkpoint parameter -> GGUF name, written out independently of the
-# converter's own table.
-_GGUF_NAMES = {
-    "model.embed_tokens": "token_embd",
-    "model.norm": "output_norm",
-    "lm_head": "output",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
 
 
 # --------------------------------------------------------------------------- #
 # Writing GGUFs
 # --------------------------------------------------------------------------- #
-
-
-def gguf_name(name: str) -> str:
-    module, suffix = name.rsplit(".", 1)
-    if module.startswith("model.layers."):
-        _, _, layer, rest = module.split(".", 3)
-        return f"blk.{layer}.{_GGUF_NAMES[rest]}.{suffix}"
-    return f"{_GGUF_NAMES[module]}.{suffix}"
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -191,30 +166,6 @@ def write_gguf(
     return reference
 
 
-def reference_checkpoint(
-    checkpoint: Path, out: Path, weights: dict, tie=False, **config_fields
-) -> Path:
-    """``checkpoint`` with ``weights`` (a tied head when ``tie``, config fields)."""
-    shutil.copytree(checkpoint, out)
-    config = json.loads((out / "config.json").read_text())
-    config["tie_word_embeddings"] = tie
-    config.update(config_fields)
-    (out / "config.json").write_text(json.dumps(config))
-    mx.save_safetensors(
-        str(out / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()}
-    )
-    return out
-
-
-def logits(path: Path) -> mx.array:
-    import mlx_lm
-
-    model, _ = mlx_lm.load(str(path))
-    out = model(mx.array(PROMPT_IDS)[None])
-    mx.eval(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def source(checkpoints):
     return checkpoints["llama"]
@@ -228,7 +179,9 @@ def source(checkpoints):
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"])
 def test_float32_conversion_gives_the_reference_logits_exactly(source, tmp_path, qtype):
     reference = write_gguf(source, tmp_path / "m.gguf", qtype)
-    ref = reference_checkpoint(source, tmp_path / "ref", reference)
+    ref = reference_checkpoint(
+        source, tmp_path / "ref", reference, tie_word_embeddings=False
+    )
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     expected, got = logits(ref), logits(out)
     assert got.dtype == mx.float32
@@ -242,7 +195,9 @@ def test_keep_quantized_holds_the_gguf_values_and_matches_logits(
     import mlx_lm
 
     reference = write_gguf(source, tmp_path / "m.gguf", qtype)
-    ref = reference_checkpoint(source, tmp_path / "ref", reference)
+    ref = reference_checkpoint(
+        source, tmp_path / "ref", reference, tie_word_embeddings=False
+    )
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="keep-quantized")
     config = json.loads((out / "config.json").read_text())
     bits = 8 if qtype == "Q8_0" else 4
@@ -285,7 +240,9 @@ def test_keep_quantized_records_mixed_bits_per_module(source, tmp_path):
 
     types = {"model.embed_tokens.weight": "Q8_0", "lm_head.weight": "F16"}
     reference = write_gguf(source, tmp_path / "m.gguf", "Q4_1", type_of=types)
-    ref = reference_checkpoint(source, tmp_path / "ref", reference)
+    ref = reference_checkpoint(
+        source, tmp_path / "ref", reference, tie_word_embeddings=False
+    )
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="keep-quantized")
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"] == {
@@ -303,7 +260,9 @@ def test_keep_quantized_records_mixed_bits_per_module(source, tmp_path):
 
 def test_missing_output_tensor_ties_the_head_to_the_embedding(source, tmp_path):
     reference = write_gguf(source, tmp_path / "m.gguf", "Q8_0", tie=True)
-    ref = reference_checkpoint(source, tmp_path / "ref", reference, tie=True)
+    ref = reference_checkpoint(
+        source, tmp_path / "ref", reference, tie_word_embeddings=True
+    )
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
     assert mx.array_equal(logits(ref), logits(out)).item()
@@ -337,7 +296,11 @@ def test_llama3_rope_freqs_become_llama3_rope_scaling(source, tmp_path):
     }
     reference = write_gguf(source, tmp_path / "m.gguf", "Q8_0", rope_freqs=factors)
     ref = reference_checkpoint(
-        source, tmp_path / "ref", reference, rope_scaling=scaling
+        source,
+        tmp_path / "ref",
+        reference,
+        tie_word_embeddings=False,
+        rope_scaling=scaling,
     )
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     assert json.loads((out / "config.json").read_text())["rope_scaling"] == scaling
@@ -379,7 +342,9 @@ def test_unpermute_rows_inverts_llama_cpp_permutation_for_q_and_kv_heads():
 def test_without_unpermuting_q_and_k_the_logits_differ(source, tmp_path, monkeypatch):
     """The exact-logits tests above would catch a missing Q/K un-permutation."""
     reference = write_gguf(source, tmp_path / "m.gguf", "F32")
-    ref = reference_checkpoint(source, tmp_path / "ref", reference)
+    ref = reference_checkpoint(
+        source, tmp_path / "ref", reference, tie_word_embeddings=False
+    )
     monkeypatch.setattr(gguf_convert, "unpermute_rows", lambda rows, heads: rows)
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     assert mx.abs(logits(ref) - logits(out)).max().item() > 1e-2

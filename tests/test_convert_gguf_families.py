@@ -17,12 +17,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_checks import logits, reference_checkpoint
 
 from mlx_spec.convert import ConversionError, convert_gguf, quants
 
 gguf = pytest.importorskip("gguf")
 
-PROMPT_IDS = [5, 77, 301, 12, 499, 3, 260, 41, 100, 7, 511, 64]
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 # Test checkpoint family -> general.architecture llama.cpp writes.
 GGUF_ARCH = {
@@ -190,24 +190,6 @@ def add_tokenizer(writer, checkpoint: Path) -> None:
     writer.add_eos_token_id(2)
 
 
-def reference_checkpoint(source: Path, config: dict, weights: dict, out: Path) -> Path:
-    shutil.copytree(source, out)
-    (out / "config.json").write_text(json.dumps(config))
-    mx.save_safetensors(
-        str(out / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()}
-    )
-    return out
-
-
-def logits(path: Path) -> mx.array:
-    import mlx_lm
-
-    model, _ = mlx_lm.load(str(path))
-    out = model(mx.array(PROMPT_IDS)[None]).astype(mx.float32)
-    mx.eval(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def converted(checkpoints, tmp_path_factory):
     """(family, qtype[, variant]) -> (reference checkpoint, GGUF path); built once."""
@@ -222,7 +204,7 @@ def converted(checkpoints, tmp_path_factory):
             source, config, weights = source_model(checkpoints, family, tmp, variant)
             path = tmp / "m.gguf"
             reference = write_family_gguf(family, config, weights, source, path, qtype)
-            ref = reference_checkpoint(source, config, reference, tmp / "ref")
+            ref = reference_checkpoint(source, tmp / "ref", reference, config)
             cache[key] = (ref, path)
         return cache[key]
 

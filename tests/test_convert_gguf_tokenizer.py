@@ -14,6 +14,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_checks import gguf_name
 
 from mlx_spec.convert import convert_gguf
 from mlx_spec.convert.tokenizer import build_tokenizer, tokenizer_config
@@ -164,27 +165,8 @@ def test_sentencepiece_gguf_converts_to_a_tokenizer_mlx_lm_loads(checkpoints, tm
         "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} [/INST]"
         "{% endfor %}"
     )
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    layer = {
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-    }
     for name, w in weights.items():
-        if name not in names:
-            _, _, i, rest = name.rsplit(".", 1)[0].split(".", 3)
-            names[name] = f"blk.{i}.{layer[rest]}.weight"
-        writer.add_tensor(names[name], np.array(w))
+        writer.add_tensor(gguf_name(name), np.array(w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
