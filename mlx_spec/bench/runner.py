@@ -403,7 +403,7 @@ def run_mlx_spec(
         setup.model,
         setup.tokenizer,
         ids,
-        drafter,
+        draft_model=drafter,
         speculative=method,
         num_draft_tokens=gamma or DEFAULT_NUM_DRAFT_TOKENS,
         temp=temp,
