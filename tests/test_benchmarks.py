@@ -32,6 +32,10 @@ from mlx_spec.loading import default_model_pair
 
 REPO = Path(__file__).resolve().parent.parent
 
+# One short run of each method: one repeat, no warm-up, no γ sweep, no charts.
+ONE_RUN = ["--repeats", "1", "--warmup", "0", "--no-gamma-sweep"]
+ONE_RUN += ["--forward-repeats", "1", "--no-charts", "--no-progress"]
+
 
 def _chat_default() -> bool:
     """Whether the default target has a chat template (the chat suite runs)."""
@@ -538,15 +542,7 @@ def test_every_method_is_greedy_identical_to_mlx_lm_on_the_default_pair(tmp_path
             *(["--prompt-sets", "chat", "editing"] if _chat_default() else []),
             "--max-tokens",
             "12",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--no-gamma-sweep",
-            "--forward-repeats",
-            "1",
-            "--no-charts",
-            "--no-progress",
+            *ONE_RUN,
             "--out",
             str(tmp_path),
         ]
@@ -846,15 +842,7 @@ def test_prompt_file_runs_end_to_end(checkpoints, tmp_path):
             "0",
             "--max-tokens",
             "4",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--no-gamma-sweep",
-            "--forward-repeats",
-            "1",
-            "--no-charts",
-            "--no-progress",
+            *ONE_RUN,
             "--out",
             str(out),
         ]
@@ -977,15 +965,7 @@ def test_a_head_runs_its_methods(checkpoints, load_model, tmp_path, flag):
             "0",
             "--max-tokens",
             "6",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--no-gamma-sweep",
-            "--forward-repeats",
-            "1",
-            "--no-charts",
-            "--no-progress",
+            *ONE_RUN,
             "--out",
             str(out),
         ]
@@ -1025,15 +1005,7 @@ def test_a_target_with_mtp_layers_runs_the_mtp_method(checkpoints, tmp_path):
             "0",
             "--max-tokens",
             "6",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--no-gamma-sweep",
-            "--forward-repeats",
-            "1",
-            "--no-charts",
-            "--no-progress",
+            *ONE_RUN,
             "--out",
             str(out),
         ]
@@ -1051,8 +1023,7 @@ def test_a_target_without_mtp_layers_says_why_mtp_is_skipped(checkpoints, tmp_pa
     bench.main(
         argv
         + ["--quick", "--prompt-sets", "chat", "--temps", "0", "--max-tokens", "4"]
-        + ["--repeats", "1", "--warmup", "0", "--no-gamma-sweep", "--no-profile"]
-        + ["--forward-repeats", "1", "--no-charts", "--no-progress", "--out", str(out)]
+        + [*ONE_RUN, "--no-profile", "--out", str(out)]
     )
     results = json.loads((out / "results.json").read_text())
     assert "llama" in results["methods_skipped"]["mtp"]
@@ -1069,8 +1040,7 @@ def test_a_hybrid_target_runs_and_skips_what_mlx_lm_cannot_rewind(
         + ["--draft-model", str(checkpoints["qwen3_next-near"])]
         + ["--methods", "mlx_lm", "mlx_lm_speculative", "draft", "--quick"]
         + ["--prompt-sets", "chat", "--temps", "0", "--max-tokens", "6"]
-        + ["--repeats", "1", "--warmup", "0", "--no-gamma-sweep", "--no-profile"]
-        + ["--forward-repeats", "1", "--no-charts", "--no-progress", "--out", str(out)]
+        + [*ONE_RUN, "--no-profile", "--out", str(out)]
     )
     results = json.loads((out / "results.json").read_text())
     # mlx-lm's speculative mode cannot trim recurrent caches: skipped, with why.
