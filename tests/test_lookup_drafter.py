@@ -5,7 +5,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from law_checks import CHI2_9_999, stream_statistics
+from law_checks import CHI2_9_999, assert_counts_follow_law, stream_statistics
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -252,15 +252,7 @@ def test_sampled_first_token_follows_target_law(load_model):
         steps.close()
         counts[token] += 1
         accepted += stats.accepted_per_round[0] > 0
-    expected = p * runs
-    big = expected >= 5
-    obs = np.append(counts[big], counts[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    chi2 = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = keep.sum() - 1
-    bound = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < bound, (chi2, bound)
+    assert_counts_follow_law(counts, p)
     rate, pd = accepted / runs, p[first_draft]
     assert abs(rate - pd) < 4 * math.sqrt(max(pd * (1 - pd), 1e-3) / runs) + 1e-9
 
