@@ -59,3 +59,31 @@ def logits(path: Path, prompt_ids=PROMPT_IDS) -> mx.array:
     out = model(mx.array(prompt_ids)[None]).astype(mx.float32)
     mx.eval(out)
     return out
+
+
+def tokenizer_metadata(checkpoint: Path) -> dict:
+    """The GGUF tokenizer fields of a checkpoint's byte-level BPE tokenizer."""
+    content = json.loads((checkpoint / "tokenizer.json").read_text())
+    vocab = dict(content["model"]["vocab"])
+    special = {t["content"]: t["id"] for t in content["added_tokens"]}
+    vocab.update(special)
+    tokens = [None] * (max(vocab.values()) + 1)
+    for token, index in vocab.items():
+        tokens[index] = token
+    merges = [
+        m if isinstance(m, str) else " ".join(m) for m in content["model"]["merges"]
+    ]
+    types = [3 if t in special else 1 for t in tokens]
+    return {"tokens": tokens, "merges": merges, "types": types}
+
+
+def add_tokenizer(writer, checkpoint: Path, model: str = "gpt2", pre: str = "gpt2"):
+    """The checkpoint's byte-level BPE tokenizer as GGUF metadata (BOS 1, EOS 2)."""
+    meta = tokenizer_metadata(checkpoint)
+    writer.add_tokenizer_model(model)
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(meta["tokens"])
+    writer.add_token_types(meta["types"])
+    writer.add_token_merges(meta["merges"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)

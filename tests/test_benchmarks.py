@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 # One short run of each method: one repeat, no warm-up, no γ sweep, no charts.
 ONE_RUN = ["--repeats", "1", "--warmup", "0", "--no-gamma-sweep"]
 ONE_RUN += ["--forward-repeats", "1", "--no-charts", "--no-progress"]
+# And on the first chat prompts only, greedy.
+TINY_CHAT = ["--quick", "--prompt-sets", "chat", "--temps", "0", *ONE_RUN]
 
 
 def _chat_default() -> bool:
@@ -958,14 +960,9 @@ def test_a_head_runs_its_methods(checkpoints, load_model, tmp_path, flag):
             "mlx_lm_speculative",
             "draft",
             "eagle",
-            "--quick",
-            "--prompt-sets",
-            "chat",
-            "--temps",
-            "0",
+            *TINY_CHAT,
             "--max-tokens",
             "6",
-            *ONE_RUN,
             "--out",
             str(out),
         ]
@@ -998,14 +995,9 @@ def test_a_target_with_mtp_layers_runs_the_mtp_method(checkpoints, tmp_path):
             "--methods",
             "mlx_lm",
             "mtp",
-            "--quick",
-            "--prompt-sets",
-            "chat",
-            "--temps",
-            "0",
+            *TINY_CHAT,
             "--max-tokens",
             "6",
-            *ONE_RUN,
             "--out",
             str(out),
         ]
@@ -1021,9 +1013,7 @@ def test_a_target_without_mtp_layers_says_why_mtp_is_skipped(checkpoints, tmp_pa
     out = tmp_path / "out"
     argv = ["--model", str(checkpoints["llama"]), "--methods", "mlx_lm", "mtp"]
     bench.main(
-        argv
-        + ["--quick", "--prompt-sets", "chat", "--temps", "0", "--max-tokens", "4"]
-        + [*ONE_RUN, "--no-profile", "--out", str(out)]
+        argv + [*TINY_CHAT, "--max-tokens", "4", "--no-profile", "--out", str(out)]
     )
     results = json.loads((out / "results.json").read_text())
     assert "llama" in results["methods_skipped"]["mtp"]
@@ -1038,9 +1028,8 @@ def test_a_hybrid_target_runs_and_skips_what_mlx_lm_cannot_rewind(
     bench.main(
         ["--model", str(checkpoints["qwen3_next"])]
         + ["--draft-model", str(checkpoints["qwen3_next-near"])]
-        + ["--methods", "mlx_lm", "mlx_lm_speculative", "draft", "--quick"]
-        + ["--prompt-sets", "chat", "--temps", "0", "--max-tokens", "6"]
-        + [*ONE_RUN, "--no-profile", "--out", str(out)]
+        + ["--methods", "mlx_lm", "mlx_lm_speculative", "draft"]
+        + [*TINY_CHAT, "--max-tokens", "6", "--no-profile", "--out", str(out)]
     )
     results = json.loads((out / "results.json").read_text())
     # mlx-lm's speculative mode cannot trim recurrent caches: skipped, with why.

@@ -15,7 +15,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf_checks import PROMPT_IDS, gguf_name, logits, reference_checkpoint
+from gguf_checks import (
+    PROMPT_IDS,
+    add_tokenizer,
+    gguf_name,
+    logits,
+    reference_checkpoint,
+)
 from mlx.utils import tree_map_with_path
 
 from mlx_spec.convert import ConversionError, convert_gguf, fetch_smollm2
@@ -58,22 +64,6 @@ def round_trip(w: np.ndarray, qtype: str) -> np.ndarray:
         return w.astype(np.float16).astype(np.float32)
     kind = gguf.GGMLQuantizationType[qtype]
     return gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind)
-
-
-def tokenizer_metadata(checkpoint: Path) -> dict:
-    """The GGUF tokenizer fields of a checkpoint's byte-level BPE tokenizer."""
-    content = json.loads((checkpoint / "tokenizer.json").read_text())
-    vocab = dict(content["model"]["vocab"])
-    special = {t["content"]: t["id"] for t in content["added_tokens"]}
-    vocab.update(special)
-    tokens = [None] * (max(vocab.values()) + 1)
-    for token, index in vocab.items():
-        tokens[index] = token
-    merges = [
-        m if isinstance(m, str) else " ".join(m) for m in content["model"]["merges"]
-    ]
-    types = [3 if t in special else 1 for t in tokens]
-    return {"tokens": tokens, "merges": merges, "types": types}
 
 
 def write_gguf(
@@ -120,14 +110,7 @@ def write_gguf(
     writer.add_rope_dimension_count(config["head_dim"])
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(0)
-    meta = tokenizer_metadata(checkpoint)
-    writer.add_tokenizer_model(tokenizer_model)
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(meta["tokens"])
-    writer.add_token_types(meta["types"])
-    writer.add_token_merges(meta["merges"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_tokenizer(writer, checkpoint, tokenizer_model, pre)
     writer.add_add_bos_token(add_bos)
     writer.add_chat_template(
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf_checks import logits, reference_checkpoint
+from gguf_checks import add_tokenizer, logits, reference_checkpoint
 
 from mlx_spec.convert import ConversionError, convert_gguf, quants
 
@@ -167,27 +167,6 @@ def write_family_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return reference
-
-
-def add_tokenizer(writer, checkpoint: Path) -> None:
-    """The checkpoint's byte-level BPE tokenizer as GGUF metadata."""
-    content = json.loads((checkpoint / "tokenizer.json").read_text())
-    vocab = dict(content["model"]["vocab"])
-    special = {t["content"]: t["id"] for t in content["added_tokens"]}
-    vocab.update(special)
-    tokens = [None] * (max(vocab.values()) + 1)
-    for token, index in vocab.items():
-        tokens[index] = token
-    merges = [
-        m if isinstance(m, str) else " ".join(m) for m in content["model"]["merges"]
-    ]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in special else 1 for t in tokens])
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
 
 
 @pytest.fixture(scope="module")
