@@ -69,6 +69,17 @@ def _plain(model, ids, max_tokens):
     return [t for t, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens)]
 
 
+def _tokens_until(events, stop):
+    """The tokens of ``events``, the first ``stop`` of them (all for ``None``); closes it."""
+    got = []
+    for event in events:
+        got.append(event.token)
+        if len(got) == stop:
+            break
+    events.close()
+    return got
+
+
 @pytest.mark.parametrize("family, method", list(itertools.product(FAMILIES, METHODS)))
 def test_greedy_output_equals_plain_decoding(
     load_model, always_draft, record_property, family, method
@@ -142,12 +153,7 @@ def test_prompt_cache_after_a_call_and_an_early_close(
     ):
         ids = tokenizer.encode(prompt)
         events = _run(model, draft, ids, method, 3, 8, prompt_cache=cache)
-        got = []
-        for event in events:
-            got.append(event.token)
-            if len(got) == stop:
-                break
-        events.close()
+        got = _tokens_until(events, stop)
         assert got == _plain(model, history + ids, len(got)), turn
         history += ids + got
         assert_cache_holds(model, cache[:split], history)
@@ -335,12 +341,7 @@ def test_an_adaptive_draft_pauses_for_plain_rounds_and_catches_up(
         events = speculative_events(
             mx.array(ids), model, draft, config=config, stats=stats, prompt_cache=cache
         )
-        got = []
-        for event in events:
-            got.append(event.token)
-            if len(got) == stop:
-                break
-        events.close()
+        got = _tokens_until(events, stop)
         assert got == _plain(model, ids, len(got))
         assert stats.rounds > len(stats.drafted_per_round) > 0  # plain rounds too
         assert_cache_holds(model, cache[:split], ids + got)
