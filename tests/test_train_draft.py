@@ -194,10 +194,9 @@ def test_completions_keeping_several_layers_give_each_one_alone(target, data):
     assert both.with_features([1]) is None and both.with_features([0, -1]) is both
 
 
-def test_completions_resume_only_missing_shards(target, data, monkeypatch):
-    model, tokenizer = target
-    train, _, prompts, folder = data
-    (folder / "train-00001.npz").unlink()
+@pytest.fixture
+def completion_calls(monkeypatch):
+    """The prompts per chunk of each ``stream_completions`` call (which still runs)."""
     calls = []
     real = C.stream_completions
 
@@ -206,6 +205,13 @@ def test_completions_resume_only_missing_shards(target, data, monkeypatch):
         return real(model, tokenizer, chunks, **kw)
 
     monkeypatch.setattr(C, "stream_completions", counting)
+    return calls
+
+
+def test_completions_resume_only_missing_shards(target, data, completion_calls):
+    model, tokenizer = target
+    train, _, prompts, folder = data
+    (folder / "train-00001.npz").unlink()
     again = C.build_completions(
         model,
         tokenizer,
@@ -216,27 +222,19 @@ def test_completions_resume_only_missing_shards(target, data, monkeypatch):
         shard_size=4,
         progress=False,
     )
-    assert calls == [[2]]  # only the missing shard's prompts
+    assert completion_calls == [[2]]  # only the missing shard's prompts
     for i in range(6):
         if train.temps[i] == 0.0:
             assert again.tokens[i].tolist() == train.tokens[i].tolist()
 
 
-def test_more_prompts_only_add_shards(target, data, monkeypatch, tmp_path):
+def test_more_prompts_only_add_shards(target, data, completion_calls, tmp_path):
     import shutil
 
     model, tokenizer = target
     train, _, prompts, folder = data
     for path in folder.glob("train*"):
         shutil.copy(path, tmp_path / path.name)
-    calls = []
-    real = C.stream_completions
-
-    def counting(model, tokenizer, chunks, **kw):
-        calls.append([len(prompts) for prompts, _ in chunks])
-        return real(model, tokenizer, chunks, **kw)
-
-    monkeypatch.setattr(C, "stream_completions", counting)
     more = C.build_completions(
         model,
         tokenizer,
@@ -247,7 +245,7 @@ def test_more_prompts_only_add_shards(target, data, monkeypatch, tmp_path):
         shard_size=4,
         progress=False,
     )
-    assert calls == [[4]]  # shard 0 kept; shard 1 grew from 2 to 4 prompts
+    assert completion_calls == [[4]]  # shard 0 kept; shard 1 grew from 2 to 4 prompts
     assert len(more) == 8
     assert [t.tolist() for t in more.tokens[:4]] == [
         t.tolist() for t in train.tokens[:4]
