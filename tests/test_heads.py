@@ -533,16 +533,20 @@ def test_head_of_another_kind_one_line_error(tiny):
         list(speculative_events(mx.array(PROMPT), tiny, None, config=config))
 
 
-def test_generate_and_chat_commands_run_a_head_directory(checkpoints, tmp_path, capsys):
-    """``--draft-model HEAD_DIR``: the command line runs the head's method, exactly."""
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_generate_and_chat_commands_run_a_head_directory(
+    checkpoints, tmp_path, capsys, kind
+):
+    """``--draft-model HEAD_DIR``: the command line runs the head's method, exactly
+    (an EAGLE-3-shaped head directory drafts as an eagle head)."""
     from mlx_spec.cli.chat import Chat, setup_arg_parser
     from mlx_spec.cli.generate import main
 
     model, tokenizer, _ = load_pair(str(checkpoints["llama"]), None)
-    head = random_head("eagle", model, seed=9)
+    head = random_head(kind, model, seed=9)
     save_head(
         tmp_path / "eagle",
-        "eagle",
+        kind,
         head.module,
         target_fingerprint=model_fingerprint(model),
     )
