@@ -418,3 +418,23 @@ def test_eagle3_refuses_the_final_state_and_an_eagle_init_in_one_line(tiny2, tmp
     with pytest.raises(ValueError, match="holds the eagle drafter") as e:
         check_init_from(str(tmp_path), "eagle3")
     assert "\n" not in str(e.value) and "--kind eagle3" in str(e.value)
+
+
+def test_a_head_card_names_the_corpus_it_was_trained_on():
+    """A corpus run records no sampling or generation time: the card names the
+    corpus instead of printing None for them."""
+    from mlx_spec.train.card import head_card
+
+    data = {
+        "corpus": "smollm2-135m-corpus",
+        "train_sets": {"chat": 2, "code": 1},
+        "train_prompt_tokens": 30,
+        "train_completion_tokens": 90,
+    }
+    config = {"training": {"config": {"kind": "eagle3"}, "evals": []}, "data": data}
+    card = head_card(config, "mlx_spec train-draft --kind eagle3 --corpus c")
+    line = next(x for x in card.splitlines() if x.startswith("- Prompts:"))
+    assert line == (
+        "- Prompts: 2 chat, 1 code; 30 prompt and 90 completion tokens of the "
+        "corpus `smollm2-135m-corpus`."
+    )

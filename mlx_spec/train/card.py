@@ -303,9 +303,14 @@ def _head_data_lines(data: Dict) -> List[str]:
     sets = _prompt_sets(data["train_sets"])
     if "self" in data["train_sets"]:
         sets += " (`self`: requests the target wrote itself)"
+    tokens = (
+        f"{data.get('train_prompt_tokens')} prompt and "
+        f"{data.get('train_completion_tokens')} completion tokens"
+    )
+    if "corpus" in data:  # written by mlx_spec corpus grow (its card says how)
+        return [f"- Prompts: {sets}; {tokens} of the corpus `{data['corpus']}`."]
     return [
-        f"- Prompts: {sets}; {data.get('train_prompt_tokens')} prompt and "
-        f"{data.get('train_completion_tokens')} completion tokens ({_sampling(data)}), "
+        f"- Prompts: {sets}; {tokens} ({_sampling(data)}), "
         f"written in {data.get('generation_minutes')} min.",
     ]
 
