@@ -87,3 +87,11 @@ def add_tokenizer(writer, checkpoint: Path, model: str = "gpt2", pre: str = "gpt
     writer.add_token_merges(meta["merges"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+
+
+def write_file(writer) -> None:
+    """Write out a ``gguf.GGUFWriter``'s file: header, metadata, tensors."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -21,6 +21,7 @@ from gguf_checks import (
     gguf_name,
     logits,
     reference_checkpoint,
+    write_file,
 )
 from mlx.utils import tree_map_with_path
 
@@ -142,10 +143,7 @@ def write_gguf(
             writer.add_tensor(
                 gguf_name(name), gguf.quants.quantize(w, ggml), raw_dtype=ggml
             )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_file(writer)
     return reference
 
 

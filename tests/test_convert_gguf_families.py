@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf_checks import add_tokenizer, logits, reference_checkpoint
+from gguf_checks import add_tokenizer, logits, reference_checkpoint, write_file
 
 from mlx_spec.convert import ConversionError, convert_gguf, quants
 
@@ -162,10 +162,7 @@ def write_family_gguf(
             writer.add_tensor(
                 gguf_name(family, name), gguf.quants.quantize(w, ggml), raw_dtype=ggml
             )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_file(writer)
     return reference
 
 
@@ -398,10 +395,7 @@ def random_types_gguf(checkpoints, tmp_path_factory):
         writer.add_tensor(target, raw, raw_dtype=kind)
         types[target] = qtype
         values[target] = (name, gguf.quants.dequantize(raw, kind))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_file(writer)
     return path, types, values
 
 
@@ -492,9 +486,6 @@ def test_phi3_longrope_is_refused_by_name(converted, tmp_path):
     for t in reader.tensors:
         writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_file(writer)
     with pytest.raises(ConversionError, match="Phi-3 LongRoPE"):
         convert_gguf(tmp_path / "long.gguf", tmp_path / "out")

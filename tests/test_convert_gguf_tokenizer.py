@@ -14,7 +14,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf_checks import gguf_name
+from gguf_checks import gguf_name, write_file
 
 from mlx_spec.convert import convert_gguf
 from mlx_spec.convert.tokenizer import build_tokenizer, tokenizer_config
@@ -167,10 +167,7 @@ def test_sentencepiece_gguf_converts_to_a_tokenizer_mlx_lm_loads(checkpoints, tm
     )
     for name, w in weights.items():
         writer.add_tensor(gguf_name(name), np.array(w))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_file(writer)
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="float32")
     _, tokenizer = mlx_lm.load(str(out))
     for text in SAMPLES.values():
