@@ -128,12 +128,16 @@ def test_the_prompt_stream_is_fixed_and_splits_by_source():
     assert 0.02 < len(heldout) / len(stream) < 0.15
 
 
+def _grower(model, tokenizer, corpus, **options):
+    """A quiet grower of small batches and short completions; ``options`` override."""
+    options = {"batch_size": 3, "max_tokens": 6, "log": lambda s: None, **options}
+    return G.Grower(model, tokenizer, corpus, **options)
+
+
 def _grow(model, tokenizer, corpus, prompts, **kw):
     temps = {0.0: 0.5, 1.0: 0.5}
     jobs = G.template_jobs(tokenizer, prompts, corpus.hashes(), temps)
-    grower = G.Grower(
-        model, tokenizer, corpus, batch_size=3, max_tokens=6, log=lambda s: None, **kw
-    )
+    grower = _grower(model, tokenizer, corpus, **kw)
     return grower, grower.grow(jobs)
 
 
@@ -150,15 +154,8 @@ def test_shards_wait_for_enough_sequences_and_count_every_decoded_token(
     model, tokenizer = load_model("llama")
     corpus = _corpus(tmp_path)
     jobs = G.template_jobs(tokenizer, _prompts(7), set(), {0.0: 1.0})
-    grower = G.Grower(
-        model,
-        tokenizer,
-        corpus,
-        batch_size=2,
-        max_tokens=6,
-        shard_seconds=0.0,
-        min_shard_sequences=3,
-        log=lambda s: None,
+    grower = _grower(
+        model, tokenizer, corpus, batch_size=2, shard_seconds=0.0, min_shard_sequences=3
     )
     grower.grow(jobs)
     sizes = [len(s) for s in corpus.shards()]
@@ -206,12 +203,11 @@ def test_a_killed_run_keeps_its_shards_and_the_next_run_goes_on(load_model, tmp_
 
     temps = {0.0: 1.0}
     jobs = G.template_jobs(tokenizer, _prompts(9), set(), temps)
-    grower = G.Grower(
+    grower = _grower(
         model,
         tokenizer,
         corpus,
         batch_size=2,
-        max_tokens=6,
         shard_seconds=0.0,  # a shard after every finished step
         min_shard_sequences=1,
         log=kill_after_first_shard,
