@@ -17,7 +17,7 @@ from pathlib import Path
 
 import mlx_lm
 import pytest
-from test_serve_server import _post
+from serving import post
 from test_server import _free_port
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -108,7 +108,7 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
 
     def ask(prompt, method):
         body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "speculative": method}
-        results[prompt] = _post(group, body, TIMEOUT)
+        results[prompt] = post(group, body, timeout=TIMEOUT)
 
     for _ in range(2):  # the second wave reuses the prompt cache on both ranks
         threads = [
@@ -124,12 +124,14 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
             assert body["choices"][0]["text"] == references[prompt]
             assert body["speculative_stats"]["batched"] is True
     # A request the batch cannot take is refused; the ranks stay in step.
-    status, body = _post(
-        group, {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": "tree"}, TIMEOUT
+    status, body = post(
+        group,
+        {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": "tree"},
+        timeout=TIMEOUT,
     )
     assert status == 400 and "sharded server batches every request" in body["error"]
-    status, body = _post(
-        group, {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}, TIMEOUT
+    status, body = post(
+        group, {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}, timeout=TIMEOUT
     )
     assert status == 200 and body["choices"][0]["text"] == references[PROMPTS[1]]
     assert group.proc.poll() is None
@@ -150,7 +152,7 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(group, load_model):
             "temperature": temperature,
             "speculative": method,
         }
-        results.append((prompt, temperature, _post(group, body, TIMEOUT)))
+        results.append((prompt, temperature, post(group, body, timeout=TIMEOUT)))
 
     for temperature in (1.0, 0.0):
         threads = [
