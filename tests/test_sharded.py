@@ -248,6 +248,24 @@ def test_rank0_values_are_shared_on_the_stream_of_the_forwards(monkeypatch):
         assert streams == [mx.default_stream(mx.default_device())]
 
 
+def test_sharded_bench_measures_each_method_against_plain_at_each_delay(
+    checkpoints, tmp_path
+):
+    command = ["-m", "mlx_spec.bench.sharded", "--model", str(checkpoints["llama"])]
+    command += ["--draft-model", str(checkpoints["llama-near"]), "--methods", "draft"]
+    command += ["lookup", "--delays", "0", "1", "--prompts-per-set", "1"]
+    command += ["--max-tokens", "8", "--out", str(tmp_path)]
+    code, out = _launch(command)
+    assert code == 0, out[-3000:]
+    rows = json.loads((tmp_path / "sharded.json").read_text())
+    # Plain decoding, the baseline, runs though not asked for.
+    assert [(r["delay_ms"], r["method"]) for r in rows] == [
+        (d, m) for d in (0.0, 1.0) for m in ("none", "draft", "lookup")
+    ]
+    assert all(r["identical"] for r in rows)
+    assert "| `draft` |" in (tmp_path / "sharded.md").read_text()
+
+
 def test_sharded_table_gives_each_method_its_ratio_and_tokens_per_forward():
     from mlx_spec.bench.sharded import table
 

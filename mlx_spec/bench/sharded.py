@@ -2,7 +2,7 @@
 
 Run on every rank with ``mlx.launch``::
 
-    mlx.launch --backend ring -n 3 -- python -m mlx_spec.bench.sharded --out DIR
+    mlx.launch --backend ring -n 2 -- python -m mlx_spec.bench.sharded --out DIR
 
 Each collective of a sharded forward (an all-reduce per sharded layer, a
 send per pipeline stage) pays the link's latency once, whatever the number
@@ -33,7 +33,7 @@ from ..loading import default_model_pair, load_draft
 from .prompts import encode, prompt_suite
 
 DEFAULT_DELAYS_MS = (0.0, 0.3, 1.0)
-DEFAULT_METHODS = ("none", "draft", "lookup", "auto")
+DEFAULT_METHODS = ("none", "draft", "tree", "lookup", "eagle")
 DRAFTLESS = ("none", "lookup", "self")
 
 
@@ -45,7 +45,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", help="Target (default: the default target).")
     p.add_argument("--draft-model", help="Draft (default: the shipped draft).")
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        help="Methods to measure; plain decoding (none), the baseline, always runs.",
+    )
     p.add_argument(
         "--delays",
         nargs="+",
@@ -69,13 +74,13 @@ def _default_pair(method: str):
     return pair if rank() == 0 else default_model_pair(method, build=False)
 
 
-def _drafters(args, model, tokenizer) -> Dict[str, object]:
+def _drafters(methods, draft_model, model, tokenizer) -> Dict[str, object]:
     drafters = {}
-    for method in args.methods:
+    for method in methods:
         if method in DRAFTLESS:
             drafters[method] = None
             continue
-        path = args.draft_model
+        path = draft_model
         if path is None:
             _, path = _default_pair(method)
         drafters[method] = load_draft(path, model, tokenizer)
@@ -106,7 +111,8 @@ def measure(args) -> List[Dict]:
     """One row per (delay, method): pooled tokens/s and tokens per target forward."""
     model_path = args.model or _default_pair("none")[0]
     model, tokenizer = load_sharded(model_path, pipeline=args.pipeline)
-    drafters = _drafters(args, model, tokenizer)
+    methods = ["none"] + [m for m in args.methods if m != "none"]
+    drafters = _drafters(methods, args.draft_model, model, tokenizer)
     prompts = [
         p
         for s in args.prompt_sets
@@ -117,34 +123,38 @@ def measure(args) -> List[Dict]:
     rows = []
     for delay in args.delays:
         with collective_delay(delay / 1000):
-            plain = None
-            for method in args.methods:
-                runs = [
-                    _run(model, tokenizer, drafters[method], method, p, args.max_tokens)
-                    for p in ids
-                ]
-                tokens = sum(r["tokens"] for r in runs)
-                seconds = sum(r["seconds"] for r in runs)
-                row = {
-                    "delay_ms": delay,
-                    "method": method,
-                    "tokens_per_s": tokens / seconds,
-                    "tokens_per_forward": tokens / sum(r["forwards"] for r in runs),
-                }
-                if method == "none":
-                    plain = runs
-                if plain is not None:
-                    row["identical"] = all(
-                        a["ids"] == b["ids"] for a, b in zip(runs, plain)
-                    )
-                    row["x_plain"] = geometric_mean(
-                        (r["tokens"] / r["seconds"]) / (q["tokens"] / q["seconds"])
-                        for r, q in zip(runs, plain)
-                    )
-                rows.append(row)
-                if rank() == 0:
-                    print(json.dumps(row), flush=True)
+            # Methods interleaved per prompt: a shared machine's load drifts
+            # over minutes, and each prompt's ratio then sees the same load.
+            runs = {method: [] for method in methods}
+            for p in ids:
+                for method in methods:
+                    drafter = drafters[method]
+                    run = _run(model, tokenizer, drafter, method, p, args.max_tokens)
+                    runs[method].append(run)
+        for method in methods:
+            rows.append(_row(delay, method, runs[method], runs["none"]))
+            if rank() == 0:
+                print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _row(delay: float, method: str, runs: List[Dict], plain: List[Dict]) -> Dict:
+    """Pooled tokens/s and tokens per forward of ``runs``, and against the
+    ``plain`` runs of the same prompts: the geometric mean of the per-prompt
+    speed ratios, and whether the outputs were identical."""
+    tokens = sum(r["tokens"] for r in runs)
+    row = {
+        "delay_ms": delay,
+        "method": method,
+        "tokens_per_s": tokens / sum(r["seconds"] for r in runs),
+        "tokens_per_forward": tokens / sum(r["forwards"] for r in runs),
+    }
+    row["identical"] = all(a["ids"] == b["ids"] for a, b in zip(runs, plain))
+    row["x_plain"] = geometric_mean(
+        (r["tokens"] / r["seconds"]) / (q["tokens"] / q["seconds"])
+        for r, q in zip(runs, plain)
+    )
+    return row
 
 
 def table(rows: List[Dict], processes: int, pipeline: bool) -> str:
