@@ -55,6 +55,13 @@ def _plain(model, tokenizer, ids, max_tokens):
     ]
 
 
+def _spec_stream(model, tokenizer, ids, draft, method, **options):
+    """``stream_generate`` of ``ids`` by ``method`` with ``draft`` (``None``: none)."""
+    return stream_generate(
+        model, tokenizer, ids, draft_model=draft, speculative=method, **options
+    )
+
+
 @pytest.mark.parametrize("method", ["none", "lookup", "draft"])
 def test_a_stop_during_the_prompt_ends_within_one_chunk_and_rewinds(load_model, method):
     model, tokenizer = load_model("llama")
@@ -64,12 +71,12 @@ def test_a_stop_during_the_prompt_ends_within_one_chunk_and_rewinds(load_model, 
     assert len(ids) > 40
     chunks = []
     stop = StopAfter(2)
-    stream = stream_generate(
+    stream = _spec_stream(
         model,
         tokenizer,
         ids,
-        draft_model=draft,
-        speculative=method,
+        draft,
+        method,
         prompt_cache=cache,
         prefill_step_size=4,
         prompt_progress_callback=lambda done, total: chunks.append(done),
@@ -83,12 +90,12 @@ def test_a_stop_during_the_prompt_ends_within_one_chunk_and_rewinds(load_model, 
     # The same cache serves the next request exactly.
     got = [
         r.token
-        for r in stream_generate(
+        for r in _spec_stream(
             model,
             tokenizer,
             ids,
-            draft_model=draft,
-            speculative=method,
+            draft,
+            method,
             max_tokens=6,
             prompt_cache=cache,
         )
@@ -104,12 +111,12 @@ def test_a_stop_during_generation_keeps_the_tokens_sent(load_model, method):
     ids = tokenizer.encode(PROMPTS[0])
     got = []
     with pytest.raises(GenerationCancelled, match="after 3 tokens"):
-        for r in stream_generate(
+        for r in _spec_stream(
             model,
             tokenizer,
             ids,
-            draft_model=draft,
-            speculative=method,
+            draft,
+            method,
             max_tokens=20,
             prompt_cache=cache,
             should_stop=lambda: len(got) >= 3,  # the client left after 3 tokens
@@ -120,12 +127,12 @@ def test_a_stop_during_generation_keeps_the_tokens_sent(load_model, method):
     nxt = tokenizer.encode("\n")
     tail = [
         r.token
-        for r in stream_generate(
+        for r in _spec_stream(
             model,
             tokenizer,
             nxt,
-            draft_model=draft,
-            speculative=method,
+            draft,
+            method,
             max_tokens=5,
             prompt_cache=cache,
         )
@@ -248,12 +255,12 @@ def test_a_temperature_too_small_to_represent_is_greedy(load_model, method):
     ids = tokenizer.encode(PROMPTS[0])
 
     def run(temp):
-        stream = stream_generate(
+        stream = _spec_stream(
             model,
             tokenizer,
             ids,
-            draft_model=draft,
-            speculative=method,
+            draft,
+            method,
             temp=temp,
             max_tokens=12,
         )
