@@ -18,7 +18,7 @@ from mlx_lm.generate import BatchResponse, BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .config import DEFAULT_NUM_DRAFT_TOKENS, check_generation_options, plan_method
-from .generation import _encode, stream_generate
+from .generation import _check_positional, _encode, stream_generate
 from .models import num_caches
 from .serve.batch import BATCH_METHODS, DEFAULT_MAX_BATCH, SeqSpec, SpecBatchGenerator
 from .serve.batch_cache import pair_unbatchable
@@ -41,14 +41,19 @@ class SpecBatchResponse(BatchResponse):
     batched: bool = True
 
 
+# mlx_lm.batch_generate's positional arguments.
+BATCH_ORDER = "model, tokenizer, prompts, prompt_caches, max_tokens"
+
+
 def batch_generate(
     model: nn.Module,
     tokenizer: Any,
     prompts: Sequence[Prompt],
-    draft_model: Optional[nn.Module] = None,
-    *,
-    speculative: Optional[str] = None,
+    prompt_caches: None = None,
     max_tokens: Union[int, List[int]] = 128,
+    *,
+    draft_model: Optional[nn.Module] = None,
+    speculative: Optional[str] = None,
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
     temp: float = 0.0,
     top_p: float = 1.0,
@@ -69,6 +74,9 @@ def batch_generate(
     Args:
         model, tokenizer: The target and its tokenizer.
         prompts: Token lists (as in mlx_lm) or strings.
+        prompt_caches: Must be ``None``: rows start from their whole prompts
+          (the place of ``mlx_lm.batch_generate``'s argument, so that the
+          arguments keep its order).
         draft_model: An optional draft model with the same tokenizer.
         speculative: ``"none"``, ``"lookup"``, ``"draft"`` or ``"auto"``
           decode batched; any other method one prompt at a time. Default:
@@ -88,6 +96,12 @@ def batch_generate(
         SpecBatchResponse: mlx_lm's ``BatchResponse`` (``texts``, ``stats``,
         ``caches``, ``token_ids``, ``logprobs``) plus ``spec_stats``.
     """
+    _check_positional(prompt_caches, "prompt_caches", BATCH_ORDER)
+    if prompt_caches is not None:
+        raise ValueError(
+            "batch_generate does not take prompt_caches with speculation; pass the "
+            "whole prompts (or call without draft_model and speculative)."
+        )
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     method, uses_draft = plan_method(speculative, draft_model)

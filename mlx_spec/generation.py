@@ -93,13 +93,15 @@ def _encode(tokenizer, prompt) -> mx.array:
     return mx.array(prompt)
 
 
-def _check_positional(value, name: str) -> None:
+STREAM_ORDER = "model, tokenizer, prompt, max_tokens, draft_model"
+
+
+def _check_positional(value, name: str, order: str = STREAM_ORDER) -> None:
     """A one-line ``TypeError`` for a model passed where mlx-lm's order puts ``name``."""
     if isinstance(value, nn.Module):
         raise TypeError(
-            f"{name} got a model: the arguments follow mlx-lm's order (model, "
-            "tokenizer, prompt, max_tokens, draft_model, ...); pass the draft "
-            "model as draft_model=."
+            f"{name} got a model: the arguments follow mlx-lm's order ({order}, "
+            "...); pass the draft model as draft_model=."
         )
 
 

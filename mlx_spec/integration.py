@@ -240,11 +240,6 @@ def batch_generate(model, tokenizer, prompts, *args, **kwargs):
     named = _bind_original((model, tokenizer, prompts, *args), kwargs, "batch_generate")
     for name in ("model", "tokenizer", "prompts", *_BATCH_DROPPED):
         named.pop(name, None)
-    if named.pop("prompt_caches", None) is not None:
-        raise ValueError(
-            "batch_generate does not take prompt_caches with speculation; pass the "
-            "whole prompts (or call without draft_model and speculative)."
-        )
     for name in ("logits_processors", "max_kv_size"):
         if named.get(name) is not None:
             raise ValueError(f"batch_generate does not take {name} with speculation.")
@@ -255,7 +250,9 @@ def batch_generate(model, tokenizer, prompts, *args, **kwargs):
     named = {_BATCH_RENAMED.get(k, k): v for k, v in named.items()}
     from .batching import batch_generate as spec_batch_generate
 
-    return spec_batch_generate(model, tokenizer, prompts, draft_model, **named)
+    return spec_batch_generate(
+        model, tokenizer, prompts, draft_model=draft_model, **named
+    )
 
 
 def _sampler_options(sampler) -> Dict[str, Any]:

@@ -54,7 +54,7 @@ def test_every_row_equals_plain_mlx_lm(load_model, method, batched):
         model,
         tokenizer,
         prompts,
-        draft,
+        draft_model=draft,
         speculative=method,
         max_tokens=LIMITS,
         return_token_ids=True,
@@ -70,7 +70,9 @@ def test_the_texts_equal_mlx_lm_batch_generate(load_model):
     model, tokenizer = load_model("qwen3")
     draft, _ = load_model("qwen3-near")
     prompts = [tokenizer.encode(p) for p in PROMPTS]
-    ours = mlx_spec.batch_generate(model, tokenizer, PROMPTS, draft, max_tokens=16)
+    ours = mlx_spec.batch_generate(
+        model, tokenizer, PROMPTS, draft_model=draft, max_tokens=16
+    )
     theirs = mlx_lm.batch_generate(model, tokenizer, prompts, max_tokens=16)
     assert ours.texts == theirs.texts
 
@@ -103,7 +105,7 @@ def test_returned_caches_continue_each_row_exactly(load_model, method):
         model,
         tokenizer,
         prompts,
-        draft,
+        draft_model=draft,
         speculative=method,
         max_tokens=18,
         return_token_ids=True,
@@ -133,7 +135,7 @@ def test_sampled_rows_repeat_with_a_seed_and_report_the_targets_logprobs(load_mo
             model,
             tokenizer,
             prompts,
-            draft,
+            draft_model=draft,
             speculative="draft",
             temp=0.8,
             seed=7,
@@ -182,7 +184,12 @@ def test_a_head_given_as_draft_decodes_one_prompt_at_a_time(load_model, kind):
     prompts = [tokenizer.encode(p) for p in PROMPTS[:2]]
     head = random_head(kind, model, seed=2)
     out = mlx_spec.batch_generate(
-        model, tokenizer, prompts, head, max_tokens=10, return_token_ids=True
+        model,
+        tokenizer,
+        prompts,
+        draft_model=head,
+        max_tokens=10,
+        return_token_ids=True,
     )
     assert not out.batched
     _assert_plain(model, tokenizer, prompts, out, [10, 10])
@@ -209,7 +216,7 @@ def test_the_sampling_law_reaches_every_row(load_model, method):
         model,
         tokenizer,
         prompts,
-        draft,
+        draft_model=draft,
         speculative=method,
         temp=0.9,
         top_k=1,
@@ -218,3 +225,13 @@ def test_the_sampling_law_reaches_every_row(load_model, method):
         return_token_ids=True,
     )
     _assert_plain(model, tokenizer, prompts, out, [12] * 3)
+
+
+def test_arguments_follow_mlx_lms_order(load_model):
+    """The fourth argument is mlx-lm's prompt_caches: a model there is refused in one line."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    with pytest.raises(TypeError, match="pass the draft model as draft_model="):
+        mlx_spec.batch_generate(model, tokenizer, ["hi"], draft)
+    out = mlx_spec.batch_generate(model, tokenizer, ["hi"], None, 3, draft_model=draft)
+    assert len(out.texts) == 1

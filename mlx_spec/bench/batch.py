@@ -75,7 +75,7 @@ def run_once(
             model,
             tokenizer,
             prompts,
-            draft,
+            draft_model=draft,
             speculative=method,
             max_tokens=max_tokens,
             temp=temp,
