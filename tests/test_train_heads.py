@@ -286,7 +286,7 @@ def test_calibrated_tree_keeps_every_prefix_and_the_best_paths():
     assert all(c[:-1] in choices for c in choices if len(c) > 1)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
 def test_a_head_trains_on_a_quantized_target(kind, tmp_path):
     """As on a Mac, whose models are mostly 4-bit: the head is as wide as the
     target's hidden states, not as its packed embedding rows."""
@@ -299,15 +299,24 @@ def test_a_head_trains_on_a_quantized_target(kind, tmp_path):
     for _ in range(20):
         prompt = rng.integers(0, VOCAB, size=5).tolist()
         sequences.append(prompt + greedy_continuation(target, prompt, 30)[0])
+    layers = [0] if kind == "eagle3" else [-1]  # EAGLE-3 fuses blocks
     config = HeadTrainConfig(
-        kind=kind, steps=40, batch_size=8, window=40, lr=1e-2, draft_vocab=0, heldout=4
+        kind=kind,
+        steps=40,
+        batch_size=8,
+        window=40,
+        lr=1e-2,
+        draft_vocab=0,
+        heldout=4,
+        feature_layers=layers,
     )
-    data = teacher_data(target, sequences, [5] * len(sequences))
+    data = teacher_data(target, sequences, [5] * len(sequences), feature_layers=layers)
     start = HeadTrainer(target, data, config).evaluate()["tokens_per_round"]
     trainer = train_head(target, data, config, tmp_path, progress=False)
-    assert trainer.head.args.hidden_size == 32
+    args = trainer.head.args
+    assert getattr(args, "shape", args).hidden_size == 32
     assert trainer.evaluate()["tokens_per_round"] > start + 0.3
-    assert load_head(tmp_path, target).kind == kind
+    assert load_head(tmp_path, target).kind == ("eagle" if kind == "eagle3" else kind)
 
 
 # --------------------------------------------------------------------------- #
