@@ -447,6 +447,10 @@ def test_the_export_command_writes_eagle3_heads_and_refuses_others_in_one_line(
     assert "speculators EAGLE-3" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == "org/target"
+    # Without --verifier, a local target's path is not written (meaningless elsewhere).
+    main(["--head", str(own_dir), "--out", str(tmp_path / "anonymous"), *argv[:2]])
+    config = json.loads((tmp_path / "anonymous" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] is None
     assert published_format(out) == "speculators-eagle3"
     assert "d2t" not in mx.load(str(out / "model.safetensors"))  # the whole vocabulary
     _, _, loaded = load_pair(str(checkpoints["llama"]), str(out))

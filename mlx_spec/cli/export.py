@@ -9,6 +9,7 @@ vLLM and SGLang load, and mlx-spec too (``--draft-model FOLDER``)::
 """
 
 import argparse
+from pathlib import Path
 from typing import List, Optional
 
 from ..options import one_line_errors
@@ -37,12 +38,20 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verifier",
         help="The target's name recorded in the folder for vLLM users, e.g. its "
-        "Hugging Face repo id (default: --model as given).",
+        "Hugging Face repo id (default: --model when it is a repo id; none for a "
+        "local folder, whose path means nothing elsewhere).",
     )
     p.add_argument(
         "--force", action="store_true", help="Replace a non-empty --out folder."
     )
     return p
+
+
+def verifier_name(args) -> Optional[str]:
+    """``--verifier``, else ``--model`` if it names a repo rather than a local folder."""
+    if args.verifier:
+        return args.verifier
+    return None if Path(args.model).expanduser().exists() else args.model
 
 
 def main(argv: Optional[List[str]] = None):
@@ -57,9 +66,7 @@ def main(argv: Optional[List[str]] = None):
         check_outside(args.out, args.head, flag="--out", what="the head")
         model, _ = load_model(args.model)
         with staged_dir(args.out) as staged:
-            export_eagle3(
-                args.head, model, staged, verifier=args.verifier or args.model
-            )
+            export_eagle3(args.head, model, staged, verifier=verifier_name(args))
     except ValueError as e:
         parser.error(str(e))
     print(
