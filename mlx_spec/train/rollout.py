@@ -25,6 +25,12 @@ EAGLE-3 does, so one forward covers them all:
 A branch slot's context holds 1 .. k draft tokens; it weighs in the loss
 like a completion row but does not count in ``tokens_seen`` nor in the
 step's accuracy.
+
+A draft token counts only if every earlier one of its round was accepted,
+so a draft model that reads tokens alone is read, at inference, in the
+target's own text: rollouts change which contexts train, not those it is
+read in. Measured on the real pair they gained nothing (benchmarks/README.md),
+so they are off by default.
 """
 
 from dataclasses import dataclass
