@@ -305,6 +305,26 @@ def test_imported_heads_decode_greedy_exactly(tiny, imported, method, kind):
     assert stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("name", [*EAGLE3, *DFLASH, *EAGLE1])
+def test_every_fixture_format_decodes_greedy_exactly(name):
+    """Each published format and variant as the reference code wrote it (SpecForge
+    and the DFlash authors' folders too) drafts in the engine and keeps greedy
+    output equal to the target's own."""
+    io = _io(name)
+    target = _fixture_target(io if "verifier_embed" in io else None)
+    head = load_published(FIXTURES / name, target)
+    prompt = [int(t) for t in io["input_ids"].reshape(-1)[:6].tolist()]
+    plain = greedy_continuation(target, prompt, 24)[0]
+    for method in ("dflash",) if name in DFLASH else ("eagle", "eagle-chain"):
+        config = SpecConfig(method=method, max_tokens=24, adaptive=False)
+        stats = SpecStats()
+        events = speculative_events(
+            mx.array(prompt), target, head, config=config, stats=stats
+        )
+        assert [e.token for e in events] == plain, (name, method)
+        assert stats.draft_tokens > 0, (name, method)
+
+
 @pytest.mark.parametrize(
     "method, kind",
     [
