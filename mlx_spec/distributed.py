@@ -157,13 +157,15 @@ def load_sharded(
     (:func:`shard_mlp`) when mlx-lm cannot shard the model or its attention
     heads do not divide by the number of processes; ``pipeline`` gives each rank a
     range of layers (``model.model.pipeline``, DeepSeek-style families). A
-    local folder needs no weight index; a hub repo goes through ``sharded_load``
-    so that each rank fetches only its part.
+    local folder needs no weight index; in pipeline stages a hub repo goes
+    through ``sharded_load`` so that each rank fetches only its stage.
 
     Returns:
         ``(model, tokenizer)``.
     """
     from mlx_lm.utils import load_model, load_tokenizer, sharded_load
+
+    from .mlx_lm_private import download
 
     group = sharded_group()
     if group is None:
@@ -173,9 +175,14 @@ def load_sharded(
         )
     local = Path(path).expanduser()
     if not local.is_dir():
-        groups = (group, None) if pipeline else (None, group)
         try:
-            return sharded_load(path, *groups, tokenizer_config=tokenizer_config)
+            if pipeline:
+                return sharded_load(
+                    path, group, None, tokenizer_config=tokenizer_config
+                )
+            # Each rank reads every weight (as sharded_load would): the local
+            # path below then checks how the heads split.
+            local = download(path)
         except Exception as e:
             raise ValueError(f"could not load a sharded model '{path}': {e}") from None
     model, config = load_model(local, lazy=True, strict=False)

@@ -76,6 +76,13 @@ def requested_model_key(provider, model) -> Tuple[Any, Any, Any]:
     )
 
 
+def download(repo: str):
+    """The local folder of a hub ``repo``, fetched by mlx-lm's loader if need be."""
+    from mlx_lm.utils import _download
+
+    return _download(repo)
+
+
 def is_distributed(generator) -> bool:
     """Whether a ``ResponseGenerator`` runs under mlx.launch (several processes)."""
     return generator._is_distributed

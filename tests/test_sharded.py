@@ -204,6 +204,28 @@ class _Group:
         return 0
 
 
+def test_a_hub_model_whose_heads_do_not_divide_gets_its_mlp_split(
+    checkpoints, monkeypatch
+):
+    # mlx-lm's sharded_load would split 3 heads over 2 processes as if they
+    # divided; a hub repo is fetched whole and sharded as a local folder is.
+    import mlx_lm.utils
+
+    from mlx_spec import distributed, mlx_lm_private
+
+    def sharded_load(*args, **kwargs):
+        raise AssertionError("mlx-lm would split the heads unevenly")
+
+    monkeypatch.setattr(mlx_lm.utils, "sharded_load", sharded_load)
+    monkeypatch.setattr(mlx_lm_private, "download", lambda repo: checkpoints[repo])
+    monkeypatch.setattr(distributed, "sharded_group", lambda: _Group(2))
+    monkeypatch.setattr(mx.distributed, "all_sum", lambda x, **kwargs: x)
+    model, _ = distributed.load_sharded("llama-3heads")
+    layer = model.layers[0]
+    assert type(layer.mlp.down_proj).__name__ == "ShardedToAllLinear"
+    assert type(layer.self_attn.q_proj).__name__ == "Linear"
+
+
 def test_mlp_split_refuses_a_width_or_a_model_it_cannot_split(load_model):
     from mlx_spec.distributed import shard_mlp
 
