@@ -22,6 +22,7 @@ from mlx_spec.testing import linear_quantizations, tiny_llama
 from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train.checkpoint import TrainingPaused, read_state
+from mlx_spec.train.draft_batches import make_batch
 from mlx_spec.train.prompts import mixed_prompts
 
 CHAT_ONLY = {"chat": 1.0}
@@ -286,7 +287,7 @@ def test_feature_regression_pulls_the_drafts_hidden_state_to_the_targets(target,
     train = data[0]
 
     def distance(trainer):
-        batch = D.make_batch(
+        batch = make_batch(
             train, list(range(len(train))), trainer.to_draft, 768, features=True
         )
         h = D.supervised_hidden(

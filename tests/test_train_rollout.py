@@ -10,6 +10,7 @@ import pytest
 from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train.card import model_card
+from mlx_spec.train.draft_batches import make_batch
 from mlx_spec.train.prompts import mixed_prompts
 from mlx_spec.train.rollout import ROLLOUT_EVERY, is_rollout_step, pack, rollout_cuts
 
@@ -73,7 +74,7 @@ def test_rollout_rows_hold_the_targets_law_on_the_drafts_own_tokens(
     batch = trainer.rollout_batch(index, 5)
     flat, at = _rollout_rows(batch)
     width = batch.tokens.shape[1]
-    trunk = D.make_batch(train, index, trainer.to_draft, 768).tokens.shape[1]
+    trunk = make_batch(train, index, trainer.to_draft, 768).tokens.shape[1]
     completion = sum(len(train.tokens[i]) - train.starts[i] for i in index)
     assert len(flat) >= 3 * completion / ROLLOUT_EVERY
     ids = np.array(trainer.draft.lm_head.token_ids)
@@ -105,7 +106,7 @@ def test_rollout_rows_hold_the_targets_law_on_the_drafts_own_tokens(
             h = model.model(row)[0, -1]
             np.testing.assert_allclose(batch.features[i], np.array(h), atol=1e-4)
     # The trunk's rows read the packed batch as the plain one: same hidden states.
-    plain = D.make_batch(
+    plain = make_batch(
         train, index, trainer.to_draft, 768, features=bool(feature_weight)
     )
     real = int((plain.weight > 0).sum())
