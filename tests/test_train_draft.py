@@ -353,7 +353,20 @@ def test_warm_start_copies_a_trained_drafts_layers_and_shared_rows(
     rows = np.array(warm.lm_head.weight)
     expected = np.array(old.lm_head.weight)[[old_row[new_ids[i]] for i in shared]]
     assert np.array_equal(rows[shared], expected)
-    assert np.array_equal(rows[fresh], np.array(cold.draft.lm_head.weight)[fresh])
+    # New rows start as the target's output rows, as a cold start's do.
+    start = distilled.build_draft(model, new_ids, cold.layers)
+    assert np.array_equal(rows[fresh], np.array(start.lm_head.weight)[fresh])
+    # The same size keeps the trained vocabulary, whatever the new data's counts.
+    size = len(old_row)
+    same = D.DraftTrainer(
+        model,
+        tokenizer,
+        heldout,
+        heldout,
+        _config(draft_vocab=size, init_from=str(trained)),
+    ).draft
+    assert np.array(same.lm_head.token_ids).tolist() == sorted(old_row)
+    assert np.array_equal(np.array(same.lm_head.weight), np.array(old.lm_head.weight))
     with pytest.raises(ValueError, match="--init-from holds a draft of 1 layers") as e:
         D.DraftTrainer(
             model,

@@ -325,11 +325,16 @@ class DraftTrainer:
         self.train = train
         self.heldout = heldout
         vocab_size = int(target.args.vocab_size)
-        counts = token_counts(train, vocab_size)
+        counts = dict(enumerate(token_counts(train, vocab_size).tolist()))
         always = sorted(set(int(t) for t in tokenizer.eos_token_ids))
-        self.token_ids = draft_vocabulary(
-            dict(enumerate(counts.tolist())), config.draft_vocab, always
-        )
+        trained = None
+        if config.init_from:
+            trained = load_draft(config.init_from, target, like_target=False)
+            # A warm start keeps the vocabulary it learned (the most frequent first
+            # if it shrinks); a larger one adds the data's most frequent tokens.
+            kept = np.array(trained.lm_head.token_ids).tolist()
+            always += sorted(kept, key=lambda t: (-counts[t], t))
+        self.token_ids = draft_vocabulary(counts, config.draft_vocab, always)
         ids = np.array(self.token_ids)
         written = np.zeros(vocab_size, np.int64)
         for tokens, start in zip(train.tokens, train.starts):
@@ -340,10 +345,8 @@ class DraftTrainer:
         self.to_draft[ids] = np.arange(len(ids), dtype=np.int32)
         self.layers = target_layer_indices(target, config.layers)
         self.draft = build_draft(target, self.token_ids, self.layers)
-        if config.init_from:
-            warm_start(
-                self.draft, load_draft(config.init_from, target, like_target=False)
-            )
+        if trained is not None:
+            warm_start(self.draft, trained)
         if config.rollout_steps > 0:  # packed forwards: per-token rope positions
             prepare_tree_model(self.draft)
             prepare_tree_model(target)
