@@ -915,7 +915,7 @@ def test_browser_nothing_typed_is_lost(server, browser, monkeypatch):
     _open_chat(browser, server, 0)
     _set(browser, "#prompt textarea", "keep me")
     browser.find_element(By.CSS_SELECTOR, "#send").click()
-    _wait("the refusal", lambda: "max_tokens=0" in _text(browser, "#status"))
+    _wait("the refusal", lambda: "max tokens=0" in _text(browser, "#status"))
     assert _box(browser) == "keep me" and _count(browser, ".spec-user") == 0
 
     _set(browser, "#max-tokens input", "4")
