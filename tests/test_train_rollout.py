@@ -6,34 +6,13 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from test_train_draft import data, target  # noqa: F401 (the draft tests' fixtures)
 
 from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train.card import model_card
 from mlx_spec.train.draft_batches import make_batch
-from mlx_spec.train.prompts import mixed_prompts
 from mlx_spec.train.rollout import ROLLOUT_EVERY, is_rollout_step, pack, rollout_cuts
-
-
-@pytest.fixture(scope="module")
-def target(load_model):
-    return load_model("llama")
-
-
-@pytest.fixture(scope="module")
-def data(target, tmp_path_factory):
-    """Completions of 6 training and 2 held-out chat prompts (greedy and sampled)."""
-    model, tokenizer = target
-    folder = tmp_path_factory.mktemp("completions")
-    prompts = mixed_prompts(8, "heldout", seed=0, shares={"chat": 1.0})
-    options = dict(max_tokens=16, shard_size=4, progress=False)
-    train = C.build_completions(
-        model, tokenizer, prompts[:6], folder, "train", **options
-    )
-    heldout = C.build_completions(
-        model, tokenizer, prompts[6:], folder, "heldout", sampled_share=0.0, **options
-    )
-    return train, heldout
 
 
 def _config(**kw):
@@ -63,7 +42,7 @@ def test_rollout_rows_hold_the_targets_law_on_the_drafts_own_tokens(
     target, data, feature_weight
 ):
     model, tokenizer = target
-    train, heldout = data
+    train, heldout, _, _ = data
     if feature_weight:
         train = train.with_features([-1])
     config = _config(prompt_weight=0.0, feature_weight=feature_weight)
@@ -158,7 +137,7 @@ def test_training_with_sampled_rollouts_resumes_to_the_same_weights(
     target, data, tmp_path
 ):
     model, tokenizer = target
-    train, heldout = data
+    train, heldout, _, _ = data
     config = _config(rollout_temp=0.8)
     straight = D.DraftTrainer(model, tokenizer, train, heldout, config)
     for _ in range(12):
@@ -194,7 +173,7 @@ def test_train_draft_with_rollouts_writes_a_draft_recording_them(
     target, data, tmp_path
 ):
     model, tokenizer = target
-    train, heldout = data
+    train, heldout, _, _ = data
     config = _config(steps=4, eval_every=2, checkpoint_every=2)
     trainer = D.train_draft(
         model, tokenizer, train, heldout, config, tmp_path, progress=False
