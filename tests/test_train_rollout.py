@@ -6,6 +6,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+from test_train_draft import _config as draft_config
 from test_train_draft import data, target  # noqa: F401 (the draft tests' fixtures)
 
 from mlx_spec.train import completions as C
@@ -16,19 +17,8 @@ from mlx_spec.train.rollout import ROLLOUT_EVERY, is_rollout_step, pack, rollout
 
 
 def _config(**kw):
-    base = dict(
-        steps=12,
-        batch_tokens=1024,
-        lr=1e-2,
-        warmup=2,
-        draft_vocab=200,
-        layers=[1],
-        eval_every=6,
-        checkpoint_every=6,
-        rollout_steps=3,
-        rollout_share=0.5,
-    )
-    return D.DraftTrainConfig(**{**base, **kw})
+    """The draft tests' recipe with rollouts of 3 tokens on half the steps."""
+    return draft_config(**{"rollout_steps": 3, "rollout_share": 0.5, **kw})
 
 
 def _rollout_rows(batch):
