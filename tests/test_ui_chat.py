@@ -29,11 +29,11 @@ from ui.options import parse_options  # noqa: E402
 from ui.session import (  # noqa: E402
     ModelStore,
     Session,
-    Worker,
     chat_messages,
     encode_prompt,
     respond,
 )
+from ui.worker import Prefill, Waiting, Worker  # noqa: E402
 
 MAX_TOKENS = 24
 
@@ -117,10 +117,12 @@ def test_lookup_sees_the_earlier_turns_through_history_tokens(
     session, options = Session(), SpecConfig(method="lookup", max_tokens=8)
     _say(worker, session, pair, "hello", options)
     _say(worker, session, pair, "once more", options)
-    (_, first_history), (fed, history) = seen
-    assert first_history is None  # nothing cached before the first turn
+    (first_fed, first_history), (fed, history) = seen
+    first = encode_prompt(pair.tokenizer, "hello", [], chat=True)
     full = encode_prompt(pair.tokenizer, "once more", session.turns[:1], chat=True)
-    assert history == full[: session.last_reused] and history + fed == full
+    # The prompt is read into the cache before the stream, all but its last token.
+    assert first_history + first_fed == first and len(first_fed) == 1
+    assert history + fed == full and len(fed) == 1
 
 
 def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
@@ -141,6 +143,55 @@ def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
     second = _say(worker, session, pair, "go on", options)
     assert second.reply == reference(_conversation(session)[:-1])
     assert session.last_reused > len(prompt)
+
+
+@pytest.mark.parametrize(
+    "tokens, seconds, cap, expected",
+    [
+        (32, 0.0625, 512, 64),  # fast: at most twice the last slice
+        (256, 1.0, 512, 64),  # slow: the slice that takes SLICE_SECONDS
+        (64, 40.0, 512, 1),  # very slow: one token at a time, never zero
+        (512, 0.01, 512, 512),  # within the cap
+        (16, 0.0, 4, 4),
+    ],
+)
+def test_the_next_prefill_slice_aims_at_its_time_within_the_cap(
+    tokens, seconds, cap, expected
+):
+    from ui.prefill import SLICE_SECONDS, next_slice
+
+    assert SLICE_SECONDS == 0.25  # the cases above are worked out for it
+    assert next_slice(tokens, seconds, cap) == expected
+
+
+@pytest.mark.parametrize("method", ["draft", "lookup", "none"])
+def test_stop_between_prompt_slices_keeps_the_cache_consistent(
+    worker, pair, reference, method
+):
+    from ui.prefill import FIRST_SLICE
+
+    """A 512-token prefill chunk took tens of seconds on a slow CPU before Stop
+    was seen: the prompt is read in small slices, Stop checked between them."""
+    session, seen = Session(), []
+    options = SpecConfig(method=method, max_tokens=MAX_TOKENS)
+    text = " ".join(f"fact {n} is noted." for n in range(40))
+    prompt = encode_prompt(pair.tokenizer, text, [], chat=True)
+    assert len(prompt) < 512  # one chunk of the engine's
+    for turn in respond(worker, session, pair, text, options, chat=True):
+        if isinstance(turn.progress, Prefill):
+            seen.append((turn.progress.done, turn.progress.total))
+            if len(seen) == 2:
+                session.stop.set()
+    session.stop.clear()
+    assert turn.finish == "stopped" and turn.pieces == []
+    assert seen[0] == (FIRST_SLICE, len(prompt))
+    assert all(total == len(prompt) for _, total in seen)
+    assert seen[-1][0] < len(prompt) - 1  # stopped in the prompt
+    held = session.cache_tokens
+    assert 0 < len(held) < len(prompt) and held == prompt[: len(held)]
+    assert {int(c.offset) for c in session.cache} == {len(held)}
+    again = _say(worker, session, pair, "hello", options)
+    assert again.reply == reference(_conversation(session)[:-1])
 
 
 def test_closing_a_turn_early_counts_as_stopped_and_the_chat_goes_on(
@@ -520,8 +571,6 @@ def test_a_conversation_beyond_the_context_is_refused_before_any_prefill(
 
 def test_the_worker_lends_its_thread_and_drops_a_stopped_waiting_job():
     """A long run let nobody else in, and Stop was ignored while a request waited."""
-    from ui.session import Prefill, Waiting
-
     worker, order = Worker(), []
     started, release = threading.Event(), threading.Event()
 

@@ -37,17 +37,15 @@ from .render import Turn
 from .session import (
     ModelStore,
     Pair,
-    Prefill,
     Session,
     Sessions,
-    Waiting,
-    Worker,
     check_not_empty,
     clean_message,
     encode_prompt,
     respond,
     run_turn,
 )
+from .worker import Prefill, Waiting, Worker
 
 log = logging.getLogger("mlx_spec.ui")
 

@@ -1,14 +1,13 @@
-"""The app's engine side: one MLX thread, loaded models and per-browser conversations.
+"""The app's engine side: loaded models and per-browser conversations.
 
-mlx_lm's generation stream is thread-local, so every model load and every
-generation runs on a single :class:`Worker` thread; Gradio's handler threads
-only read what it streams back: the request's place in the queue, the
-prefill's progress, then the tokens. Stopping sets an event that drops a
-waiting request, and that the generation checks between prefill chunks and
-before every token; the ``SpecStream`` then leaves the caches holding the
-prompt and the tokens yielded (or, stopped in the prompt, what they held).
-A run lends the thread to waiting requests between chunks and tokens, so a
-long prompt does not hold up a short question.
+Every model load and generation runs on the app's one MLX thread
+(:class:`ui.worker.Worker`). Stopping sets a session's event that drops a
+waiting request, and that the generation checks between prefill slices
+and before every token; the ``SpecStream`` then leaves the caches holding
+the prompt and the tokens yielded (or, stopped in the prompt, what they
+held). A chat turn's prompt is read in slices of bounded time
+(:mod:`ui.prefill`), so Stop and other users' requests get the model soon
+on any machine.
 
 A chat turn (:func:`respond`) runs the tokenizer's chat template over the
 whole conversation (system prompt first) and reuses the session's prompt
@@ -18,10 +17,9 @@ Everything here runs without a browser.
 """
 
 import logging
-import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -34,10 +32,11 @@ from mlx_lm.models.cache import (
 
 from mlx_spec.chat_text import encode_chat, repair_text
 from mlx_spec.config import SpecConfig, plan_method
+from mlx_spec.drafters.fit import drafter_kind
 from mlx_spec.generate import stream_generate
 from mlx_spec.generation import history_kwargs
 from mlx_spec.home import model_folders
-from mlx_spec.limits import GenerationCancelled, check_context
+from mlx_spec.limits import GenerationCancelled, check_context, stopping_progress
 from mlx_spec.loading import (
     default_model_pair,
     draft_source,
@@ -47,8 +46,11 @@ from mlx_spec.loading import (
     load_model,
     resolve_draft,
 )
+from mlx_spec.models import num_caches
 
+from .prefill import DEFAULT_CAP, prefill_in_slices
 from .render import Piece, Turn
+from .worker import Prefill, Waiting, Worker
 
 log = logging.getLogger("mlx_spec.ui")
 
@@ -57,216 +59,6 @@ NO_DRAFT = "(none)"
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 MAX_SESSIONS = 16
 MAX_LOADED_MODELS = 4
-# Seconds between looks at a waiting job's place in the queue.
-WAIT_POLL = 0.05
-
-
-class _Done:
-    pass
-
-
-@dataclass
-class _Failure:
-    error: BaseException
-
-
-@dataclass
-class Waiting:
-    """A stream item: the job waits for ``ahead`` jobs (running or queued)."""
-
-    ahead: int
-
-
-@dataclass
-class Prefill:
-    """A stream item: ``done`` of the prompt's ``total`` tokens are processed."""
-
-    done: int
-    total: int
-
-
-@dataclass(eq=False)
-class _Job:
-    run: Callable[[], None]
-    cancelled: bool = False
-    started: bool = False
-
-
-class Worker:
-    """Runs every MLX job on one daemon thread, in arrival order.
-
-    A job that may ``lend`` the thread runs the jobs waiting behind it at its
-    safe points (between prefill chunks and between tokens), each to its end,
-    then goes on: a short request is not held up by a long prompt. A job that
-    has not started yet can be cancelled.
-    """
-
-    def __init__(self):
-        self._lock = threading.Condition()
-        self._waiting: "deque[_Job]" = deque()
-        self._running = 0  # jobs on the thread, lent-to ones included
-        self._thread = threading.Thread(
-            target=self._loop, name="mlx-spec-worker", daemon=True
-        )
-        self._thread.start()
-
-    def _loop(self):
-        while True:
-            self._run(self._next(block=True))
-
-    def _next(self, block: bool) -> Optional[_Job]:
-        with self._lock:
-            while True:
-                while self._waiting and self._waiting[0].cancelled:
-                    self._waiting.popleft()
-                if self._waiting:
-                    job = self._waiting.popleft()
-                    job.started = True
-                    self._running += 1
-                    return job
-                if not block:
-                    return None
-                self._lock.wait()
-
-    def _run(self, job: _Job):
-        try:
-            job.run()
-        finally:
-            with self._lock:
-                self._running -= 1
-
-    def _submit(self, run: Callable[[], None]) -> _Job:
-        job = _Job(run)
-        with self._lock:
-            self._waiting.append(job)
-            self._lock.notify()
-        return job
-
-    def ahead(self, job: _Job) -> int:
-        """How many jobs run or wait before ``job`` (0 once it has started)."""
-        with self._lock:
-            if job.started:
-                return 0
-            queued = [j for j in self._waiting if not j.cancelled]
-            return self._running + queued.index(job) if job in queued else 0
-
-    def cancel(self, job: _Job) -> bool:
-        """Drop ``job`` if it has not started; whether it was dropped."""
-        with self._lock:
-            if not job.started:
-                job.cancelled = True
-            return job.cancelled
-
-    def lend(self):
-        """On the worker thread: run the jobs waiting now, each to its end."""
-        while (job := self._next(block=False)) is not None:
-            self._run(job)
-
-    def call(self, fn: Callable, *args, **kwargs):
-        """Run ``fn`` on the worker and return its result (or raise its error)."""
-        done, box = threading.Event(), {}
-
-        def run():
-            try:
-                box["value"] = fn(*args, **kwargs)
-            except BaseException as e:  # handed back to the caller
-                box["error"] = e
-            finally:
-                done.set()
-
-        self._submit(run)
-        done.wait()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    def stream(
-        self,
-        make_iter: Callable[[Callable[[int, int], None]], Iterator],
-        stop: threading.Event,
-        lend: bool = False,
-    ) -> Iterator[list]:
-        """Iterate ``make_iter(progress)`` on the worker, yielding batches of its items.
-
-        Each batch holds everything produced since the previous one, so a slow
-        consumer (the browser) never makes the worker wait. Before the job
-        starts, batches hold one :class:`Waiting`; ``progress(done, total)``,
-        for the prefill, adds a :class:`Prefill`. Setting ``stop`` drops a
-        waiting job, and makes a running one stop after the current item and
-        close the iterator (``make_iter`` stops its own prefill); so does
-        closing this generator. With ``lend``, the job lends the thread (see
-        the class) at each item and prefill chunk.
-        """
-        out: "queue.Queue" = queue.Queue()
-
-        def progress(done: int, total: int):
-            out.put(Prefill(done, total))
-            if lend and done < total and not stop.is_set():
-                self.lend()
-
-        def run():
-            if stop.is_set():  # stopped while it waited
-                out.put(_Done())
-                return
-            it = None
-            try:
-                it = make_iter(progress)
-                for item in it:
-                    out.put(item)
-                    if stop.is_set():
-                        break
-                    if lend:
-                        self.lend()
-            except BaseException as e:  # handed back to the consumer
-                out.put(_Failure(e))
-            finally:
-                if it is not None and hasattr(it, "close"):
-                    try:
-                        it.close()
-                    except BaseException as e:
-                        out.put(_Failure(e))
-                out.put(_Done())
-
-        job = self._submit(run)
-        try:
-            yield from self._wait_start(job, out, stop)
-            if job.cancelled:
-                return
-            while True:
-                batch = [out.get()]
-                while True:
-                    try:
-                        batch.append(out.get_nowait())
-                    except queue.Empty:
-                        break
-                items = []
-                for item in batch:
-                    if isinstance(item, _Failure):
-                        raise item.error
-                    if isinstance(item, _Done):
-                        if items:
-                            yield items
-                        return
-                    items.append(item)
-                yield items
-        finally:
-            stop.set()
-            self.cancel(job)
-
-    def _wait_start(self, job: _Job, out: "queue.Queue", stop: threading.Event):
-        """Yield ``[Waiting(n)]`` whenever ``n`` changes until ``job`` starts;
-        cancel it if ``stop`` is set first."""
-        shown = None
-        while out.empty():
-            if stop.is_set() and self.cancel(job):
-                return
-            ahead = self.ahead(job)
-            if ahead == 0:
-                return
-            if ahead != shown:
-                shown = ahead
-                yield [Waiting(ahead)]
-            time.sleep(WAIT_POLL)
 
 
 @dataclass
@@ -580,14 +372,17 @@ def run_turn(
 
     With ``use_cache`` the session's prompt cache is reused: only the tokens
     after the longest common prefix with the cached ones are prefilled.
-    ``progress(done, total)`` is called between prefill chunks, and
-    ``session.stop`` is checked there and before each token (see
-    ``should_stop`` of :func:`mlx_spec.stream_generate`);
-    ``prefill_step_size`` sets the chunk (default: the engine's).
+    Those are read in slices of bounded time (:mod:`ui.prefill`) when the
+    drafter keeps no cache of its own and reads nothing of the target's.
+    ``progress(done, total)`` is called between slices (or the engine's
+    chunks), and ``session.stop`` is checked there and before each token
+    (see ``should_stop`` of :func:`mlx_spec.stream_generate`);
+    ``prefill_step_size`` caps the slice (default: the engine's chunk).
     Closing the generator closes the stream (which rewinds the caches) and
     records what the cache now holds.
     """
     check_not_empty(tokens, "prompt")
+    cap = prefill_step_size or DEFAULT_CAP
     layout, uses_draft = cache_layout(options.method, pair)
     draft = pair.draft_model if uses_draft else None
     layout = layout if use_cache else None
@@ -612,32 +407,67 @@ def run_turn(
         feed = tokens[reused:]
     session.last_reused = reused
     clock = session.timing = Timing(start=time.perf_counter())
-    # Prompt lookup also matches the earlier turns the cache holds.
-    history = history_kwargs(stream_generate, tokens[:reused])
-    stream = stream_generate(
-        pair.model,
-        pair.tokenizer,
-        feed,
-        draft_model=draft,
-        prompt_cache=cache,
-        prompt_progress_callback=progress,
-        should_stop=session.stop.is_set,
-        **({"prefill_step_size": prefill_step_size} if prefill_step_size else {}),
-        **history,
-        **generation_kwargs(options),
-    )
     generated: List[int] = []
+    stream = None
     try:
+        sliced = _prefill_slices(session, pair, draft, cache, feed, progress, cap)
+        reused, feed = reused + sliced, feed[sliced:]
+        # Prompt lookup also matches the earlier turns the cache holds.
+        history = history_kwargs(stream_generate, tokens[:reused])
+        stream = stream_generate(
+            pair.model,
+            pair.tokenizer,
+            feed,
+            draft_model=draft,
+            prompt_cache=cache,
+            prompt_progress_callback=_shifted(progress, sliced),
+            should_stop=session.stop.is_set,
+            **({"prefill_step_size": prefill_step_size} if prefill_step_size else {}),
+            **history,
+            **generation_kwargs(options),
+        )
         for response in stream:
             clock.last = time.perf_counter()
             clock.first = clock.first or clock.last
             clock.tokens += 1
             generated.append(response.token)
+            if response.stats is not None:  # the sliced part counts too
+                response.stats.prompt_tokens = len(tokens) - session.last_reused
             yield _piece(response, pair.tokenizer), response
     finally:
-        stream.close()
+        if stream is not None:
+            stream.close()
         if cache is not None:
             _record_cache(session, cache, tokens + generated)
+
+
+def _prefill_slices(session, pair, draft, cache, feed, progress, cap) -> int:
+    """Read all of ``feed`` but its last token into ``cache`` in bounded-time
+    slices (see :mod:`ui.prefill`); how many tokens it read.
+
+    Only when the cache is the target's (and the draft model's) alone and the
+    drafter does not tap the target's layers; else the engine reads it all.
+    """
+    models = [pair.model] + ([draft] if draft is not None else [])
+    own = sum(num_caches(m) for m in models)
+    taps = drafter_kind(pair.draft_model) not in (None, "draft")
+    if cache is None or taps or len(cache) != own or len(feed) < 2:
+        return 0
+    prefill_in_slices(
+        models,
+        cache,
+        feed[:-1],
+        cap,
+        stopping_progress(session.stop.is_set, _shifted(progress, 0, 1)),
+    )
+    return len(feed) - 1
+
+
+def _shifted(progress, done: int, more: int = 0):
+    """``progress`` told of ``done`` tokens read before and ``more`` still to read."""
+    if progress is None:
+        return None
+    return lambda d, t: progress(done + d, done + t + more)
 
 
 def respond(
