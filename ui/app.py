@@ -124,10 +124,9 @@ def setup_arg_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
         "--prefill-step-size",
         type=int,
         default=None,
-        help="Prompt tokens per prefill chunk (default: the engine's, 512). Stop and "
-        "other users' requests get the model between chunks: a smaller chunk "
-        "answers them sooner on a slow machine and reads long prompts a little "
-        "slower.",
+        help="The most prompt tokens read at once (default: the engine's chunk, "
+        "512). A chat prompt is read in slices of about a quarter second up to "
+        "this size; Stop and other users' requests get the model between them.",
     )
     parser.add_argument(
         "--no-preload",

@@ -93,8 +93,7 @@ class App:
         self.default_method = method if draft or method != "draft" else "none"
         self.default_gamma = num_draft_tokens
         self.default_max_tokens = max_tokens
-        # Prompt tokens per prefill chunk: Stop and waiting requests get the
-        # worker between chunks (None: the engine's default).
+        # The largest prompt slice (see ui.prefill); None: the engine's chunk.
         self.prefill_step_size: Optional[int] = None
         self.worker = Worker()
         self.store = ModelStore()

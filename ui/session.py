@@ -505,10 +505,10 @@ def respond(
         chat: Use the chat template (the tokenizer must have one).
         system: System prompt of the conversation (chat mode only).
         use_cache: Reuse (and update) the session's prompt cache.
-        lend: Let waiting requests run between prefill chunks and tokens
+        lend: Let waiting requests run between prompt slices and tokens
           (see :class:`Worker`).
-        prefill_step_size: Prompt tokens per prefill chunk (Stop is checked
-          between chunks). Default: the engine's.
+        prefill_step_size: The largest prompt slice (Stop is checked between
+          slices). Default: the engine's prefill chunk.
 
     Raises:
         ValueError: For an empty message, or a conversation that with

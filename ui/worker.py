@@ -54,7 +54,7 @@ class Worker:
     """Runs every MLX job on one daemon thread, in arrival order.
 
     A job that may ``lend`` the thread runs the jobs waiting behind it at its
-    safe points (between prefill chunks and between tokens), each to its end,
+    safe points (between prompt slices and between tokens), each to its end,
     then goes on: a short request is not held up by a long prompt. A job that
     has not started yet can be cancelled.
     """
@@ -153,7 +153,7 @@ class Worker:
         waiting job, and makes a running one stop after the current item and
         close the iterator (``make_iter`` stops its own prefill); so does
         closing this generator. With ``lend``, the job lends the thread (see
-        the class) at each item and prefill chunk.
+        the class) at each item and prompt slice.
         """
         out: "queue.Queue" = queue.Queue()
 
