@@ -148,9 +148,9 @@ def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
 @pytest.mark.parametrize(
     "tokens, seconds, cap, expected",
     [
-        (32, 0.0625, 512, 64),  # fast: at most twice the last slice
-        (256, 1.0, 512, 64),  # slow: the slice that takes SLICE_SECONDS
-        (64, 40.0, 512, 1),  # very slow: one token at a time, never zero
+        (32, 0.25, 512, 64),  # fast: at most twice the last slice
+        (256, 4.0, 512, 64),  # slow: the slice that takes SLICE_SECONDS
+        (64, 100.0, 512, 1),  # very slow: one token at a time, never zero
         (512, 0.01, 512, 512),  # within the cap
         (16, 0.0, 4, 4),
     ],
@@ -160,7 +160,7 @@ def test_the_next_prefill_slice_aims_at_its_time_within_the_cap(
 ):
     from ui.prefill import SLICE_SECONDS, next_slice
 
-    assert SLICE_SECONDS == 0.25  # the cases above are worked out for it
+    assert SLICE_SECONDS == 1.0  # the cases above are worked out for it
     assert next_slice(tokens, seconds, cap) == expected
 
 
@@ -180,11 +180,11 @@ def test_stop_between_prompt_slices_keeps_the_cache_consistent(
     for turn in respond(worker, session, pair, text, options, chat=True):
         if isinstance(turn.progress, Prefill):
             seen.append((turn.progress.done, turn.progress.total))
-            if len(seen) == 2:
+            if len(seen) == 3:
                 session.stop.set()
     session.stop.clear()
     assert turn.finish == "stopped" and turn.pieces == []
-    assert seen[0] == (FIRST_SLICE, len(prompt))
+    assert seen[:2] == [(0, len(prompt)), (FIRST_SLICE, len(prompt))]
     assert all(total == len(prompt) for _, total in seen)
     assert seen[-1][0] < len(prompt) - 1  # stopped in the prompt
     held = session.cache_tokens
@@ -636,3 +636,21 @@ def test_a_second_send_while_a_reply_runs_adds_no_turn(checkpoints):
     *_, last = first
     assert "Done:" in last[3]
     assert [t.user for t in app.sessions.get(None).turns] == ["once"]
+
+
+def test_a_stop_handled_before_its_request_starts_still_stops_it(checkpoints):
+    """Send then Stop at once: when the server took the Stop first, the turn
+    cleared it on starting and ran to its end."""
+    target = str(checkpoints["llama"])
+    app = App(target, None)
+    settings = _settings(target, "(none)", method="none")
+    app.on_stop(1, None)  # the page's first Stop, handled first
+    *_, last = app.on_generate(PageRequest("hello", *settings, 0), None)
+    assert "Stopped before the reply began" in last[3]
+    assert [t.user for t in app.sessions.get(None).turns] == ["hello"]
+    # A later send (the page has counted that Stop) runs.
+    *_, last = app.on_generate(PageRequest("again", *settings, 1), None)
+    assert "Done:" in last[3]
+    # So does one from an API caller, which sends no count.
+    *_, last = app.on_generate(PageRequest("and again", *settings), None)
+    assert "Done:" in last[3]

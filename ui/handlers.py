@@ -10,6 +10,7 @@ the ``/generate`` API. The page itself is laid out by :mod:`ui.layout`.
 import html
 import json
 import logging
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -287,6 +288,7 @@ class App:
         the message box's update once the message is in the transcript."""
         keep = gr.update()
         text = clean_message(page.text)
+        session.stops_at_send = _stop_count(page.stops)
         try:
             options = page_options(page)
             raw = as_bool(page.raw, "raw")
@@ -419,9 +421,13 @@ class App:
         )
         return render.banner(f"Done: {render.plural(n, 'token')} ({why}).", "ok")
 
-    def on_stop(self, request: gr.Request):
-        """Stop this page's request: waiting, reading the prompt or generating."""
-        self.sessions.get(_session_key(request)).stop.set()
+    def on_stop(self, stops=0, request: gr.Request = None):
+        """Stop this page's request: waiting, reading the prompt or generating.
+
+        ``stops`` is the page's count of Stop presses: a Stop handled before
+        the request it follows has started still stops it.
+        """
+        self.sessions.get(_session_key(request)).press_stop(_stop_count(stops) or 0)
 
     def on_clear(self, target, draft, raw, request: gr.Request):
         """New chat: stop any reply and forget the conversation and its prompt cache."""
@@ -457,7 +463,8 @@ class App:
         )
 
     def _race(self, session: Session, page: PageRequest):
-        session.stop.clear()
+        session.stops_at_send = _stop_count(page.stops)
+        session.begin_turn()
         keep = gr.update()
         empty = render.transcript_html([Turn("")], chat=False)
         no_stats, no_chart = render.stats_html(None), render.chart_svg([])
@@ -739,6 +746,12 @@ def _warm_up(pair: Pair, tokens: List[int], methods: Tuple[SpecConfig, ...]):
         short = replace(options, max_tokens=2)
         for _ in run_turn(Session(), pair, tokens[:16], short, use_cache=False):
             pass
+
+
+def _stop_count(value) -> Optional[int]:
+    """The page's count of Stop presses (``None`` when an API caller sends none)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return int(value) if number and math.isfinite(value) and value >= 0 else None
 
 
 def _session_key(request: Optional[gr.Request]) -> Optional[str]:

@@ -123,6 +123,7 @@ class PageRequest:
     seed: Any
     raw: Any
     system: Any = ""
+    stops: Any = None  # the page's count of Stop presses when it sent this
 
 
 # Enter sends, Shift+Enter makes a new line, Ctrl/Cmd+Enter sends too. Keys go
@@ -162,6 +163,23 @@ KEYS_JS = """
   }, true);
 }
 """
+
+
+# Stop counts its presses in the page and sends the count; each request sends
+# the count at its send, so a Stop handled before its request starts still
+# stops it (the server runs the two events in any order).
+COUNT_STOP_JS = """
+() => [window.mlxSpecStops = (window.mlxSpecStops || 0) + 1]
+"""
+
+
+def with_stop_count(inputs: int) -> str:
+    """The JS that sends a request's ``inputs`` values, the last one replaced
+    by the page's Stop count (Gradio passes the outputs' values after them)."""
+    return (
+        f"(...values) => values.slice(0, {inputs - 1})"
+        ".concat([window.mlxSpecStops || 0])"
+    )
 
 
 def page_event(handler: Callable) -> Callable:
@@ -428,33 +446,38 @@ def build(app) -> gr.Blocks:
             raw,
             system,
         ]
+        # The page's count of Stop presses, sent with each request and each Stop.
+        stops = gr.Number(0, precision=0, visible=False)
         # No concurrency limit: the handlers queue their MLX work on the app's
         # worker themselves, so they can say where they wait and be stopped.
         gen_outputs = [transcript, stats, chart, status, prompt, retry]
         send.click(
             page_event(app.on_generate),
-            [prompt, *settings],
+            [prompt, *settings, stops],
             gen_outputs,
             api_name="chat",
             concurrency_limit=None,
             show_progress="hidden",
+            js=with_stop_count(len(settings) + 2),
         )
         retry.click(
             page_event(app.on_retry),
-            [prompt, *settings],
+            [prompt, *settings, stops],
             gen_outputs,
             api_visibility="private",
             concurrency_limit=None,
             show_progress="hidden",
+            js=with_stop_count(len(settings) + 2),
         )
         for button in (stop, race_stop):
             button.click(
                 app.on_stop,
-                None,
+                stops,
                 None,
                 concurrency_limit=None,
                 api_visibility="private",
                 show_progress="hidden",
+                js=COUNT_STOP_JS,
             )
         clear.click(
             app.on_clear,
@@ -465,7 +488,7 @@ def build(app) -> gr.Blocks:
         )
         race.click(
             page_event(app.on_race),
-            [race_prompt, *settings],
+            [race_prompt, *settings, stops],
             [
                 plain_text,
                 plain_stats,
@@ -479,6 +502,7 @@ def build(app) -> gr.Blocks:
             api_name="race",
             concurrency_limit=None,
             show_progress="hidden",
+            js=with_stop_count(len(settings) + 2),
         )
         model_outputs = [
             model_status,

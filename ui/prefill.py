@@ -20,7 +20,7 @@ from mlx_spec.generate import stream_generate
 from mlx_spec.models import num_caches
 
 # Seconds one slice should take: Stop and waiting users wait at most about this.
-SLICE_SECONDS = 0.25
+SLICE_SECONDS = 1.0
 FIRST_SLICE = 32  # tokens; later slices follow the measured speed
 MAX_GROWTH = 2  # a slice is at most this many times the previous one
 # The largest slice unless the app sets one: the engine's prefill chunk.
@@ -54,8 +54,9 @@ def prefill_in_slices(
         cache: Their prompt caches, concatenated.
         tokens: The prompt tokens to add (shape ``(L,)`` as a list).
         cap: The largest slice, in tokens (the app's ``prefill_step_size``).
-        progress: ``progress(done, total)`` after each slice, every model's
-          cache then holding ``done`` more tokens; it may raise to stop.
+        progress: ``progress(done, total)`` first with ``done`` 0, then after
+          each slice, every model's cache then holding ``done`` more tokens;
+          it may raise to stop.
     """
     parts, start = [], 0
     for model in models:
@@ -63,6 +64,8 @@ def prefill_in_slices(
         parts.append((model, cache[start : start + n]))
         start += n
     done, size, total = 0, min(FIRST_SLICE, cap), len(tokens)
+    if progress is not None:  # reading begins (and Stop may end it at once)
+        progress(0, total)
     with mx.stream(generation_stream):
         while done < total:
             piece = mx.array(tokens[done : done + size])[None]

@@ -237,12 +237,32 @@ class Session:
     timing: Timing = field(default_factory=Timing)
     pair_key: Optional[tuple] = None  # (target, draft, chat) of the turns
     epoch: int = 0  # counts resets, so a reply can tell its chat was cleared
+    # The page counts its Stop presses: the count heard, and the count when
+    # the page sent the request now starting (see begin_turn).
+    stops_heard: int = 0
+    stops_at_send: Optional[int] = None  # None: not counted (an API caller)
     _busy: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _stopping: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reset(self):
         self.turns = []
         self.epoch += 1
         self.drop_cache()
+
+    def press_stop(self, count: int = 0):
+        """Stop the request running or waiting; ``count`` is the page's count
+        of its Stop presses, this one included."""
+        with self._stopping:
+            self.stops_heard = max(self.stops_heard, count)
+            self.stop.set()
+
+    def begin_turn(self):
+        """Clear Stop for the request starting, unless the page pressed Stop
+        after sending it (its Stop may be handled first)."""
+        with self._stopping:
+            sent = self.stops_at_send
+            if sent is None or self.stops_heard <= sent:
+                self.stop.clear()
 
     def claim(self) -> bool:
         """Take the session for one request; ``False`` if one is running.
@@ -521,7 +541,7 @@ def respond(
     tokens = encode_prompt(pair.tokenizer, text, history, chat, system)
     check_context(pair.model, len(tokens), options.max_tokens)
     turn = Turn(user=text)
-    session.stop.clear()
+    session.begin_turn()
     session.turns = session.turns + [turn] if chat else [turn]
     batches = worker.stream(
         lambda progress: run_turn(
