@@ -27,6 +27,11 @@ if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
 
 gr = pytest.importorskip("gradio")
 
+from benchmarks.ui_probes import box as _box  # noqa: E402
+from benchmarks.ui_probes import bubbles as _bubbles  # noqa: E402
+from benchmarks.ui_probes import set_text as _set  # noqa: E402
+from benchmarks.ui_probes import start_chromium  # noqa: E402
+from benchmarks.ui_probes import wait as _wait  # noqa: E402
 from mlx_spec.config import SpecConfig  # noqa: E402
 from mlx_spec.loading import default_model_pair  # noqa: E402
 from mlx_spec.stats import SpecStats  # noqa: E402
@@ -687,30 +692,10 @@ def _ensure_chromium():
 
 def _chromium():
     """A headless chromium driven by Selenium (yielded, then closed)."""
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
+    pytest.importorskip("selenium.webdriver")
     _ensure_chromium()
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
     profile = tempfile.mkdtemp(prefix="mlx-spec-chromium-")
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1050",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(
-        service=Service(shutil.which("chromedriver")), options=options
-    )
+    driver = start_chromium(profile)
     yield driver
     driver.quit()
     shutil.rmtree(profile, ignore_errors=True)
@@ -725,31 +710,6 @@ def browser():
 def second_browser():
     """Another user, at the same time."""
     yield from _chromium()
-
-
-def _wait(what, check, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            value = check()
-        except Exception:  # elements appear and re-render while Gradio updates
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _set(driver, selector, text):
-    """Put ``text`` in a box as a paste does (typed, its newlines would send)."""
-    driver.execute_script(
-        "const box = document.querySelector(arguments[0]);"
-        "const set = Object.getOwnPropertyDescriptor(box.constructor.prototype, 'value').set;"
-        "set.call(box, arguments[1]);"
-        "box.dispatchEvent(new Event('input', {bubbles: true}));",
-        selector,
-        text,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -866,19 +826,6 @@ def _open_chat(driver, url, max_tokens):
     driver.get(url)
     _wait("chat mode", lambda: "Chat mode" in _text(driver, "#mode-note"))
     _set(driver, "#max-tokens input", str(max_tokens))
-
-
-def _box(driver) -> str:
-    return driver.execute_script(
-        "return document.querySelector('#prompt textarea').value"
-    )
-
-
-def _bubbles(driver):
-    return driver.execute_script(
-        "return Array.from(document.querySelectorAll('#transcript .spec-user'))"
-        ".map(e => e.textContent)"
-    )
 
 
 @pytest.mark.browser
@@ -1070,13 +1017,38 @@ def test_browser_two_users_one_long_prompt_queue_and_stop(
     assert "Reading the prompt" in _text(first, "#status")
 
     first.find_element(By.CSS_SELECTOR, "#clear").click()
-    _wait("the new chat", lambda: "New chat" in _text(first, "#status"))
-    assert "the reply in progress was stopped" in _text(first, "#status")
+    # A progress line already on its way may show first; the stopped run says it last.
+    _wait(
+        "the new chat",
+        lambda: "the reply in progress was stopped" in _text(first, "#status"),
+    )
     assert _count(first, ".spec-user") == 0
     time.sleep(1.0)  # the stopped reply must not write over it
     assert "New chat" in _text(first, "#status") and _count(first, ".spec-user") == 0
     send(first, "hi")
     _wait("a reply after the new chat", lambda: "Done:" in _text(first, "#status"))
+
+
+@pytest.mark.browser
+def test_browser_stop_right_after_send_stops_that_request(
+    server, app, checkpoints, browser, monkeypatch
+):
+    """Send and Stop in one tick: the server may take the Stop first, and the
+    request then cleared it on starting and ran to its end."""
+    monkeypatch.setattr(app, "prefill_step_size", 4)  # many slices on a tiny model
+    long = _long_message(app, str(checkpoints["llama"]), 1200)
+    _open_chat(browser, server, 8)
+    for n in range(3):
+        _set(browser, "#prompt textarea", f"{n} {long}")
+        browser.execute_script(
+            "document.getElementById('send').click();"
+            "document.getElementById('stop').click();"
+        )
+        _wait("the stop", lambda: "Stopped" in _text(browser, "#status"))
+        assert _count(browser, ".spec-user") == n + 1
+    _set(browser, "#prompt textarea", "hi")
+    browser.execute_script("document.getElementById('send').click();")
+    _wait("the next reply", lambda: "Done:" in _text(browser, "#status"))
 
 
 @pytest.fixture(scope="module")
