@@ -30,10 +30,10 @@ goal is missed. Needs ``selenium`` and Debian's ``chromium``
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -260,6 +260,12 @@ def prefill_times(driver, stop_when: Callable[[], bool], updates=10**9) -> List[
     return [round(b - a, 2) for a, b in zip(times, times[1:])]
 
 
+def progress_tokens(status: str) -> int:
+    """The tokens read so far, from a "Reading the prompt: N of M" status."""
+    found = re.search(r"Reading the prompt: ([\d,]+) of", status)
+    return int(found.group(1).replace(",", "")) if found else 0
+
+
 def probe_stop(ui: UI, first, long_text: str, max_tokens: int) -> dict:
     """A 50,000-character prompt is refused; a fitting one is stopped 2 s in."""
     open_chat(first, ui.url, max_tokens)
@@ -312,6 +318,11 @@ def probe_second(ui: UI, first, second, long_text: str, max_tokens: int) -> dict
     answer_shared = text_of(second, "#transcript .spec-reply")
     # A few chunks alone, for the chunk time.
     alone_chunks = prefill_times(first, lambda: False, updates=3)
+    read_at = progress_tokens(text_of(first, "#status")), time.monotonic()
+    time.sleep(10.0)
+    read = (progress_tokens(text_of(first, "#status")) - read_at[0]) / (
+        time.monotonic() - read_at[1]
+    )
     click(first, "stop")
     wait("the stop", lambda: "Stopped" in text_of(first, "#status"), 600)
     chunk = max(alone_chunks + chunks) if (alone_chunks + chunks) else None
@@ -319,6 +330,7 @@ def probe_second(ui: UI, first, second, long_text: str, max_tokens: int) -> dict
         "answer_alone_s": alone,
         "answer_beside_long_prompt_s": shared,
         "prefill_chunk_s": alone_chunks,
+        "prefill_tokens_per_s": round(read, 1),
         "goal_s": round(alone + chunk, 2) if chunk else None,
         "same_answer": answer_alone == answer_shared and bool(answer_alone),
         "long_prompt_still_reading": reading_still,
@@ -439,51 +451,51 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ui-probes-"))
     ui = UI(args.model, args.ui_flag, work / "ui.log")
     drivers = [start_chromium(str(work / name)) for name in ("first", "second")]
+    figures = {"model": model, "ui_flags": args.ui_flag, "log": str(work / "ui.log")}
+    figures.update(long_prompt_chars=len(long_text), stop=[], second_user=[])
     rss = [ui.rss_mb()]
     try:
         first, second = drivers
-        stops = [probe_stop(ui, first, long_text, args.max_tokens)]
-        rss.append(ui.rss_mb())
-        seconds = []
+        figures["stop"].append(probe_stop(ui, first, long_text, args.max_tokens))
         for _ in range(args.repeats):
-            seconds.append(probe_second(ui, first, second, long_text, args.max_tokens))
+            figures["second_user"].append(
+                probe_second(ui, first, second, long_text, args.max_tokens)
+            )
             rss.append(ui.rss_mb())
             new_chat(first)
-            stops.append(probe_stop(ui, first, long_text, args.max_tokens))
+            figures["stop"].append(probe_stop(ui, first, long_text, args.max_tokens))
             rss.append(ui.rss_mb())
             new_chat(first)
-        careless = probe_careless(ui, first, second, long_text)
+        figures["careless"] = probe_careless(ui, first, second, long_text)
         rss.append(ui.rss_mb())
+    except BaseException as e:  # the figures so far still go out
+        figures["failed"] = f"{type(e).__name__}: {e}"
     finally:
         for driver in drivers:
             driver.quit()
         ui.stop()
-    tracebacks = ui.tracebacks()
-    stop_idle = [s["stop_to_model_idle_s"] for s in stops]
-    in_goal = [s["answer_beside_long_prompt_s"] <= s["goal_s"] for s in seconds]
-    figures = {
-        "model": model,
-        "ui_flags": args.ui_flag,
-        "long_prompt_chars": len(long_text),
-        "stop": stops,
-        "second_user": seconds,
-        "careless": careless,
-        "tracebacks_in_log": tracebacks,
-        "rss_mb": [round(r) for r in rss],
-        "stop_to_model_idle_median_s": statistics.median(stop_idle),
-        "ok": (
-            max(stop_idle) <= STOP_GOAL
-            and all(in_goal)
-            and all(s["same_answer"] for s in seconds)
-            and careless["lost"] == 0
-            and careless["duplicates"] == 0
-            and tracebacks == 0
-            and all(s["refused_50k"]["text_kept"] for s in stops)
-        ),
-        "log": str(work / "ui.log"),
-    }
+    figures["rss_mb"] = [round(r) for r in rss]
+    figures["tracebacks_in_log"] = ui.tracebacks()
+    figures["ok"] = "failed" not in figures and goals_met(figures)
     print(json.dumps(figures))
     return 0 if figures["ok"] else 1
+
+
+def goals_met(figures: dict) -> bool:
+    """Whether every goal of the probes holds (see the module docstring)."""
+    stops, seconds, careless = (
+        figures["stop"],
+        figures["second_user"],
+        figures["careless"],
+    )
+    return (
+        max(s["stop_to_model_idle_s"] for s in stops) <= STOP_GOAL
+        and all(s["answer_beside_long_prompt_s"] <= s["goal_s"] for s in seconds)
+        and all(s["same_answer"] for s in seconds)
+        and all(s["refused_50k"]["text_kept"] for s in stops)
+        and careless["lost"] == careless["duplicates"] == 0
+        and figures["tracebacks_in_log"] == 0
+    )
 
 
 if __name__ == "__main__":
