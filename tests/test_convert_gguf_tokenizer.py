@@ -136,6 +136,39 @@ def test_qwen2_and_llama3_pre_tokenizers_split_digits_as_llama_cpp():
     assert split("llama-bpe", "e\u0301") != ["Ã©"]
 
 
+def test_llama3_pre_tokenizer_takes_a_word_of_the_vocabulary_whole():
+    """Llama 3 (llama-bpe) ignores merges for a word the vocabulary holds, as
+    llama.cpp and its Hugging Face tokenizer do; GPT-2's merges it."""
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": ["a", "b", "c", "ab", "abc"],
+        "tokenizer.ggml.merges": ["a b"],  # "abc" has no merge path
+    }
+
+    def ids(pre: str) -> list[int]:
+        tokenizer = build_tokenizer({**metadata, "tokenizer.ggml.pre": pre})
+        return tokenizer.encode("abc", add_special_tokens=False).ids
+
+    assert ids("llama-bpe") == [4]
+    assert ids("gpt2") == [3, 2]
+
+
+def test_llama3_vocabulary_adds_bos_unless_the_file_says_not():
+    """llama.cpp's default for the llama-bpe pre-tokenizer is to add BOS."""
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "llama-bpe",
+        "tokenizer.ggml.tokens": ["<s>", "a"],
+        "tokenizer.ggml.token_type": [3, 1],
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.bos_token_id": 0,
+    }
+    assert build_tokenizer(metadata).encode("a").ids == [0, 1]
+    assert tokenizer_config(metadata)["add_bos_token"] is True
+    no_bos = {**metadata, "tokenizer.ggml.add_bos_token": False}
+    assert build_tokenizer(no_bos).encode("a").ids == [1]
+
+
 def test_sentencepiece_gguf_converts_to_a_tokenizer_mlx_lm_loads(checkpoints, tmp_path):
     """A llama GGUF with a SentencePiece vocabulary, end to end."""
     import mlx_lm

@@ -11,6 +11,7 @@ Two kinds of vocabulary (``tokenizer.ggml.model``) are rebuilt:
   regex, digits in runs of up to 3 (``llama-bpe``); Qwen2's, the same with
   each digit alone and NFC-normalized text (``qwen2``, also Qwen 2.5 and 3).
   The regex decides where merges may cross, so a wrong one changes ids.
+  Llama 3 also takes a word the vocabulary holds whole, without merging.
 - ``llama``: SentencePiece BPE (Llama 2, Mistral 7B, Gemma 3, Phi-3). The GGUF
   stores each piece's score instead of merges; a piece's merges are its
   splits into two pieces, ranked by its score, as SentencePiece applies them
@@ -116,9 +117,17 @@ def _token(tokens: list[str], metadata: dict, key: str) -> str | None:
     return tokens[int(index)]
 
 
+def _llama3(metadata: dict) -> bool:
+    """A Llama 3 vocabulary: llama.cpp takes a word it holds whole, without
+    merging (``ignore_merges``), and adds BOS by default."""
+    pre = metadata.get("tokenizer.ggml.pre", "default")
+    return PRE_TOKENIZERS.get(pre) == "llama3"
+
+
 def _add_bos(metadata: dict) -> bool:
-    """``tokenizer.ggml.add_bos_token``; llama.cpp's default is per model."""
-    default = metadata.get("tokenizer.ggml.model") == "llama"
+    """``tokenizer.ggml.add_bos_token``; llama.cpp's default is per model:
+    SentencePiece and Llama 3 vocabularies add BOS."""
+    default = metadata.get("tokenizer.ggml.model") == "llama" or _llama3(metadata)
     return bool(metadata.get("tokenizer.ggml.add_bos_token", default))
 
 
@@ -191,7 +200,13 @@ def _byte_level_bpe(metadata: dict, tokens: list[str]):
         vocab.setdefault(token, index)  # a duplicate keeps its first id
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
     tokenizer = Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            fuse_unk=False,
+            byte_fallback=False,
+            ignore_merges=_llama3(metadata),
+        )
     )
     if PRE_TOKENIZERS[pre] == "qwen2":
         tokenizer.normalizer = normalizers.NFC()
