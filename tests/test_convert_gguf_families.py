@@ -346,6 +346,61 @@ def test_gguf_py_reads_k_and_i_quants():
         assert name in READABLE, name
 
 
+CHUNK = 1 << 16  # values per chunk of rows in the memory tests (256 KB of float32)
+
+
+def traced_peak(function, *args):
+    """``(result, peak bytes numpy allocated)`` of one call (tracemalloc)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = function(*args)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q6_K", "IQ4_XS"])
+def test_dequantizing_a_large_tensor_holds_little_beside_its_output(qtype, monkeypatch):
+    """Row chunks: the peak is the float32 output plus a few chunks, not
+    gguf-py's intermediates of the whole tensor; values stay gguf-py's."""
+    monkeypatch.setattr(quants, "CHUNK_VALUES", CHUNK)
+    rows, cols = 512, 1024
+    raw = random_blocks(qtype, rows, cols, seed=11)
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    got, peak = traced_peak(quants.dequantize, raw, qtype, (rows, cols))
+    assert np.array_equal(got, expected)
+    assert peak < got.nbytes + 6 * 4 * CHUNK, peak / got.nbytes
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K", "Q5_K"])
+def test_repacking_a_large_tensor_holds_little_beside_its_output(qtype, monkeypatch):
+    rows, cols = 512, 1024
+    raw = random_blocks(qtype, rows, cols, seed=12)
+    whole = quants.to_mlx_quantized(raw, qtype, (rows, cols))
+    monkeypatch.setattr(quants, "CHUNK_VALUES", CHUNK)
+    chunked, peak = traced_peak(quants.to_mlx_quantized, raw, qtype, (rows, cols))
+    for a, b in zip(whole, chunked):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    output = sum(a.nbytes for a in chunked)
+    assert peak < output + 6 * 4 * CHUNK, peak / output
+
+
+def test_requantizing_a_large_matrix_holds_little_beside_its_output(monkeypatch):
+    values = np.random.default_rng(13).standard_normal((512, 1024), np.float32)
+    *whole, whole_error = quants.requantize(values)
+    monkeypatch.setattr(quants, "CHUNK_VALUES", CHUNK)
+    mx.reset_peak_memory()
+    (*chunked, error), peak = traced_peak(quants.requantize, values)
+    for a, b in zip(whole, chunked):
+        assert np.array_equal(a, b)
+    assert error == whole_error
+    output = sum(a.nbytes for a in chunked)
+    assert peak < output + 6 * 4 * CHUNK, peak / output  # numpy
+    assert mx.get_peak_memory() < 16 * 4 * CHUNK  # MLX
+
+
 @pytest.fixture(scope="module")
 def random_types_gguf(checkpoints, tmp_path_factory):
     """A 256-wide llama whose matrices hold random blocks of every readable type.

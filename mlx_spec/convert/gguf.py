@@ -249,10 +249,16 @@ def llama3_rope_scaling(rope_freqs, config: dict, metadata: dict) -> dict | None
 
 
 def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 as MLX rounds it, as uint16 bits."""
+    """float32 -> bfloat16 as MLX rounds it, as uint16 bits (row chunks)."""
     import mlx.core as mx
 
-    return np.array(mx.view(mx.array(values).astype(mx.bfloat16), mx.uint16))
+    rows = values.reshape(-1, values.shape[-1])
+    out = np.empty(rows.shape, np.uint16)
+    for part in quants.row_chunks(*rows.shape):
+        out[part] = np.array(
+            mx.view(mx.array(rows[part]).astype(mx.bfloat16), mx.uint16)
+        )
+    return out.reshape(values.shape)
 
 
 def _cast(values: np.ndarray, dtype: str) -> tuple[np.ndarray, str | None]:

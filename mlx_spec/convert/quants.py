@@ -42,6 +42,16 @@ EXACT_BITS = {
 FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 # Bits of the MLX layer a non-exact matrix is requantized to (keep-quantized).
 REQUANTIZE_BITS = 8
+# Values per chunk of rows: a tensor is converted a chunk at a time into its
+# output, so the work arrays stay this small (16 MB of float32).
+CHUNK_VALUES = 1 << 22
+
+
+def row_chunks(rows: int, cols: int):
+    """Slices of ``rows`` holding about :data:`CHUNK_VALUES` values each."""
+    step = max(1, CHUNK_VALUES // max(cols, 1))
+    for start in range(0, rows, step):
+        yield slice(start, min(rows, start + step))
 
 
 def _half(raw: np.ndarray) -> np.ndarray:
@@ -160,16 +170,23 @@ def to_mlx_quantized(raw: np.ndarray, kind: str, shape: tuple[int, int]):
     import gguf
 
     rows, cols = shape
+    bits = EXACT_BITS[kind]
     qtype = gguf.GGMLQuantizationType[kind]
     _, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    blocks = np.ascontiguousarray(raw).reshape(-1, type_size)
-    if kind in ("Q4_K", "Q5_K"):
-        q, scale, bias = _k_groups(blocks, kind)
-    else:
-        q, scale, bias = _legacy_groups(blocks, kind)
+    raw_rows = np.ascontiguousarray(raw).reshape(rows, -1)
     groups = (rows, cols // GROUP_SIZE)
-    scales, biases = _narrowest(scale.reshape(groups), bias.reshape(groups))
-    return pack_bits(q.reshape(rows, cols), EXACT_BITS[kind]), scales, biases
+    weight = np.empty((rows, cols * bits // 32), np.uint32)
+    scales, biases = np.empty(groups, np.float32), np.empty(groups, np.float32)
+    for part in row_chunks(rows, cols):
+        blocks = raw_rows[part].reshape(-1, type_size)
+        if kind in ("Q4_K", "Q5_K"):
+            q, scale, bias = _k_groups(blocks, kind)
+        else:
+            q, scale, bias = _legacy_groups(blocks, kind)
+        weight[part] = pack_bits(q.reshape(-1, cols), bits)
+        scales[part] = scale.reshape(-1, groups[1])
+        biases[part] = bias.reshape(-1, groups[1])
+    return (weight, *_narrowest(scales, biases))
 
 
 def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -191,7 +208,10 @@ def dequantize(raw: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray
     qtype = gguf.GGMLQuantizationType[kind]
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     flat = np.ascontiguousarray(raw).reshape(rows, -1)
-    return gguf.quants.dequantize(flat, qtype).reshape(shape).astype(np.float32)
+    out = np.empty((rows, shape[-1]), np.float32)
+    for part in row_chunks(rows, shape[-1]):
+        out[part] = gguf.quants.dequantize(flat[part], qtype)
+    return out.reshape(shape)
 
 
 def requantize(values: np.ndarray, bits: int = REQUANTIZE_BITS):
@@ -208,9 +228,19 @@ def requantize(values: np.ndarray, bits: int = REQUANTIZE_BITS):
     """
     import mlx.core as mx
 
-    w = mx.array(values)
-    weight, scales, biases = mx.quantize(w, group_size=GROUP_SIZE, bits=bits)
-    back = mx.dequantize(weight, scales, biases, group_size=GROUP_SIZE, bits=bits)
-    peak = mx.abs(w).max().item()
-    error = mx.abs(back - w).max().item() / peak if peak else 0.0
-    return np.array(weight), np.array(scales), np.array(biases), error
+    rows, cols = values.shape
+    weight = np.empty((rows, cols * bits // 32), np.uint32)
+    scales = np.empty((rows, cols // GROUP_SIZE), np.float32)
+    biases = np.empty_like(scales)
+    largest_error = peak = 0.0
+    for part in row_chunks(rows, cols):
+        w = mx.array(values[part])
+        triple = mx.quantize(w, group_size=GROUP_SIZE, bits=bits)
+        back = mx.dequantize(*triple, group_size=GROUP_SIZE, bits=bits)
+        largest_error = max(largest_error, mx.abs(back - w).max().item())
+        peak = max(peak, mx.abs(w).max().item())
+        for out, array in zip((weight, scales, biases), triple):
+            out[part] = np.array(array)
+        del w, triple, back
+    error = largest_error / peak if peak else 0.0
+    return weight, scales, biases, error
