@@ -920,8 +920,10 @@ def test_browser_nothing_typed_is_lost(server, browser, monkeypatch):
     _wait("the error", lambda: "the device is gone" in _text(browser, "#status"))
     assert _bubbles(browser) == ["a\ufffdb", "second"] and _box(browser) == ""
     assert "the device is gone" in _text(browser, "#transcript .spec-turn-error")
-    retry = browser.find_element(By.CSS_SELECTOR, "#retry")
-    assert retry.is_displayed()
+    retry = _wait(  # it shows with the turn's last update
+        "Retry", lambda: browser.find_element(By.CSS_SELECTOR, "#retry")
+    )
+    _wait("Retry to show", retry.is_displayed)
     retry.click()
     _wait("the retried reply", lambda: "Done:" in _text(browser, "#status"))
     assert _bubbles(browser) == ["a\ufffdb", "second"]
@@ -1033,8 +1035,8 @@ def test_browser_two_users_one_long_prompt_queue_and_stop(
 def test_browser_stop_right_after_send_stops_that_request(
     server, app, checkpoints, browser, monkeypatch
 ):
-    """Send and Stop in one tick: the server may take the Stop first, and the
-    request then cleared it on starting and ran to its end."""
+    """Send and Stop (or New chat) in one tick: the server may take the Stop
+    first, and the request then cleared it on starting and ran to its end."""
     monkeypatch.setattr(app, "prefill_step_size", 4)  # many slices on a tiny model
     long = _long_message(app, str(checkpoints["llama"]), 1200)
     _open_chat(browser, server, 8)
@@ -1044,8 +1046,23 @@ def test_browser_stop_right_after_send_stops_that_request(
             "document.getElementById('send').click();"
             "document.getElementById('stop').click();"
         )
-        _wait("the stop", lambda: "Stopped" in _text(browser, "#status"))
-        assert _count(browser, ".spec-user") == n + 1
+        _wait(
+            f"stop {n}",
+            lambda: "Stopped" in _text(browser, "#status")
+            and _count(browser, ".spec-user") == n + 1,
+        )
+        time.sleep(1.0)  # had the request cleared the Stop, it would go on
+        assert "Stopped before the reply began" in _text(browser, "#status")
+    # New chat right after Send: that message is stopped too, whichever comes first.
+    _set(browser, "#prompt textarea", f"3 {long}")
+    browser.execute_script(
+        "document.getElementById('send').click();"
+        "document.getElementById('clear').click();"
+    )
+    stopped = ("Stopped before the reply began", "the reply in progress was stopped")
+    _wait("the stop", lambda: any(s in _text(browser, "#status") for s in stopped))
+    time.sleep(1.0)
+    assert any(s in _text(browser, "#status") for s in stopped)
     _set(browser, "#prompt textarea", "hi")
     browser.execute_script("document.getElementById('send').click();")
     _wait("the next reply", lambda: "Done:" in _text(browser, "#status"))

@@ -146,7 +146,7 @@ def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
 
 
 @pytest.mark.parametrize(
-    "tokens, seconds, cap, expected",
+    "tokens, slices_of_time, cap, expected",
     [
         (32, 0.25, 512, 64),  # fast: at most twice the last slice
         (256, 4.0, 512, 64),  # slow: the slice that takes SLICE_SECONDS
@@ -156,11 +156,12 @@ def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
     ],
 )
 def test_the_next_prefill_slice_aims_at_its_time_within_the_cap(
-    tokens, seconds, cap, expected
+    tokens, slices_of_time, cap, expected
 ):
+    """``slices_of_time``: how long the last slice took, in SLICE_SECONDS."""
     from ui.prefill import SLICE_SECONDS, next_slice
 
-    assert SLICE_SECONDS == 1.0  # the cases above are worked out for it
+    seconds = slices_of_time * SLICE_SECONDS
     assert next_slice(tokens, seconds, cap) == expected
 
 

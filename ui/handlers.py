@@ -429,11 +429,15 @@ class App:
         """
         self.sessions.get(_session_key(request)).press_stop(_stop_count(stops) or 0)
 
-    def on_clear(self, target, draft, raw, request: gr.Request):
-        """New chat: stop any reply and forget the conversation and its prompt cache."""
+    def on_clear(self, target, draft, raw, stops=0, request: gr.Request = None):
+        """New chat: stop any reply and forget the conversation and its prompt cache.
+
+        ``stops`` counts it as a Stop press (see :meth:`on_stop`): a message
+        sent just before it is stopped too, and stays in the new chat.
+        """
         session = self.sessions.get(_session_key(request))
         running = session.busy
-        session.stop.set()
+        session.press_stop(_stop_count(stops) or 0)
         session.reset()
         chat = self._chat_mode(target, draft, raw)
         return _new_chat_view(chat, stopped=running)

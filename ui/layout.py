@@ -165,21 +165,19 @@ KEYS_JS = """
 """
 
 
-# Stop counts its presses in the page and sends the count; each request sends
-# the count at its send, so a Stop handled before its request starts still
-# stops it (the server runs the two events in any order).
-COUNT_STOP_JS = """
-() => [window.mlxSpecStops = (window.mlxSpecStops || 0) + 1]
-"""
-
-
-def with_stop_count(inputs: int) -> str:
-    """The JS that sends a request's ``inputs`` values, the last one replaced
-    by the page's Stop count (Gradio passes the outputs' values after them)."""
-    return (
-        f"(...values) => values.slice(0, {inputs - 1})"
-        ".concat([window.mlxSpecStops || 0])"
+# Stop and New chat count their presses in the page and send the count; each
+# request sends the count at its send, so a Stop handled before its request
+# starts still stops it (the server runs the two events in any order).
+def with_stop_count(inputs: int, press: bool = False) -> str:
+    """The JS that sends an event's ``inputs`` values, the last one replaced by
+    the page's count of Stop presses (after counting this one, with ``press``).
+    Gradio passes the outputs' values after the inputs'."""
+    count = (
+        "window.mlxSpecStops = (window.mlxSpecStops || 0) + 1"
+        if press
+        else "window.mlxSpecStops || 0"
     )
+    return f"(...values) => values.slice(0, {inputs - 1}).concat([{count}])"
 
 
 def page_event(handler: Callable) -> Callable:
@@ -477,14 +475,15 @@ def build(app) -> gr.Blocks:
                 concurrency_limit=None,
                 api_visibility="private",
                 show_progress="hidden",
-                js=COUNT_STOP_JS,
+                js=with_stop_count(1, press=True),
             )
         clear.click(
             app.on_clear,
-            [target, draft, raw],
+            [target, draft, raw, stops],
             [transcript, stats, chart, status, retry],
             api_visibility="private",
             concurrency_limit=None,
+            js=with_stop_count(4, press=True),
         )
         race.click(
             page_event(app.on_race),

@@ -20,7 +20,7 @@ from mlx_spec.generate import stream_generate
 from mlx_spec.models import num_caches
 
 # Seconds one slice should take: Stop and waiting users wait at most about this.
-SLICE_SECONDS = 1.0
+SLICE_SECONDS = 0.5
 FIRST_SLICE = 32  # tokens; later slices follow the measured speed
 MAX_GROWTH = 2  # a slice is at most this many times the previous one
 # The largest slice unless the app sets one: the engine's prefill chunk.
