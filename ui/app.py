@@ -125,7 +125,7 @@ def setup_arg_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="The most prompt tokens read at once (default: the engine's chunk, "
-        "512). A chat prompt is read in slices of about a second, up to "
+        "512). A chat prompt is read in slices of about half a second, up to "
         "this size; Stop and other users' requests get the model between them.",
     )
     parser.add_argument(
