@@ -428,6 +428,17 @@ def test_tokenizer_round_trips_and_matches_the_original(source, tmp_path):
     assert converted.eos_token_id == 2 and converted.bos_token == "<|im_start|>"
 
 
+def test_converted_model_stops_at_every_end_of_generation_token(source, tmp_path):
+    """EOS <|im_end|> and <|endoftext|>, which llama.cpp also ends on."""
+    import mlx_lm
+
+    write_gguf(source, tmp_path / "m.gguf", "F32")
+    out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == [2, 0]
+    _, tokenizer = mlx_lm.load(str(out))
+    assert tokenizer.eos_token_ids == {0, 2} and tokenizer.eos_token_id == 2
+
+
 def test_add_bos_token_flag_prepends_the_bos_token(source, tmp_path):
     import mlx_lm
 

@@ -17,7 +17,11 @@ import pytest
 from gguf_checks import gguf_name, write_file
 
 from mlx_spec.convert import convert_gguf
-from mlx_spec.convert.tokenizer import build_tokenizer, tokenizer_config
+from mlx_spec.convert.tokenizer import (
+    build_tokenizer,
+    end_of_generation_ids,
+    tokenizer_config,
+)
 
 spm = pytest.importorskip("sentencepiece")
 gguf = pytest.importorskip("gguf")
@@ -167,6 +171,25 @@ def test_llama3_vocabulary_adds_bos_unless_the_file_says_not():
     assert tokenizer_config(metadata)["add_bos_token"] is True
     no_bos = {**metadata, "tokenizer.ggml.add_bos_token": False}
     assert build_tokenizer(no_bos).encode("a").ids == [1]
+
+
+def test_end_of_turn_tokens_end_generation_as_in_llama_cpp():
+    """EOS, the file's EOT/EOM ids and the end-of-turn tokens llama.cpp knows by
+    name (Gemma's <end_of_turn>, Llama 3's <|eot_id|>, ...) all stop."""
+    metadata = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": ["<unk>", "<s>", "<eos>", "<end_of_turn>", "a", "<x>"],
+        "tokenizer.ggml.token_type": [2, 3, 3, 3, 1, 3],
+        "tokenizer.ggml.scores": [0.0] * 6,
+        "tokenizer.ggml.eos_token_id": 2,
+    }
+    assert end_of_generation_ids(metadata) == [2, 3]
+    assert end_of_generation_ids({**metadata, "tokenizer.ggml.eom_token_id": 5}) == [
+        2,
+        3,
+        5,
+    ]
+    assert end_of_generation_ids({**metadata, "tokenizer.ggml.eos_token_id": 3}) == [3]
 
 
 def test_sentencepiece_gguf_converts_to_a_tokenizer_mlx_lm_loads(checkpoints, tmp_path):

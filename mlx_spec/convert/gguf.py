@@ -52,11 +52,16 @@ from .families import (
 )
 from .gguf_file import GGUFFile, GGUFFormatError, TensorInfo
 from .safetensors_stream import SafetensorsWriter
-from .tokenizer import TokenizerConversionError, copy_tokenizer, write_tokenizer
+from .tokenizer import (
+    TokenizerConversionError,
+    copy_tokenizer,
+    end_of_generation_ids,
+    write_tokenizer,
+)
 
 DTYPES = ("float32", "float16", "bfloat16", "keep-quantized")
 # Bump when the converter's output changes for the same input.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 STAMP_FILE = "mlx_spec_convert.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_HINT = (
@@ -114,6 +119,9 @@ def model_config(gguf: GGUFFile, family: Family) -> dict:
         fields = family.config(gguf.metadata, shapes)
     except UnsupportedModel as e:
         raise ConversionError(f"unsupported GGUF: {e}") from None
+    ends = end_of_generation_ids(gguf.metadata)
+    if len(ends) > 1:  # mlx-lm stops on each (llama.cpp's end-of-turn tokens)
+        fields["eos_token_id"] = ends
     return {
         "architectures": [family.hf_class],
         "model_type": family.model_type,

@@ -59,6 +59,20 @@ PRE_TOKENIZERS = {
     "qwen2": "qwen2",
 }
 TOKENIZER_MODELS = ("gpt2", "llama")
+# Tokens llama.cpp ends generation on by their text besides EOS/EOT/EOM
+# (llama-vocab.cpp): the end of a turn in each family's chat template.
+END_OF_GENERATION = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+)
 
 
 class TokenizerConversionError(ValueError):
@@ -122,6 +136,23 @@ def _llama3(metadata: dict) -> bool:
     merging (``ignore_merges``), and adds BOS by default."""
     pre = metadata.get("tokenizer.ggml.pre", "default")
     return PRE_TOKENIZERS.get(pre) == "llama3"
+
+
+def end_of_generation_ids(metadata: dict) -> list[int]:
+    """The ids that end generation, as llama.cpp counts them: EOS, then in id
+    order ``tokenizer.ggml.eot_token_id``/``eom_token_id`` and the tokens of
+    :data:`END_OF_GENERATION` in the vocabulary."""
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    ids = {
+        int(metadata[f"tokenizer.ggml.{key}_token_id"])
+        for key in ("eot", "eom")
+        if f"tokenizer.ggml.{key}_token_id" in metadata
+    }
+    ids |= {i for i, token in enumerate(tokens) if token in END_OF_GENERATION}
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
+    first = [] if eos is None else [int(eos)]
+    ordered = first + sorted(ids - set(first))
+    return [i for i in ordered if 0 <= i < len(tokens)]
 
 
 def _add_bos(metadata: dict) -> bool:
