@@ -17,6 +17,7 @@ MAX_DRAFT_TOKENS = 64
 MAX_TREE_BUDGET = 256
 MAX_TREE_TOP_K = 16  # also bounds a static tree's child ranks
 MAX_SEED = 2**64 - 1  # mx.random.seed's range
+MAX_INDEX = 2**31 - 1  # mlx slices with 32-bit indices (beyond: bad_cast)
 # What mx.quantize is asked about (group size 0 crashes it: never probed).
 KV_BITS_PROBED = tuple(range(1, 9))
 KV_GROUP_SIZES_PROBED = (16, 32, 64, 128, 256)
@@ -103,16 +104,16 @@ def check_generation_options(
         "an integer from 0 to 2**64 - 1",
     )
     _check(
-        _is_int(prefill_step_size) and prefill_step_size >= 1,
+        _is_int(prefill_step_size) and 1 <= prefill_step_size <= MAX_INDEX,
         "prefill_step_size",
         prefill_step_size,
-        "an integer >= 1",
+        "an integer from 1 to 2**31 - 1",
     )
     _check(
-        max_kv_size is None or _is_int(max_kv_size) and max_kv_size >= 1,
+        max_kv_size is None or _is_int(max_kv_size) and 1 <= max_kv_size <= MAX_INDEX,
         "max_kv_size",
         max_kv_size,
-        "an integer >= 1",
+        "an integer from 1 to 2**31 - 1",
     )
     if kv_bits is None:
         return

@@ -58,6 +58,18 @@ class OneLineErrorParser(argparse.ArgumentParser):
         message = " ".join(str(message).splitlines())
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_value(self, action, arg_string):
+        # argparse reports a type's ValueError alone; mlx_lm's parse_size
+        # raises decimal.InvalidOperation (a traceback for --prompt-cache-bytes x).
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError:
+            raise
+        except Exception:
+            raise argparse.ArgumentError(
+                action, f"invalid value: {arg_string!r}"
+            ) from None
+
 
 @functools.lru_cache(maxsize=None)
 def _one_line_class(cls: type) -> type:

@@ -9,6 +9,7 @@ drafter fits the method in :func:`~mlx_spec.drafters.fit.check_drafter`.
 
 import argparse
 import inspect
+import json
 import os
 from typing import Any, Optional
 
@@ -86,6 +87,44 @@ def check_generation_args(args: argparse.Namespace) -> None:
         check_generation_options(**given)
     except OptionError as e:
         raise e.as_flag() from None
+
+
+def check_xtc_args(args: argparse.Namespace) -> None:
+    """mlx_lm's XTC flags in the ranges its sampler takes, checked at start.
+
+    mlx_lm checks them at the first sampled token (after the model loads and
+    the user types); NaN, which it takes as off, is refused.
+
+    Raises:
+        OptionError: Naming the flag and its range.
+    """
+    probability, threshold = args.xtc_probability, args.xtc_threshold
+    if not 0 <= probability <= 1:
+        raise OptionError("--xtc-probability", probability, "a number from 0 to 1")
+    if not 0 <= threshold <= 0.5:
+        raise OptionError("--xtc-threshold", threshold, "a number from 0 to 0.5")
+
+
+def json_object_option(value: Any, flag: str) -> dict:
+    """A flag's JSON object (text, or already parsed) as a dict, else one line.
+
+    Keyword arguments of the chat template: a number or a list there was a
+    TypeError at the first prompt.
+
+    Raises:
+        ValueError: Naming the flag and showing the form it takes.
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{flag} is not valid JSON ({e.msg}).") from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{flag} must be a JSON object of keyword arguments, such as "
+            f"'{{\"enable_thinking\": false}}'; got {json.dumps(value)}."
+        )
+    return value
 
 
 def spec_config_of_args(

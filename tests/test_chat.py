@@ -135,6 +135,18 @@ def test_turns_with_kept_cache_equal_one_shot_greedy(pair):
     assert out.getvalue().count("[Speculation: ") == 2
 
 
+@pytest.mark.parametrize("template", [True, False])
+def test_a_turn_of_invalid_utf8_is_answered_with_replacement(pair, template):
+    """A terminal gives invalid UTF-8 as lone surrogates: the tokenizer raised
+    a TypeError traceback; now they read as U+FFFD, as mlx_lm's stdin would."""
+    bad = b"sys \xff".decode("utf-8", "surrogateescape")
+    flags = ["--system-prompt", bad] if template else ["--ignore-chat-template"]
+    chat, _ = _chat(pair, *flags)
+    reply = chat.reply(b"def f(\xff\xfe):".decode("utf-8", "surrogateescape"))
+    fixed, _ = _chat(pair, *[f.replace(bad, "sys \ufffd") for f in flags])
+    assert reply.tokens == fixed.reply("def f(\ufffd\ufffd):").tokens
+
+
 def test_plain_continuation_mode_continues_the_text(pair):
     model, tokenizer, _ = pair
     chat, out = _chat(pair, "--ignore-chat-template")

@@ -239,7 +239,7 @@ BAD_FLAGS = [
         "invalid choice: 'bogus'",
     ),
     (["doctor", "--size", "big"], "mlx_spec doctor", "invalid int value: 'big'"),
-    (["doctor", "--size", "0"], "mlx_spec doctor", "--size and --reps must be >= 1."),
+    (["doctor", "--size", "0"], "mlx_spec doctor", "--size=0 is out of range"),
     (["train-draft", "--kind", "x"], "mlx_spec train-draft", "invalid choice: 'x'"),
     (["convert", "nope"], "python -m mlx_spec.convert", "invalid choice: 'nope'"),
     (["convert", "gguf"], "python -m mlx_spec.convert gguf", "arguments are required"),

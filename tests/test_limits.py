@@ -176,6 +176,9 @@ def test_a_recurrent_cache_stopped_mid_prompt_is_refused_not_reused(load_model):
         (dict(seed=2**70), "seed=1180591620717411303424 is out of range"),
         (dict(prefill_step_size=0), "prefill_step_size=0 is out of range"),
         (dict(max_kv_size=0), "max_kv_size=0 is out of range"),
+        # mlx slices with 32-bit indices: 2**70 was a std::bad_cast mid-prefill.
+        (dict(prefill_step_size=2**70), "prefill_step_size=1180591620717411303424"),
+        (dict(max_kv_size=2**31), "max_kv_size=2147483648 is out of range"),
     ],
 )
 def test_run_options_out_of_range_are_refused_by_name(options, message):

@@ -282,7 +282,7 @@ def test_whole_floats_and_yes_no_words_are_accepted():
         (["--port", "99999"], "--port=99999 is out of range"),
         (["--max-tokens", "0"], "--max-tokens=0 is out of range"),
         (["--num-draft-tokens", "0"], "--num-draft-tokens=0 is out of range"),
-        (["--prefill-step-size", "0"], "prefill_step_size=0 is out of range"),
+        (["--prefill-step-size", "0"], "--prefill-step-size=0 is out of range"),
     ],
 )
 def test_bad_start_values_are_one_line_errors(argv, message, capsys):

@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple
 from mlx_spec.config import (
     DEFAULT_NUM_DRAFT_TOKENS,
     METHODS,
+    OptionError,
     SpecConfig,
     check_generation_options,
 )
@@ -160,7 +161,10 @@ def check_start_values(args) -> SpecConfig:
         max_tokens=args.max_tokens,
     )
     if args.prefill_step_size is not None:
-        check_generation_options(prefill_step_size=args.prefill_step_size)
+        try:
+            check_generation_options(prefill_step_size=args.prefill_step_size)
+        except OptionError as e:
+            raise e.as_flag() from None
     if args.model is not None:
         check_not_a_drafter(args.model, "model")
     return config

@@ -23,11 +23,12 @@ from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
+from ..chat_text import repair_text
 from ..config import plan_method
 from ..generation import history_kwargs, stream_generate
 from ..loading import default_model_pair, load_pair, skip_unused_draft
 from ..options import add_speculative_options, one_line_errors
-from ..validation import spec_config_of_args
+from ..validation import check_xtc_args, spec_config_of_args
 
 HELP = "commands: q exit, r reset the conversation, h help"
 
@@ -116,11 +117,13 @@ class Chat:
         return len(self.history)  # recurrent layers' caches do not count tokens
 
     def _prompt(self, query: str) -> List[int]:
+        query = repair_text(query)  # invalid UTF-8 typed in arrives as surrogates
         if not self.use_template:
             return self.tokenizer.encode(query, add_special_tokens=self.turns == 0)
         messages = []
         if self.turns == 0 and self.args.system_prompt is not None:
-            messages.append({"role": "system", "content": self.args.system_prompt})
+            system = repair_text(self.args.system_prompt)
+            messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": query})
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
@@ -178,6 +181,7 @@ def run(args, out=sys.stdout):
         model_path, default_draft = default_model_pair(args.speculative)
         draft_path = draft_path or default_draft
     config = spec_config_of_args(args, draft_path, max_tokens=args.max_tokens)
+    check_xtc_args(args)
     mx.random.seed(args.seed)
     if args.pipeline:
         raise ValueError(

@@ -24,6 +24,8 @@ from ..options import one_line_errors
 
 DEFAULT_SIZE = 1024
 DEFAULT_REPS = 5
+MAX_SIZE = 8192  # two float32 matrices of 256 MB each
+MAX_REPS = 1000
 # Below this a Linux CPU is almost surely on the reference BLAS.
 SLOW_GFLOPS = 8.0
 
@@ -118,8 +120,10 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    if args.size < 1 or args.reps < 1:
-        parser.error("--size and --reps must be >= 1.")
+    if not 1 <= args.size <= MAX_SIZE:
+        parser.error(f"--size={args.size} is out of range: 1 to {MAX_SIZE}.")
+    if not 1 <= args.reps <= MAX_REPS:
+        parser.error(f"--reps={args.reps} is out of range: 1 to {MAX_REPS}.")
     for line in report(args.size, args.reps):
         print(line)
     return 0

@@ -27,7 +27,7 @@ from ..loading import (
     skip_unused_draft,
 )
 from ..options import add_speculative_options, one_line_errors
-from ..validation import spec_config_of_args
+from ..validation import check_xtc_args, json_object_option, spec_config_of_args
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -78,6 +78,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 def _check_args(args):
     """The flags of mlx_lm.generate that mlx_spec does not take, and --stats-json."""
+    check_xtc_args(args)
+    if args.chat_template_config is not None:  # before the model loads
+        json_object_option(args.chat_template_config, "--chat-template-config")
     if args.xtc_probability > 0:
         raise ValueError(
             "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
@@ -119,12 +122,9 @@ def _build_prompt(args, tokenizer) -> List[int]:
             messages.append({"role": "assistant", "content": prefill})
         template_kwargs = {}
         if args.chat_template_config is not None:
-            try:
-                template_kwargs = json.loads(args.chat_template_config)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"--chat-template-config is not valid JSON ({e.msg})."
-                ) from None
+            template_kwargs = json_object_option(
+                args.chat_template_config, "--chat-template-config"
+            )
         prompt = tokenizer.apply_chat_template(
             messages,
             tokenize=False,

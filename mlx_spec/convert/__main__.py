@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ..config import OptionError, quantize_support
 from ..options import one_line_errors
 from ..outdir import OutDirError, check_out_dir
 from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype, read_stamp
@@ -108,6 +109,22 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_quantization(bits: Optional[int], group_size: Optional[int]) -> None:
+    """``--q-bits`` and ``--q-group-size`` among what ``mx.quantize`` supports.
+
+    Raises:
+        OptionError: Naming the flag and the values allowed.
+    """
+    pairs = quantize_support()
+    if bits is not None and bits not in {b for b, _ in pairs}:
+        allowed = ", ".join(str(b) for b in sorted({b for b, _ in pairs}))
+        raise OptionError("--q-bits", bits, f"one of {allowed}")
+    groups = sorted({g for b, g in pairs if bits is None or b == bits})
+    if group_size is not None and group_size not in groups:
+        allowed = ", ".join(map(str, groups))
+        raise OptionError("--q-group-size", group_size, f"one of {allowed}")
+
+
 def check_paths(args) -> None:
     """Refuse a missing source or an ``--out`` whose files would be lost.
 
@@ -120,6 +137,10 @@ def check_paths(args) -> None:
             raise OutDirError(f"{source} is a folder; pass the .gguf file.")
         if not source.is_file():
             raise OutDirError(f"GGUF file '{source}' does not exist.")
+    if args.command == "hf":
+        if Path(args.path).is_file():
+            raise OutDirError(f"{args.path} is a file; pass the checkpoint folder.")
+        check_quantization(args.q_bits, args.q_group_size)
     # A folder holding an earlier conversion record is ours to update.
     ours = (lambda out: read_stamp(out) is not None) if args.command != "hf" else None
     check_out_dir(args.out, force=args.force, ours=ours)
@@ -137,7 +158,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.out = str(default_out())
     try:
         check_paths(args)
-    except OutDirError as e:
+    except ValueError as e:  # OutDirError, OptionError
         parser.error(str(e))
     try:
         if args.command == "hf":

@@ -161,24 +161,31 @@ class SpecServer:
         """
         self.args = resolve_model_args(args)
         check_sharded_flags(self.args)
-        family, _, _, _, address = socket.getaddrinfo(
-            self.args.host,
-            self.args.port,
-            type=socket.SOCK_STREAM,
-            flags=socket.AI_PASSIVE,
-        )[0]
+        try:
+            family, _, _, _, address = socket.getaddrinfo(
+                self.args.host,
+                self.args.port,
+                type=socket.SOCK_STREAM,
+                flags=socket.AI_PASSIVE,
+            )[0]
+        except (OSError, UnicodeError) as e:  # "Name or service not known"
+            raise ValueError(f"--host {self.args.host!r} is not an address: {e}")
         fingerprint = lm_server.get_system_fingerprint()
         # Bind first: a busy port fails before the generation thread starts.
         # Under mlx.launch only rank 0 serves HTTP; the others follow it.
         self.httpd = None
         if rank() == 0:
-            self.httpd = SpecHTTPServer(
-                address,
-                lambda *a, **k: SpecAPIHandler(
-                    self.generator, *a, system_fingerprint=fingerprint, **k
-                ),
-                family,
-            )
+            try:
+                self.httpd = SpecHTTPServer(
+                    address,
+                    lambda *a, **k: SpecAPIHandler(
+                        self.generator, *a, system_fingerprint=fingerprint, **k
+                    ),
+                    family,
+                )
+            except OSError as e:  # "Address already in use"
+                where = f"{self.args.host}:{self.args.port}"
+                raise OSError(f"cannot listen on {where} (--host, --port): {e}")
         cache_limits = {"max_size": self.args.prompt_cache_size}
         if getattr(self.args, "prompt_cache_bytes", None) is not None:
             cache_limits["max_bytes"] = self.args.prompt_cache_bytes

@@ -301,7 +301,13 @@ def check_args(args):
     if args.lr is not None and not args.lr > 0:
         raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
     if Path(args.model).expanduser().is_dir():
-        check_outside(args.out, args.model, flag="--out", what="the target model")
+        for flag, folder in (("--out", args.out), ("--data", args.data)):
+            if folder is not None:
+                check_outside(folder, args.model, flag=flag, what="the target model")
+        if args.cache is not None:
+            check_outside(
+                args.cache, args.model, flag="--cache", what="the target model"
+            )
     check_out_dir(args.out, force=args.force, ours=is_train_draft_folder)
     if args.init_from:
         check_init_from(args.init_from, args.kind)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..options import one_line_errors
+from ..outdir import OutDirError, check_out_dir, check_outside
 from . import corpus_grow as G
 from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
 
@@ -30,6 +32,7 @@ DEFAULT_SELF_INSTRUCT = 64
 DEFAULT_SWEEP = (8, 16, 32, 64)
 DEFAULT_SWEEP_SECONDS = 45.0
 SWEEP_FILE = "sweep.json"
+FORCE_HELP = "write into an --out folder that holds files other than a corpus"
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -81,6 +84,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_CAP_BYTES / 1e6:g}).",
     )
     g.add_argument("--seed", type=int, default=0, help="Seed of the prompt order.")
+    g.add_argument("--force", action="store_true", help=FORCE_HELP)
     w = sub.add_parser(
         "sweep", help="measure decoding speed by batch size; grow uses the fastest"
     )
@@ -97,6 +101,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SWEEP_SECONDS,
         help=f"Decoding time per batch size (default: {DEFAULT_SWEEP_SECONDS:g}).",
     )
+    w.add_argument("--force", action="store_true", help=FORCE_HELP)
     i = sub.add_parser("info", help="sizes and breakdown; refresh the card")
     i.add_argument("folder", help="The corpus folder.")
     one_line_errors(p)
@@ -115,12 +120,31 @@ def _check(args):
             raise ValueError(
                 f"--{name.replace('_', '-')} must be at least 1, got {value}."
             )
-    if args.shard_minutes <= 0:
+    if not 0 < args.shard_minutes < math.inf:
         raise ValueError(f"--shard-minutes must be positive, got {args.shard_minutes}.")
     if args.self_instruct < 0:
         raise ValueError(f"--self-instruct must be >= 0, got {args.self_instruct}.")
-    if args.cap_mb is not None and args.cap_mb <= 0:
+    if args.cap_mb is not None and not 0 < args.cap_mb < math.inf:
         raise ValueError(f"--cap-mb must be positive, got {args.cap_mb}.")
+    check_out(args)
+
+
+def _is_corpus_folder(folder: Path) -> bool:
+    return (folder / "corpus.json").is_file() or (folder / SWEEP_FILE).is_file()
+
+
+def check_out(args) -> None:
+    """``--out``: not the target's folder, and no folder of other files unless
+    ``--force`` (a corpus or a sweep's folder is grown in place).
+
+    Raises:
+        OutDirError: One line naming the folder.
+    """
+    if not args.out.strip():
+        raise OutDirError("--out is empty; name the corpus folder.")
+    if Path(args.model).expanduser().is_dir():
+        check_outside(args.out, args.model, flag="--out", what="the target model")
+    check_out_dir(args.out, force=args.force, ours=_is_corpus_folder)
 
 
 def grow(args) -> int:
@@ -199,6 +223,7 @@ def _stream(seed: int):
 
 
 def sweep(args) -> int:
+    check_out(args)
     try:
         sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     except ValueError:
@@ -207,7 +232,7 @@ def sweep(args) -> int:
         ) from None
     if not sizes or min(sizes) < 1:
         raise ValueError("--batch-sizes must list sizes of at least 1.")
-    if args.seconds <= 0:
+    if not 0 < args.seconds < math.inf:
         raise ValueError(f"--seconds must be positive, got {args.seconds}.")
     from ..loading import load_model
     from .corpus_prompts import prompt_stream

@@ -1,0 +1,247 @@
+"""No traceback, signal or hang from user input: every command meets many bad
+invocations and answers each with exit code 2 and one line on stderr that
+names what is wrong, before any model work (tiny checkpoints where a model
+is named, in case a check comes after the load)."""
+
+import shutil
+import signal
+import socketserver
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_spec import cli
+
+DEADLINE_S = 60
+BIG = str(2**70)  # past int64: mlx raised std::bad_cast
+EMPTY = ""
+
+# (command and flags, text the error line must hold). Placeholders:
+# {llama} a copy of a tiny checkpoint, {user} a folder holding a user's file, {file} a
+# plain file, {new} a folder that does not exist yet, {missing} a missing path.
+GENERATE = ["generate", "--model", "{llama}", "--prompt", "hi"]
+CHAT = ["chat", "--model", "{llama}"]
+SERVER = ["server", "--model", "{llama}", "--port", "8"]
+TRAIN = ["train-draft", "--model", "{llama}"]
+GROW = ["corpus", "grow", "--model", "{llama}"]
+SWEEP = ["corpus", "sweep", "--model", "{llama}", "--out", "{new}"]
+BAD = [
+    # generate: the run options' one path (mlx_spec.config)
+    (GENERATE + ["--seed", "-1"], "--seed=-1"),
+    (GENERATE + ["--seed", BIG], "--seed="),
+    (GENERATE + ["--seed", "x"], "--seed"),
+    (GENERATE + ["--kv-bits", "4", "--kv-group-size", "0"], "--kv-group-size=0"),
+    (GENERATE + ["--kv-bits", "3", "--kv-group-size", "7"], "--kv-group-size=7"),
+    (GENERATE + ["--kv-bits", "4", "--kv-group-size", "-64"], "--kv-group-size=-64"),
+    (GENERATE + ["--kv-bits", "9"], "--kv-bits=9"),
+    (GENERATE + ["--kv-bits", "4", "--quantized-kv-start", "-1"], "--quantized-kv"),
+    (GENERATE + ["--prefill-step-size", "0"], "--prefill-step-size=0"),
+    (GENERATE + ["--prefill-step-size", BIG], "--prefill-step-size="),
+    (GENERATE + ["--max-kv-size", "0"], "--max-kv-size=0"),
+    (GENERATE + ["--max-kv-size", BIG], "--max-kv-size="),
+    (GENERATE + ["--max-tokens", "0"], "--max-tokens=0"),
+    (GENERATE + ["--max-tokens", "many"], "--max-tokens"),
+    (GENERATE + ["--temp", "-1"], "--temp=-1"),
+    (GENERATE + ["--temp", "nan"], "--temp=nan"),
+    (GENERATE + ["--top-p", "2"], "--top-p=2"),
+    (GENERATE + ["--min-p", "-1"], "--min-p=-1"),
+    (GENERATE + ["--top-k", "-1"], "--top-k=-1"),
+    (GENERATE + ["--min-tokens-to-keep", "0"], "--min-tokens-to-keep=0"),
+    (GENERATE + ["--xtc-probability", "nan"], "--xtc-probability=nan"),
+    (GENERATE + ["--xtc-probability", "0.5"], "--xtc-probability"),
+    (GENERATE + ["--chat-template-config", "-1"], "--chat-template-config"),
+    (GENERATE + ["--chat-template-config", "{"], "--chat-template-config"),
+    (GENERATE + ["--stats-json", "{missing}/stats.json"], "--stats-json"),
+    (GENERATE + ["--speculative", "bogus"], "--speculative"),
+    (GENERATE + ["--num-draft-tokens", "0"], "--num-draft-tokens=0"),
+    (GENERATE + ["--num-draft-tokens", BIG], "--num-draft-tokens="),
+    (GENERATE + ["--tree-budget", "0"], "--tree-budget=0"),
+    (GENERATE + ["--tree-top-k", "0"], "--tree-top-k=0"),
+    (GENERATE + ["--ngram-min", "0"], "--ngram-min=0"),
+    (GENERATE + ["--lookup-candidates", "0"], "--lookup-candidates=0"),
+    (GENERATE + ["--draft-p-min", "2"], "--draft-p-min=2"),
+    (GENERATE + ["--tree-choices", "[[0], [0, 99]]"], "tree_choices"),
+    (GENERATE + ["--tree-choices", "[["], "tree_choices"),
+    (GENERATE + ["--draft-model", "{missing}"], "draft model"),
+    (["generate", "--model", "{missing}", "--prompt", "hi"], "{missing}"),
+    (GENERATE + ["--prompt-cache-file", "{file}"], "--prompt-cache-file"),
+    # chat
+    (CHAT + ["--seed", "-1"], "--seed=-1"),
+    (CHAT + ["--max-kv-size", "0"], "--max-kv-size=0"),
+    (CHAT + ["--prefill-step-size", "0"], "--prefill-step-size=0"),
+    (CHAT + ["--xtc-probability", "2"], "--xtc-probability=2"),
+    (CHAT + ["--xtc-probability", ".5", "--xtc-threshold", ".9"], "--xtc-threshold"),
+    (CHAT + ["--temp", "nan"], "--temp=nan"),
+    (CHAT + ["--num-draft-tokens", "65"], "--num-draft-tokens=65"),
+    (CHAT + ["--speculative", "bogus"], "--speculative"),
+    # server flags, checked at start
+    (SERVER + ["--prompt-cache-size", "-1"], "--prompt-cache-size=-1"),
+    (SERVER + ["--prompt-cache-bytes", "lots"], "--prompt-cache-bytes"),
+    (SERVER + ["--prefill-step-size", "0"], "--prefill-step-size=0"),
+    (SERVER + ["--prefill-step-size", BIG], "--prefill-step-size="),
+    (SERVER + ["--kv-bits", "4", "--kv-group-size", "0"], "--kv-group-size=0"),
+    (SERVER + ["--max-tokens-limit", "0"], "--max-tokens-limit=0"),
+    (SERVER + ["--max-request-bytes", "0"], "--max-request-bytes=0"),
+    (SERVER + ["--decode-concurrency", "0"], "--decode-concurrency=0"),
+    (SERVER + ["--cross-request-tokens", "-1"], "--cross-request-tokens=-1"),
+    (SERVER + ["--chat-template-args", "-1"], "--chat-template-args"),
+    (SERVER + ["--chat-template-args", "{"], "--chat-template-args"),
+    (SERVER + ["--allow-request-models", EMPTY], "--allow-request-models"),
+    (SERVER + ["--allow-request-models", "{missing}"], "--allow-request-models"),
+    (SERVER + ["--temp", "-1"], "--temp=-1"),
+    (SERVER + ["--max-tokens", "0"], "--max-tokens=0"),
+    (SERVER + ["--port", "0"], "--port=0"),
+    (SERVER + ["--port", "70000"], "--port=70000"),
+    (SERVER + ["--speculative", "bogus"], "--speculative"),
+    # convert
+    (["convert", "gguf", "{user}", "--out", "{new}"], "is a folder"),
+    (["convert", "gguf", "{missing}", "--out", "{new}"], "GGUF file"),
+    (["convert", "gguf", "{file}", "--out", "{user}"], "--out"),
+    (["convert", "gguf", "{file}"], "--out"),
+    (["convert", "hf", "{file}", "--out", "{new}"], "is a file"),
+    (["convert", "hf", "{user}", "--out", "{user}"], "--out"),
+    (["convert", "hf", "{user}", "--out", "{new}", "--q-bits", "0"], "--q-bits=0"),
+    (
+        ["convert", "hf", "{user}", "--out", "{new}", "--q-group-size", "7"],
+        "--q-group-size=7",
+    ),
+    (["convert", "gguf", "{file}", "--out", "{new}", "--bogus"], "--bogus"),
+    (["convert", "gguf", "{file}", "--out", "{new}", "--dtype", "x"], "--dtype"),
+    # train-draft: never into the target, never over a user's folder
+    (TRAIN + ["--out", "{llama}"], "--out"),
+    (TRAIN + ["--out", "{llama}/draft"], "--out"),
+    (TRAIN + ["--out", "{new}", "--data", "{llama}/data"], "--data"),
+    (TRAIN + ["--out", "{new}", "--cache", "{llama}/cache"], "--cache"),
+    (TRAIN + ["--out", "{user}"], "--out"),
+    (TRAIN + ["--out", "{file}"], "--out"),
+    (TRAIN + ["--out", "{new}", "--kind", "bogus"], "--kind"),
+    (TRAIN + ["--out", "{new}", "--lr", "0"], "--lr"),
+    (TRAIN + ["--out", "{new}", "--soft-weight", "2"], "--soft-weight"),
+    (TRAIN + ["--out", "{new}", "--prompts", "{missing}"], "--prompts"),
+    (TRAIN + ["--out", "{new}", "--corpus", "{missing}"], "--corpus"),
+    (TRAIN + ["--out", "{new}", "--init-from", "{missing}"], "--init-from"),
+    (TRAIN + ["--out", "{new}", "--self-instruct", "-1"], "--self-instruct"),
+    (TRAIN + ["--out", "{new}", "--steps", "x"], "--steps"),
+    # corpus
+    (GROW + ["--out", EMPTY], "--out"),
+    (GROW + ["--out", "{llama}"], "--out"),
+    (GROW + ["--out", "{user}"], "--out"),
+    (GROW + ["--out", "{new}", "--tokens", "0"], "--tokens"),
+    (GROW + ["--out", "{new}", "--shard-minutes", "nan"], "--shard-minutes"),
+    (GROW + ["--out", "{new}", "--cap-mb", "inf"], "--cap-mb"),
+    (SWEEP + ["--batch-sizes", "8,x"], "--batch-sizes"),
+    (SWEEP + ["--seconds", "nan"], "--seconds"),
+    (["corpus", "info", "{missing}"], "{missing}"),
+    (["corpus", "bogus"], "bogus"),
+    # export
+    (["export", "--head", "{missing}", "--model", "{llama}", "--out", "{new}"], "head"),
+    (["export", "--head", "{user}", "--model", "{llama}", "--out", "{user}"], "--out"),
+    # doctor
+    (["doctor", "--size", "0"], "--size=0"),
+    (["doctor", "--size", BIG], "--size="),
+    (["doctor", "--reps", BIG], "--reps="),
+    # the umbrella
+    (["frobnicate"], "frobnicate"),
+]
+UI = ["--model", "{llama}", "--no-preload"]
+BAD_UI = [
+    (UI + ["--port", "0"], "--port=0"),
+    (UI + ["--max-tokens", "0"], "--max-tokens=0"),
+    (UI + ["--prefill-step-size", "0"], "--prefill-step-size=0"),
+    (UI + ["--prefill-step-size", BIG], "--prefill-step-size="),
+    (UI + ["--num-draft-tokens", "0"], "--num-draft-tokens=0"),
+    (UI + ["--host", "0.0.0.0"], "--host"),
+    (UI + ["--auth", "nocolon"], "--auth"),
+]
+
+
+@pytest.fixture(scope="module")
+def places(checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "user").mkdir()
+    (root / "user" / "notes.txt").write_text("mine")
+    (root / "model.gguf").write_bytes(b"not a gguf")
+    llama = root / "llama"  # a copy: a check that failed would write into it
+    shutil.copytree(checkpoints["llama"], llama)
+    return {
+        "llama": str(llama),
+        "user": str(root / "user"),
+        "file": str(root / "model.gguf"),
+        "new": str(root / "new"),
+        "missing": str(root / "no-such-path"),
+    }
+
+
+@pytest.fixture
+def no_serving(monkeypatch):
+    """A server that got past its checks fails the test instead of serving."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("started serving: a bad flag was not refused")
+
+    monkeypatch.setattr(socketserver.BaseServer, "serve_forever", refuse)
+
+
+@pytest.fixture
+def deadline():
+    """A bad flag that is not refused fails the test instead of running on."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"not refused within {DEADLINE_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(DEADLINE_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _listing(folder):
+    return sorted(p.name for p in Path(folder).iterdir())
+
+
+def _fill(text, places):
+    for name, value in places.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
+def _assert_one_line_exit_2(argv, field, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, (exit_info.value.code, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert field in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv, field", BAD, ids=[" ".join(b[0][:1] + b[0][-2:]) for b in BAD]
+)
+def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
+    places, no_serving, deadline, capsys, monkeypatch, argv, field
+):
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))  # chat reads no turns
+    target = _listing(places["llama"])
+    argv = [_fill(a, places) for a in argv]
+    _assert_one_line_exit_2(argv, _fill(field, places), capsys)
+    assert _listing(places["user"]) == ["notes.txt"]
+    assert _listing(places["llama"]) == target
+
+
+@pytest.mark.parametrize(
+    "argv, field", BAD_UI, ids=[" ".join(b[0][-2:]) for b in BAD_UI]
+)
+def test_a_bad_ui_flag_exits_2_in_one_line_naming_it(
+    places, deadline, capsys, argv, field
+):
+    pytest.importorskip("gradio")
+    from ui.app import main as ui_main  # this checkout's (mlx_spec.ui when installed)
+
+    with pytest.raises(SystemExit) as exit_info:
+        ui_main([_fill(a, places) for a in argv], prog="mlx_spec ui")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert field in err and "Traceback" not in err, err
