@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, List, Optional
 
-from benchmarks.serve_faults import usage
+from benchmarks.serve_faults import IDLE_CORES, Server, _free_port
 
 # Headless Chromium as the UI tests run it.
 CHROMIUM_FLAGS = (
@@ -61,7 +60,6 @@ CHROMIUM_FLAGS = (
 QUESTION = "What is the capital of France?"
 REPLIES = "#transcript .spec-turn-stats"  # one under each finished reply
 VERBOSE = False  # each wait on stderr (--verbose)
-IDLE_CORES = 0.05  # below this share of one core the server counts as idle
 STOP_GOAL = 2.0  # seconds from Stop to the model free
 # Prose for long prompts: sentences that do not repeat verbatim.
 SUBJECTS = ("The river", "A teacher", "Our team", "The old bridge", "My neighbour")
@@ -176,13 +174,7 @@ def new_chat(driver):
 # --- the app -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class UI:
+class UI(Server):
     """``python -m mlx_spec.ui`` on a free loopback port, its output in ``log``."""
 
     def __init__(self, model: Optional[str], flags: List[str], log: Path):
@@ -207,10 +199,10 @@ class UI:
         return f"http://127.0.0.1:{self.port}/"
 
     def cpu(self) -> float:
-        return usage(self.process.pid)[0]
+        return self.usage()[0]
 
     def rss_mb(self) -> float:
-        return usage(self.process.pid)[1] / 2**20
+        return self.usage()[1] / 2**20
 
     def idle_after(self, start: float, window: float = 0.5, timeout=600) -> float:
         """Seconds from ``start`` until the server's CPU is idle over ``window``."""
@@ -226,11 +218,7 @@ class UI:
         return self.log.read_text(errors="replace").count("Traceback")
 
     def stop(self):
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        super().stop()
         self._out.close()
 
 
@@ -313,8 +301,8 @@ def probe_second(ui: UI, first, second, long_text: str, max_tokens: int) -> dict
     send(first, long_text)
     wait("the prefill", lambda: "Reading the prompt" in text_of(first, "#status"), 600)
     tic = time.monotonic()
-    send(second, QUESTION)
-    chunks = prefill_times(first, lambda: "Done:" in text_of(second, "#status"))
+    send(second, QUESTION)  # polled as alone: the polling costs CPU too
+    wait("the answer beside", lambda: "Done:" in text_of(second, "#status"), 600)
     shared = round(time.monotonic() - tic, 2)
     reading_still = "Reading the prompt" in text_of(first, "#status")
     answer_shared = text_of(second, "#transcript .spec-reply")
@@ -327,7 +315,7 @@ def probe_second(ui: UI, first, second, long_text: str, max_tokens: int) -> dict
     )
     click(first, "stop")
     wait("the stop", lambda: "Stopped" in text_of(first, "#status"), 600)
-    chunk = max(alone_chunks + chunks) if (alone_chunks + chunks) else None
+    chunk = max(alone_chunks) if alone_chunks else None
     return {
         "answer_alone_s": alone,
         "answer_beside_long_prompt_s": shared,
