@@ -20,7 +20,10 @@ Enter, five clicks in one tick, Stop at once behind another user's prompt,
 New chat mid-reply. Each typed message must end up either in the box or
 once in the transcript.
 
-    nice -n 10 python -m benchmarks.ui_probes [--model DIR] [--repeats 3]
+    MLX_SPEC_HOME=$PWD nice -n 10 python -m benchmarks.ui_probes [--repeats 3]
+
+(``MLX_SPEC_HOME`` as ``make ui`` sets it, so the app starts with the
+default target and its distilled draft; ``--model DIR`` for another target.)
 
 Prints one JSON line of figures (lost messages, duplicate turns and
 tracebacks in the server's log counted over all probes) and exits 1 if a
@@ -441,16 +444,18 @@ def main(argv=None) -> int:
     VERBOSE = args.verbose
     # A stop from outside still closes the browsers and the app.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    model = args.model
-    if model is None:
+    model, draft = args.model, None
+    if model is None:  # what the app starts with (its draft found in $MLX_SPEC_HOME)
         from mlx_spec.loading import default_model_pair
 
-        model = str(default_model_pair()[0])
+        target, draft = default_model_pair()
+        model = str(target)
     long_text = fitting_prompt(model, args.max_tokens)
     work = Path(tempfile.mkdtemp(prefix="ui-probes-"))
     ui = UI(args.model, args.ui_flag, work / "ui.log")
     drivers = [start_chromium(str(work / name)) for name in ("first", "second")]
-    figures = {"model": model, "ui_flags": args.ui_flag, "log": str(work / "ui.log")}
+    figures = {"model": model, "draft": draft, "ui_flags": args.ui_flag}
+    figures["log"] = str(work / "ui.log")
     figures["load_average_at_start"] = os.getloadavg()[0]
     figures.update(long_prompt_chars=len(long_text), stop=[], second_user=[])
     rss = [ui.rss_mb()]
