@@ -26,6 +26,7 @@ SERVER = ["server", "--model", "{llama}", "--port", "8"]
 TRAIN = ["train-draft", "--model", "{llama}"]
 GROW = ["corpus", "grow", "--model", "{llama}"]
 SWEEP = ["corpus", "sweep", "--model", "{llama}", "--out", "{new}"]
+BENCH = ["bench", "--model", "{llama}", "--quick", "--no-progress", "--out", "{new}"]
 BAD = [
     # generate: the run options' one path (mlx_spec.config)
     (GENERATE + ["--seed", "-1"], "--seed=-1"),
@@ -134,6 +135,24 @@ BAD = [
     (SWEEP + ["--seconds", "nan"], "--seconds"),
     (["corpus", "info", "{missing}"], "{missing}"),
     (["corpus", "bogus"], "bogus"),
+    # bench
+    (BENCH + ["--max-tokens", "0"], "--max-tokens=0"),
+    (BENCH + ["--max-tokens", BIG], "--max-tokens="),
+    (BENCH + ["--num-draft-tokens", "0"], "--num-draft-tokens=0"),
+    (BENCH + ["--gamma-sweep", "0"], "--gamma-sweep=0"),
+    (BENCH + ["--repeats", "0"], "--repeats=0"),
+    (BENCH + ["--draws", "0"], "--draws=0"),
+    (BENCH + ["--warmup", "-1"], "--warmup=-1"),
+    (BENCH + ["--temps", "nan"], "--temp=nan"),
+    (BENCH + ["--seed", "-1"], "seed=-1"),
+    (BENCH + ["--methods", "bogus"], "bogus"),
+    (BENCH + ["--prompts", "{missing}"], "--prompts"),
+    (BENCH + ["--prompt-sets", "bogus"], "bogus"),
+    (BENCH + ["--option", "x"], "--option"),
+    (BENCH + ["--option", "tree_budget=0"], "tree_budget=0"),
+    (BENCH + ["--method-draft", "bogus"], "--method-draft"),
+    (BENCH + ["--cost-curves-from", "{missing}"], "--cost-curves-from"),
+    (BENCH + ["--draft-model", "{missing}"], "draft model"),
     # export
     (["export", "--head", "{missing}", "--model", "{llama}", "--out", "{new}"], "head"),
     (["export", "--head", "{user}", "--model", "{llama}", "--out", "{user}"], "--out"),

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, MAX_INDEX, OptionError
 from mlx_spec.drafters.registry import METHODS
 from mlx_spec.options import method_option_names, one_line_errors
 from mlx_spec.validation import DRAFTER_LATER, spec_config
@@ -280,11 +280,19 @@ def resolve_settings(args) -> dict:
         ("--warmup", settings["warmup"], 0),
         ("--forward-repeats", settings["forward_repeats"], 1),
     ):
-        if value < low:
-            raise ValueError(f"{name}={value} is out of range: an integer >= {low}.")
+        if not low <= value <= MAX_INDEX:  # mlx takes 32-bit sizes (2**70: TypeError)
+            raise ValueError(
+                f"{name}={value} is out of range: an integer from {low} to 2**31 - 1."
+            )
+    if args.cost_curves_from and not Path(args.cost_curves_from).is_file():
+        raise ValueError(f"--cost-curves-from {args.cost_curves_from}: no such file.")
     # Each run's config is made as it runs; the ranges are checked here, at once.
-    for g in [args.num_draft_tokens] + settings["gamma_sweep"]:
-        spec_config(None, DRAFTER_LATER, flags=True, num_draft_tokens=g)
+    spec_config(None, DRAFTER_LATER, flags=True, num_draft_tokens=args.num_draft_tokens)
+    for g in settings["gamma_sweep"]:
+        try:
+            spec_config(None, DRAFTER_LATER, num_draft_tokens=g)
+        except OptionError as e:
+            raise e.renamed("--gamma-sweep") from None
     for temp in settings["temps"]:
         spec_config(None, DRAFTER_LATER, flags=True, temp=temp)
     check_method_options(settings["method_options"])
