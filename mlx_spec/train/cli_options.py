@@ -3,11 +3,13 @@ options a resumed run takes from its checkpoint.
 """
 
 import argparse
+import math
 import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import List
 
+from ..config import MAX_INDEX, MAX_SEED, OptionError, flag_name
 from ..features import FINAL, feature_owner
 from ..options import one_line_errors
 from ..outdir import check_out_dir, check_outside
@@ -263,17 +265,42 @@ def int_list(text: str, name: str) -> List[int]:
         ) from None
 
 
+# Integer flags and their lowest value (the highest: what mlx indexes with).
+INT_LOWEST = {
+    "num_prompts": 1,
+    "max_tokens": 1,
+    "gen_batch": 1,
+    "top_k": 1,
+    "steps": 1,
+    "batch_tokens": 1,
+    "heldout_prompts": 1,
+    "draft_vocab": 1,
+    "eval_every": 1,  # 0 was a ZeroDivisionError at the first step
+    "eval_prompts": 1,
+    "eval_max_tokens": 1,
+}
+# Float flags that must be finite and at least 0.
+NON_NEGATIVE = ("sampled_temp", "prompt_weight", "feature_weight")
+
+
+def check_numbers(args) -> None:
+    """Every number flag in its range (``ValueError`` naming the flag)."""
+    for name, lowest in INT_LOWEST.items():
+        value = getattr(args, name, None)
+        if value is not None and not lowest <= value <= MAX_INDEX:
+            raise OptionError(
+                flag_name(name), value, f"an integer from {lowest} to 2**31 - 1"
+            )
+    for name in NON_NEGATIVE:
+        value = getattr(args, name, None)
+        if value is not None and not 0 <= value < math.inf:
+            raise OptionError(flag_name(name), value, "a finite number >= 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise OptionError("--seed", args.seed, "an integer from 0 to 2**64 - 1")
+
+
 def check_args(args):
-    for name in (
-        "num_prompts",
-        "max_tokens",
-        "gen_batch",
-        "top_k",
-        "steps",
-        "batch_tokens",
-    ):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1.")
+    check_numbers(args)
     if not 0 <= args.sampled_share <= 1:
         raise ValueError("--sampled-share must be between 0 and 1.")
     if not 0 <= args.soft_weight <= 1:
@@ -298,7 +325,7 @@ def check_args(args):
         raise ValueError("--corpus-tokens must be at least 1.")
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
-    if args.lr is not None and not args.lr > 0:
+    if args.lr is not None and not 0 < args.lr < math.inf:
         raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
     if Path(args.model).expanduser().is_dir():
         for flag, folder in (("--out", args.out), ("--data", args.data)):
