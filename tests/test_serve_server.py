@@ -270,6 +270,16 @@ BAD_FIELDS = [
         {"prompt": "x", "speculative": "tree", "tree_choices": [[0], [1000]]},
         "tree_choices entry [1000]",
     ),
+    (  # mlx_lm checks the threshold at the first sampled token: the handler died
+        "/v1/completions",
+        {
+            "prompt": "x",
+            "temperature": 1.0,
+            "xtc_probability": 0.5,
+            "xtc_threshold": 0.9,
+        },
+        "xtc_threshold=0.9 is out of range",
+    ),
 ]
 
 

@@ -148,6 +148,14 @@ FINITE_FIELDS = (
 )
 
 
+# XTC fields and their largest value (mlx_lm.sample_utils.apply_xtc's ranges).
+XTC_RANGES = (("xtc_probability", 1.0), ("xtc_threshold", 0.5))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_request_values(body: dict) -> None:
     """One-line ``ValueError`` (a 400) for values that would break mlx_lm's own
     checks or the process: non-finite numbers, a malformed ``logit_bias``, a
@@ -156,6 +164,10 @@ def check_request_values(body: dict) -> None:
         value = body.get(name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name}={value} must be a finite number.")
+    for name, high in XTC_RANGES:  # mlx_lm checks these at the first token
+        value = body.get(name)
+        if _is_number(value) and not 0 <= value <= high:
+            raise ValueError(f"{name}={value} is out of range: 0 to {high:g}.")
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict):
