@@ -147,9 +147,17 @@ def test_streaming_completion_with_usage(client, references):
     assert STATS_FIELD in chunks[-1].model_extra
 
 
-def test_models_endpoint(client, checkpoints):
+def test_models_endpoint_names_the_model_without_its_path(
+    client, checkpoints, references
+):
     ids = [m.id for m in client.models.list().data]
-    assert str(checkpoints["llama"].resolve()) in ids
+    assert checkpoints["llama"].name in ids
+    assert not any(str(checkpoints["llama"].parent) in i for i in ids)
+    # The listed name is one a request may give for the served model.
+    response = client.completions.create(
+        model=checkpoints["llama"].name, prompt=PROMPTS[0], max_tokens=MAX_TOKENS
+    )
+    assert response.choices[0].text == references[PROMPTS[0]]
 
 
 @pytest.mark.parametrize(

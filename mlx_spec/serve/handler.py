@@ -8,7 +8,6 @@ import select
 import socket
 import sys
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 from typing import Optional
 
 import mlx_lm.server as lm_server
@@ -25,6 +24,7 @@ from .requests import (
     check_request_fields,
     check_request_values,
     check_served_paths,
+    public_name,
     request_config,
     request_isolation,
     stats_payload,
@@ -179,10 +179,9 @@ class SpecAPIHandler(lm_server.APIHandler):
         for path, role in ((cli_args.model, "model"), (cli_args.draft_model, "draft")):
             if path is None:
                 continue
-            model_id = str(Path(path).resolve()) if Path(path).exists() else path
             models.append(
                 {
-                    "id": model_id,
+                    "id": public_name(path),
                     "object": "model",
                     "created": self.created,
                     "owned_by": "mlx_spec",

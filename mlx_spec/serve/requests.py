@@ -331,11 +331,20 @@ PATH_FIELDS = {
 DEFAULT_NAME = "default_model"
 
 
+def public_name(path: str) -> str:
+    """How ``/v1/models`` lists ``path``: a hub id or relative path as given,
+    a local folder by its name alone (the listing shows no file system)."""
+    local = Path(path).expanduser()
+    if local.is_absolute() or str(path).startswith("~"):
+        return local.name or str(path)
+    return str(path)
+
+
 def served_names(path: Optional[str]) -> set:
-    """The names a request may give for ``path`` (as given, resolved)."""
+    """The names a request may give for ``path`` (as given, resolved, listed)."""
     if path is None:
         return set()
-    names = {str(path)}
+    names = {str(path), public_name(path)}
     local = Path(path).expanduser()
     if local.exists():
         names.add(str(local.resolve()))
