@@ -401,6 +401,17 @@ def test_requantizing_a_large_matrix_holds_little_beside_its_output(monkeypatch)
     assert mx.get_peak_memory() < 16 * 4 * CHUNK  # MLX
 
 
+def test_the_weights_file_is_written_without_a_copy_of_each_array(tmp_path):
+    from mlx_spec.convert.safetensors_stream import SafetensorsWriter
+
+    array = np.arange(1 << 20, dtype=np.float32).reshape(1024, 1024)
+    with SafetensorsWriter(tmp_path / "w.safetensors", ["w"]) as writer:
+        _, peak = traced_peak(writer.add, "w", array)
+    assert peak < array.nbytes / 4, peak / array.nbytes
+    loaded = mx.load(str(tmp_path / "w.safetensors"))["w"]
+    assert np.array_equal(np.array(loaded), array)
+
+
 @pytest.fixture(scope="module")
 def random_types_gguf(checkpoints, tmp_path_factory):
     """A 256-wide llama whose matrices hold random blocks of every readable type.

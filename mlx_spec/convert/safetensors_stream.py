@@ -66,7 +66,7 @@ class SafetensorsWriter:
             "shape": list(array.shape),
             "data_offsets": [self.size, self.size + array.nbytes],
         }
-        self.file.write(array.tobytes())
+        self.file.write(memoryview(array.reshape(-1)).cast("B"))
         self.size += array.nbytes
 
     def close(self) -> int:
