@@ -335,7 +335,7 @@ def public_name(path: str) -> str:
     """How ``/v1/models`` lists ``path``: a hub id or relative path as given,
     a local folder by its name alone (the listing shows no file system)."""
     local = Path(path).expanduser()
-    if local.is_absolute() or str(path).startswith("~"):
+    if local.is_absolute():
         return local.name or str(path)
     return str(path)
 
