@@ -491,3 +491,39 @@ def test_the_sweep_times_decoding_only_once_every_row_is_prefilled(load_model):
     # Two timed steps of all 32 rows; a timer started once 32 tokens came
     # (8 + 8 + 16 rows) would time steps of 16 and 24 rows.
     assert row["tokens"] == 32 * 2
+
+
+def test_a_laws_only_request_reuses_a_heads_prefill_and_selects_its_layers(
+    load_model, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train import corpus_data
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    cache = tmp_path / "cache"
+    wide = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(0, -1), cache=cache
+    )
+    runs = []
+    real = corpus_data.teacher_data
+    monkeypatch.setattr(
+        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    laws = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(), cache=cache
+    )
+    final = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(-1,), cache=cache
+    )
+    assert runs == [] and laws.features is None
+    assert all(np.array_equal(a, b) for a, b in zip(wide.law_ids, laws.law_ids))
+    width = model.args.hidden_size
+    for a, b in zip(wide.features, final.features):
+        assert np.array_equal(a[:, width:], b)
+    # A layer the cache lacks is prefilled anew, and laws alone prefill without features.
+    corpus_data.corpus_completions(model, corpus, "train", feature_layers=(1,), cache=cache)
+    assert len(runs) == len(list(corpus.shard_paths()))
+    fresh = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(), cache=tmp_path / "fresh"
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(wide.law_ids, fresh.law_ids))

@@ -7,7 +7,9 @@ sequences (:func:`mlx_spec.train.head_data.teacher_data`), never from
 decoding again. They are cached outside git, one file per shard, split and
 setting, in ``$MLX_SPEC_CACHE/corpus`` (default ``~/.cache/mlx_spec``): a shard
 is never rewritten, so its file stays valid, and a grown corpus only costs
-the prefill of its new shards.
+the prefill of its new shards. A file serves every request whose features
+are among those it holds: a draft model (laws only) reuses an EAGLE head's
+prefill.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
 
 from .completions import Completions
 from .corpus import Corpus
@@ -30,12 +34,43 @@ def default_cache() -> Path:
     return cache_dir() / CACHE_FOLDER
 
 
-def _key(target: Dict, shard: Path, split: str, layers, top_k: int) -> str:
-    """Names the derived data: target, shard contents, split and settings."""
+def _key(target: Dict, shard: Path, split: str, top_k: int) -> str:
+    """Names the laws of a shard's split: target, shard contents, split and top-k."""
     h = hashlib.sha256(json.dumps(target.get("stats", []), sort_keys=True).encode())
     h.update(shard.read_bytes())
-    h.update(json.dumps([split, list(layers), top_k]).encode())
+    h.update(json.dumps([split, top_k]).encode())
     return h.hexdigest()[:24]
+
+
+def _layers_tag(layers: Sequence[int]) -> str:
+    """The feature layers in a cache file's name: ``f2_15_27``, ``f-1``; ``f`` for none."""
+    return "f" + "_".join(str(int(i)) for i in layers)
+
+
+def _cached(folder: Path, stem: str, layers: Sequence[int]):
+    """A cached file of ``stem`` holding every layer of ``layers``, and its layers."""
+    for path in sorted(folder.glob(f"{stem}-f*.npz")):
+        tag = path.stem[len(stem) + 2 :]
+        try:
+            held = [int(i) for i in tag.split("_")] if tag else []
+        except ValueError:
+            continue
+        if set(layers) <= set(held):
+            return path, held
+    return None, None
+
+
+def _select(part: HeadData, held: Sequence[int], layers: Sequence[int]) -> HeadData:
+    """``part`` with only the features of ``layers``, in that order."""
+    if list(held) == list(layers):
+        return part
+    width = part.features[0].shape[1] // len(held) if held else 0
+    columns = np.concatenate(
+        [np.arange(width) + width * list(held).index(i) for i in layers]
+        or [np.zeros(0, np.int64)]
+    )
+    part.features = [f[:, columns] for f in part.features]
+    return part
 
 
 def corpus_completions(
@@ -55,7 +90,7 @@ def corpus_completions(
         model: The target (its fingerprint must match the corpus's).
         corpus: The corpus.
         split: ``"train"`` or ``"heldout"``.
-        feature_layers: Features kept at every position.
+        feature_layers: Features kept at every position (none: laws only).
         top_k: Size of the kept top of each law.
         cache: Folder of the derived data. Default: :func:`default_cache`.
         max_tokens: Use only the first shards, up to about this many
@@ -75,17 +110,19 @@ def corpus_completions(
         )
     folder = Path(cache) if cache else default_cache()
     folder.mkdir(parents=True, exist_ok=True)
-    data = Completions(features=[], feature_layers=tuple(feature_layers))
+    layers = tuple(feature_layers)
+    data = Completions(features=[] if layers else None, feature_layers=layers)
     made = 0
     for path in corpus.shard_paths():
         if max_tokens is not None and made >= max_tokens:
             break
-        key = _key(manifest["target"], path, split, feature_layers, top_k)
-        cached = folder / f"{path.name.split('.')[0]}-{split}-{key}.npz"
-        if cached.exists():
-            part = HeadData.load(cached)
+        stem = f"{path.name.split('.')[0]}-{split}-{_key(manifest['target'], path, split, top_k)}"
+        cached, held = _cached(folder, stem, feature_layers)
+        if cached is not None:
+            part = _select(HeadData.load(cached), held, feature_layers)
             temps, sets = _columns(path, split)
         else:
+            cached = folder / f"{stem}-{_layers_tag(feature_layers)}.npz"
             records = [
                 r for r in _read(path).sequences() if r.heldout == (split == "heldout")
             ]
@@ -110,7 +147,8 @@ def corpus_completions(
             data.starts.append(part.starts[i])
             data.law_ids.append(part.teacher_ids[i])
             data.law_logp.append(part.teacher_logp[i])
-            data.features.append(part.features[i])
+            if layers:
+                data.features.append(part.features[i])
             data.temps.append(temps[i])
             data.prompt_sets.append(sets[i])
             made += len(part.tokens[i]) - part.starts[i]

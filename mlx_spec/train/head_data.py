@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..features import FeatureCapture
+from ..features import FeatureCapture, maybe_capturing
 
 DEFAULT_TEACHER_TOP_K = 8
 DEFAULT_BATCH_TOKENS = 2048
@@ -125,7 +125,8 @@ def teacher_data(
         model: The target (an mlx-lm model).
         sequences: Token ids of each sequence (prompt then completion).
         starts: Index of each sequence's first completion token.
-        feature_layers: The features to keep (see :mod:`mlx_spec.features`).
+        feature_layers: The features to keep (see :mod:`mlx_spec.features`);
+          none keeps ``(T_i, 0)`` arrays.
         top_k: Teacher ids and log-probabilities kept per position.
         batch_tokens: Padded tokens per target forward.
         progress: Called with the number of tokens done after each batch.
@@ -136,7 +137,7 @@ def teacher_data(
     Returns:
         The :class:`HeadData`, in the order of ``sequences``.
     """
-    capture = FeatureCapture(model, feature_layers)
+    capture = FeatureCapture(model, feature_layers) if feature_layers else None
     n = len(sequences)
     out = [None] * n
     lengths = [len(s) for s in sequences]
@@ -146,16 +147,15 @@ def teacher_data(
         for row, i in enumerate(batch):
             ids[row, : lengths[i]] = sequences[i]
         if laws is not None:  # features only: the inner model, no output layer
-            with capture.capturing():
+            with maybe_capturing(capture):
                 model.model(mx.array(ids))
-            feats = capture.take(batched=True).astype(mx.float16)
-            feats = np.array(feats)
+            feats = np.array(_features(capture, ids.shape))
             for row, i in enumerate(batch):
                 out[i] = (feats[row, : lengths[i]], laws[0][i], laws[1][i])
         else:
-            with capture.capturing():
+            with maybe_capturing(capture):
                 logits = model(mx.array(ids))
-            feats = capture.take(batched=True).astype(mx.float16)
+            feats = _features(capture, ids.shape)
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
             top = mx.argpartition(-logp, kth=top_k - 1, axis=-1)[..., :top_k]
             values = mx.take_along_axis(logp, top, axis=-1)
@@ -177,6 +177,13 @@ def teacher_data(
         [o[1] for o in out],
         [o[2] for o in out],
     )
+
+
+def _features(capture: Optional[FeatureCapture], shape) -> mx.array:
+    """The captured features ``(B, L, F)`` float16; ``(B, L, 0)`` without a capture."""
+    if capture is None:
+        return mx.zeros((*shape, 0), mx.float16)
+    return capture.take(batched=True).astype(mx.float16)
 
 
 def from_completions(data) -> HeadData:

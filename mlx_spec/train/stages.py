@@ -100,8 +100,11 @@ def corpus_stage(args, model, out: Path):
     from .corpus_data import corpus_completions
 
     corpus = Corpus(args.corpus)
-    if args.kind == "draft":
-        layers = [FINAL]
+    if args.kind == "draft":  # features only for the regression on the final state
+        from .draft import DEFAULT_FEATURE_WEIGHT
+
+        weight = args.feature_weight
+        layers = [FINAL] if (DEFAULT_FEATURE_WEIGHT if weight is None else weight) else []
     else:
         layers = H.head_feature_layers(
             args, args.kind, len(feature_owner(model).layers)
