@@ -3,6 +3,7 @@ invocations and answers each with exit code 2 and one line on stderr that
 names what is wrong, before any model work (tiny checkpoints where a model
 is named, in case a check comes after the load)."""
 
+import re
 import shutil
 import signal
 import socketserver
@@ -234,6 +235,15 @@ def _fill(text, places):
     return text
 
 
+def _error_prefix(argv) -> str:
+    """The line begins with the command's name: ``mlx_spec bench: error: `` (or
+    its console script's, ``mlx_spec.generate: error: ``; a subcommand's after it)."""
+    command = argv[0] if argv[0] in cli.SUBCOMMANDS else None
+    if command is None:
+        return r"mlx_spec: error: "
+    return rf"mlx_spec[ .]{re.escape(command)}( [a-z-]+)?: error: "
+
+
 def _assert_one_line_exit_2(argv, field, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
@@ -242,6 +252,7 @@ def _assert_one_line_exit_2(argv, field, capsys):
     lines = err.splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert field in lines[0], lines[0]
+    assert re.match(_error_prefix(argv), lines[0]), lines[0]
 
 
 @pytest.mark.parametrize(
@@ -272,3 +283,4 @@ def test_a_bad_ui_flag_exits_2_in_one_line_naming_it(
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert field in err and "Traceback" not in err, err
+    assert re.match(_error_prefix(["ui"]), err), err

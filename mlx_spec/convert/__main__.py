@@ -35,7 +35,7 @@ FORCE_HELP = "replace --out even if it is a folder that already holds files"
 def setup_arg_parser() -> argparse.ArgumentParser:
     """The ``mlx_spec.convert`` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="python -m mlx_spec.convert",
+        prog="mlx_spec convert",
         description="Convert GGUF and Hugging Face models to mlx-lm checkpoints.",
     )
     one_line_errors(parser)
@@ -195,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 log=log,
             )
     except ConversionError as e:
-        sys.exit(f"mlx_spec.convert: error: {e}")
+        sys.exit(f"{parser.prog}: error: {e}")
     return 0
 
 
