@@ -87,6 +87,54 @@ def check_generation_args(args: argparse.Namespace) -> None:
         check_generation_options(**given)
     except OptionError as e:
         raise e.as_flag() from None
+    check_extra_eos_tokens(getattr(args, "extra_eos_token", None) or ())
+
+
+EOS_TOKEN_FORM = "pass a token as the tokenizer spells it, or its id"
+
+
+def check_extra_eos_tokens(tokens) -> None:
+    """``--extra-eos-token`` values are text a tokenizer can hold, checked at start.
+
+    Invalid UTF-8 on the command line was a UnicodeEncodeError after the load
+    that did not name the flag.
+
+    Raises:
+        ValueError: Naming the flag and the form it takes.
+    """
+    for token in tokens:
+        if not token:
+            raise ValueError(f"--extra-eos-token is empty; {EOS_TOKEN_FORM}.")
+        try:
+            token.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"--extra-eos-token {token!r} is not valid UTF-8; {EOS_TOKEN_FORM}."
+            ) from None
+
+
+def extra_eos_token_id(tokenizer, token: str) -> int:
+    """The id ``--extra-eos-token TOKEN`` names: a token of ``tokenizer``'s
+    vocabulary, or an id in it (as mlx_lm reads it: digits are an id).
+
+    mlx_lm took any integer, and a tokenizer with an unknown token mapped an
+    unknown text to it, so a typo stopped generation at that token.
+
+    Raises:
+        ValueError: Naming the flag, the token and the ids allowed.
+    """
+    vocab = tokenizer.get_vocab()
+    size = max(vocab.values()) + 1
+    try:
+        token_id = int(token)
+    except ValueError:
+        token_id = vocab.get(token)
+    if token_id is None or not 0 <= token_id < size:
+        raise ValueError(
+            f"--extra-eos-token {token!r} is not in the model's vocabulary; "
+            f"{EOS_TOKEN_FORM} (0 to {size - 1})."
+        )
+    return token_id
 
 
 def check_xtc_args(args: argparse.Namespace) -> None:

@@ -3,6 +3,7 @@ invocations and answers each with exit code 2 and one line on stderr that
 names what is wrong, before any model work (tiny checkpoints where a model
 is named, in case a check comes after the load)."""
 
+import os
 import re
 import shutil
 import signal
@@ -17,6 +18,7 @@ from mlx_spec import cli
 DEADLINE_S = 60
 BIG = str(2**70)  # past int64: mlx raised std::bad_cast
 EMPTY = ""
+NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # invalid UTF-8 in argv, as Python receives it
 
 # (command and flags, text the error line must hold). Placeholders:
 # {llama} a copy of a tiny checkpoint, {user} a folder holding a user's file, {file} a
@@ -68,6 +70,11 @@ BAD = [
     (GENERATE + ["--draft-model", "{missing}"], "draft model"),
     (["generate", "--model", "{missing}", "--prompt", "hi"], "{missing}"),
     (GENERATE + ["--prompt-cache-file", "{file}"], "--prompt-cache-file"),
+    (GENERATE + ["--extra-eos-token", NOT_UTF8], "--extra-eos-token"),
+    (GENERATE + ["--extra-eos-token", EMPTY], "--extra-eos-token"),
+    (GENERATE + ["--extra-eos-token", "no-such-token"], "--extra-eos-token"),
+    (GENERATE + ["--extra-eos-token", "-1"], "--extra-eos-token"),
+    (GENERATE + ["--extra-eos-token", BIG], "--extra-eos-token"),
     # chat
     (CHAT + ["--seed", "-1"], "--seed=-1"),
     (CHAT + ["--max-kv-size", "0"], "--max-kv-size=0"),

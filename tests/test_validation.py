@@ -9,7 +9,12 @@ import pytest
 from mlx_spec.cli.generate import setup_arg_parser
 from mlx_spec.config import MAX_DRAFT_TOKENS, SpecConfig
 from mlx_spec.drafters.fit import check_drafter, drafter_fits
-from mlx_spec.validation import DRAFTER_LATER, spec_config, spec_config_of_args
+from mlx_spec.validation import (
+    DRAFTER_LATER,
+    extra_eos_token_id,
+    spec_config,
+    spec_config_of_args,
+)
 
 EAGLE = types.SimpleNamespace(is_head=True, kind="eagle")
 DRAFT = types.SimpleNamespace()  # a loaded draft model
@@ -107,3 +112,14 @@ def test_import_mlx_spec_loads_neither_server():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_an_extra_eos_token_is_a_vocabulary_token_or_its_id(load_model):
+    _, tokenizer = load_model("llama")
+    vocab = tokenizer.get_vocab()
+    token, token_id = max(vocab.items(), key=lambda item: item[1])
+    assert extra_eos_token_id(tokenizer, token) == token_id
+    assert extra_eos_token_id(tokenizer, str(token_id)) == token_id
+    for bad in (str(token_id + 1), "-1", token + "\u2603"):
+        with pytest.raises(ValueError, match="--extra-eos-token"):
+            extra_eos_token_id(tokenizer, bad)

@@ -27,7 +27,12 @@ from ..loading import (
     skip_unused_draft,
 )
 from ..options import add_speculative_options, one_line_errors
-from ..validation import check_xtc_args, json_object_option, spec_config_of_args
+from ..validation import (
+    check_xtc_args,
+    extra_eos_token_id,
+    json_object_option,
+    spec_config_of_args,
+)
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -170,7 +175,7 @@ def run(args) -> str:
             model_config={"quantize_activations": args.quantize_activations},
         )
     for eos_token in args.extra_eos_token:
-        tokenizer.add_eos_token(eos_token)
+        tokenizer.add_eos_token(str(extra_eos_token_id(tokenizer, eos_token)))
     draft_model = resolve_draft(
         args.speculative, model_path, draft_path, model, tokenizer
     )
