@@ -188,6 +188,11 @@ BAD_UI = [
     (UI + ["--num-draft-tokens", "0"], "--num-draft-tokens=0"),
     (UI + ["--host", "0.0.0.0"], "--host"),
     (UI + ["--auth", "nocolon"], "--auth"),
+    # the models' paths are checked at start, not at the first request
+    (["--model", "{missing}", "--no-preload"], "{missing}"),
+    (["--model", "{file}", "--no-preload"], "is a file"),
+    (["--model", "{user}", "--no-preload"], "holds no model"),
+    (UI + ["--draft-model", "{missing}"], "draft model"),
 ]
 
 
@@ -280,14 +285,21 @@ def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
     "argv, field", BAD_UI, ids=[" ".join(b[0][-2:]) for b in BAD_UI]
 )
 def test_a_bad_ui_flag_exits_2_in_one_line_naming_it(
-    places, deadline, capsys, argv, field
+    places, deadline, capsys, monkeypatch, argv, field
 ):
-    pytest.importorskip("gradio")
+    gradio = pytest.importorskip("gradio")
+    import mlx_lm
+
     from ui.app import main as ui_main  # this checkout's (mlx_spec.ui when installed)
 
+    def refuse(*args, **kwargs):
+        raise AssertionError("loaded or served: a bad flag was not refused at start")
+
+    monkeypatch.setattr(gradio.Blocks, "launch", refuse)
+    monkeypatch.setattr(mlx_lm, "load", refuse)  # --no-preload loads nothing
     with pytest.raises(SystemExit) as exit_info:
         ui_main([_fill(a, places) for a in argv], prog="mlx_spec ui")
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
-    assert field in err and "Traceback" not in err, err
+    assert _fill(field, places) in err and "Traceback" not in err, err
     assert re.match(_error_prefix(["ui"]), err), err

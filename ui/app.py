@@ -27,7 +27,12 @@ from mlx_spec.config import (
     check_generation_options,
 )
 from mlx_spec.generate import DEFAULT_MAX_TOKENS
-from mlx_spec.loading import check_draft_path, check_not_a_drafter, default_model_pair
+from mlx_spec.loading import (
+    check_draft_path,
+    check_model_path,
+    check_not_a_drafter,
+    default_model_pair,
+)
 from mlx_spec.options import one_line_errors
 from mlx_spec.validation import DRAFTER_LATER, spec_config
 
@@ -165,8 +170,12 @@ def check_start_values(args) -> SpecConfig:
             check_generation_options(prefill_step_size=args.prefill_step_size)
         except OptionError as e:
             raise e.as_flag() from None
+    # The paths too, before anything loads (--no-preload loads at the first request).
     if args.model is not None:
+        check_model_path(args.model, "model")
         check_not_a_drafter(args.model, "model")
+    if args.draft_model is not None:
+        check_model_path(args.draft_model, "draft model")
     return config
 
 
