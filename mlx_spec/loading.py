@@ -110,6 +110,29 @@ def check_model_path(path: str, role: str = "model") -> None:
         raise ValueError(f"{role} path '{path}' does not exist.")
 
 
+# What an mlx_lm adapter directory holds (``mlx_lm.tuner.utils.load_adapters``).
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+def check_adapter_dir(path: str, name: str, where: str = "") -> None:
+    """A one-line ``ValueError`` unless ``path`` is an adapter directory.
+
+    Args:
+        path: The path, as mlx_lm will open it (``~`` not expanded).
+        name: How the front end names it (``--adapter-path X``, ``adapters='X'``).
+        where: Appended to "no such directory" (`` on the server``).
+    """
+    local = Path(path)
+    if not local.is_dir():
+        raise ValueError(f"{name}: no such directory{where}.")
+    missing = [file for file in ADAPTER_FILES if not (local / file).is_file()]
+    if missing:
+        raise ValueError(
+            f"{name} is not an adapter directory "
+            f"(no {' or '.join(missing)} in it); mlx_lm.lora writes one."
+        )
+
+
 def load_model(path: str, role: str = "model", **kwargs):
     """``mlx_lm.load`` with a one-line ``ValueError`` for a bad path."""
     from mlx_lm import load

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from .config import OptionError, SpecConfig, check_generation_options, resolve_method
 from .drafters.fit import check_drafter, drafter_kind
-from .loading import check_draft_path
+from .loading import check_adapter_dir, check_draft_path
 from .options import method_options
 
 # SpecConfig fields that commands read from flags of the same name. Not among
@@ -88,6 +88,9 @@ def check_generation_args(args: argparse.Namespace) -> None:
     except OptionError as e:
         raise e.as_flag() from None
     check_extra_eos_tokens(getattr(args, "extra_eos_token", None) or ())
+    adapter_path = getattr(args, "adapter_path", None)
+    if adapter_path is not None:  # mlx_lm reads it after the model loads
+        check_adapter_dir(adapter_path, f"--adapter-path {adapter_path!r}")
 
 
 EOS_TOKEN_FORM = "pass a token as the tokenizer spells it, or its id"

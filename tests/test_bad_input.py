@@ -75,6 +75,9 @@ BAD = [
     (GENERATE + ["--extra-eos-token", "no-such-token"], "--extra-eos-token"),
     (GENERATE + ["--extra-eos-token", "-1"], "--extra-eos-token"),
     (GENERATE + ["--extra-eos-token", BIG], "--extra-eos-token"),
+    (GENERATE + ["--adapter-path", "{missing}"], "--adapter-path"),
+    (GENERATE + ["--adapter-path", "{user}"], "--adapter-path"),
+    (GENERATE + ["--adapter-path", EMPTY], "--adapter-path"),
     # chat
     (CHAT + ["--seed", "-1"], "--seed=-1"),
     (CHAT + ["--max-kv-size", "0"], "--max-kv-size=0"),
@@ -84,6 +87,7 @@ BAD = [
     (CHAT + ["--temp", "nan"], "--temp=nan"),
     (CHAT + ["--num-draft-tokens", "65"], "--num-draft-tokens=65"),
     (CHAT + ["--speculative", "bogus"], "--speculative"),
+    (CHAT + ["--adapter-path", "{missing}"], "--adapter-path"),
     # server flags, checked at start
     (SERVER + ["--prompt-cache-size", "-1"], "--prompt-cache-size=-1"),
     (SERVER + ["--prompt-cache-bytes", "lots"], "--prompt-cache-bytes"),
@@ -103,6 +107,7 @@ BAD = [
     (SERVER + ["--port", "0"], "--port=0"),
     (SERVER + ["--port", "70000"], "--port=70000"),
     (SERVER + ["--speculative", "bogus"], "--speculative"),
+    (SERVER + ["--adapter-path", "{file}"], "--adapter-path"),
     # convert
     (["convert", "gguf", "{user}", "--out", "{new}"], "is a folder"),
     (["convert", "gguf", "{missing}", "--out", "{new}"], "GGUF file"),

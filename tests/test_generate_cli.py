@@ -12,6 +12,7 @@ from mlx_lm.generate import generate_step
 
 from mlx_spec.cli.generate import main
 from mlx_spec.engine import speculative_generate_step
+from mlx_spec.loading import ADAPTER_FILES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -301,13 +302,25 @@ def test_top_p_zero_is_off_as_in_mlx_lm(checkpoints, capsys):
     assert outputs[0] == outputs[1] and outputs[0].strip()
 
 
-def test_adapter_path_is_passed_to_mlx_lm_load(checkpoints, capsys):
+def test_adapter_path_is_passed_to_mlx_lm_load(
+    checkpoints, capsys, tmp_path, monkeypatch
+):
     """--adapter-path keeps mlx_lm.generate's meaning (it used to be ignored)."""
+    import mlx_lm
+
+    for name in ADAPTER_FILES:  # the form is checked before the load
+        (tmp_path / name).write_text("")
+    passed = {}
+
+    def load(path, **kwargs):
+        passed.update(kwargs)
+        raise ValueError("not loaded in this test")
+
+    monkeypatch.setattr(mlx_lm, "load", load)
     argv = model_args(checkpoints) + ["--prompt", "x", "--max-tokens", "3"]
-    code, out, err = run_cli([*argv, "--adapter-path", "/no/such/adapter"], capsys)
-    assert (
-        code == 2 and "adapter path does not exist" in err and "\n" not in err.strip()
-    )
+    code, out, err = run_cli([*argv, "--adapter-path", str(tmp_path)], capsys)
+    assert code == 2 and "not loaded in this test" in err, err
+    assert passed["adapter_path"] == str(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from ..drafters.fit import (
     drafter_fits,
     drafter_kind,
 )
+from ..loading import check_adapter_dir
 from ..options import method_option_fields
 from ..validation import DRAFTER_LATER, spec_config
 
@@ -216,10 +217,6 @@ def body_error(raw: bytes) -> Optional[str]:
     return None
 
 
-# What an mlx_lm adapter directory holds (``mlx_lm.tuner.utils.load_adapters``).
-ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
-
-
 def check_adapters(adapters) -> None:
     """One-line ``ValueError`` (a 400) unless ``adapters`` is absent or names
     an adapter directory on the server."""
@@ -229,15 +226,7 @@ def check_adapters(adapters) -> None:
         raise ValueError(
             f"adapters must be the path of an adapter directory, got {adapters!r}."
         )
-    path = Path(adapters)
-    if not path.is_dir():
-        raise ValueError(f"adapters={adapters!r}: no such directory on the server.")
-    missing = [name for name in ADAPTER_FILES if not (path / name).is_file()]
-    if missing:
-        raise ValueError(
-            f"adapters={adapters!r} is not an adapter directory "
-            f"(no {' or '.join(missing)} in it); mlx_lm.lora writes one."
-        )
+    check_adapter_dir(adapters, f"adapters={adapters!r}", " on the server")
 
 
 def check_logit_bias_ids(logit_bias, vocab_size: Optional[int]) -> None:
