@@ -116,6 +116,32 @@ def check_extra_eos_tokens(tokens) -> None:
             ) from None
 
 
+def check_chat_template(template: str, flag: str) -> None:
+    """A chat template given as a flag is UTF-8 text that compiles as
+    transformers compiles it, checked at start (else every request failed).
+
+    Raises:
+        ValueError: Naming the flag and what is wrong.
+    """
+    try:
+        template.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{flag} is not valid UTF-8; pass the template's text."
+        ) from None
+    from jinja2 import TemplateError
+
+    try:  # private to transformers: skipped where it is missing
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return
+    try:
+        _compile_jinja_template(template)
+    except TemplateError as e:
+        line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise ValueError(f"{flag} is not a valid Jinja template{line}: {e}") from None
+
+
 def extra_eos_token_id(tokenizer, token: str) -> int:
     """The id ``--extra-eos-token TOKEN`` names: a token of ``tokenizer``'s
     vocabulary, or an id in it (as mlx_lm reads it: digits are an id).

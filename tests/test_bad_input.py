@@ -108,6 +108,8 @@ BAD = [
     (SERVER + ["--port", "70000"], "--port=70000"),
     (SERVER + ["--speculative", "bogus"], "--speculative"),
     (SERVER + ["--adapter-path", "{file}"], "--adapter-path"),
+    (SERVER + ["--chat-template", NOT_UTF8], "--chat-template"),
+    (SERVER + ["--chat-template", "{% if %}"], "--chat-template"),
     # convert
     (["convert", "gguf", "{user}", "--out", "{new}"], "is a folder"),
     (["convert", "gguf", "{missing}", "--out", "{new}"], "GGUF file"),

@@ -11,6 +11,7 @@ from mlx_spec.config import MAX_DRAFT_TOKENS, SpecConfig
 from mlx_spec.drafters.fit import check_drafter, drafter_fits
 from mlx_spec.validation import (
     DRAFTER_LATER,
+    check_chat_template,
     extra_eos_token_id,
     spec_config,
     spec_config_of_args,
@@ -123,3 +124,13 @@ def test_an_extra_eos_token_is_a_vocabulary_token_or_its_id(load_model):
     for bad in (str(token_id + 1), "-1", token + "\u2603"):
         with pytest.raises(ValueError, match="--extra-eos-token"):
             extra_eos_token_id(tokenizer, bad)
+
+
+def test_a_chat_template_flag_that_compiles_passes_and_one_that_does_not_is_named():
+    for template in (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        "{% generation %}{{ x }}{% endgeneration %}",  # transformers' own tag
+    ):
+        check_chat_template(template, "--chat-template")
+    with pytest.raises(ValueError, match="--chat-template is not a valid Jinja"):
+        check_chat_template("{% for m in messages %}", "--chat-template")

@@ -9,7 +9,7 @@ from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS, OptionError
 from ..loading import default_model_pair
 from ..mlx_lm_private import server_parser
 from ..options import add_speculative_options, one_line_errors
-from ..validation import json_object_option, spec_config_of_args
+from ..validation import check_chat_template, json_object_option, spec_config_of_args
 from .index import DEFAULT_MAX_TOKENS as DEFAULT_INDEX_TOKENS
 from .index import cap_range
 
@@ -159,6 +159,8 @@ def check_request_defaults(args: argparse.Namespace) -> None:
         if not ok:
             raise OptionError(f"--{flag}", value, allowed)
     json_object_option(getattr(args, "chat_template_args", {}), "--chat-template-args")
+    if getattr(args, "chat_template", None):  # "" is mlx_lm's "none given"
+        check_chat_template(args.chat_template, "--chat-template")
     for root in getattr(args, "allow_request_models", None) or []:
         if not root:
             raise ValueError("--allow-request-models: an empty root; name a folder.")
