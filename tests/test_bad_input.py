@@ -176,6 +176,9 @@ BAD = [
     (BENCH + ["--method-draft", "bogus"], "--method-draft"),
     (BENCH + ["--cost-curves-from", "{missing}"], "--cost-curves-from"),
     (BENCH + ["--draft-model", "{missing}"], "draft model"),
+    (BENCH + ["--head", "{missing}"], "--head"),
+    (BENCH + ["--head", "{file}"], "--head"),
+    (BENCH + ["--method-draft", "draft={missing}"], "--method-draft"),
     # export
     (["export", "--head", "{missing}", "--model", "{llama}", "--out", "{new}"], "head"),
     (["export", "--head", "{user}", "--model", "{llama}", "--out", "{user}"], "--out"),

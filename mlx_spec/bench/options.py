@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, MAX_INDEX, OptionError
 from mlx_spec.drafters.registry import METHODS
+from mlx_spec.loading import check_model_path
 from mlx_spec.options import method_option_names, one_line_errors
 from mlx_spec.validation import DRAFTER_LATER, spec_config
 
@@ -286,6 +287,8 @@ def resolve_settings(args) -> dict:
             )
     if args.cost_curves_from and not Path(args.cost_curves_from).is_file():
         raise ValueError(f"--cost-curves-from {args.cost_curves_from}: no such file.")
+    for head in getattr(args, "head", None) or ():  # before the target loads
+        check_model_path(head, "--head")
     # Each run's config is made as it runs; the ranges are checked here, at once.
     spec_config(None, DRAFTER_LATER, flags=True, num_draft_tokens=args.num_draft_tokens)
     for g in settings["gamma_sweep"]:

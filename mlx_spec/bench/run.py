@@ -59,7 +59,12 @@ from mlx_spec.config import (
 )
 from mlx_spec.drafters import registry
 from mlx_spec.home import model_folders
-from mlx_spec.loading import default_model_pair, load_draft, load_pair
+from mlx_spec.loading import (
+    check_model_path,
+    default_model_pair,
+    load_draft,
+    load_pair,
+)
 
 from .goals import check_goals
 from .machine import machine_info, param_count
@@ -362,6 +367,7 @@ def _parse_method_drafts(items: Sequence[str]) -> Dict[str, str]:
                 f"--method-draft {item!r}: unknown method '{method}'; choose from "
                 f"{known}."
             )
+        check_model_path(path, f"--method-draft {method}")  # before the target loads
         out[method] = path
     return out
 
