@@ -57,6 +57,7 @@ BAD = [
     (GENERATE + ["--chat-template-config", "-1"], "--chat-template-config"),
     (GENERATE + ["--chat-template-config", "{"], "--chat-template-config"),
     (GENERATE + ["--stats-json", "{missing}/stats.json"], "--stats-json"),
+    (GENERATE + ["--stats-json", "{user}"], "--stats-json"),
     (GENERATE + ["--speculative", "bogus"], "--speculative"),
     (GENERATE + ["--num-draft-tokens", "0"], "--num-draft-tokens=0"),
     (GENERATE + ["--num-draft-tokens", BIG], "--num-draft-tokens="),

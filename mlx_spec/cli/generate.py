@@ -97,7 +97,12 @@ def _check_args(args):
             "--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate."
         )
     if args.stats_json:  # checked now, not after generating
-        folder = Path(args.stats_json).expanduser().parent
+        path = Path(args.stats_json).expanduser()
+        folder = path.parent
+        if path.is_dir():
+            raise ValueError(
+                f"--stats-json {args.stats_json} is a folder; pass a file path."
+            )
         if not folder.is_dir():
             raise ValueError(
                 f"--stats-json {args.stats_json}: the folder {folder} does not exist."
@@ -196,8 +201,11 @@ def run(args) -> str:
     if not args.verbose:
         print(text)
     if args.stats_json:
-        with open(Path(args.stats_json).expanduser(), "w") as f:
-            json.dump(stream.stats.as_dict(), f, indent=2)
+        try:
+            with open(Path(args.stats_json).expanduser(), "w") as f:
+                json.dump(stream.stats.as_dict(), f, indent=2)
+        except OSError as e:  # a folder that cannot be written
+            raise ValueError(f"--stats-json {args.stats_json}: {e.strerror}.") from None
     return text
 
 
