@@ -241,8 +241,8 @@ BAD_FLAGS = [
     (["doctor", "--size", "big"], "mlx_spec doctor", "invalid int value: 'big'"),
     (["doctor", "--size", "0"], "mlx_spec doctor", "--size=0 is out of range"),
     (["train-draft", "--kind", "x"], "mlx_spec train-draft", "invalid choice: 'x'"),
-    (["convert", "nope"], "python -m mlx_spec.convert", "invalid choice: 'nope'"),
-    (["convert", "gguf"], "python -m mlx_spec.convert gguf", "arguments are required"),
+    (["convert", "nope"], "mlx_spec convert", "invalid choice: 'nope'"),
+    (["convert", "gguf"], "mlx_spec convert gguf", "arguments are required"),
     (["frobnicate"], "mlx_spec", "unknown subcommand 'frobnicate'"),
 ]
 
