@@ -25,10 +25,10 @@ are restored as well.
 """
 
 import importlib
-from dataclasses import asdict
 import inspect
 import sys
 import threading
+from dataclasses import asdict
 from typing import Any, Dict, Optional
 
 # ``import mlx_lm.generate as m`` would give the function: the package

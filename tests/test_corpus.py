@@ -521,7 +521,9 @@ def test_a_laws_only_request_reuses_a_heads_prefill_and_selects_its_layers(
     for a, b in zip(wide.features, final.features):
         assert np.array_equal(a[:, width:], b)
     # A layer the cache lacks is prefilled anew, and laws alone prefill without features.
-    corpus_data.corpus_completions(model, corpus, "train", feature_layers=(1,), cache=cache)
+    corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(1,), cache=cache
+    )
     assert len(runs) == len(list(corpus.shard_paths()))
     fresh = corpus_data.corpus_completions(
         model, corpus, "train", feature_layers=(), cache=tmp_path / "fresh"

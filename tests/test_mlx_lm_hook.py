@@ -469,7 +469,14 @@ def test_mlx_lm_chat_speculates_with_greedy_identity(models):
 # A normal (non-editable) install into a fresh environment
 # --------------------------------------------------------------------------- #
 
-SOURCES = ("pyproject.toml", "setup.py", "mlx_spec_hook.py", "README.md", "mlx_spec", "ui")
+SOURCES = (
+    "pyproject.toml",
+    "setup.py",
+    "mlx_spec_hook.py",
+    "README.md",
+    "mlx_spec",
+    "ui",
+)
 
 
 def _copy_sources(dst: Path):

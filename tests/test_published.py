@@ -456,7 +456,6 @@ def test_the_export_command_writes_eagle3_heads_and_refuses_others_in_one_line(
 ):
     from mlx_spec.cli.export import main
     from mlx_spec.loading import load_pair
-
     from mlx_spec.train.evaluate import engine_acceptance
 
     model, tokenizer, _ = load_pair(str(checkpoints["llama"]), None)

@@ -12,8 +12,8 @@ from typing import Optional
 
 import mlx_lm.server as lm_server
 
-from ..limits import context_window
 from ..config import SpecConfig
+from ..limits import context_window
 from .requests import (
     POST_PATHS,
     STATS_FIELD,

@@ -104,7 +104,9 @@ def corpus_stage(args, model, out: Path):
         from .draft import DEFAULT_FEATURE_WEIGHT
 
         weight = args.feature_weight
-        layers = [FINAL] if (DEFAULT_FEATURE_WEIGHT if weight is None else weight) else []
+        layers = (
+            [FINAL] if (DEFAULT_FEATURE_WEIGHT if weight is None else weight) else []
+        )
     else:
         layers = H.head_feature_layers(
             args, args.kind, len(feature_owner(model).layers)
