@@ -341,6 +341,30 @@ def test_a_draft_card_names_the_requests_the_target_wrote_itself():
     assert "prompts (3 chat, 2 self)" in card({"chat": 3, "self": 2})
 
 
+def test_a_draft_card_trained_on_a_corpus_names_it_and_its_warm_start():
+    from mlx_spec.train.card import model_card
+
+    data = {
+        "corpus": "c",
+        "train_prompts": 3,
+        "train_sets": {"chat": 3},
+        "train_prompt_tokens": 7,
+        "train_completion_tokens": 9,
+        "heldout_prompts": 1,
+        "heldout_completion_tokens": 2,
+        "top_k": 8,
+    }
+    config = {"data": data, "training": {"config": {"init_from": "models/old"}}}
+    text = model_card(config, "mlx_spec train-draft", None)
+    assert "Self-distillation on the corpus `c`" in text
+    assert "warm-started from the draft in `models/old`" in text
+    # Nothing of a run that wrote its own completions is claimed.
+    data_section = text.split("## Data")[1].split("## Training")[0]
+    for words in ("built-in prompts", "None", "generation took"):
+        assert words not in data_section, words
+    assert "data folder" not in text
+
+
 @pytest.mark.parametrize(
     "kind, reads",
     [

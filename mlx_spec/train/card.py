@@ -83,25 +83,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "",
         "## Data",
         "",
-        "Self-distillation: the target answered built-in prompts (`mlx_spec.train.prompts`: "
-        "chat requests from templates, code, editing and summarize tasks built from the "
-        "Python standard library)"
-        + (
-            ", and requests it wrote itself (`--self-instruct`, set `self`),"
-            if "self" in data.get("train_sets", {})
-            else ""
-        )
-        + " through its chat template, with mlx-lm's `BatchGenerator`.",
-        "",
-        f"- training: {data.get('train_prompts')} prompts "
-        f"({_prompt_sets(data.get('train_sets', {}))}), "
-        f"{data.get('train_prompt_tokens')} prompt tokens, "
-        f"{data.get('train_completion_tokens')} completion tokens ({_sampling(data)});",
-        f"- held out (no shared topic or module): {data.get('heldout_prompts')} prompts, "
-        f"{data.get('heldout_completion_tokens')} completion tokens;",
-        f"- soft labels: the target's top-{data.get('top_k')} next-token law at every "
-        "completion token;",
-        f"- generation took {data.get('generation_minutes')} min of wall time.",
+        *_draft_data_lines(data),
         "",
         "## Training",
         "",
@@ -111,6 +93,11 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         f"top-K law + {_fmt(1 - tc.get('soft_weight', 0.5), 2)} x cross-entropy of the "
         "written token, over completion tokens;",
         *_rollout_lines(tc),
+        *(
+            [f"- warm-started from the draft in `{tc['init_from']}`;"]
+            if tc.get("init_from")
+            else []
+        ),
         f"- {training.get('tokens_seen')} completion tokens seen; final training loss "
         f"{_fmt(training.get('final_loss'))};",
         f"- time of the last run of each stage: {config.get('timing', {}).get('summary', '-')}.",
@@ -182,11 +169,56 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         command,
         "```",
         "",
-        "The command resumes where it stopped (completions in the data folder, "
-        "`--data` or `data/`, checkpoints in `checkpoints/`, both git-ignored).",
+        "The command resumes where it stopped (checkpoints in `checkpoints/`, "
+        + (
+            "git-ignored; the target's laws over the corpus are cached outside git)."
+            if "corpus" in data
+            else "completions in the data folder, `--data` or `data/`, both git-ignored)."
+        ),
         "",
     ]
     return "\n".join(lines)
+
+
+def _draft_data_lines(data: Dict) -> List[str]:
+    """The draft card's data section: the corpus, or the completions written for the run."""
+    how = "by prompt source" if "corpus" in data else "no shared topic or module"
+    split = [
+        f"- held out ({how}): {data.get('heldout_prompts')} "
+        f"prompts, {data.get('heldout_completion_tokens')} completion tokens;",
+        f"- soft labels: the target's top-{data.get('top_k')} next-token law at every "
+        "completion token;",
+    ]
+    training = (
+        f"- training: {data.get('train_prompts')} prompts "
+        f"({_prompt_sets(data.get('train_sets', {}))}), "
+        f"{data.get('train_prompt_tokens')} prompt tokens, "
+        f"{data.get('train_completion_tokens')} completion tokens"
+    )
+    if "corpus" in data:  # written by mlx_spec corpus grow (its card says how)
+        return [
+            f"Self-distillation on the corpus `{data['corpus']}`: the target's own "
+            "completions, kept as token ids by `mlx_spec corpus grow` (its card says "
+            "how they were written); the target's laws come from one prefill.",
+            "",
+            training + ";",
+            *split,
+        ]
+    return [
+        "Self-distillation: the target answered built-in prompts (`mlx_spec.train.prompts`: "
+        "chat requests from templates, code, editing and summarize tasks built from the "
+        "Python standard library)"
+        + (
+            ", and requests it wrote itself (`--self-instruct`, set `self`),"
+            if "self" in data.get("train_sets", {})
+            else ""
+        )
+        + " through its chat template, with mlx-lm's `BatchGenerator`.",
+        "",
+        training + f" ({_sampling(data)});",
+        *split,
+        f"- generation took {data.get('generation_minutes')} min of wall time.",
+    ]
 
 
 def head_card(config: Dict, command: str) -> str:
