@@ -447,3 +447,14 @@ def test_a_head_card_names_the_corpus_it_was_trained_on():
         "- Prompts: 2 chat, 1 code; 30 prompt and 90 completion tokens of the "
         "corpus `smollm2-135m-corpus`."
     )
+
+
+@pytest.mark.parametrize("init_from", ["models/old-head", ""])
+def test_a_head_card_names_the_head_it_warm_started_from(init_from):
+    from mlx_spec.train.card import head_card
+
+    config = {"training": {"config": {"kind": "eagle", "init_from": init_from}}}
+    card = head_card(config, "mlx_spec train-draft --kind eagle")
+    assert ("Warm-started from the head in `models/old-head`." in card) == bool(
+        init_from
+    )

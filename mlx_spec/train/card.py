@@ -253,6 +253,11 @@ def head_card(config: Dict, command: str) -> str:
         f"covers {training.get('draft_vocab_coverage', 0):.1%} of the target's top "
         "choices on the training completions.",
         *_head_data_lines(data),
+        *(
+            [f"- Warm-started from the head in `{head['init_from']}`."]
+            if head.get("init_from")
+            else []
+        ),
         f"- Final loss: {'n/a' if loss is None else loss}.",
         f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
         f"tokens per chain round: {last.get('tokens_per_round')}.",
