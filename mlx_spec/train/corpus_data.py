@@ -61,14 +61,11 @@ def _cached(folder: Path, stem: str, layers: Sequence[int]):
 
 
 def _select(part: HeadData, held: Sequence[int], layers: Sequence[int]) -> HeadData:
-    """``part`` with only the features of ``layers``, in that order."""
+    """``part`` with only the features of ``layers`` (non-empty), in that order."""
     if list(held) == list(layers):
         return part
-    width = part.features[0].shape[1] // len(held) if held else 0
-    columns = np.concatenate(
-        [np.arange(width) + width * list(held).index(i) for i in layers]
-        or [np.zeros(0, np.int64)]
-    )
+    width = part.features[0].shape[1] // len(held)
+    columns = np.concatenate([np.arange(width) + width * held.index(i) for i in layers])
     part.features = [f[:, columns] for f in part.features]
     return part
 
@@ -119,7 +116,9 @@ def corpus_completions(
         stem = f"{path.name.split('.')[0]}-{split}-{_key(manifest['target'], path, split, top_k)}"
         cached, held = _cached(folder, stem, feature_layers)
         if cached is not None:
-            part = _select(HeadData.load(cached), held, feature_layers)
+            part = HeadData.load(cached, features=bool(layers))
+            if layers:
+                part = _select(part, held, layers)
             temps, sets = _columns(path, split)
         else:
             cached = folder / f"{stem}-{_layers_tag(feature_layers)}.npz"

@@ -77,17 +77,23 @@ class HeadData:
         )
 
     @classmethod
-    def load(cls, path) -> "HeadData":
+    def load(cls, path, features: bool = True) -> "HeadData":
+        """A saved file; without ``features``, ``(T_i, 0)`` arrays stand for them."""
         data = np.load(path)
         cuts = np.cumsum(data["lengths"])[:-1]
 
         def split(name):
             return list(np.split(data[name], cuts))
 
+        tokens = split("tokens")
         return cls(
-            split("tokens"),
+            tokens,
             [int(s) for s in data["starts"]],
-            split("features"),
+            (
+                split("features")
+                if features
+                else [np.zeros((len(t), 0), np.float16) for t in tokens]
+            ),
             split("teacher_ids"),
             split("teacher_logp"),
         )
