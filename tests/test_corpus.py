@@ -447,6 +447,16 @@ def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
     assert all("tokens_per_round" in p and "conditional_by_depth" in p for p in curve)
     card = (second / "README.md").read_text()
     assert "Learning curve" in card and f"| {curve[1]['corpus_tokens']} |" in card
+    # The recipe of the run the chain began with stays, through any number of warm starts.
+    began = json.loads((first / "config.json").read_text())
+    third = tmp_path / "h3"
+    assert train_main([*base, "--out", str(third), "--init-from", str(second)]) == 0
+    for head in (second, third):
+        origin = json.loads((head / "config.json").read_text())["origin"]
+        assert origin == {
+            "recipe": began["training"]["config"],
+            "command": began["command"],
+        }
 
 
 def test_the_sweep_records_speed_by_batch_size_and_grow_uses_the_fastest(

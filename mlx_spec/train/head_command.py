@@ -342,6 +342,8 @@ def run_head_training(
         f"{config.steps} steps of {config.batch_size} x {config.window} tokens"
     )
     extra = {"command": command, "data": data_info or {}}
+    if config.init_from:
+        extra["origin"] = warm_start_origin(config.init_from)
     trainer = train_head(
         model,
         data,
@@ -356,6 +358,17 @@ def run_head_training(
     write_card(out, command)
     log(f"wrote the {kind} head to {out} (use it with --draft-model {out})")
     return trainer
+
+
+def warm_start_origin(init_from) -> dict:
+    """The run a chain of warm starts began with: its recipe and command."""
+    from ..drafters.heads import read_head_config
+
+    config = read_head_config(init_from) or {}
+    return config.get("origin") or {
+        "recipe": config.get("training", {}).get("config", {}),
+        "command": config.get("command", ""),
+    }
 
 
 def write_card(out, command: str):
