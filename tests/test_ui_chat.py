@@ -185,7 +185,11 @@ def test_stop_between_prompt_slices_keeps_the_cache_consistent(
                 session.stop.set()
     session.stop.clear()
     assert turn.finish == "stopped" and turn.pieces == []
-    assert seen[:2] == [(0, len(prompt)), (FIRST_SLICE, len(prompt))]
+    # Reports that arrive together reach the browser as the last one, so a
+    # loaded CPU may merge the start (0) into the first slice's report.
+    dones = [done for done, _ in seen]
+    assert dones == sorted(set(dones)) and dones[0] in (0, FIRST_SLICE)
+    assert FIRST_SLICE in dones
     assert all(total == len(prompt) for _, total in seen)
     assert seen[-1][0] < len(prompt) - 1  # stopped in the prompt
     held = session.cache_tokens
