@@ -415,6 +415,11 @@ def _or(value, default):
     return default if value is None else value
 
 
+def draft_reads_features(args) -> bool:
+    """A draft needs the target's final state only to regress on it (``--feature-weight``)."""
+    return _or(args.feature_weight, D.DEFAULT_FEATURE_WEIGHT) > 0
+
+
 def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
     """The draft's training options: the arguments, defaults where left unset."""
     return D.DraftTrainConfig(

@@ -13,7 +13,7 @@ from typing import Dict, List
 from ..features import FINAL, feature_owner
 from . import completions as C
 from . import head_command as H
-from .cli_options import int_list
+from .cli_options import draft_reads_features, int_list
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
 
 
@@ -100,13 +100,8 @@ def corpus_stage(args, model, out: Path):
     from .corpus_data import corpus_completions
 
     corpus = Corpus(args.corpus)
-    if args.kind == "draft":  # features only for the regression on the final state
-        from .draft import DEFAULT_FEATURE_WEIGHT
-
-        weight = args.feature_weight
-        layers = (
-            [FINAL] if (DEFAULT_FEATURE_WEIGHT if weight is None else weight) else []
-        )
+    if args.kind == "draft":
+        layers = [FINAL] if draft_reads_features(args) else []
     else:
         layers = H.head_feature_layers(
             args, args.kind, len(feature_owner(model).layers)
@@ -234,7 +229,7 @@ def completions_stage(args, model, tokenizer, data_dir: Path, timing: Dict):
         batch_size=args.gen_batch,
         seed=args.seed,
         target=model_fingerprint(model),
-        features=args.kind != "draft" or bool(args.feature_weight),
+        features=args.kind != "draft" or draft_reads_features(args),
         feature_layers=kept_feature_layers(args, model, data_dir),
         progress=progress,
         log=log,
