@@ -303,6 +303,61 @@ def replay_chains(matches: Sequence[np.ndarray], gamma: int) -> Dict:
     }
 
 
+def token_rows(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """Target id -> row of a draft vocabulary ``token_ids``: ``(vocab_size,)``, ``-1`` outside."""
+    rows = np.full(vocab_size, -1, np.int32)
+    rows[np.asarray(token_ids, np.int64)] = np.arange(len(token_ids), dtype=np.int32)
+    return rows
+
+
+def greedy_matches(
+    draft: DistilledDraft,
+    data: Completions,
+    batches: Sequence[Sequence[int]],
+    to_draft: np.ndarray,
+    max_length: int,
+    subsets: Sequence[Optional[np.ndarray]] = (None,),
+) -> List[List[np.ndarray]]:
+    """Teacher-forced greedy matches of ``draft`` on the greedy completions of ``data``.
+
+    One forward per batch serves every subset: a subset restricts the
+    draft's argmax to some rows of its vocabulary.
+
+    Args:
+        draft: The draft.
+        data: Completions (only those of temperature 0 are read).
+        batches: Sequence indices per forward (:func:`plan_batches`).
+        to_draft: ``(V,)`` target id -> draft row (:func:`token_rows`).
+        max_length: Sequences are cut to this many tokens.
+        subsets: Per result, ``(k',)`` rows of the draft vocabulary its
+          argmax is taken over, or ``None`` for all of them.
+
+    Returns:
+        Per subset, per greedy completion ``(n,)`` bool: the draft's argmax
+        given the true prefix is completion token ``j``.
+    """
+    out: List[List[np.ndarray]] = [[] for _ in subsets]
+    ids = np.array(draft.lm_head.token_ids)
+    columns = [None if s is None else mx.array(np.asarray(s)) for s in subsets]
+    for index in batches:
+        index = [i for i in index if data.temps[i] == 0.0]
+        if not index:
+            continue
+        batch = make_batch(data, index, to_draft, max_length)
+        tokens, rows = mx.array(batch.tokens), mx.array(batch.rows)
+        logits = supervised_logits(draft, tokens, rows)  # (R, k)
+        cuts = np.cumsum(batch.counts)[:-1]
+        for matches, cols in zip(out, columns):
+            if cols is None:
+                best = mx.argmax(logits, axis=-1)
+            else:
+                best = cols[mx.argmax(mx.take(logits, cols, axis=-1), axis=-1)]
+            hit = ids[np.array(best)] == batch.target
+            parts = np.split(hit[: sum(batch.counts)], cuts)
+            matches.extend(m for m in parts if len(m))
+    return out
+
+
 # --------------------------------------------------------------------------- #
 # The trainer
 # --------------------------------------------------------------------------- #
@@ -341,8 +396,7 @@ class DraftTrainer:
             np.add.at(written, tokens[start:], 1)
         # Share of the training completions' tokens the draft can propose.
         self.coverage = float(written[ids].sum() / max(written.sum(), 1))
-        self.to_draft = np.full(vocab_size, -1, np.int32)
-        self.to_draft[ids] = np.arange(len(ids), dtype=np.int32)
+        self.to_draft = token_rows(ids, vocab_size)
         self.layers = target_layer_indices(target, config.layers)
         self.draft = build_draft(target, self.token_ids, self.layers)
         if trained is not None:
@@ -527,19 +581,9 @@ class DraftTrainer:
 
     def matches(self, data: Completions, batches: List[List[int]]) -> List[np.ndarray]:
         """Per greedy completion ``(n,)`` bool: the draft's argmax (true prefix) is the next token."""
-        out = []
-        ids = np.array(self.token_ids)
-        for index in batches:
-            index = [i for i in index if data.temps[i] == 0.0]
-            if not index:
-                continue
-            batch = make_batch(data, index, self.to_draft, self.config.max_length)
-            tokens, rows = mx.array(batch.tokens), mx.array(batch.rows)
-            best = mx.argmax(supervised_logits(self.draft, tokens, rows), axis=-1)
-            hit = ids[np.array(best)] == batch.target
-            cuts = np.cumsum(batch.counts)[:-1]
-            out.extend(m for m in np.split(hit[: sum(batch.counts)], cuts) if len(m))
-        return out
+        return greedy_matches(
+            self.draft, data, batches, self.to_draft, self.config.max_length
+        )[0]
 
     def evaluate(self) -> Dict:
         """Held-out loss and accuracy, and greedy acceptance replayed per draft length."""
