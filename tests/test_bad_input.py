@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from draft_dirs import write_draft
 
 from mlx_spec import cli
 
@@ -190,6 +191,17 @@ BAD = [
     # the umbrella
     (["frobnicate"], "frobnicate"),
 ]
+# python -m mlx_spec.bench.draft_shapes ({draft}: a distilled draft of 100 rows)
+SHAPES = ["--model", "{llama}", "--corpus", "{user}"]
+BAD_SHAPES = [
+    (SHAPES + ["--drafts", "{missing}"], "--drafts: '{missing}' does not exist"),
+    (SHAPES + ["--drafts", "{user}"], "--drafts: '{user}' holds no distilled draft"),
+    (SHAPES + ["--drafts", "{draft}", "--vocabs", "101"], "--vocabs 101"),
+    (SHAPES + ["--drafts", "{draft}", "--vocabs", "0"], "--vocabs must be >= 1"),
+    (SHAPES + ["--drafts", "{draft}", "--gammas", "0"], "--gammas must be >= 1"),
+    (SHAPES + ["--drafts", "{draft}", "--passes", "0"], "--passes must be >= 1"),
+    (SHAPES + ["--drafts", "{draft}"], "--corpus: '{user}' holds no corpus"),
+]
 UI = ["--model", "{llama}", "--no-preload"]
 BAD_UI = [
     (UI + ["--port", "0"], "--port=0"),
@@ -208,15 +220,17 @@ BAD_UI = [
 
 
 @pytest.fixture(scope="module")
-def places(checkpoints, tmp_path_factory):
+def places(checkpoints, load_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
     (root / "user").mkdir()
     (root / "user" / "notes.txt").write_text("mine")
     (root / "model.gguf").write_bytes(b"not a gguf")
     llama = root / "llama"  # a copy: a check that failed would write into it
     shutil.copytree(checkpoints["llama"], llama)
+    draft = write_draft(load_model("llama")[0], root / "draft", [1], 100)
     return {
         "llama": str(llama),
+        "draft": str(draft),
         "user": str(root / "user"),
         "file": str(root / "model.gguf"),
         "new": str(root / "new"),
@@ -290,6 +304,24 @@ def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
     _assert_one_line_exit_2(argv, _fill(field, places), capsys)
     assert _listing(places["user"]) == ["notes.txt"]
     assert _listing(places["llama"]) == target
+
+
+@pytest.mark.parametrize(
+    "argv, field", BAD_SHAPES, ids=[" ".join(b[0][-2:]) for b in BAD_SHAPES]
+)
+def test_a_bad_draft_shapes_flag_exits_2_in_one_line_naming_it(
+    places, deadline, capsys, argv, field
+):
+    from mlx_spec.bench import draft_shapes
+
+    kept = {name: _listing(places[name]) for name in ("user", "llama", "draft")}
+    with pytest.raises(SystemExit) as exit_info:
+        draft_shapes.main([_fill(a, places) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert _fill(field, places) in err and "Traceback" not in err, err
+    assert err.startswith(f"{draft_shapes.PROG}: error: "), err
+    assert {name: _listing(places[name]) for name in kept} == kept
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,22 @@ class VocabHead(nn.Module):
             self.biases = biases[0]
         self._quantization = quantization
 
+    def subset(self, rows: Sequence[int]) -> "VocabHead":
+        """A head over some of these rows only (same weights, quantized or not).
+
+        Args:
+            rows: ``(k',)`` rows of this head, increasing.
+        """
+        rows = mx.array([int(r) for r in rows], dtype=mx.int32)
+        ids = self._token_ids[rows].tolist()
+        head = VocabHead(int(self.weight.shape[1]), ids, self._vocab_size)
+        for name in ("weight", "scales", "biases"):
+            if name in self:
+                setattr(head, name, self[name][rows])
+        head._quantization = self._quantization
+        mx.eval(head.parameters())
+        return head
+
     def widen(self, small: mx.array) -> mx.array:
         """Columns of the subset ``(..., k)`` -> the full vocabulary ``(..., V)``,
         ``-inf`` elsewhere."""
