@@ -143,6 +143,11 @@ def test_costs_are_positive_in_target_forwards_for_every_width_and_step(target):
     assert sorted(costs["seconds"]["target"]) == [1, 2, 3]
 
 
+def test_the_spread_is_the_interquartile_range_of_the_passes():
+    assert S.spread([4.0, 1.0, 3.0, 2.0]) == pytest.approx(3.25 - 1.75)
+    assert S.spread([5.0]) == 0.0
+
+
 # --------------------------------------------------------------------------- #
 # The command, end to end
 # --------------------------------------------------------------------------- #
@@ -217,4 +222,6 @@ def test_the_command_reports_every_draft_vocabulary_and_gamma(
     assert sorted(report["verify"]) == ["1", "2", "3"]
     best = report["best"]["speed_flat"]
     assert "Best here" in printed and f"V = {best['vocab']}" in printed
-    assert printed.count("| d1 |") == 4 and printed.count("| d2 |") == 4
+    # One row per (draft, V), then one per (draft, V, γ).
+    assert printed.count("| d1 |") == 2 + 4 and printed.count("| d2 |") == 2 + 4
+    assert sorted(report["verify_spread"]) == ["1", "2", "3"]

@@ -43,12 +43,12 @@ from ..train.draft import (
     token_rows,
 )
 from ..train.draft_batches import plan_batches
-from .measure import DEFAULT_CONTEXT, ForwardTimer
+from .measure import DEFAULT_CONTEXT, ForwardTimer, fit_linear
 from .options import BARE_CHAIN
 
 PROG = "python -m mlx_spec.bench.draft_shapes"
 DEFAULT_GAMMAS = tuple(range(1, 9))
-DEFAULT_PASSES = 7
+DEFAULT_PASSES = 15
 DEFAULT_BATCH_TOKENS = 4096
 # Where a forward is bound by reading weights, verifying this many tokens
 # costs about one 1-token forward (benchmarks/README.md, "What carries across hardware").
@@ -221,7 +221,11 @@ def measure_costs(
 
     Returns:
         ``verify``: ``{w: v(w)}`` and ``step``: ``{name: c}`` in 1-token
-        target forwards; ``seconds``: the medians, ``{name: {width: s}}``.
+        target forwards; ``verify_spread`` and ``step_spread``: the
+        interquartile ranges of their samples, in the same unit (the noise);
+        ``verify_line``: the line ``a + b·w`` through ``v(w)``
+        (:func:`~mlx_spec.bench.measure.fit_linear`); ``seconds``: the
+        medians, ``{name: {width: s}}``.
     """
     timer = ForwardTimer(context=context, chain=chain or BARE_CHAIN)
     widths = range(1, max_width + 1)
@@ -233,14 +237,31 @@ def measure_costs(
             timer.sample(TARGET, target, width, repeats=1, warmup=warmup)
         for name, step in steps.items():
             timer.sample(name, step, 1, repeats=1, warmup=warmup)
-    seconds = timer.table()
+    seconds, samples = timer.table(), timer.samples()
     timer.close()
     unit = seconds[TARGET][1]
+    verify = {w: seconds[TARGET][w] / unit for w in widths}
+    line = fit_linear(list(verify), list(verify.values()))
     return {
-        "verify": {w: seconds[TARGET][w] / unit for w in widths},
+        "verify": verify,
+        "verify_spread": {w: spread(samples[TARGET][w]) / unit for w in widths},
+        "verify_line": {
+            "a": line.a,
+            "b": line.b,
+            "max_rel_residual": line.max_rel_residual,
+        },
         "step": {name: seconds[name][1] / unit for name in steps},
+        "step_spread": {name: spread(samples[name][1]) / unit for name in steps},
         "seconds": seconds,
     }
+
+
+def spread(times: Sequence[float]) -> float:
+    """Interquartile range of ``times`` (0 for fewer than two)."""
+    if len(times) < 2:
+        return 0.0
+    q1, q3 = np.percentile(np.asarray(times, float), [25, 75])
+    return float(q3 - q1)
 
 
 # --------------------------------------------------------------------------- #
@@ -334,6 +355,7 @@ def shape_study(
     )
     for shape in shapes:
         shape["step"] = costs["step"][shape["key"]]
+        shape["step_spread"] = costs["step_spread"][shape["key"]]
         shape["rows"] = speed_rows(
             matches[shape["key"]], gammas, shape["step"], costs["verify"]
         )
@@ -343,6 +365,8 @@ def shape_study(
         "context": context,
         "passes": passes,
         "verify": costs["verify"],
+        "verify_spread": costs["verify_spread"],
+        "verify_line": costs["verify_line"],
         "seconds": costs["seconds"],
         "shapes": shapes,
         "best": {
@@ -372,8 +396,9 @@ def _x(value: Optional[float]) -> str:
 
 
 def markdown(report: Dict) -> str:
-    """The study as markdown: verification costs, then one row per (draft, V, γ)."""
-    verify = report["verify"]
+    """The study as markdown: verification costs, one row per (draft, V) with
+    its best γ per speed column, one row per (draft, V, γ), and the best of all."""
+    verify, line = report["verify"], report["verify_line"]
     widths = sorted(verify)
     lines = [
         f"Held-out: {report['heldout_sequences']} greedy completions, "
@@ -383,17 +408,40 @@ def markdown(report: Dict) -> str:
         "| w | " + " | ".join(str(w) for w in widths) + " |",
         "|---|" + "---|" * len(widths),
         "| v(w) | " + " | ".join(f"{verify[w]:.2f}" for w in widths) + " |",
+        "| spread | "
+        + " | ".join(f"{report['verify_spread'][w]:.2f}" for w in widths)
+        + " |",
         "",
-        "| draft | layers | V | coverage | α | c | γ | τ | v(γ+1) | speed here | "
-        "speed, flat verify |",
+        f"A line through v(w): {line['a']:.2f} + {line['b']:.3f}·w, largest relative "
+        f"residual {line['max_rel_residual']:.2f}. Spread: the interquartile range "
+        "of the passes (the noise of the machine's load).",
+        "",
+        "| draft | layers | V | coverage | α | c | c spread | best γ here | speed here "
+        "| best γ, flat verify | speed, flat verify |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in report["shapes"]:
+        here, flat = best(s["rows"], "speed_here"), best(s["rows"], "speed_flat")
+        lines.append(
+            f"| {s['draft']} | {s['layers']} | {s['vocab']} | {s['coverage']:.3f} "
+            f"| {s['alpha']:.3f} | {s['step']:.3f} | {s['step_spread']:.3f} "
+            f"| {here['gamma']} | {_x(here['speed_here'])} "
+            f"| {flat['gamma'] if flat else '–'} | {_x(flat and flat['speed_flat'])} |"
+        )
+    lines += [
+        "",
+        "| draft | V | γ | τ | by position | v(γ+1) | speed here | speed, flat verify |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in report["shapes"]:
         for r in s["rows"]:
+            by_position = " ".join(
+                "–" if p is None else f"{p:.2f}" for p in r["by_position"]
+            )
             lines.append(
-                f"| {s['draft']} | {s['layers']} | {s['vocab']} | {s['coverage']:.3f} "
-                f"| {s['alpha']:.3f} | {s['step']:.3f} | {r['gamma']} | {r['tau']:.2f} "
-                f"| {r['verify']:.2f} | {_x(r['speed_here'])} | {_x(r['speed_flat'])} |"
+                f"| {s['draft']} | {s['vocab']} | {r['gamma']} | {r['tau']:.2f} "
+                f"| {by_position} | {r['verify']:.2f} | {_x(r['speed_here'])} "
+                f"| {_x(r['speed_flat'])} |"
             )
     lines.append("")
     titles = {
