@@ -15,7 +15,8 @@ from mlx_spec.bench import draft_shapes as S
 from mlx_spec.drafters.distilled import build_draft
 from mlx_spec.train.completions import Completions
 from mlx_spec.train.corpus import Corpus, Record, prompt_hash
-from mlx_spec.train.draft import greedy_matches, token_rows
+from mlx_spec.train.draft import greedy_matches
+from mlx_spec.train.head_data import token_rows
 
 STOPS = [0, 2]  # the tiny llama's stop tokens
 

@@ -40,9 +40,9 @@ from ..train.draft import (
     greedy_matches,
     replay_chains,
     token_counts,
-    token_rows,
 )
 from ..train.draft_batches import plan_batches
+from ..train.head_data import token_rows
 from .measure import DEFAULT_CONTEXT, ForwardTimer, fit_linear
 from .options import BARE_CHAIN
 

@@ -57,6 +57,7 @@ from .checkpoint import (
 )
 from .completions import Completions
 from .draft_batches import Batch, append_rows, make_batch, plan_batches
+from .head_data import token_rows
 from .precision import compute_dtype, computing_in
 from .rollout import (
     ROLLOUT_EVERY,
@@ -301,13 +302,6 @@ def replay_chains(matches: Sequence[np.ndarray], gamma: int) -> Dict:
             round(float(a) / r, 4) if r else None for a, r in zip(accepted_at, reached)
         ],
     }
-
-
-def token_rows(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
-    """Target id -> row of a draft vocabulary ``token_ids``: ``(vocab_size,)``, ``-1`` outside."""
-    rows = np.full(vocab_size, -1, np.int32)
-    rows[np.asarray(token_ids, np.int64)] = np.arange(len(token_ids), dtype=np.int32)
-    return rows
 
 
 def greedy_matches(

@@ -217,6 +217,13 @@ def draft_vocabulary(counts: np.ndarray, size: int) -> np.ndarray:
     return np.sort(order).astype(np.int32)
 
 
+def token_rows(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """Target id -> row of a draft vocabulary ``token_ids``: ``(vocab_size,)``, ``-1`` outside."""
+    rows = np.full(vocab_size, -1, np.int32)
+    rows[np.asarray(token_ids, np.int64)] = np.arange(len(token_ids), dtype=np.int32)
+    return rows
+
+
 def coverage(counts: np.ndarray, ids: np.ndarray) -> float:
     """Share of the counted top choices that ``ids`` contains."""
     total = counts.sum()

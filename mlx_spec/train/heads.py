@@ -46,7 +46,7 @@ from .checkpoint import (
     train_steps,
     write_checkpoint,
 )
-from .head_data import HeadData, coverage, draft_vocabulary, token_counts
+from .head_data import HeadData, coverage, draft_vocabulary, token_counts, token_rows
 from .precision import compute_dtype, computing_in
 
 # Defaults of HeadTrainConfig used as a library; train-draft's per-kind
@@ -240,9 +240,7 @@ class HeadTrainer:
         self.draft_ids = draft_ids
         ids = draft_ids if draft_ids is not None else np.arange(self.vocab_size)
         self.coverage = coverage(self.counts, ids)
-        to_draft = np.full(self.vocab_size, -1, np.int32)
-        to_draft[ids] = np.arange(len(ids), dtype=np.int32)
-        self.to_draft = to_draft
+        self.to_draft = token_rows(ids, self.vocab_size)
         self.draft_ids_mx = mx.array(ids.astype(np.int32))
         self.vocab_weight = output_weight(self.model, draft_ids)
 
