@@ -37,6 +37,7 @@ from ..train.completions import Completions
 from ..train.corpus import Corpus
 from ..train.draft import (
     DEFAULT_MAX_LENGTH,
+    greedy_alpha,
     greedy_matches,
     replay_chains,
     token_counts,
@@ -103,12 +104,6 @@ def greedy_completion_tokens(data) -> np.ndarray:
         t[s:] for t, s, temp in zip(data.tokens, data.starts, data.temps) if temp == 0
     ]
     return np.concatenate(parts) if parts else np.zeros(0, np.int32)
-
-
-def alpha(matches: Sequence[np.ndarray]) -> float:
-    """Per-token greedy acceptance: matched positions over all positions."""
-    total = sum(len(m) for m in matches)
-    return sum(int(m.sum()) for m in matches) / max(total, 1)
 
 
 # --------------------------------------------------------------------------- #
@@ -340,7 +335,7 @@ def shape_study(
                     "layers": len(draft.layers),
                     "vocab": v,
                     "coverage": coverage(kept, written),
-                    "alpha": alpha(m),
+                    "alpha": greedy_alpha(m),
                 }
             )
             steps[key] = SubsetStep(draft, rows)

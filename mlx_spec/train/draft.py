@@ -304,6 +304,12 @@ def replay_chains(matches: Sequence[np.ndarray], gamma: int) -> Dict:
     }
 
 
+def greedy_alpha(matches: Sequence[np.ndarray]) -> float:
+    """Per-token greedy acceptance: P(draft token == target token | true prefix)."""
+    total = sum(len(m) for m in matches)
+    return sum(int(m.sum()) for m in matches) / max(total, 1)
+
+
 def greedy_matches(
     draft: DistilledDraft,
     data: Completions,
@@ -600,13 +606,11 @@ class DraftTrainer:
         matches = self.matches(self.heldout, self.heldout_batches)
         chains = [replay_chains(matches, g) for g in EVAL_GAMMAS]
         best = max(chains, key=lambda c: c["tokens_per_forward"])
-        total = sum(len(m) for m in matches)
         summary = {
             "step": self.step,
             "heldout_loss": round(loss_sum / max(count, 1), 4),
             "heldout_accuracy": round(acc_sum / max(count, 1), 4),
-            # Per-token greedy acceptance: P(draft token == target token | true prefix).
-            "alpha": round(sum(int(m.sum()) for m in matches) / max(total, 1), 4),
+            "alpha": round(greedy_alpha(matches), 4),
             "chains": chains,
             "best_gamma": best["gamma"],
             "best_tokens_per_forward": best["tokens_per_forward"],
