@@ -299,6 +299,10 @@ def test_the_card_and_info_report_the_breakdown(tmp_path, capsys):
             ["grow", "--model", "m", "--out", "o", "--shard-minutes", "0"],
             "--shard-minutes",
         ),
+        (
+            ["grow", "--model", "m", "--out", "o", "--own-share", "1"],
+            "--own-share must be in [0, 1)",
+        ),
         (["info", "nowhere"], "holds no corpus"),
     ],
 )
@@ -539,3 +543,17 @@ def test_a_laws_only_request_reuses_a_heads_prefill_and_selects_its_layers(
         model, corpus, "train", feature_layers=(), cache=tmp_path / "fresh"
     )
     assert all(np.array_equal(a, b) for a, b in zip(wide.law_ids, fresh.law_ids))
+
+
+@pytest.mark.parametrize("share, every", [(0.5, 2), (0.25, 4), (0.1, 10)])
+def test_own_requests_take_their_share_of_the_run(share, every):
+    """With --own-share P, one job in 1/P is the target's own or a follow-up."""
+    jobs = list(G.interleave((f"t{i}" for i in range(40)), ["own"] * 100, share))
+    head = jobs[: 4 * every]
+    assert head.count("own") == 4
+    assert jobs.count("own") == 100 and jobs[-1] == "own"
+
+
+def test_no_own_share_keeps_them_for_the_end():
+    jobs = list(G.interleave(iter(["t0", "t1"]), ["own"], 0.0))
+    assert jobs == ["t0", "t1", "own"]

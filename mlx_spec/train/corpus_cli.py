@@ -78,6 +78,15 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         f"(default: {DEFAULT_SELF_INSTRUCT}).",
     )
     g.add_argument(
+        "--own-share",
+        type=float,
+        default=G.DEFAULT_FOLLOW_UP_SHARE,
+        metavar="P",
+        help="Share of the answered requests that are the target's own and "
+        "multi-turn follow-ups, spread through the template prompts "
+        f"(default: {G.DEFAULT_FOLLOW_UP_SHARE:g}).",
+    )
+    g.add_argument(
         "--cap-mb",
         type=float,
         help=f"Size cap of the shards in MB (default: the corpus's, else "
@@ -124,6 +133,8 @@ def _check(args):
         raise ValueError(f"--shard-minutes must be positive, got {args.shard_minutes}.")
     if args.self_instruct < 0:
         raise ValueError(f"--self-instruct must be >= 0, got {args.self_instruct}.")
+    if not 0 <= args.own_share < 1:
+        raise ValueError(f"--own-share must be in [0, 1), got {args.own_share}.")
     if args.cap_mb is not None and not 0 < args.cap_mb < math.inf:
         raise ValueError(f"--cap-mb must be positive, got {args.cap_mb}.")
     check_out(args)
@@ -185,7 +196,9 @@ def grow(args) -> int:
         _log(f"the target writes {args.self_instruct} requests of its own")
     own = G.self_jobs(model, tokenizer, args.self_instruct, known, temps, len(known))
     stream = G.template_jobs(tokenizer, _stream(args.seed), known, temps)
-    jobs = G.interleave(stream, own + follow, G.DEFAULT_FOLLOW_UP_SHARE)
+    # Own requests and follow-ups alternate, so that a short run reaches both.
+    chat = list(G.interleave(own, follow, 0.5))
+    jobs = G.interleave(stream, chat, args.own_share)
     _log(
         f"run {run}: {len(follow)} follow-ups, {len(own)} own requests, then the "
         f"template prompts; batch {args.batch_size}, up to {args.max_tokens} tokens"
