@@ -421,8 +421,15 @@ def test_the_prefill_is_cached_per_shard_and_only_new_shards_run(
     assert np.array_equal(grown_more.law_ids[-1], first.law_ids[0])
 
 
-def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
-    checkpoints, load_model, grown, tmp_path
+@pytest.mark.parametrize(
+    "kind, measures",
+    [
+        ("eagle", ("tokens_per_round", "conditional_by_depth")),
+        ("draft", ("alpha", "best_tokens_per_forward")),
+    ],
+)
+def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
+    kind, measures, checkpoints, load_model, grown, tmp_path
 ):
     from mlx_spec.train.cli import main as train_main
 
@@ -431,7 +438,7 @@ def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
         "--model",
         str(checkpoints["llama"]),
         "--kind",
-        "eagle",
+        kind,
         "--corpus",
         str(corpus.folder),
         "--cache",
@@ -441,6 +448,7 @@ def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
         "--eval-every",
         "2",
         "--no-progress",
+        *(["--skip-eval", "--draft-vocab", "64"] if kind == "draft" else []),
     ]
     first, second = tmp_path / "h1", tmp_path / "h2"
     assert train_main([*base, "--out", str(first), "--corpus-tokens", "20"]) == 0
@@ -448,7 +456,7 @@ def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
     curve = json.loads((second / "config.json").read_text())["data"]["learning_curve"]
     assert len(curve) == 2
     assert curve[0]["corpus_tokens"] < curve[1]["corpus_tokens"]
-    assert all("tokens_per_round" in p and "conditional_by_depth" in p for p in curve)
+    assert all(m in p for p in curve for m in measures)
     card = (second / "README.md").read_text()
     assert "Learning curve" in card and f"| {curve[1]['corpus_tokens']} |" in card
     # The recipe of the run the chain began with stays, through any number of warm starts.
@@ -461,6 +469,7 @@ def test_a_head_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curve(
             "recipe": began["training"]["config"],
             "command": began["command"],
         }
+    assert f"began with `{began['command']}`" in (third / "README.md").read_text()
 
 
 def test_the_sweep_records_speed_by_batch_size_and_grow_uses_the_fastest(

@@ -98,6 +98,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
             if tc.get("init_from")
             else []
         ),
+        *_origin_lines(config, "- the chain of warm starts began with `{}`;"),
         f"- {training.get('tokens_seen')} completion tokens seen; final training loss "
         f"{_fmt(training.get('final_loss'))};",
         f"- time of the last run of each stage: {config.get('timing', {}).get('summary', '-')}.",
@@ -180,6 +181,12 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
     return "\n".join(lines)
 
 
+def _origin_lines(config: Dict, line: str) -> List[str]:
+    """The command a chain of warm starts began with, if the drafter was warm-started."""
+    command = config.get("origin", {}).get("command")
+    return [line.format(command)] if command else []
+
+
 def _draft_data_lines(data: Dict) -> List[str]:
     """The draft card's data section: the corpus, or the completions written for the run."""
     how = "by prompt source" if "corpus" in data else "no shared topic or module"
@@ -258,6 +265,7 @@ def head_card(config: Dict, command: str) -> str:
             if head.get("init_from")
             else []
         ),
+        *_origin_lines(config, "- The chain of warm starts began with `{}`."),
         f"- Final loss: {'n/a' if loss is None else loss}.",
         f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
         f"tokens per chain round: {last.get('tokens_per_round')}.",

@@ -110,6 +110,8 @@ def run(args, argv: List[str]) -> int:
         "data": data_record,
         "command": command_line(argv),
     }
+    if config.init_from:  # the recipe of the run the chain of warm starts began with
+        extra["origin"] = H.warm_start_origin(config.init_from)
     trainer = D.train_draft(
         model,
         tokenizer,
