@@ -4,7 +4,11 @@ Each round :class:`AdaptiveController` picks the draft length ``gamma`` that
 maximises the expected number of tokens per second, from online estimates:
 
 * per-depth acceptance ``a_i = P(depth i accepted | depth i-1 accepted)``,
-  an exponential moving average per depth;
+  an exponential moving average per depth; depth 1 is the mean of a Beta
+  posterior: the prior counts as ``PRIOR_SHARE / ema`` rounds that never decay,
+  so two unlucky rounds cannot price a drafter out, and the rounds an arm
+  sits out (:meth:`AdaptiveController.rest`) age its evidence, so an arm
+  left out for low acceptance returns once that evidence is old;
 * the time of one draft step (EMA) and of one verification forward as a
   function of its width: an EMA per width, through which a line
   ``a + b * width`` is fitted (weighted by observations); the line, not the
@@ -53,11 +57,16 @@ GAMMA_LIMIT = 64
 # Pseudo-count pulling a depth (or budget) towards the one above it; a
 # depth observed every round carries weight ~1/ema, a stale one decays to 0.
 _SHRINK_WEIGHT = 0.5
+# The prior acceptance of depth 1 counts as this share of the rounds an EMA
+# window holds (2 rounds at ema 0.05); it does not decay, so the estimate is a
+# Beta posterior's mean over recent rounds.
+PRIOR_SHARE = 0.1
 _TINY = 1e-12
 # The next tree budget up is priced at this share of the last measured gain
 # slope: enough to climb where wide trees pay, damped where they do not.
 EXTRAPOLATE = 0.5
-# A round an arm sits out moves its acceptance this share back towards the prior.
+# A round an arm sits out keeps this share of its acceptance evidence: the
+# estimate returns to the prior, the sooner the less the evidence against it.
 REST_KEEP = 0.95
 
 
@@ -143,6 +152,10 @@ class AdaptiveController:
         init_budget (int, optional): Budget before any measurement. Default:
           the median of ``tree_budgets``.
         seed (int): Seed of the exploration RNG. Default: ``0``.
+        depth_weight (float, optional): Rounds' worth of evidence with which
+          each depth's estimate leans on the depth above, in ``(0, 1000]``.
+          Default: as much as depth 1 leans on its prior (``PRIOR_SHARE / ema``),
+          so one lucky round does not lengthen chains.
     """
 
     def __init__(
@@ -158,6 +171,7 @@ class AdaptiveController:
         tree_budgets: Optional[Sequence[int]] = None,
         init_budget: Optional[int] = None,
         seed: int = 0,
+        depth_weight: Optional[float] = None,
     ):
         self.gamma_max = _check_int("gamma_max", gamma_max, 1, GAMMA_LIMIT)
         self.gamma_min = _check_int("gamma_min", gamma_min, 0, gamma_max)
@@ -174,10 +188,13 @@ class AdaptiveController:
         self._keep = 1.0 - self.ema
         self._rng = random.Random(seed)
 
-        # Depth i (1-based) lives at index i - 1. Depth 1 starts from one
-        # pseudo-observation of the prior, which decays like real ones.
+        # Depth i (1-based) lives at index i - 1; depth 1 leans on the prior
+        # (as PRIOR_SHARE of a window's rounds), deeper ones on the depth above.
+        self._prior_weight = PRIOR_SHARE / self.ema
+        if depth_weight is None:
+            depth_weight = self._prior_weight
+        self.depth_weight = _check_float("depth_weight", depth_weight, _TINY, 1000.0)
         self._accept = [_Ema() for _ in range(self.gamma_max)]
-        self._accept[0] = _Ema(self.prior_acceptance, 1.0)
         self._draft_step = _Ema()
         self._overhead = _Ema()
         self._plain = _Ema()
@@ -215,7 +232,7 @@ class AdaptiveController:
         out = []
         prior = self.prior_acceptance
         for i, stat in enumerate(self._accept):
-            weight = _TINY if i == 0 else _SHRINK_WEIGHT
+            weight = self._prior_weight if i == 0 else self.depth_weight
             prior = stat.mean(prior, weight)
             out.append(prior)
         return out
@@ -385,11 +402,12 @@ class AdaptiveController:
 
     def rest(self, keep: float = REST_KEEP) -> None:
         """Note a round the arm was offered but did not run (it did not pay):
-        each depth's estimate moves ``1 - keep`` of the way back to the
-        prior, so an arm left out for low acceptance is tried again later."""
-        prior = self.prior_acceptance
+        its acceptance evidence ages by ``keep``, so each estimate moves back
+        towards its prior, slowly while much evidence holds it (an arm far
+        below paying, measured over many rounds, waits long) and fast when
+        little does; an arm left out for low acceptance is tried again."""
         for stat in self._accept:
-            stat.total = keep * stat.total + (1.0 - keep) * prior * stat.weight
+            stat.decay(keep)
 
     def _update_costs(self, verify_time, verify_width, overhead_time, plain=False):
         if plain:

@@ -20,7 +20,11 @@ TREE_START_BUDGET = 4
 SPLIT_FIRST = 4
 SPLIT_EVERY = 16
 # The acceptance memory of auto's chain arms (a window of about 1 / ARM_EMA rounds).
-ARM_EMA = 0.1
+ARM_EMA = 0.05
+LOOKUP_EMA = 0.1
+LOOKUP_DEPTH_WEIGHT = 0.5
+# The evidence an arm of auto keeps per round it sits out (AdaptiveController.rest).
+ARM_REST_KEEP = 0.99
 
 
 class RoundPlanner:
@@ -33,10 +37,11 @@ class RoundPlanner:
     guesswork and no extra sync is needed). Under greedy decoding that cost
     is the round's wall time (the output cannot depend on it); when sampling
     it comes from :func:`static_round_cost`, so a seed always gives the same
-    text.
+    text. ``clock`` (seconds; default :func:`time.perf_counter`) times the
+    rounds; a replay passes a modelled one.
     """
 
-    def __init__(self, config: SpecConfig, drafter, timed: bool):
+    def __init__(self, config: SpecConfig, drafter, timed: bool, clock=None):
         self.config = config
         self.drafter = drafter
         self.timed = timed
@@ -45,6 +50,9 @@ class RoundPlanner:
         self.pending = None  # the last round, until its cost is known
         self.planned = None  # the next round's (is_tree, size), once chosen
         self.tic = 0.0
+        self.clock = (
+            clock  # seconds (None: perf_counter); a replay passes a modelled one
+        )
         # Sharded, every rank decides with rank 0's measured costs.
         self.group = sharded_group()
         # Every round's cost by what it ran; it prices auto's arms against
@@ -137,7 +145,7 @@ class RoundPlanner:
         A measured round costs the time from its start to the next round's
         start, so per-round host work (commit, streaming) counts too.
         """
-        now = time.perf_counter()
+        now = time.perf_counter() if self.clock is None else self.clock()
         if self.pending is not None:
             self._record(now - self.tic)
         self.tic = now
@@ -200,6 +208,11 @@ class RoundPlanner:
         elif drafted or controller.gamma_min == 0:
             # With γ 0 allowed, a round that drafted nothing prices plain decoding.
             controller.update(drafted, accepted, 0.0, cost, width, draft_steps=0)
+        # Arms that sat this round out age their evidence (see AdaptiveController.rest).
+        for arm in getattr(self.drafter, "idle_arms", lambda: ())():
+            resting = self._controller(arm)
+            if resting is not None:
+                resting.rest(ARM_REST_KEEP)
         if hasattr(self.drafter, "observe"):
             self.drafter.observe(accepted + 1, cost, proposal.size)
 
@@ -269,9 +282,14 @@ def chain_controller(
         verify_slope=VERIFY_SLOPE + step_cost,
     )
     if not alone:
-        # auto compares its arms with plain rounds: steadier estimates, fewer
-        # rounds lost to an arm priced out by a short unlucky run.
-        options["ema"] = ARM_EMA
+        # auto compares its arms with plain rounds: a model's acceptance gets a
+        # longer memory (steadier estimates, no arm priced out by a short
+        # unlucky run), lookup's (which follows its matches) a shorter one.
+        options["ema"] = ARM_EMA if step_cost > 0 else LOOKUP_EMA
+    if step_cost == 0:
+        # A lookup draft's later tokens follow its first (a copy runs on):
+        # its deeper depths lean little on the depth above.
+        options["depth_weight"] = LOOKUP_DEPTH_WEIGHT
     alpha = acceptance_estimate
     if alpha is None:
         options["init_gamma"] = min(config.num_draft_tokens, gamma_max)

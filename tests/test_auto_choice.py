@@ -140,16 +140,53 @@ def simulate(machine, acceptance, rounds=300, tree=False, seed=0, monkeypatch=No
     return log, planner
 
 
+def speed(log, machine):
+    """Tokens per second of a simulated run, relative to plain rounds."""
+    seconds = sum(machine(n if s else None, s, s + 1) for n, s, _ in log)
+    return sum(a + 1 for _, _, a in log) / seconds * machine(None, 0, 1)
+
+
 def test_auto_runs_plain_rounds_when_acceptance_is_low(monkeypatch):
-    log, planner = simulate(cpu_like, lambda r: 0.1, tree=True, monkeypatch=monkeypatch)
-    drafting = [(name, size) for name, size, _ in log if name != "plain"]
-    assert len(drafting) <= 8, drafting  # a first round and a few probes
-    assert all(size == 1 for _, size in drafting)  # each drafts one token
-    assert "tree" not in {name for name, _ in drafting}  # no chain pays
-    time_auto = sum(cpu_like(n if s else None, s, s + 1) for n, s, _ in log)
-    tokens = sum(a + 1 for _, _, a in log)
-    plain_rate = 1 / cpu_like(None, 0, 1)
-    assert tokens / time_auto > 0.98 * plain_rate
+    for seed in range(3):
+        log, _ = simulate(
+            cpu_like, lambda r: 0.1, tree=True, seed=seed, monkeypatch=monkeypatch
+        )
+        drafting = [(name, size) for name, size, _ in log if name != "plain"]
+        assert len(drafting) <= 0.12 * len(log), drafting  # retries, now and then
+        assert all(size <= 2 for name, size in drafting if name == "draft")
+        assert speed(log, cpu_like) > 0.98
+
+
+def measured_cpu(arm, forwards, width):
+    """The costs auto measured on a 2-core CPU: a 60 ms step, each verified
+    token 0.09 of it and a draft step 0.117 (verifying 2/4/8: 1.09/1.27/1.63)."""
+    return 0.060 + 0.0054 * (width - 1) + 0.0070 * forwards
+
+
+def test_auto_keeps_drafting_one_token_where_that_pays(monkeypatch):
+    """At 35% acceptance a one-token draft earns 1.35 tokens for 1.21 steps
+    (1.12x): auto drafts most rounds, gains most of it, and no long chains."""
+    shares, speeds = [], []
+    for seed in range(4):
+        log, _ = simulate(
+            measured_cpu, lambda r: 0.35, seed=seed, monkeypatch=monkeypatch
+        )
+        shares.append(np.mean([name == "draft" for name, _, _ in log[30:]]))
+        speeds.append(speed(log, measured_cpu))
+        assert max(size for _, size, _ in log) <= 3
+    assert np.mean(shares) > 0.7, shares
+    assert np.mean(speeds) > 1.07, speeds
+
+
+def test_auto_falls_back_to_plain_where_one_token_loses(monkeypatch):
+    """At 10% acceptance a one-token draft earns 1.1 tokens for 1.21 steps:
+    auto runs plain rounds, retrying the draft now and then."""
+    for seed in range(4):
+        log, _ = simulate(
+            measured_cpu, lambda r: 0.1, seed=seed, monkeypatch=monkeypatch
+        )
+        assert np.mean([name == "plain" for name, _, _ in log[30:]]) > 0.8
+        assert speed(log, measured_cpu) > 0.98
 
 
 def test_auto_speculates_longer_chains_when_acceptance_is_high(monkeypatch):
@@ -176,26 +213,27 @@ def test_auto_prices_by_the_measured_machine(monkeypatch):
     assert np.mean([share(dear, seed) for seed in range(4)]) < 0.05
 
 
-def test_auto_probes_a_losing_arm_with_exponential_back_off(monkeypatch):
-    """A losing draft is probed after 16 rounds, then 32, 64, ... (each probe
-    one token); once it pays again, the next probe finds it and it stays."""
+def test_auto_retries_a_losing_draft_rarely_and_keeps_it_once_it_pays(monkeypatch):
+    """A draft left out for low acceptance comes back as the rounds it sits
+    out age that evidence: about every 30 rounds while nearly every draft is
+    rejected (each retry one token); once it pays again, a retry finds it
+    within a few dozen rounds and it stays."""
     turn = 400
-    log, _ = simulate(
-        cpu_like,
-        lambda r: 0.02 if r < turn else 0.95,
-        rounds=700,
-        seed=3,
-        monkeypatch=monkeypatch,
-    )
-    probes = [r for r, (name, _, _) in enumerate(log[:turn]) if name == "draft"]
-    assert all(size == 1 for name, size, _ in log[:turn] if name == "draft")
-    gaps = np.diff(probes).tolist()
-    assert 4 <= len(probes) <= 7, probes
-    # After the first rounds, each probe waits about twice as long as the last.
-    late = gaps[-3:]
-    assert late[0] >= 16 and all(1.8 < b / a < 2.2 for a, b in zip(late, late[1:]))
-    after = [name == "draft" for name, _, _ in log[turn + 260 :]]
-    assert np.mean(after) > 0.9
+    for seed in range(3):
+        log, _ = simulate(
+            cpu_like,
+            lambda r: 0.02 if r < turn else 0.95,
+            rounds=700,
+            seed=seed,
+            monkeypatch=monkeypatch,
+        )
+        retries = [r for r, (name, _, _) in enumerate(log[:turn]) if name == "draft"]
+        assert all(size == 1 for name, size, _ in log[:turn] if name == "draft")
+        assert 5 <= len(retries) <= 25, retries
+        assert np.median(np.diff(retries)) >= 20
+        back = next(r for r in range(turn, len(log)) if log[r][0] == "draft")
+        assert back - turn <= 60
+        assert np.mean([name == "draft" for name, _, _ in log[turn + 100 :]]) > 0.9
 
 
 @pytest.fixture

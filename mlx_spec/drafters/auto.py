@@ -12,10 +12,15 @@ cost at its best size: expected accepted tokens from the arm's acceptance
 by depth, over the round's cost from one cost model fitted to every
 round's measured cost (:class:`~mlx_spec.costs.MeasuredCosts`: a draft
 step per arm, verification by width). The best wins, so auto falls back to
-plain rounds as soon as no arm pays. An arm's first round and each later
-probe of an arm left behind draft one token; the probes come after
-``PROBE_AFTER`` rounds, twice as long after each probe whose draft is
-rejected. The cost is wall time under greedy decoding and the fixed cost
+plain rounds as soon as no arm pays. The first round is plain (it prices
+plain rounds, against which every arm is priced), and a plain round is
+measured again after ``PROBE_AFTER`` rounds behind an arm, twice as long
+after each one that stays behind. An arm's first round drafts one token. A
+chain arm that sits a round out ages its acceptance evidence
+(:meth:`~mlx_spec.adaptive.AdaptiveController.rest`), so one left out for
+low acceptance comes back, the later the more rounds said it loses; a tree
+left behind is probed after ``PROBE_AFTER`` rounds, twice as long after each
+probe whose draft is rejected. The cost is wall time under greedy decoding and the fixed cost
 model when sampling (so a seed always gives the same text); see
 ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds and the context, so the output stays exact.
@@ -28,13 +33,16 @@ from .base import Proposal, RoundState
 from .lookup import MIN_ACCEPTANCE, make_lookup_drafter
 from .model import make_model_drafter
 
-# An arm left behind is probed again (one drafted token) after this many
-# rounds; each probe whose draft is rejected doubles its wait, up to
-# MAX_PROBE_AFTER, and an arm that leads again waits PROBE_AFTER.
+# A tree left behind is probed again after this many rounds; each probe whose
+# draft is rejected doubles its wait, up to MAX_PROBE_AFTER, and an arm that
+# leads again waits PROBE_AFTER. Plain rounds behind a drafting arm are
+# measured again on the same schedule (a chain left behind comes back as its
+# idle rounds age its evidence, see AdaptiveController.rest).
 PROBE_AFTER = 16
 MAX_PROBE_AFTER = 512
-# A tree's first round waits until a chain arm has run this many rounds (and
-# is expected to beat plain rounds on what they measured, not on its prior).
+# A tree's first round waits until a chain arm has run this many rounds in a
+# row (and is expected to beat plain rounds on what they measured, not on its
+# prior: a chain back from a rest for a round or two does not count).
 TREE_AFTER = 4
 # While lookup rounds earn less than the best other choice (measured: decayed
 # tokens over decayed cost, LOOKUP_EMA), a match length is proposed only if its
@@ -69,6 +77,7 @@ class AutoDrafter:
         self.tries: Dict[str, int] = {}
         self.rounds = 0
         self.last_round: Dict[str, int] = {}  # the round each arm last ran
+        self.streak = (None, 0)  # the arm of the last rounds, and how many in a row
         self.wait: Dict[str, int] = {}  # rounds an arm left behind waits for a probe
         self.probing = False  # this round probes its arm with one drafted token
         self.current: Optional[str] = None
@@ -108,13 +117,17 @@ class AutoDrafter:
         """The arm of a round without a lookup match.
 
         The best expected rate wins (plain rounds as soon as no arm beats
-        them); an arm's first round and each probe of an arm left behind
-        draft one token, so trying costs little; a tree, unpriced until it
-        runs, gets its first round once a chain beats plain rounds.
+        them); the first round is plain, and plain rounds are measured again
+        now and then; a chain's first round drafts one token, so trying
+        costs little; a chain left behind returns as its evidence ages, a
+        tree left behind is probed; a tree, unpriced until it runs, gets its first round once a
+        chain that ran TREE_AFTER rounds in a row beats plain rounds.
         """
         self.probing = False
         if self.kept_all and self.current in self.choices:
             return self.current
+        if PLAIN in self.choices and not self.tries.get(PLAIN):
+            return PLAIN  # the first round prices plain rounds, which price every arm
         rates = self.expected_rates()
         priced = {name: r for name, r in rates.items() if r is not None}
         best = max(priced, key=priced.get) if priced else self.choices[0]
@@ -127,22 +140,38 @@ class AutoDrafter:
         for name in self.choices:
             if name in (PLAIN, best) or not self.tries.get(name):
                 continue
+            if not self._arm(name).is_tree:
+                continue  # a chain comes back as its idle rounds age its evidence
             waited = self.rounds - self.last_round.get(name, 0)
             if waited >= self.wait.get(name, PROBE_AFTER):
                 self.probing = True
                 return name
+        if best != PLAIN and PLAIN in self.choices:
+            # Plain rounds price every arm: measure one now and then, as
+            # rarely as drafting keeps beating them.
+            waited = self.rounds - self.last_round.get(PLAIN, 0)
+            if waited >= self.wait.get(PLAIN, PROBE_AFTER):
+                return PLAIN
         return best
+
+    def idle_arms(self) -> List:
+        """The arms this round's choice passed over (a lookup round passes
+        over none: it ran on a match, not for want of a better arm)."""
+        if self.current == LOOKUP:
+            return []
+        names = [c for c in self.choices if c not in (PLAIN, self.current)]
+        return [self.arms[name] for name in names]
 
     def _worth_trying(self, name: str, rates) -> bool:
         """A tree grows from a chain's drafts and verifies more tokens: it is
-        tried once a chain arm that has run TREE_AFTER rounds is expected
-        to beat plain rounds."""
+        tried once a chain arm that has run TREE_AFTER rounds in a row is
+        expected to beat plain rounds."""
         if PLAIN not in rates:
             return True
-        chains = [c for c in self.choices if c != PLAIN and not self._arm(c).is_tree]
-        chains = [c for c in chains if self.tries.get(c, 0) >= TREE_AFTER]
-        best = max((rates.get(c) or 0.0 for c in chains), default=0.0)
-        return best > rates[PLAIN]
+        chain, streak = self.streak
+        if chain in (None, PLAIN, LOOKUP) or self._arm(chain).is_tree:
+            return False
+        return streak >= TREE_AFTER and (rates.get(chain) or 0.0) > rates[PLAIN]
 
     def _lookup_drafts(self, seq: List[int]) -> bool:
         """Whether lookup has a match worth proposing on ``seq``: a stricter one
@@ -224,6 +253,8 @@ class AutoDrafter:
         self.rounds += 1
         self.last_round[name] = self.rounds
         self.kept_all = drafted > 0 and emitted == drafted + 1
+        last, streak = self.streak
+        self.streak = (name, streak + 1 if name == last else 1)
         if name == LOOKUP:
             # Tokens over cost, not a mean of per-round rates (rounds' times are noisy).
             tokens, spent = self.lookup_worth
@@ -233,10 +264,19 @@ class AutoDrafter:
 
     def _update_wait(self, name: str, accepted: bool):
         """Back off probing an arm that stays behind: each probe whose draft
-        is rejected doubles its wait; reset it once the arm leads."""
-        if name in (PLAIN, LOOKUP):
+        is rejected doubles its wait (each plain round measured behind an arm
+        doubles plain's); reset it once the arm leads."""
+        if name == LOOKUP:
             return
         rates = self.expected_rates()
+        if name == PLAIN:
+            best = max((r for r in rates.values() if r is not None), default=0.0)
+            if rates[PLAIN] >= best:
+                self.wait.pop(PLAIN, None)
+            else:
+                wait = self.wait.get(PLAIN, PROBE_AFTER // 2)
+                self.wait[PLAIN] = min(2 * wait, MAX_PROBE_AFTER)
+            return
         mine = rates.get(name)
         others = [r for c, r in rates.items() if c != name and r is not None]
         if mine is not None and mine >= max(others, default=0.0):
