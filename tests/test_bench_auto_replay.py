@@ -1,0 +1,111 @@
+"""``auto`` replayed on teacher-forced matches with a modelled clock (no timing)."""
+
+import numpy as np
+import pytest
+
+from mlx_spec.bench.auto_replay import (
+    CostModel,
+    family_speeds,
+    main,
+    markdown,
+    replay_auto,
+    replay_fixed,
+)
+
+CHEAP = CostModel(draft_step=0.05, verify_slope=0.01, catch_up=0.0)
+
+
+def distinct_tokens(n, start=1000):
+    """``n`` distinct ids: nothing for lookup to match."""
+    return list(range(start, start + n))
+
+
+def test_fixed_replay_accepts_each_run_and_prices_each_round():
+    costs = CostModel(draft_step=0.1, verify_slope=0.1, catch_up=1.0)
+    matches = np.array([1, 1, 0, 1, 0, 0], bool)
+    run = replay_fixed(matches, 2, costs)
+    # Rounds: 2 accepted (3 tokens), 1 accepted (2), then a plain last token.
+    assert run.drafted == [2, 2, 0] and run.tokens == 6
+    # The round after one that kept every draft reads 2 tokens (catch-up).
+    assert run.time == pytest.approx(1.4 + (1.4 + 0.1) + 1.0)
+
+
+def test_auto_drafts_long_chains_where_every_draft_is_accepted():
+    tokens = distinct_tokens(20 + 200)
+    run = replay_auto(tokens, 20, np.ones(200, bool), CHEAP, lookup=False)
+    assert run.tokens == 200
+    assert run.tokens / run.time > 2.5
+    assert max(run.drafted) >= 6
+
+
+def test_auto_runs_plain_rounds_where_no_draft_is_accepted():
+    tokens = distinct_tokens(20 + 300)
+    costs = CostModel()
+    run = replay_auto(tokens, 20, np.zeros(300, bool), costs, lookup=False)
+    assert run.tokens == 300
+    assert run.rounds.count("plain") > 0.85 * len(run.rounds)
+    assert run.tokens / run.time > 0.97
+
+
+def test_auto_copies_a_repeated_passage_with_lookup():
+    passage = distinct_tokens(60, start=5000)
+    prompt = distinct_tokens(10) + passage + distinct_tokens(5, start=9000)
+    tokens = prompt + passage
+    run = replay_auto(tokens, len(prompt), np.zeros(60, bool), CostModel())
+    assert run.tokens == 60
+    assert "lookup" in run.rounds
+    assert run.tokens / run.time > 2.0
+
+
+def test_noisy_costs_are_seeded():
+    tokens = distinct_tokens(20 + 100)
+    rng = np.random.default_rng(0)
+    matches = rng.random(100) < 0.5
+    runs = [
+        replay_auto(tokens, 20, matches, noise=0.3, seed=s, lookup=False)
+        for s in (1, 1, 2)
+    ]
+    assert runs[0].rounds == runs[1].rounds and runs[0].time == runs[1].time
+    assert all(r.tokens == 100 for r in runs)
+
+
+def test_family_speeds_per_family_and_overall():
+    rng = np.random.default_rng(1)
+    records = [
+        dict(
+            family=family,
+            tokens=np.array(distinct_tokens(80, start=100 * i)),
+            start=10,
+            matches=rng.random(70) < p,
+        )
+        for i, (family, p) in enumerate([("high", 0.9), ("low", 0.05)])
+    ]
+    speeds = family_speeds(records, CostModel(), gammas=(1, 4))
+    assert set(speeds) == {"high", "low", "all"}
+    assert set(speeds["all"]) == {"alpha", "auto", "γ=1", "γ=4"}
+    assert speeds["high"]["γ=4"] > speeds["high"]["γ=1"] > 1.0
+    assert speeds["low"]["γ=4"] < speeds["low"]["γ=1"] < 1.0
+    # A token budget replays each record's first tokens only.
+    cut = family_speeds(records[:1], CostModel(), gammas=(1,), max_tokens=30)
+    first = records[0]
+    alone = replay_auto(first["tokens"], 10, first["matches"][:30], max_tokens=30)
+    assert cut["all"]["auto"] == pytest.approx(alone.tokens / alone.time)
+    assert alone.tokens == 30
+    table = markdown(speeds, CostModel())
+    assert table.splitlines()[-1].startswith("| all |")
+    assert "| high |" in table and "γ=4" in table
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--corpus", "x", "--max-tokens", "1"], "--max-tokens must be >= 2"),
+        (["--corpus", "x", "--noise", "-1"], "must be >= 0"),
+    ],
+)
+def test_bad_arguments_exit_with_a_one_line_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
