@@ -84,56 +84,137 @@ def residual_probs(p: mx.array, q: mx.array) -> mx.array:
     return mx.where(total > 0, residual / mx.maximum(total, 1e-30), p)
 
 
+def draw_from_probs(probs: mx.array, uniforms: Optional[mx.array] = None) -> mx.array:
+    """One token per row of ``probs`` ``(..., V)`` by inverse transform sampling.
+
+    One uniform and a cumulative sum per row, where ``mx.random.categorical``
+    would draw V Gumbel variates (and need the log of ``probs``). A token of
+    zero probability is never drawn.
+
+    Args:
+        probs: ``(..., V)`` non-negative, each row with positive mass
+          (normalised or not).
+        uniforms: Optional ``(...)`` uniforms in [0, 1) (tests pass them).
+
+    Returns:
+        ``(...)`` int32 token ids.
+    """
+    if uniforms is None:
+        uniforms = mx.random.uniform(shape=probs.shape[:-1])
+    cdf = mx.cumsum(probs, axis=-1)
+    total = cdf[..., -1:]
+    # Strictly below the total, even where u * total rounds up to it.
+    below = mx.minimum(uniforms[..., None] * total, total * (1.0 - 2.0**-23))
+    return mx.argmax(cdf > below, axis=-1).astype(mx.int32)
+
+
 def acceptance_probability(
-    draft_tokens: mx.array, target_logprobs: mx.array, draft_logprobs: mx.array
+    draft_tokens: mx.array,
+    target_logprobs: mx.array,
+    draft_logprobs: Optional[mx.array],
+    draft_columns: Optional[mx.array] = None,
 ) -> mx.array:
     """``min(1, p_i(d_i) / q_i(d_i))`` for each draft token.
 
     Args:
         draft_tokens: ``(..., γ)``.
-        target_logprobs: ``(..., γ', V)`` with ``γ' >= γ`` (the first γ rows count).
-        draft_logprobs: ``(..., γ, V)``.
+        target_logprobs: ``(..., γ', V)`` with ``γ' >= γ`` (the first γ rows
+          count), normalised or not (any per-row shift: each row is
+          normalised here).
+        draft_logprobs: ``(..., γ, V)``, or ``(..., γ, C)`` over ``draft_columns``;
+          ``None`` for point masses (``q_i(d_i) = 1``).
+        draft_columns: Optional ``(C,)`` distinct target ids of the columns of
+          ``draft_logprobs`` (the draft's law is zero elsewhere).
 
     Returns:
         ``(..., γ)``.
     """
     gamma = draft_tokens.shape[-1]
     index = draft_tokens[..., None].astype(mx.int32)
-    log_p = mx.take_along_axis(target_logprobs[..., :gamma, :], index, axis=-1)
-    log_q = mx.take_along_axis(draft_logprobs, index, axis=-1)
-    return mx.minimum(mx.exp(log_p[..., 0] - log_q[..., 0]), 1.0)
+    rows = target_logprobs[..., :gamma, :]
+    log_p = mx.take_along_axis(rows, index, axis=-1)[..., 0]
+    log_p = log_p - mx.logsumexp(rows, axis=-1)
+    if draft_logprobs is not None:
+        if draft_columns is not None:  # each draft's column in the subset
+            index = mx.argmax(index == draft_columns, axis=-1, keepdims=True)
+        log_p = log_p - mx.take_along_axis(draft_logprobs, index, axis=-1)[..., 0]
+    return mx.minimum(mx.exp(log_p), 1.0)
+
+
+def _draft_probs_at(
+    draft_logprobs: Optional[mx.array],
+    draft_tokens: Optional[mx.array],
+    num_accepted: mx.array,
+    vocab_size: int,
+    sizes: Optional[mx.array],
+    draft_columns: Optional[mx.array] = None,
+) -> mx.array:
+    """The draft's law ``q_n`` ``(..., V)`` at position ``n = num_accepted``
+    (``γ >= 1``): zero at a row's bonus position (nothing was drafted there),
+    a point mass on ``d_n`` when ``draft_logprobs`` is ``None``. A law over
+    ``draft_columns`` is exponentiated on them only, then placed at full width."""
+    if draft_logprobs is None:
+        gamma = draft_tokens.shape[-1]
+        at = mx.minimum(num_accepted, gamma - 1)[..., None]
+        token = mx.take_along_axis(draft_tokens.astype(mx.int32), at, axis=-1)
+        q_n = mx.arange(vocab_size) == token
+    else:
+        gamma = draft_logprobs.shape[-2]
+        at = mx.minimum(num_accepted, gamma - 1)[..., None, None]
+        q_n = mx.exp(mx.take_along_axis(draft_logprobs, at, axis=-2)[..., 0, :])
+        if draft_columns is not None:
+            columns = mx.broadcast_to(draft_columns.astype(mx.int32), q_n.shape)
+            zeros = mx.zeros((*q_n.shape[:-1], vocab_size), q_n.dtype)
+            q_n = mx.put_along_axis(zeros, columns, q_n, axis=-1)
+    drafted = num_accepted < (gamma if sizes is None else sizes)
+    return mx.where(drafted[..., None], q_n, 0.0)
 
 
 def recovered_law(
     target_logprobs: mx.array,
-    draft_logprobs: mx.array,
+    draft_logprobs: Optional[mx.array],
     num_accepted: mx.array,
     sizes: Optional[mx.array] = None,
+    draft_tokens: Optional[mx.array] = None,
+    draft_columns: Optional[mx.array] = None,
 ) -> mx.array:
     """The law of the token emitted after ``num_accepted`` acceptances.
 
     ``normalize(max(0, p_n - q_n))`` after a rejection at position n, and
-    ``p_n`` (the bonus law) when all of a row's drafts were accepted.
+    ``p_n`` (the bonus law) when all of a row's drafts were accepted. Only
+    row n of either law is exponentiated.
 
     Args:
-        target_logprobs: ``(..., γ + 1, V)``.
-        draft_logprobs: ``(..., γ, V)``.
+        target_logprobs: ``(..., γ + 1, V)``, normalised or not (row n is
+          normalised here).
+        draft_logprobs: ``(..., γ, V)``, or ``(..., γ, C)`` over
+          ``draft_columns``; ``None`` for point masses on ``draft_tokens``.
         num_accepted: ``(...)``.
         sizes: Optional ``(...)`` drafts per row; default ``γ``.
+        draft_tokens: ``(..., γ)``, needed only for point masses.
+        draft_columns: Optional ``(C,)`` distinct target ids of the columns of
+          ``draft_logprobs``.
 
     Returns:
         ``(..., V)`` probabilities.
     """
-    # The bonus position has no draft law: q = 0 there, so the residual is p.
-    no_draft = mx.full(
-        draft_logprobs.shape[:-2] + (1, target_logprobs.shape[-1]), -mx.inf
-    )
-    log_q_rows = mx.concatenate([draft_logprobs, no_draft], axis=-2)
     at = num_accepted[..., None, None]
-    p_n = mx.exp(mx.take_along_axis(target_logprobs, at, axis=-2)[..., 0, :])
-    q_n = mx.exp(mx.take_along_axis(log_q_rows, at, axis=-2)[..., 0, :])
-    if sizes is not None:  # a row's own bonus position, before the padding
-        q_n = mx.where((num_accepted < sizes)[..., None], q_n, 0.0)
+    p_n = mx.softmax(mx.take_along_axis(target_logprobs, at, axis=-2)[..., 0, :], -1)
+    if draft_logprobs is None:
+        gamma = draft_tokens.shape[-1]
+    else:
+        gamma = draft_logprobs.shape[-2]
+    if gamma == 0:  # nothing was drafted: the bonus law
+        q_n = mx.zeros_like(p_n)
+    else:
+        q_n = _draft_probs_at(
+            draft_logprobs,
+            draft_tokens,
+            num_accepted,
+            p_n.shape[-1],
+            sizes,
+            draft_columns,
+        )
     return residual_probs(p_n, q_n)
 
 
@@ -143,6 +224,7 @@ def rejection_accept(
     draft_logprobs: Optional[mx.array],
     uniforms: Optional[mx.array] = None,
     sizes: Optional[mx.array] = None,
+    draft_columns: Optional[mx.array] = None,
 ) -> Tuple[mx.array, mx.array]:
     """Leviathan et al. rejection sampling over a chain of draft tokens.
 
@@ -156,12 +238,17 @@ def rejection_accept(
 
     Args:
         draft_tokens: Proposals, shape ``(..., γ)``, drawn from ``draft_logprobs``.
-        target_logprobs: Processed target law, shape ``(..., γ + 1, V)``.
+        target_logprobs: Processed target law, shape ``(..., γ + 1, V)``, as
+          logprobs or as logits (any per-row shift): a row is normalised
+          only where it is read (the drafted rows' normalisers, and row n).
         draft_logprobs: Processed draft law, shape ``(..., γ, V)``; ``None`` for
           deterministic proposals (prompt lookup), i.e. point masses.
         uniforms: Optional ``(..., γ)`` uniforms in [0, 1) (tests pass them).
         sizes: Optional ``(...)`` drafts per row (columns past a row's size
           are padding, never accepted). Default: ``γ``.
+        draft_columns: Optional ``(C,)`` distinct target ids: ``draft_logprobs``
+          is then ``(..., γ, C)``, the draft's law on these tokens (zero
+          elsewhere), which saves widening it to V.
 
     Returns:
         ``(num_accepted, next_token)``, each ``(...)``.
@@ -171,16 +258,21 @@ def rejection_accept(
         rows = draft_tokens.shape[:-1]
         law = target_logprobs[..., 0, :]
         return mx.zeros(rows, mx.int32), mx.random.categorical(law)
-    if draft_logprobs is None:
-        draft_logprobs = one_hot_logprobs(draft_tokens, target_logprobs.shape[-1])
     if uniforms is None:
         uniforms = mx.random.uniform(shape=draft_tokens.shape)
     accept = uniforms < acceptance_probability(
-        draft_tokens, target_logprobs, draft_logprobs
+        draft_tokens, target_logprobs, draft_logprobs, draft_columns
     )
     num_accepted = accepted_prefix_length(accept, sizes)
-    law = recovered_law(target_logprobs, draft_logprobs, num_accepted, sizes)
-    return num_accepted, mx.random.categorical(mx.log(law))
+    law = recovered_law(
+        target_logprobs,
+        draft_logprobs,
+        num_accepted,
+        sizes,
+        draft_tokens,
+        draft_columns,
+    )
+    return num_accepted, draw_from_probs(law)
 
 
 def tree_accept(

@@ -37,6 +37,7 @@ from .verify import (  # noqa: F401 (the token kinds are the engine's API too)
     TARGET,
     Law,
     LogitsProcessor,
+    emitted_logprobs,
     process_logits,
     token_kind,
     verify_chain,
@@ -263,9 +264,9 @@ def _generate(
     round_index = 0
 
     def choose(logits, drafted):
-        hist = None
-        if processors:
-            hist = mx.concatenate([history, *drafted]) if drafted else history
+        if not processors:
+            return law.draft_choice(logits)
+        hist = mx.concatenate([history, *drafted]) if drafted else history
         return law.draft_choice(process_logits(logits, hist, processors))
 
     prefilled = False
@@ -323,7 +324,7 @@ def _generate(
                             )
                         else:
                             verified = verify_tree(target, root, proposal, law)
-                packed, target_logprobs, decode = verified
+                packed, scores, decode = verified
                 extra = proposal.sync_data
                 if extra is not None:
                     packed = mx.concatenate(
@@ -345,7 +346,7 @@ def _generate(
 
                 # The round's single host sync.
                 sync_tic = time.perf_counter()
-                mx.eval(packed, target_logprobs)
+                mx.eval(packed)
                 values = packed.tolist()
                 if extra is not None:
                     values, proposal.sync_values = (
@@ -360,6 +361,9 @@ def _generate(
 
                 result = decode(values)
                 n, drafted = result.num_accepted, proposal.size
+                # Yielded with the tokens, computed while the next round is built.
+                logprobs = emitted_logprobs(scores, result.rows)
+                mx.async_eval(logprobs)
                 # The accepted rows' features, for the next round.
                 if capture is not None:
                     drafter.add_features(capture.take(), result.rows)
@@ -392,7 +396,7 @@ def _generate(
                     generated += 1
                     stats.generated_tokens = generated
                     stats.generation_time = time.perf_counter() - tic
-                    row = target_logprobs[result.rows[i]]
+                    row = logprobs[i]
                     yield TokenEvent(tok, row, i < n, kind, round_index, rejected)
                     if generated == config.max_tokens:
                         break

@@ -47,16 +47,17 @@ def normalize(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def processed_logprobs(logprobs: mx.array, params: SamplingParams) -> mx.array:
-    """Log-probabilities of the distribution ``make_sampler`` draws from.
+def sampling_logits(logprobs: mx.array, params: SamplingParams) -> mx.array:
+    """What ``make_sampler``'s categorical draws from: the filtered logprobs
+    over the temperature, unnormalised (a draw needs no normalisation).
 
     Args:
-        logprobs: Normalised log-probabilities, shape ``(..., V)``.
+        logprobs: Normalised log-probabilities, shape ``(..., V)``; with top-p
+          off, logits (normalised only up to a per-row constant) will do.
         params: A non-greedy sampling law.
 
     Returns:
-        Normalised log-probabilities of the same shape; filtered tokens get
-        ``-inf``.
+        Logits of the same shape; filtered tokens get ``-inf``.
     """
     vocab = logprobs.shape[-1]
     if 0 < params.top_p < 1.0:
@@ -68,7 +69,39 @@ def processed_logprobs(logprobs: mx.array, params: SamplingParams) -> mx.array:
         logprobs = apply_min_p(logprobs, params.min_p, keep)
     if 0 < params.top_k < vocab:
         logprobs = apply_top_k(logprobs, params.top_k)
-    return normalize(logprobs * (1.0 / params.temp))
+    return logprobs * (1.0 / params.temp)
+
+
+def processed_logprobs(logprobs: mx.array, params: SamplingParams) -> mx.array:
+    """Log-probabilities of the distribution ``make_sampler`` draws from.
+
+    Args:
+        logprobs: Normalised log-probabilities, shape ``(..., V)``.
+        params: A non-greedy sampling law.
+
+    Returns:
+        Normalised log-probabilities of the same shape; filtered tokens get
+        ``-inf``.
+    """
+    return normalize(sampling_logits(logprobs, params))
+
+
+def filter_input(logits: mx.array, params: SamplingParams) -> mx.array:
+    """``logits`` ``(..., V)`` as the filters may read them: normalised if top-p
+    (which reads probabilities) is on, else as they are (the other filters
+    and the temperature commute with a per-row shift)."""
+    return normalize(logits) if 0 < params.top_p < 1.0 else logits
+
+
+def law_of_logits(logits: mx.array, params: SamplingParams) -> mx.array:
+    """:func:`processed_logprobs` of ``normalize(logits)``, normalising once
+    unless top-p is on.
+
+    Args:
+        logits: ``(..., V)`` logits, or logprobs (any per-row shift).
+        params: A non-greedy sampling law.
+    """
+    return processed_logprobs(filter_input(logits, params), params)
 
 
 def make_sampler(
@@ -89,7 +122,7 @@ def make_sampler(
     def sampler(logprobs: mx.array) -> mx.array:
         if params.greedy:
             return mx.argmax(logprobs, axis=-1)
-        return mx.random.categorical(processed_logprobs(logprobs, params))
+        return mx.random.categorical(sampling_logits(logprobs, params))
 
     sampler.sampling_params = params
     return sampler

@@ -17,7 +17,13 @@ import mlx.core as mx
 from .acceptance import match_accept, rejection_accept, tree_accept
 from .attention.tree import Tree, tree_forward
 from .drafters.base import Proposal
-from .sampling import SamplingParams, normalize, processed_logprobs
+from .sampling import (
+    SamplingParams,
+    filter_input,
+    law_of_logits,
+    normalize,
+    sampling_logits,
+)
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 ACCEPTED, RECOVERED, BONUS, TARGET = "accepted", "recovered", "bonus", "target"
@@ -54,34 +60,44 @@ class Law:
         else:
             self.mode = "match"
 
-    def draft_choice(self, logprobs: mx.array) -> Tuple[mx.array, Optional[mx.array]]:
-        """Pick a draft token per row of ``logprobs`` ``(R, V)``; return them ``(R,)``
-        and their law ``(R, V)`` (``None`` unless rejection sampling needs it)."""
+    def draft_choice(self, logits: mx.array) -> Tuple[mx.array, Optional[mx.array]]:
+        """Pick a draft token per row of ``logits`` ``(R, V)`` (or logprobs: any
+        per-row shift); return them ``(R,)`` and their law ``(R, V)`` (``None``
+        unless rejection sampling needs it)."""
         if self.mode == "greedy":
-            return mx.argmax(logprobs, axis=-1), None
+            return mx.argmax(logits, axis=-1), None
         if self.mode == "rejection":
-            law = processed_logprobs(logprobs, self.params)
+            law = law_of_logits(logits, self.params)
             return mx.random.categorical(law), law
-        return self.sampler(logprobs), None
+        return self.sampler(normalize(logits)), None
 
-    def node_choices(self, target_logprobs: mx.array) -> mx.array:
-        """The target's own token at each row ``(N, V) -> (N,)``: argmax or a sample."""
+    def node_choices(self, target_logits: mx.array) -> mx.array:
+        """The target's own token at each row ``(N, V) -> (N,)``: argmax or a
+        sample. ``target_logits`` may be logits or logprobs (any per-row shift)."""
         if self.mode == "greedy":
-            return mx.argmax(target_logprobs, axis=-1)
+            return mx.argmax(target_logits, axis=-1)
         if self.mode == "match":
-            return self.sampler(target_logprobs)
-        return mx.random.categorical(processed_logprobs(target_logprobs, self.params))
+            return self.sampler(normalize(target_logits))
+        return mx.random.categorical(self._draw_logits(target_logits))
 
-    def accept(self, proposal: Proposal, target_logprobs: mx.array):
+    def _draw_logits(self, target_logits: mx.array) -> mx.array:
+        """What ``make_sampler`` draws from, without normalising more than it does."""
+        return sampling_logits(filter_input(target_logits, self.params), self.params)
+
+    def accept(self, proposal: Proposal, target_logits: mx.array):
         """Return ``(num_accepted, next_token)`` on device.
 
         Args:
             proposal: The round's draft tokens ``(γ,)`` and their law.
-            target_logprobs: The target's logprobs ``(γ + 1, V)``.
+            target_logits: The target's logits ``(γ + 1, V)``, or its logprobs
+              (any per-row shift).
         """
         if self.mode == "match":
+            target_logprobs = normalize(target_logits)
             return match_accept(proposal.tokens, self.sampler(target_logprobs))
-        return self.accept_rows(proposal.tokens, target_logprobs, proposal.logprobs)
+        return self.accept_rows(
+            proposal.tokens, target_logits, proposal.logprobs, columns=proposal.columns
+        )
 
     def accept_rows(
         self,
@@ -89,23 +105,37 @@ class Law:
         target_logprobs: mx.array,
         draft_logprobs: Optional[mx.array] = None,
         sizes: Optional[mx.array] = None,
+        columns: Optional[mx.array] = None,
     ) -> Tuple[mx.array, mx.array]:
         """``(num_accepted, next_token)`` of rows that share this law (greedy or
         rejection sampling), on device; one row is the single-sequence round.
 
+        Each row of the target's law is normalised at most once (top-p also
+        reads probabilities), only where acceptance reads it, and a plain step
+        (``γ = 0``) draws as ``make_sampler`` does, unnormalised.
+
         Args:
             drafts: ``(..., γ)`` draft tokens.
-            target_logprobs: ``(..., γ + 1, V)`` the target's normalised logprobs.
+            target_logprobs: ``(..., γ + 1, V)`` the target's logprobs, or its
+              logits (any per-row shift).
             draft_logprobs: ``(..., γ, V)`` the law each draft was drawn from
               (``None``: point masses, a deterministic proposal).
             sizes: Optional ``(...)`` drafts per row (the rest is padding).
+            columns: Optional ``(C,)`` target ids of ``draft_logprobs``'s
+              columns, a law over a vocabulary subset ``(..., γ, C)``.
         """
         if self.mode == "greedy":
             return match_accept(drafts, mx.argmax(target_logprobs, axis=-1), sizes)
         if self.mode == "match":
             raise ValueError("sample-and-match accepts one proposal: use Law.accept")
-        law = processed_logprobs(target_logprobs, self.params)
-        return rejection_accept(drafts, law, draft_logprobs, sizes=sizes)
+        if drafts.shape[-1] == 0:  # a plain step: a (1, V) row, as mlx_lm draws
+            row = self._draw_logits(target_logprobs[..., :1, :])
+            token = mx.random.categorical(row)[..., 0]
+            return mx.zeros(drafts.shape[:-1], mx.int32), token
+        law = self._draw_logits(target_logprobs)  # rows normalised where read
+        return rejection_accept(
+            drafts, law, draft_logprobs, sizes=sizes, draft_columns=columns
+        )
 
 
 def process_logits(
@@ -145,13 +175,18 @@ class RoundResult:
 
 
 def verify_chain(target, root, proposal, law, processors, history):
-    """Score ``[root, d_1..d_γ]`` in one target forward and accept on device."""
+    """Score ``[root, d_1..d_γ]`` in one target forward and accept on device.
+
+    Returns ``(packed, scores, decode)``: the round's ints for its sync, the
+    target's processed logits ``(γ + 1, V)`` (unnormalised: see
+    :func:`emitted_logprobs`) and the reader of the synced ints.
+    """
     logits = target(mx.concatenate([root, proposal.tokens]))
-    verify_history = None
+    scores = logits
     if processors:
         verify_history = mx.concatenate([history, proposal.tokens])
-    target_logprobs = process_logits(logits, verify_history, processors)
-    num_accepted, next_token = law.accept(proposal, target_logprobs)
+        scores = process_logits(logits, verify_history, processors)
+    num_accepted, next_token = law.accept(proposal, scores)
     packed = mx.concatenate(
         [
             num_accepted.reshape(1).astype(mx.uint32),
@@ -172,7 +207,7 @@ def verify_chain(target, root, proposal, law, processors, history):
             n == gamma,
         )
 
-    return packed, target_logprobs, decode
+    return packed, scores, decode
 
 
 def verify_tree(target, root, proposal, law):
@@ -183,9 +218,8 @@ def verify_tree(target, root, proposal, law):
             proposal.tokens.astype(mx.uint32), proposal.parents
         )
     tree = draft_tree.with_root(root)
-    logits = tree_forward(target.model, target.cache, tree)
-    target_logprobs = normalize(logits)
-    choices = law.node_choices(target_logprobs)
+    scores = tree_forward(target.model, target.cache, tree)
+    choices = law.node_choices(scores)
     deepest, num_accepted, next_token = tree_accept(
         tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, choices
     )
@@ -217,4 +251,10 @@ def verify_tree(target, root, proposal, law):
             not children,
         )
 
-    return packed, target_logprobs, decode
+    return packed, scores, decode
+
+
+def emitted_logprobs(scores: mx.array, rows: List[int]) -> mx.array:
+    """The target's logprobs ``(len(rows), V)`` of the emitted tokens' rows of
+    ``scores`` ``(N, V)``: only the rows a round emits are normalised."""
+    return normalize(scores[mx.array(rows)])

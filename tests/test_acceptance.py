@@ -9,6 +9,7 @@ import pytest
 
 from mlx_spec.acceptance import (
     acceptance_probability,
+    draw_from_probs,
     greedy_accept,
     match_accept,
     one_hot_logprobs,
@@ -16,6 +17,7 @@ from mlx_spec.acceptance import (
     rejection_accept,
 )
 from mlx_spec.sampling import SamplingParams, make_sampler, processed_logprobs
+from mlx_spec.verify import Law
 
 VOCAB = 5
 
@@ -75,18 +77,32 @@ SETTINGS = [
 ]
 
 
+# A draft whose law lives on these columns of the vocabulary (zero elsewhere).
+COLUMNS = [0, 2, 3]
+
+
 @pytest.mark.parametrize("params", SETTINGS, ids=str)
 @pytest.mark.parametrize("gamma", [1, 2])
-def test_round_law_equals_target_law(params, gamma):
+@pytest.mark.parametrize("form", ["logprobs", "shifted-target-and-draft-columns"])
+def test_round_law_equals_target_law(params, gamma, form):
     """Enumerate every draft and every acceptance outcome of one round.
 
     The law of the round's output sequence (first ``gamma + 1`` tokens,
     truncated where the round stops) must equal the target's own
-    autoregressive law to 1e-6.
+    autoregressive law to 1e-6. In the second form the target's rows come
+    unnormalised (each shifted by its own constant, as raw logits do) and
+    the draft's law is given over its columns only (a vocabulary subset).
     """
     target = _logits_table(1, gamma + 1)
     draft = _logits_table(2, gamma)
+    narrow = form != "logprobs"
+    if narrow:  # the draft can only propose COLUMNS
+        outside = np.setdiff1d(np.arange(VOCAB), COLUMNS)
+        for logits in draft.values():
+            logits[outside] = -np.inf
     p_law = {k: np.exp(np.array(_law(v, params))) for k, v in target.items()}
+    shifts = mx.array(np.random.default_rng(3).normal(size=(gamma + 1, 1)) * 5)
+    columns = mx.array(COLUMNS) if narrow else None
 
     emitted = {}  # output prefix -> probability
     for drafts in itertools.product(range(VOCAB), repeat=gamma):
@@ -96,11 +112,16 @@ def test_round_law_equals_target_law(params, gamma):
             continue
         p_rows = mx.stack([_law(target[drafts[:i]], params) for i in range(gamma + 1)])
         q_stack = mx.stack(q_rows)
-        ratios = acceptance_probability(mx.array(drafts), p_rows, q_stack).tolist()
+        if narrow:
+            p_rows, q_stack = p_rows + shifts, q_stack[:, columns]
+        ratios = acceptance_probability(
+            mx.array(drafts), p_rows, q_stack, columns
+        ).tolist()
         reach = 1.0
         for k in range(gamma + 1):
             stop = 1.0 - ratios[k] if k < gamma else 1.0
-            law = np.array(recovered_law(p_rows, q_stack, mx.array(k)))
+            law = recovered_law(p_rows, q_stack, mx.array(k), draft_columns=columns)
+            law = np.array(law)
             for token in range(VOCAB):
                 out = drafts[:k] + (token,)
                 emitted[out] = (
@@ -138,6 +159,69 @@ def test_point_mass_proposals_keep_target_law(params):
         total[d] += ratio
         total += (1 - ratio) * law
         np.testing.assert_allclose(total, np.exp(np.array(p_row)), atol=1e-6)
+
+
+def test_draw_from_probs_inverts_the_cdf_and_never_draws_zero_mass():
+    """Inverse transform sampling: N evenly spread uniforms draw each token
+    within one of N p times; tokens without mass (at either end too) are
+    never drawn, not even by uniforms at 0 or just below 1."""
+    probs = np.array([0.0, 0.2, 0.0, 0.5, 0.3, 0.0])
+    n = 1000
+    uniforms = mx.array((np.arange(n) + 0.5) / n, mx.float32)
+    rows = mx.broadcast_to(mx.array(probs * 3.0, mx.float32), (n, probs.size))
+    counts = np.bincount(np.array(draw_from_probs(rows, uniforms)), minlength=6)
+    assert np.abs(counts - n * probs).max() <= 1
+    edges = mx.array([0.0, 1.0 - 2.0**-24, 0.9999], mx.float32)
+    drawn = draw_from_probs(mx.broadcast_to(rows[0], (3, 6)), edges).tolist()
+    assert drawn == [1, 4, 4]
+
+
+def _spy(monkeypatch, owner, name):
+    """Record the calls of ``owner.name`` (their first argument)."""
+    calls, real = [], getattr(owner, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args[0] if args else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def test_a_sampled_round_draws_its_last_token_without_gumbel_noise(monkeypatch):
+    """The recovered or bonus token comes from one uniform and a cumulative
+    sum, not from ``categorical`` (V Gumbel variates over the log of the
+    residual law)."""
+    rng = np.random.default_rng(4)
+    logits = mx.array(rng.normal(size=(3, 50)).astype(np.float32))
+    q = processed_logprobs(mx.array(rng.normal(size=(2, 50)), mx.float32), SETTINGS[1])
+    categorical = _spy(monkeypatch, mx.random, "categorical")
+    for seed in range(5):
+        mx.random.seed(seed)
+        mx.eval(Law(SETTINGS[1]).accept_rows(mx.array([1, 2]), logits, q))
+    assert categorical == []
+
+
+def test_a_plain_sampled_step_draws_as_mlx_lm_without_normalising(monkeypatch):
+    """A round without drafts draws what mlx_lm's sampler draws from the same
+    random state, and normalises nothing on the way (the draw needs no
+    normalised law)."""
+    from mlx_lm.sample_utils import make_sampler as mlx_lm_sampler
+
+    logits = mx.array(np.random.default_rng(5).normal(size=(1, 64)) * 3, mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    empty = mx.zeros((0,), mx.uint32)
+    for params in (SamplingParams(temp=0.7), SamplingParams(temp=0.9, top_k=5)):
+        sampler = mlx_lm_sampler(params.temp, top_k=params.top_k)
+        for seed in range(8):
+            mx.random.seed(seed)
+            want = sampler(logprobs).item()
+            mx.random.seed(seed)
+            normalised = _spy(monkeypatch, mx, "logsumexp")
+            n, token = Law(params).accept_rows(empty, logprobs)
+            assert (n.item(), token.item()) == (0, want)
+            assert normalised == []
+            monkeypatch.undo()
 
 
 def test_processed_law_matches_mlx_lm_sampler_frequencies():

@@ -230,6 +230,32 @@ def test_multi_turn_prompt_cache_reuse(load_model):
     assert turn2 == plain_tokens(model, first + turn1 + second, 12)
 
 
+@pytest.mark.parametrize("temp", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_a_round_normalises_only_the_rows_it_reads(load_model, monkeypatch, temp):
+    """The target's logits are normalised for the tokens a round emits (their
+    logprobs are yielded), never for rejected positions. Sampling adds the
+    rows acceptance reads: the target's law at each drafted position and the
+    draft's law of each draft token (the recovered token's row is a softmax)."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    rows, logsumexp = [], mx.logsumexp
+
+    def spy(a, *args, **kwargs):
+        rows.append(a.size // a.shape[-1])
+        return logsumexp(a, *args, **kwargs)
+
+    monkeypatch.setattr(mx, "logsumexp", spy)
+    stats = SpecStats()
+    mx.random.seed(0)
+    sampler = mlx_spec.make_sampler(temp)
+    ids = tokenizer.encode(PROMPTS[1])
+    spec_tokens(model, draft, ids, 40, 4, stats=stats, sampler=sampler)
+    assert stats.accepted_tokens < stats.draft_tokens  # some rows were rejected
+    emitted = stats.accepted_tokens + stats.rounds
+    read = 0 if temp == 0 else 2 * stats.draft_tokens
+    assert sum(rows) == emitted + read
+
+
 def test_seed_makes_sampling_reproducible(load_model):
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")

@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Protocol, Tuple, Union
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams, normalize, processed_logprobs
+from ..sampling import SamplingParams, law_of_logits
 
 
 @dataclass
@@ -33,8 +33,9 @@ class Proposal:
 
     Attributes:
         tokens: Proposed tokens, shape ``(γ,)``.
-        logprobs: The processed law each token was drawn from, ``(γ, V)``;
-          ``None`` for deterministic proposals (point masses).
+        logprobs: The processed law each token was drawn from, ``(γ, V)``,
+          or ``(γ, C)`` over ``columns``; ``None`` for deterministic
+          proposals (point masses).
         forwards: Draft-model forward passes spent.
         parents: ``None`` for a chain; for a tree, ``(N,)`` parent of each
           node in topological order, ``-1`` for children of the root (the
@@ -54,6 +55,9 @@ class Proposal:
     # Seconds of one-off work in this round (a layer search), which the
     # adaptive controller leaves out of the round's cost.
     setup_time: float = 0.0
+    # Optional ``(C,)`` distinct target ids of the columns of ``logprobs``: a
+    # draft's law over its vocabulary subset (zero elsewhere), never widened.
+    columns: Optional[mx.array] = None
 
     @property
     def size(self) -> int:
@@ -73,7 +77,7 @@ class RoundState:
         seq: Every token of this call (prompt and generated); the last one
           is the pending input of the target.
         base: Cache offset before this call's prompt (earlier turns).
-        choose: Maps processed-by-processors logprobs ``(1, V)`` and the draft
+        choose: Maps the draft's logits ``(1, V)`` (or logprobs) and the draft
           history to ``(token (1,), law (1, V) or None)``.
         argmax: ``choose`` is the argmax of the raw logits (greedy decoding,
           no logits processors): a drafter may take it over its own
@@ -140,11 +144,12 @@ def subset_choice(
         ``(column (1,), law (1, C) or None)``: the argmax (greedy), or a draw
         from ``state.params``'s law, which filters and rescales the subset's
         columns exactly as it would at full width (the other columns carry
-        no mass); widen the law to the target's columns for acceptance.
+        no mass); a proposal carries it with its columns
+        (:attr:`Proposal.columns`), never widened to the target's vocabulary.
     """
     if state.argmax:
         return mx.argmax(logits, axis=-1), None
-    law = processed_logprobs(normalize(logits), state.params)
+    law = law_of_logits(logits, state.params)
     return mx.random.categorical(law), law
 
 

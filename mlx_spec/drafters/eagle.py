@@ -159,9 +159,12 @@ class EagleDrafter(TreeDrafter):
             if i + 1 < gamma:
                 g = self.context.step(g, token, position + i)
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
+        columns = None  # a law over the draft vocabulary's columns
         if logprobs is not None and state.subset_choice_ok:
-            logprobs = vocab.widen(logprobs)  # (γ, C) -> (γ, V), once per round
-        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
+            columns = vocab.all_ids
+        return Proposal(
+            mx.concatenate(tokens), logprobs, forwards=len(tokens), columns=columns
+        )
 
     # Tree hooks of TreeDrafter: the root's and each level's draft logprobs,
     # over the draft vocabulary only (children are ranked there, not at 49k wide).

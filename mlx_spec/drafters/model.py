@@ -86,9 +86,10 @@ class ModelDrafter:
             if i + 1 < gamma and not confident(logits, self.p_min):
                 break
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
-        if logprobs is not None and subset is not None:
-            logprobs = subset.widen(logprobs)  # (γ, k) -> (γ, V), once per round
-        return Proposal(mx.concatenate(tokens), logprobs, forwards=len(tokens))
+        columns = None if logprobs is None or subset is None else subset.token_ids
+        return Proposal(
+            mx.concatenate(tokens), logprobs, forwards=len(tokens), columns=columns
+        )
 
     is_tree = False
 
