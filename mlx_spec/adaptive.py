@@ -54,8 +54,8 @@ DEFAULT_EXPLORE = 0.05
 DEFAULT_VERIFY_SLOPE = 0.1
 GAMMA_LIMIT = 64
 
-# Pseudo-count pulling a depth (or budget) towards the one above it; a
-# depth observed every round carries weight ~1/ema, a stale one decays to 0.
+# Pseudo-count pulling a tree budget towards the curve through the others; a
+# budget measured every round carries weight ~1/ema, a stale one decays to 0.
 _SHRINK_WEIGHT = 0.5
 # The prior acceptance of depth 1 counts as this share of the rounds an EMA
 # window holds (2 rounds at ema 0.05); it does not decay, so the estimate is a

@@ -19,7 +19,10 @@ TREE_START_BUDGET = 4
 # drafting so the cost model measures its draft step apart from verification.
 SPLIT_FIRST = 4
 SPLIT_EVERY = 16
-# The acceptance memory of auto's chain arms (a window of about 1 / ARM_EMA rounds).
+# The acceptance memory of auto's chain arms (a window of about 1 / ARM_EMA
+# rounds): long for a model's drafts, shorter for lookup's, which follow its
+# matches; a lookup draft's later tokens follow its first (a copy runs on), so
+# its deeper depths lean little on the depth above (LOOKUP_DEPTH_WEIGHT rounds).
 ARM_EMA = 0.05
 LOOKUP_EMA = 0.1
 LOOKUP_DEPTH_WEIGHT = 0.5
@@ -50,9 +53,7 @@ class RoundPlanner:
         self.pending = None  # the last round, until its cost is known
         self.planned = None  # the next round's (is_tree, size), once chosen
         self.tic = 0.0
-        self.clock = (
-            clock  # seconds (None: perf_counter); a replay passes a modelled one
-        )
+        self.clock = clock
         # Sharded, every rank decides with rank 0's measured costs.
         self.group = sharded_group()
         # Every round's cost by what it ran; it prices auto's arms against
@@ -282,13 +283,10 @@ def chain_controller(
         verify_slope=VERIFY_SLOPE + step_cost,
     )
     if not alone:
-        # auto compares its arms with plain rounds: a model's acceptance gets a
-        # longer memory (steadier estimates, no arm priced out by a short
-        # unlucky run), lookup's (which follows its matches) a shorter one.
+        # auto compares its arms with plain rounds: steadier estimates, no
+        # arm priced out by a short unlucky run.
         options["ema"] = ARM_EMA if step_cost > 0 else LOOKUP_EMA
     if step_cost == 0:
-        # A lookup draft's later tokens follow its first (a copy runs on):
-        # its deeper depths lean little on the depth above.
         options["depth_weight"] = LOOKUP_DEPTH_WEIGHT
     alpha = acceptance_estimate
     if alpha is None:

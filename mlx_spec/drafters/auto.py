@@ -20,8 +20,8 @@ chain arm that sits a round out ages its acceptance evidence
 (:meth:`~mlx_spec.adaptive.AdaptiveController.rest`), so one left out for
 low acceptance comes back, the later the more rounds said it loses; a tree
 left behind is probed after ``PROBE_AFTER`` rounds, twice as long after each
-probe whose draft is rejected. The cost is wall time under greedy decoding and the fixed cost
-model when sampling (so a seed always gives the same text); see
+probe whose draft is rejected. The cost is wall time under greedy decoding
+and the fixed cost model when sampling (so a seed always gives the same text); see
 ``planner.RoundPlanner``. Every arm is exact on its own and the choice
 depends only on past rounds and the context, so the output stays exact.
 """
@@ -120,8 +120,9 @@ class AutoDrafter:
         them); the first round is plain, and plain rounds are measured again
         now and then; a chain's first round drafts one token, so trying
         costs little; a chain left behind returns as its evidence ages, a
-        tree left behind is probed; a tree, unpriced until it runs, gets its first round once a
-        chain that ran TREE_AFTER rounds in a row beats plain rounds.
+        tree left behind is probed; a tree, unpriced until it runs, gets its
+        first round once a chain that ran TREE_AFTER rounds in a row beats
+        plain rounds.
         """
         self.probing = False
         if self.kept_all and self.current in self.choices:
