@@ -134,6 +134,8 @@ class RoundPlanner:
                 size = config.tree_budget if is_tree else config.num_draft_tokens
             elif getattr(self.drafter, "probing", False) and not is_tree:
                 size = max(controller.gamma_min, 1)  # a probe drafts one token
+            elif getattr(self.drafter, "sizes_itself", False) and not is_tree:
+                size = controller.gamma_max  # the arm drafts what pays, up to this
             else:
                 size = controller.choose_budget() if is_tree else controller.choose()
             self.planned = (is_tree, size)

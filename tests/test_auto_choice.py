@@ -317,36 +317,66 @@ def test_engine_reports_the_cost_model_it_measured(load_model):
     assert set(report["draft_step"]) <= {"draft", "tree"}
 
 
-def test_auto_holds_lookup_matches_to_a_higher_bar_while_lookup_rounds_lose():
-    """Lookup preempts the other arms on a match; while its rounds earn less
-    than the best other choice is expected to, only a match length whose
-    first token is accepted at least LOSING_LOOKUP_BAR of the time drafts."""
-    from mlx_spec.drafters.auto import LOSING_LOOKUP_BAR, AutoDrafter
-    from mlx_spec.drafters.lookup import MIN_ACCEPTANCE, MatchRates
+class _Priced:
+    """A planner's estimates: the best other choice earns ``best`` tokens per
+    unit of cost, and a chain round costs ``1 + slope`` per drafted token."""
 
-    class Lookup(_NoMatch):
-        rates = MatchRates()
+    def __init__(self, best, slope=0.085):
+        self.best, self.slope = best, slope
 
-        def will_draft(self, seq):
-            return self.rates.rate(2) >= self.rates.min_acceptance
+    def plain_rate(self):
+        return 1.0
 
-    class Estimates:
-        rate = 10.0  # tokens per second of the best choice
+    def arm_rate(self, arm):
+        return self.best
 
-        def plain_rate(self):
-            return self.rate
+    def round_cost(self, arm, gamma):
+        return 1.0 + self.slope * gamma
 
-        def arm_rate(self, arm):
-            return None
 
-    lookup = Lookup()
-    for accepted in (True, False, False):  # first token accepted 1/3 of the time
-        lookup.rates.observe(2, accepted)
-    assert MIN_ACCEPTANCE <= lookup.rates.rate(2) < LOSING_LOOKUP_BAR
-    auto = AutoDrafter({"draft": _Arm("draft", 0.1), "lookup": lookup}, None)
-    auto.use_estimates(Estimates())
-    assert auto.select([1]) is lookup and auto.current == "lookup"
-    auto.observe(3, 0.2, drafted=4)  # 15 tokens/s: lookup pays
-    assert auto.select([1]) is lookup and auto.current == "lookup"
-    auto.observe(1, 0.5, drafted=4)  # now (0.7 * 3 + 1) / (0.7 * 0.2 + 0.5) < 10
-    assert auto.select([1]) is lookup and auto.current == "plain"
+def test_auto_copies_a_match_only_when_it_beats_the_best_other_choice():
+    """Lookup preempts the other arms only where its match, at the length that
+    pays most, is expected to earn more than the best of them: a fresh 1-token
+    match (its first token seldom accepted in prose) does not beat a draft
+    earning 1.17 tokens per forward, a fresh 3-token match does."""
+    from mlx_spec.drafters.auto import AutoDrafter
+    from mlx_spec.drafters.lookup import LookupDrafter
+
+    def auto_with(best):
+        lookup = LookupDrafter(ngram_min=1, ngram_max=3)
+        lookup.chain_only()
+        config = SpecConfig(method="auto")
+        auto = AutoDrafter({"draft": _Arm("draft", 0.1), "lookup": lookup}, config)
+        auto.use_estimates(_Priced(best))
+        auto.tries["plain"] = 1  # plain rounds measured
+        return auto
+
+    one_token = [1, 2, 3, 4, 5, 2]  # "2" seen once
+    three_tokens = [1, 2, 3, 4, 5, 6, 1, 2, 3]  # "1 2 3" seen once
+    assert auto_with(1.17).select(one_token).name == "draft"
+    auto = auto_with(1.17)
+    assert auto.select(three_tokens).name == "lookup" and auto.sizes_itself
+    # With only plain rounds to beat, the 1-token match pays for a short copy.
+    assert auto_with(1.0).select(one_token).name == "lookup"
+
+
+def test_a_match_drafts_the_length_its_acceptance_by_depth_and_costs_pay_for():
+    """The draft length maximises expected tokens over the round's cost, from
+    the match length's acceptance by depth: shorter where verifying a token
+    is dear, and shorter once its copies are seen to stop early."""
+    from mlx_spec.drafters.lookup import MatchRates
+
+    def length(slope, runs=()):
+        rates = MatchRates(max_len=8)
+        rates.costs = [1.0 + slope * g for g in range(9)]
+        for accepted in runs:
+            rates.observe(3, accepted, 8)
+        return rates.worth_length(3)
+
+    assert length(0.085) == 8  # a fresh 3-token match usually runs on
+    assert 1 < length(0.3) < length(0.085)
+    # Copies of a 3-token match that stop after their first token.
+    assert length(0.085, runs=[1] * 10) <= 2 < length(0.085)
+    # A 1-token match starts from a lower prior than a 3-token one.
+    rates = MatchRates()
+    assert rates.rate(1) < rates.rate(2) < rates.rate(3)

@@ -26,6 +26,7 @@ def test_fixed_replay_accepts_each_run_and_prices_each_round():
     run = replay_fixed(matches, 2, costs)
     # Rounds: 2 accepted (3 tokens), 1 accepted (2), then a plain last token.
     assert run.drafted == [2, 2, 0] and run.tokens == 6
+    assert run.accepted == [2, 1, 0] and run.rejected("draft") == 1
     # The round after one that kept every draft reads 2 tokens (catch-up).
     assert run.time == pytest.approx(1.4 + (1.4 + 0.1) + 1.0)
 
@@ -82,7 +83,8 @@ def test_family_speeds_per_family_and_overall():
     ]
     speeds = family_speeds(records, CostModel(), gammas=(1, 4))
     assert set(speeds) == {"high", "low", "all"}
-    assert set(speeds["all"]) == {"alpha", "auto", "γ=1", "γ=4"}
+    assert set(speeds["all"]) == {"alpha", "auto", "γ=1", "γ=4", "lookup waste"}
+    assert speeds["all"]["lookup waste"] == 0.0  # nothing to copy
     assert speeds["high"]["γ=4"] > speeds["high"]["γ=1"] > 1.0
     assert speeds["low"]["γ=4"] < speeds["low"]["γ=1"] < 1.0
     # A token budget replays each record's first tokens only.

@@ -587,9 +587,11 @@ def test_a_batch_row_keeps_out_lookup_matches_that_keep_failing():
     row = Row(0, SeqSpec([5, 6, 7, 5, 6, 7, 5, 6], config), False, SpecStats(), 0.0)
     planner = RowPlanner(0.0, None)
     drafted = []
-    for _ in range(24):
+    for _ in range(48):
         planner.plan([row], 0)
         drafted.append(row.arm == "lookup")
         row.record(0)  # every draft rejected
-    assert drafted[:2] == [True, True]
-    assert 1 <= sum(drafted[8:]) <= 3  # the probes only
+    # A 3-token match usually runs on (its prior): it takes a few rejections
+    # more than a 1-token one to be kept out.
+    assert drafted[:8] == [True] * 8
+    assert 1 <= sum(drafted[24:]) <= 3  # the probes only

@@ -131,12 +131,23 @@ class _NoMatches(LookupDrafter):
 
 @dataclass
 class Replay:
-    """One replayed generation: tokens, modelled time and the arm of each round."""
+    """One replayed generation: tokens, modelled time, and per round its arm,
+    the tokens it drafted and how many of them were accepted."""
 
     tokens: int
     time: float
     rounds: List[str]
     drafted: List[int]
+    accepted: List[int]
+
+    def rejected(self, arm: str) -> int:
+        """Drafted tokens of ``arm``'s rounds that were rejected (each cost
+        verification width and earned nothing)."""
+        return sum(
+            d - a
+            for r, d, a in zip(self.rounds, self.drafted, self.accepted)
+            if r == arm
+        )
 
 
 def _accepted(proposal: Proposal, truth: Sequence[int]) -> int:
@@ -192,7 +203,7 @@ def replay_auto(
     now, seen = [0.0], [0.0]  # modelled time, and what the controllers measure
     planner = RoundPlanner(config, auto, timed=True, clock=lambda: seen[0])
     seq = tokens[:start]
-    queued, rounds, drafted = False, [], []
+    queued, rounds, drafted, accepted = False, [], [], []
     while len(seq) - start < total:
         remaining = total - (len(seq) - start)
         is_tree, size = planner.begin_round(seq)
@@ -219,12 +230,13 @@ def replay_auto(
         seq = seq + tokens[len(seq) : len(seq) + min(n + 1, remaining)]
         rounds.append(arm)
         drafted.append(proposal.size)
-    return Replay(len(seq) - start, now[0], rounds, drafted)
+        accepted.append(n)
+    return Replay(len(seq) - start, now[0], rounds, drafted, accepted)
 
 
 def replay_fixed(matches, gamma: int, costs: CostModel = CostModel()) -> Replay:
     """The draft model at a fixed γ on one completion's matches."""
-    n, j, time, rounds, drafted = len(matches), 0, 0.0, [], []
+    n, j, time, rounds, drafted, accepted = len(matches), 0, 0.0, [], [], []
     read = 1  # a round that accepts every draft leaves the draft a token behind
     while j < n:
         g = min(gamma, n - j - 1)
@@ -236,7 +248,8 @@ def replay_fixed(matches, gamma: int, costs: CostModel = CostModel()) -> Replay:
         j += run + 1
         rounds.append("draft" if g else "plain")
         drafted.append(g)
-    return Replay(n, time, rounds, drafted)
+        accepted.append(run)
+    return Replay(n, time, rounds, drafted, accepted)
 
 
 def family_speeds(
@@ -255,8 +268,10 @@ def family_speeds(
         noise: Of the costs auto measures (see :func:`replay_auto`).
 
     Returns:
-        ``family -> {"auto": x, "γ=1": x, ..., "alpha": greedy acceptance}``,
-        with an ``"all"`` family over every record.
+        ``family -> {"auto": x, "γ=1": x, ..., "alpha": greedy acceptance,
+        "lookup waste": y}``, with an ``"all"`` family over every record;
+        ``y`` is the share of auto's modelled time spent verifying lookup
+        drafts that were rejected.
     """
     out: Dict[str, Dict[str, List[float]]] = {}
     for i, r in enumerate(records):
@@ -283,6 +298,9 @@ def family_speeds(
                 tot = row.setdefault(label, [0, 0.0])
                 tot[0] += run.tokens
                 tot[1] += run.time
+            waste = row.setdefault("lookup waste", [0.0, 0.0])
+            waste[0] += costs.verify_slope * runs["auto"].rejected("lookup")
+            waste[1] += runs["auto"].time
     return {
         family: {label: a / max(b, 1e-12) for label, (a, b) in row.items()}
         for family, row in out.items()

@@ -1,13 +1,14 @@
 """``--speculative auto``: pick the drafter and its size each round.
 
-Prompt lookup drafts for free, so a round whose context has a match worth
-proposing (see :class:`~mlx_spec.drafters.lookup.MatchRates`) copies it;
-while lookup rounds earn less than the best other choice is expected to,
-only a match whose first token is usually accepted counts.
-Every other round is a plain step (``plain``) or one of the remaining arms:
-with a draft model the draft chain and the draft tree; with a head, its arms
-(EAGLE tree and chain, Medusa, or the checkpoint's MTP layer); without
-either, self-speculation. Each is priced by its expected tokens per unit of
+Prompt lookup drafts without a forward, so a round whose context has a match
+copies it when the match is expected to earn more than the best other
+choice: its acceptance by depth for its match length
+(:class:`~mlx_spec.drafters.lookup.MatchRates`) over the measured cost of
+verifying it, at the length that earns most, which it drafts. Every other
+round is a plain step (``plain``) or one of the remaining arms: with a draft
+model the draft chain and the draft tree; with a head, its arms (EAGLE tree
+and chain, Medusa, or the checkpoint's MTP layer); without either,
+self-speculation. Each is priced by its expected tokens per unit of
 cost at its best size: expected accepted tokens from the arm's acceptance
 by depth, over the round's cost from one cost model fitted to every
 round's measured cost (:class:`~mlx_spec.costs.MeasuredCosts`: a draft
@@ -30,7 +31,7 @@ from typing import Dict, List, Optional
 
 from ..models import CachedModel
 from .base import Proposal, RoundState
-from .lookup import MIN_ACCEPTANCE, make_lookup_drafter
+from .lookup import make_lookup_drafter
 from .model import make_model_drafter
 
 # A tree left behind is probed again after this many rounds; each probe whose
@@ -44,11 +45,6 @@ MAX_PROBE_AFTER = 512
 # row (and is expected to beat plain rounds on what they measured, not on its
 # prior: a chain back from a rest for a round or two does not count).
 TREE_AFTER = 4
-# While lookup rounds earn less than the best other choice (measured: decayed
-# tokens over decayed cost, LOOKUP_EMA), a match length is proposed only if its
-# first token is accepted at least this often.
-LOSING_LOOKUP_BAR = 0.5
-LOOKUP_EMA = 0.3
 LOOKUP, PLAIN = "lookup", "plain"
 
 
@@ -57,7 +53,8 @@ class AutoDrafter:
 
     Args:
         arms: Drafters by name; an arm named ``"lookup"`` drafts whenever its
-          context has a match worth proposing, and runs the plain rounds.
+          context has a match worth proposing (it then sizes its own draft),
+          and runs the plain rounds.
         config: The :class:`~mlx_spec.config.SpecConfig`.
     """
 
@@ -73,7 +70,6 @@ class AutoDrafter:
         self.config = config
         self.estimates = None  # the planner: plain_rate, arm_rate, round_cost
         self._rates = None  # (rounds, expected_rates()) as last priced
-        self.lookup_worth = (0.0, 0.0)  # lookup rounds' decayed (tokens, cost)
         self.tries: Dict[str, int] = {}
         self.rounds = 0
         self.last_round: Dict[str, int] = {}  # the round each arm last ran
@@ -174,15 +170,21 @@ class AutoDrafter:
             return False
         return streak >= TREE_AFTER and (rates.get(chain) or 0.0) > rates[PLAIN]
 
+    @property
+    def sizes_itself(self) -> bool:
+        """Whether this round's arm picks its own draft length (lookup, by its
+        match's length), up to the planner's largest."""
+        return self.current == LOOKUP
+
     def _lookup_drafts(self, seq: List[int]) -> bool:
-        """Whether lookup has a match worth proposing on ``seq``: a stricter one
-        while lookup rounds earn less than the best other choice is expected to."""
+        """Whether lookup has a match on ``seq`` expected to earn more than the
+        best other choice, with its rounds priced by the measured costs."""
         rates = getattr(self.lookup, "rates", None)
-        tokens, spent = self.lookup_worth
-        if rates is not None and self.estimates is not None and spent > 0:
-            best = max(r for r in self.expected_rates().values() if r is not None)
-            losing = tokens / spent < best
-            rates.min_acceptance = LOSING_LOOKUP_BAR if losing else MIN_ACCEPTANCE
+        if rates is not None and self.estimates is not None:
+            longest = self.config.max_draft_tokens
+            cost = self.estimates.round_cost
+            rates.costs = [cost(self.lookup, g) for g in range(longest + 1)]
+            rates.bar = max(r for r in self.expected_rates().values() if r is not None)
         return self.lookup.will_draft(seq)
 
     def select(self, seq: Optional[List[int]] = None):
@@ -256,11 +258,6 @@ class AutoDrafter:
         self.kept_all = drafted > 0 and emitted == drafted + 1
         last, streak = self.streak
         self.streak = (name, streak + 1 if name == last else 1)
-        if name == LOOKUP:
-            # Tokens over cost, not a mean of per-round rates (rounds' times are noisy).
-            tokens, spent = self.lookup_worth
-            keep = 1 - LOOKUP_EMA
-            self.lookup_worth = (keep * tokens + emitted, keep * spent + cost)
         self._update_wait(name, accepted=emitted > 1)
 
     def _update_wait(self, name: str, accepted: bool):

@@ -141,7 +141,7 @@ class Row:
         if self.arm is None:
             return  # a plain round tells the arms nothing
         if self.arm == "lookup":
-            self.rates.observe(self.match, accepted > 0)
+            self.rates.observe(self.match, accepted, self.size)
         step = self.draft_step if self.arm == "draft" else 0.0
         cost = static_round_cost(step, self.size, self.size + 1, rows=self.batch)
         self.controller(self.arm).update(self.size, accepted, 0.0, cost, draft_steps=0)
