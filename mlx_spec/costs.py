@@ -100,6 +100,8 @@ COST_PRIOR_ROUNDS = 2.0
 # A round whose drafting is timed on its own measures the draft step directly:
 # it counts as this many rounds' worth of evidence.
 DRAFT_TIMING_WEIGHT = 8.0
+# Coefficients per arm: its draft step, switch and catch-up per token.
+PER_ARM = 3
 
 
 class MeasuredCosts:
@@ -108,12 +110,18 @@ class MeasuredCosts:
     Each round's cost (wall seconds under greedy decoding, the fixed model's
     units when sampling) is modelled as::
 
-        cost = step + slope * (width - 1) + draft_step[arm] * forwards + switch[arm]
+        cost = step + slope * (width - 1) + draft_step[arm] * forwards
+               + switch[arm] + catch_up[arm] * caught_up
 
     ``step`` is a 1-token target forward with its host work (a plain round),
     ``step + slope * (n - 1)`` verifies ``n`` tokens, ``draft_step[arm]`` is one
-    draft forward of an arm and ``switch[arm]`` its fixed cost per drafting
-    round (a pipeline broken by the sync, a catching-up draft, host matching).
+    draft forward of an arm, ``switch[arm]`` its fixed cost per drafting
+    round (a pipeline broken by the sync, host matching) and
+    ``catch_up[arm]`` the cost of each token its first forward reads beyond
+    one (the draft catching up on the rounds it sat out). A round is priced
+    without catch-up (:meth:`round_time`, :meth:`chain_times`), so whether
+    to draft compares steady rates: the tokens a draft missed are caught up
+    once, whenever it next drafts, not each round.
     The coefficients come from an exponentially forgetting least-squares fit
     over every round (plain, lookup, chain and tree rounds each separate some
     of them, and a few rounds time their drafting on its own, see
@@ -144,29 +152,45 @@ class MeasuredCosts:
             return
         self.arms.append(arm)
         self.modelled[arm] = float(step_cost)
-        size = 2 + 2 * len(self.arms)
+        size = 2 + PER_ARM * len(self.arms)
         gram, moment = np.zeros((size, size)), np.zeros(size)
         old = self._moment.size
         gram[:old, :old], moment[:old] = self._gram, self._moment
         self._gram, self._moment, self._theta = gram, moment, None
 
-    def _features(self, arm: Optional[str], forwards: int, width: int) -> np.ndarray:
+    def _column(self, arm: str) -> int:
+        """Index of ``arm``'s draft step; its switch and catch-up follow."""
+        return 2 + PER_ARM * self.arms.index(arm)
+
+    def _features(
+        self, arm: Optional[str], forwards: int, width: int, caught_up: int = 0
+    ) -> np.ndarray:
         x = np.zeros(self._moment.size)
         x[0], x[1] = 1.0, width - 1
         if arm is not None and width > 1:
-            j = 2 + 2 * self.arms.index(arm)
-            x[j], x[j + 1] = forwards, 1.0
+            j = self._column(arm)
+            x[j], x[j + 1], x[j + 2] = forwards, 1.0, caught_up
         return x
 
     def _prior(self) -> np.ndarray:
         units = [1.0, VERIFY_SLOPE]
         for arm in self.arms:
-            units += [self.modelled[arm], 0.0]
+            # Reading k tokens costs a draft forward as verifying k costs a step.
+            step = self.modelled[arm]
+            units += [step, 0.0, step * VERIFY_SLOPE]
         return (self.scale or 1.0) * np.array(units)
 
-    def observe(self, arm: Optional[str], forwards: int, width: int, cost: float):
+    def observe(
+        self,
+        arm: Optional[str],
+        forwards: int,
+        width: int,
+        cost: float,
+        caught_up: int = 0,
+    ):
         """Record one round: the arm that drafted (``None`` for a plain round),
-        its draft forwards, the tokens it verified and its cost."""
+        its draft forwards, the tokens it verified, its cost and the tokens
+        beyond one that its first draft forward read."""
         if arm is not None and width > 1:
             self.add_arm(arm)
         if self.scale is None and cost > 0:
@@ -174,20 +198,21 @@ class MeasuredCosts:
             self.scale = cost / static_round_cost(step, forwards, width)
         if arm is not None:
             self.forwards[arm] = self.forwards.get(arm, 0) + forwards
-        x = self._features(arm, forwards, width)
+        x = self._features(arm, forwards, width, caught_up)
         self._gram = COST_FORGET * self._gram + np.outer(x, x)
         self._moment = COST_FORGET * self._moment + x * cost
         self._theta = None
         self.rounds += 1
 
-    def observe_drafts(self, arm: str, forwards: int, cost: float):
+    def observe_drafts(self, arm: str, forwards: int, cost: float, caught_up: int = 0):
         """Record the drafting part of a round timed on its own (a sync after
         drafting): it separates ``draft_step[arm]`` from the verification
         slope, which a chain's rounds alone cannot (their widths grow with
         their forwards)."""
         self.add_arm(arm)
         x = np.zeros(self._moment.size)
-        x[2 + 2 * self.arms.index(arm)] = forwards
+        j = self._column(arm)
+        x[j], x[j + 2] = forwards, caught_up
         self._gram += DRAFT_TIMING_WEIGHT * np.outer(x, x)
         self._moment += DRAFT_TIMING_WEIGHT * x * cost
         self._theta = None
@@ -218,10 +243,10 @@ class MeasuredCosts:
     def draft_step_time(self, arm: str) -> float:
         """One draft forward of ``arm``."""
         self.add_arm(arm)
-        return float(self._coefficients()[2 + 2 * self.arms.index(arm)])
+        return float(self._coefficients()[self._column(arm)])
 
     def round_time(self, arm: Optional[str], forwards: int, width: int) -> float:
-        """Expected cost of a round of ``arm`` (``None``: plain)."""
+        """Expected cost of a round of ``arm`` (``None``: plain), catch-up aside."""
         if arm is not None and width > 1:
             self.add_arm(arm)
         return float(self._features(arm, forwards, width) @ self._coefficients())
@@ -231,7 +256,7 @@ class MeasuredCosts:
         tokens (``per_token`` draft forwards each; 0 drafts: a plain round)."""
         self.add_arm(arm)
         theta = self._coefficients()
-        j = 2 + 2 * self.arms.index(arm)
+        j = self._column(arm)
         gammas = np.arange(gamma_max + 1)
         times = theta[0] + theta[1] * gammas + theta[j] * per_token * gammas
         times[1:] += theta[j + 1]
@@ -240,7 +265,9 @@ class MeasuredCosts:
     def report(self) -> dict:
         """The fitted model in 1-token target forwards (``step_s`` in the
         clock's unit): verification by width, each arm's draft step and
-        per-round switch cost (draft steps of arms that ran a draft forward)."""
+        per-round switch cost, and the catch-up cost of each token a draft
+        forward read beyond one (draft steps and catch-up of arms that ran a
+        draft forward)."""
         theta = self._coefficients()
         step = float(theta[0])
         return {
@@ -251,11 +278,16 @@ class MeasuredCosts:
             },
             "forwards": dict(self.forwards),
             "draft_step": {
-                arm: float(theta[2 + 2 * i]) / step
-                for i, arm in enumerate(self.arms)
+                arm: float(theta[self._column(arm)]) / step
+                for arm in self.arms
                 if self.forwards.get(arm)
             },
             "switch": {
-                arm: float(theta[3 + 2 * i]) / step for i, arm in enumerate(self.arms)
+                arm: float(theta[self._column(arm) + 1]) / step for arm in self.arms
+            },
+            "catch_up": {
+                arm: float(theta[self._column(arm) + 2]) / step
+                for arm in self.arms
+                if self.forwards.get(arm)
             },
         }

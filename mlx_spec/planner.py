@@ -101,7 +101,8 @@ class RoundPlanner:
         name = getattr(self.arm, "name", "drafter")
         self.costs.add_arm(name, getattr(self.arm, "step_cost", 0.0))
         seconds = from_rank0(seconds, self.group)  # sharded: every rank alike
-        self.costs.observe_drafts(name, proposal.forwards, seconds)
+        caught_up = getattr(proposal, "caught_up", 0)
+        self.costs.observe_drafts(name, proposal.forwards, seconds, caught_up)
 
     def plain_rate(self) -> float:
         """Expected tokens per unit of cost of a plain round."""
@@ -201,7 +202,8 @@ class RoundPlanner:
         if drafted:
             name = getattr(self.arm, "name", "drafter")
             self.costs.add_arm(name, getattr(self.arm, "step_cost", 0.0))
-        self.costs.observe(name, proposal.forwards, width, cost)
+        caught_up = getattr(proposal, "caught_up", 0)  # tokens a draft missed
+        self.costs.observe(name, proposal.forwards, width, cost, caught_up)
         controller = self._controller(self.arm)
         if controller is None:
             pass

@@ -60,6 +60,30 @@ def test_measured_costs_recover_each_part_from_round_times():
     assert report["rounds"] == 300
 
 
+def test_measured_costs_price_catch_up_per_token_not_per_drafting_round():
+    """A draft that sat rounds out reads the tokens it missed in its next
+    first forward: the fit books that per caught-up token, so a steady
+    drafting round (which catches up on none) is priced without it."""
+    truth = dict(step=0.050, slope=0.004, draft=0.007, catch_up=0.004)
+    costs = MeasuredCosts({"draft": 0.2})
+    rng = random.Random(0)
+    behind = 0  # tokens the draft has not read
+    for _ in range(300):
+        if rng.random() < 0.4:  # a plain round: the draft falls behind
+            costs.observe(None, 0, 1, truth["step"])
+            behind += 1
+            continue
+        g = rng.randint(1, 4)
+        t = truth["step"] + truth["slope"] * g + truth["draft"] * g
+        costs.observe("draft", g, g + 1, t + truth["catch_up"] * behind, behind)
+        behind = rng.randint(0, 1)  # steady: 1 after a round that kept all
+    steady = [truth["step"] + (truth["slope"] + truth["draft"]) * g for g in range(5)]
+    assert costs.chain_times("draft", 1, 4) == pytest.approx(steady, rel=0.03)
+    report = costs.report()
+    assert report["switch"]["draft"] == pytest.approx(0.0, abs=0.02)
+    assert report["catch_up"]["draft"] == pytest.approx(0.08, rel=0.1)
+
+
 def test_measured_costs_start_from_the_fixed_model_and_follow_a_flat_gpu():
     """Before rounds of several widths are seen, widths are priced like the
     fixed model scaled to the first round; where verifying 8 tokens costs
@@ -380,3 +404,29 @@ def test_a_match_drafts_the_length_its_acceptance_by_depth_and_costs_pay_for():
     # A 1-token match starts from a lower prior than a 3-token one.
     rates = MatchRates()
     assert rates.rate(1) < rates.rate(2) < rates.rate(3)
+
+
+def test_a_draft_proposal_counts_the_tokens_its_first_forward_caught_up_on():
+    """A draft that sat rounds out reads every token it missed in its first
+    forward; the proposal says how many beyond one, for the cost model."""
+    from mlx_spec.drafters.base import RoundState
+    from mlx_spec.drafters.model import ModelDrafter
+
+    class Draft:
+        offset = 5  # the draft's cache holds the first 5 tokens
+
+        def mark(self):
+            pass
+
+        def __call__(self, inputs):
+            self.read = getattr(self, "read", []) + [inputs.size]
+            return mx.zeros((inputs.size, 8))
+
+    def choose(logits, tokens):
+        return mx.argmax(logits, axis=-1).astype(mx.uint32), None
+
+    draft = Draft()
+    drafter = ModelDrafter(draft, vocab_size=8, step_cost=0.1)
+    proposal = drafter.propose(RoundState(list(range(9)), 0, choose), 3)
+    assert draft.read == [4, 1, 1] and proposal.forwards == 3
+    assert proposal.caught_up == 3

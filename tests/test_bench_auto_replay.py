@@ -48,6 +48,20 @@ def test_auto_runs_plain_rounds_where_no_draft_is_accepted():
     assert run.tokens / run.time > 0.97
 
 
+@pytest.mark.parametrize("seed", [2, 3])
+def test_auto_keeps_drafting_where_catching_up_after_plain_rounds_is_dear(seed):
+    """Each token a draft missed costs a draft step to catch up on (a loaded
+    CPU): priced per caught-up token, not per drafting round, it does not
+    make steady drafting look dear, so auto does not fall back to plain
+    rounds that each make the next catch-up dearer."""
+    costs = CostModel(draft_step=0.12, verify_slope=0.085, catch_up=1.0)
+    matches = np.random.default_rng(seed).random(300) < 0.5
+    run = replay_auto(distinct_tokens(20 + 300), 20, matches, costs, lookup=False)
+    fixed = replay_fixed(matches, 1, costs)
+    assert run.rounds.count("plain") < 0.1 * len(run.rounds)
+    assert run.tokens / run.time > 0.95 * fixed.tokens / fixed.time > 1.1
+
+
 def test_auto_copies_a_repeated_passage_with_lookup():
     passage = distinct_tokens(60, start=5000)
     prompt = distinct_tokens(10) + passage + distinct_tokens(5, start=9000)

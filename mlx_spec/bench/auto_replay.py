@@ -106,7 +106,9 @@ class MatchedDraft:
         wrong = [self.tokens[len(state.seq) + run] + 1] if run < gamma else []
         tokens = truth + wrong + [0] * (gamma - run - len(wrong))
         self.read = len(state.seq) - self.seen
-        return Proposal(mx.array(tokens, mx.uint32), None, forwards=gamma)
+        return Proposal(
+            mx.array(tokens, mx.uint32), None, forwards=gamma, caught_up=self.read - 1
+        )
 
     def commit(self, state, proposal, num_accepted: int, path=None):
         if proposal.size:

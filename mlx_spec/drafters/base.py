@@ -37,6 +37,7 @@ class Proposal:
           or ``(γ, C)`` over ``columns``; ``None`` for deterministic
           proposals (point masses).
         forwards: Draft-model forward passes spent.
+        caught_up: Tokens beyond the first that the first of them read.
         parents: ``None`` for a chain; for a tree, ``(N,)`` parent of each
           node in topological order, ``-1`` for children of the root (the
           last accepted token). Tree children must be chosen without the
@@ -55,6 +56,9 @@ class Proposal:
     # Seconds of one-off work in this round (a layer search), which the
     # adaptive controller leaves out of the round's cost.
     setup_time: float = 0.0
+    # Tokens beyond the first that the first draft forward read: the draft
+    # catching up on tokens it missed (plain rounds, other arms' rounds).
+    caught_up: int = 0
     # Optional ``(C,)`` distinct target ids of the columns of ``logprobs``: a
     # draft's law over its vocabulary subset (zero elsewhere), never widened.
     columns: Optional[mx.array] = None

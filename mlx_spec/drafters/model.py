@@ -51,7 +51,8 @@ class ModelDrafter:
         self.draft.prefill(tokens, step_size)
 
     def pending(self, state: RoundState) -> List[int]:
-        """Tokens of ``seq`` the draft cache has not seen yet (1 or 2)."""
+        """Tokens of ``seq`` the draft cache has not seen yet (1 or 2 while it
+        drafts every round, more after rounds it sat out)."""
         return state.seq[self.draft.offset - state.base :]
 
     def _last_logits(self, inputs: mx.array, subset=None) -> mx.array:
@@ -69,7 +70,8 @@ class ModelDrafter:
         if gamma < 1:
             return empty_proposal()  # a plain round: the draft cache waits
         self.draft.mark()  # commit may rewind back to here
-        inputs = mx.array(self.pending(state), mx.uint32)
+        pending = self.pending(state)
+        inputs = mx.array(pending, mx.uint32)
         tokens, laws = [], []
         subset = self._subset if state.subset_choice_ok else None
         for i in range(gamma):
@@ -88,7 +90,11 @@ class ModelDrafter:
         logprobs = None if laws[0] is None else mx.concatenate(laws, axis=0)
         columns = None if logprobs is None or subset is None else subset.token_ids
         return Proposal(
-            mx.concatenate(tokens), logprobs, forwards=len(tokens), columns=columns
+            mx.concatenate(tokens),
+            logprobs,
+            forwards=len(tokens),
+            columns=columns,
+            caught_up=len(pending) - 1,
         )
 
     is_tree = False

@@ -182,10 +182,13 @@ class TreeDrafter(ModelDrafter):
         self.choices = list(choices) if choices else None
         self.static = _StaticShape(self.choices) if self.choices else None
         self._tree_prefix = 0
+        self._caught_up = 0  # tokens beyond one the last root forward read
 
     def _root_logprobs(self, state: RoundState) -> mx.array:
         """Feed the pending tokens; return the draft's logprobs at the root ``(1, C)``."""
-        inputs = mx.array(self.pending(state), mx.uint32)
+        pending = self.pending(state)
+        self._caught_up = len(pending) - 1
+        inputs = mx.array(pending, mx.uint32)
         logits = self._last_logits(inputs, self._subset)
         self._tree_prefix = self.draft.offset
         return normalize(logits)
@@ -212,10 +215,14 @@ class TreeDrafter(ModelDrafter):
         return ids[columns].astype(columns.dtype), values
 
     def propose(self, state: RoundState, budget: int) -> Proposal:
+        self._caught_up = 0  # set by a root forward that catches up
         root = self._root_logprobs(state)
         if self.static is not None:
-            return self._static(root)
-        return self._dynamic(root, budget)
+            proposal = self._static(root)
+        else:
+            proposal = self._dynamic(root, budget)
+        proposal.caught_up = self._caught_up
+        return proposal
 
     def _dynamic(self, root: mx.array, budget: int) -> Proposal:
         k = self.top_k
