@@ -325,6 +325,12 @@ def _generate(
                         else:
                             verified = verify_tree(target, root, proposal, law)
                 packed, scores, decode = verified
+                # A plain round emits row 0: its logprobs are queued with its
+                # step, ahead of any step queued after it (as mlx_lm does).
+                logprobs = None
+                if proposal.size == 0:
+                    logprobs = emitted_logprobs(scores, [0])
+                    mx.async_eval(logprobs)
                 extra = proposal.sync_data
                 if extra is not None:
                     packed = mx.concatenate(
@@ -361,9 +367,9 @@ def _generate(
 
                 result = decode(values)
                 n, drafted = result.num_accepted, proposal.size
-                # Yielded with the tokens, computed while the next round is built.
-                logprobs = emitted_logprobs(scores, result.rows)
-                mx.async_eval(logprobs)
+                if logprobs is None:  # the emitted rows, while the next round is built
+                    logprobs = emitted_logprobs(scores, result.rows)
+                    mx.async_eval(logprobs)
                 # The accepted rows' features, for the next round.
                 if capture is not None:
                     drafter.add_features(capture.take(), result.rows)
