@@ -384,6 +384,22 @@ def test_auto_copies_a_match_only_when_it_beats_the_best_other_choice():
     assert auto_with(1.0).select(one_token).name == "lookup"
 
 
+def test_the_planner_lets_a_lookup_round_of_auto_size_its_own_draft():
+    """A lookup round of auto may draft up to the longest chain; the match's
+    own estimates (not one pooled over every match length) cut it."""
+    from mlx_spec.drafters.auto import AutoDrafter
+    from mlx_spec.drafters.lookup import LookupDrafter
+    from mlx_spec.planner import RoundPlanner
+
+    config = SpecConfig(method="auto")
+    lookup = LookupDrafter(ngram_min=1, ngram_max=3)
+    lookup.chain_only()
+    auto = AutoDrafter({"draft": _Arm("draft", 0.1), "lookup": lookup}, config)
+    planner = RoundPlanner(config, auto, timed=False)
+    assert planner.plan([1, 2, 3, 4, 5, 6, 1, 2, 3]) == (False, 8)
+    assert auto.current == "lookup" and config.max_draft_tokens == 8
+
+
 def test_a_match_drafts_the_length_its_acceptance_by_depth_and_costs_pay_for():
     """The draft length maximises expected tokens over the round's cost, from
     the match length's acceptance by depth: shorter where verifying a token
