@@ -10,6 +10,7 @@ from typing import List, Sequence, Tuple
 
 import mlx.core as mx
 
+from ..adaptive import expected_tokens
 from ..attention.tree import prepare_tree_model, tree_unsupported
 from ..costs import VERIFY_SLOPE
 from .base import Proposal, check_no_drafter_cache
@@ -39,16 +40,6 @@ LATER_PRIOR = (0.55, 0.65, 0.85)
 PRIOR_WEIGHT, DECAY = 1.0, 0.9
 # A match length kept out is proposed again after this many skipped rounds.
 PROBE_EVERY = 8
-
-
-def chain_tokens(acceptance: Sequence[float]) -> List[float]:
-    """Expected tokens of a round for each draft length: entry ``g`` of the
-    ``(len(acceptance) + 1,)`` result is ``1 + sum_{k<=g} prod_{i<=k} a_i``."""
-    out, reach = [1.0], 1.0
-    for a in acceptance:
-        reach *= a
-        out.append(out[-1] + reach)
-    return out
 
 
 class MatchRates:
@@ -98,7 +89,7 @@ class MatchRates:
     def best_length(self, n: int) -> Tuple[int, float]:
         """The draft length in ``[1, len(costs) - 1]`` with the most expected
         tokens per unit of cost for a length-``n`` match, and that rate."""
-        tokens = chain_tokens(self.acceptance(n, len(self.costs) - 1))
+        tokens = expected_tokens(self.acceptance(n, len(self.costs) - 1))
         best, best_rate = 1, -1.0
         for g in range(1, len(self.costs)):
             rate = tokens[g] / max(self.costs[g], 1e-12)
