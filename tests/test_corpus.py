@@ -421,6 +421,39 @@ def test_the_prefill_is_cached_per_shard_and_only_new_shards_run(
     assert np.array_equal(grown_more.law_ids[-1], first.law_ids[0])
 
 
+def test_one_prefill_stores_a_superset_that_serves_a_draft_and_a_head(
+    load_model, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train import corpus_data
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    cache = tmp_path / "cache"
+    head = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(0,), store_layers=(0, -1), cache=cache
+    )
+    width = model.args.hidden_size
+    assert head.features[0].shape[1] == width
+    assert all(path.stem.endswith("-f0_-1") for path in cache.glob("*.npz"))
+    runs = []
+    real = corpus_data.teacher_data
+    monkeypatch.setattr(
+        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    draft = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(-1,), cache=cache
+    )
+    assert runs == []
+    alone = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(-1,), cache=tmp_path / "alone"
+    )
+    assert all(np.array_equal(a, b) for a, b in zip(draft.features, alone.features))
+    with pytest.raises(ValueError, match="must include"):
+        corpus_data.corpus_completions(
+            model, corpus, "train", feature_layers=(1,), store_layers=(0,), cache=cache
+        )
+
+
 @pytest.mark.parametrize(
     "kind, measures",
     [
@@ -470,6 +503,37 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
             "command": began["command"],
         }
     assert f"began with `{began['command']}`" in (third / "README.md").read_text()
+
+
+def test_keep_features_prefills_the_corpus_once_for_a_head_and_a_draft(
+    checkpoints, grown, tmp_path, capsys
+):
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = _heldout_marked(grown, tmp_path)
+    cache = tmp_path / "cache"
+    base = ["--model", str(checkpoints["llama"]), "--corpus", str(corpus.folder)]
+    base += ["--cache", str(cache), "--no-progress", "--data-only"]
+    argv = [
+        *base,
+        "--kind",
+        "eagle",
+        "--feature-layers",
+        "0",
+        "--out",
+        str(tmp_path / "h"),
+    ]
+    assert train_main([*argv, "--keep-features", "0,-1"]) == 0
+    assert {p.stem.split("-f", 1)[1] for p in cache.glob("*.npz")} == {"0_-1"}
+    made = sorted(cache.glob("*.npz"))
+    draft = [*base, "--kind", "draft", "--out", str(tmp_path / "d")]
+    assert train_main(draft) == 0
+    assert sorted(cache.glob("*.npz")) == made  # the draft read the head's prefill
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train_main([*argv, "--keep-features", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--keep-features -1 must include" in err[0]
 
 
 def test_the_sweep_records_speed_by_batch_size_and_grow_uses_the_fastest(

@@ -116,7 +116,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--data-only",
         action="store_true",
-        help="Make (or extend) the completions in OUT/data, then stop.",
+        help="Make (or extend) the completions in OUT/data, or with --corpus its cached prefill, then stop.",
     )
     g.add_argument(
         "--keep-features",
@@ -126,7 +126,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--feature-layers are among them needs no second pass of the target, and "
         "the data grows by one hidden state per position for each one kept "
         "(default: what the data folder holds, else what this run reads: an EAGLE "
-        f"head's --feature-layers, else {FINAL}).",
+        f"head's --feature-layers, else {FINAL}). With --corpus: what a new prefill "
+        "caches, so that one prefill serves several drafters (with --data-only: "
+        "prefill and stop).",
     )
     g.add_argument(
         "--top-k",

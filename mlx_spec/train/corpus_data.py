@@ -76,6 +76,7 @@ def corpus_completions(
     split: str,
     *,
     feature_layers: Sequence[int] = (-1,),
+    store_layers: Optional[Sequence[int]] = None,
     top_k: int = DEFAULT_TEACHER_TOP_K,
     cache: Optional[Path] = None,
     max_tokens: Optional[int] = None,
@@ -88,6 +89,8 @@ def corpus_completions(
         corpus: The corpus.
         split: ``"train"`` or ``"heldout"``.
         feature_layers: Features kept at every position (none: laws only).
+        store_layers: Features a new prefill writes to the cache, a superset of
+          ``feature_layers`` (default: those), so one prefill serves several drafters.
         top_k: Size of the kept top of each law.
         cache: Folder of the derived data. Default: :func:`default_cache`.
         max_tokens: Use only the first shards, up to about this many
@@ -108,6 +111,11 @@ def corpus_completions(
     folder = Path(cache) if cache else default_cache()
     folder.mkdir(parents=True, exist_ok=True)
     layers = tuple(feature_layers)
+    store = tuple(layers if store_layers is None else store_layers)
+    if not set(layers) <= set(store):
+        raise ValueError(
+            f"the features to store ({list(store)}) must include those read ({list(layers)})."
+        )
     data = Completions(features=[] if layers else None, feature_layers=layers)
     made = 0
     for path in corpus.shard_paths():
@@ -121,7 +129,7 @@ def corpus_completions(
                 part = _select(part, held, layers)
             temps, sets = _columns(path, split)
         else:
-            cached = folder / f"{stem}-{_layers_tag(feature_layers)}.npz"
+            cached = folder / f"{stem}-{_layers_tag(store)}.npz"
             records = [
                 r for r in _read(path).sequences() if r.heldout == (split == "heldout")
             ]
@@ -133,12 +141,14 @@ def corpus_completions(
                 model,
                 [r.tokens.tolist() for r in records],
                 [len(r.prompt) for r in records],
-                feature_layers=feature_layers,
+                feature_layers=store,
                 top_k=top_k,
             )
             tmp = cached.with_name(f".{cached.stem}.tmp.npz")
             part.save(tmp)
             tmp.replace(cached)
+            if layers:
+                part = _select(part, store, layers)
             if log is not None:
                 log(f"prefilled {path.name} ({split}): {part.num_tokens} tokens")
         for i in range(len(part)):

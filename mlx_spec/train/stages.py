@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from ..features import FINAL, feature_owner
+from ..features import FINAL, check_feature_layers, feature_owner
 from . import completions as C
 from . import head_command as H
 from .cli_options import draft_reads_features, int_list
@@ -106,7 +106,23 @@ def corpus_stage(args, model, out: Path):
         layers = H.head_feature_layers(
             args, args.kind, len(feature_owner(model).layers)
         )
-    options = dict(feature_layers=layers, top_k=args.top_k, cache=args.cache, log=log)
+    store = layers
+    if args.keep_features:  # one prefill for several drafters: a superset is cached
+        store = list(
+            check_feature_layers(model, int_list(args.keep_features, "keep-features"))
+        )
+        if not set(layers) <= set(store):
+            raise ValueError(
+                f"--keep-features {args.keep_features} must include the features "
+                f"this run reads ({','.join(map(str, layers))})."
+            )
+    options = dict(
+        feature_layers=layers,
+        store_layers=store,
+        top_k=args.top_k,
+        cache=args.cache,
+        log=log,
+    )
     train = corpus_completions(
         model, corpus, "train", max_tokens=args.corpus_tokens, **options
     )
