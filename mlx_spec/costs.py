@@ -93,15 +93,20 @@ def model_step_cost(draft_model, target_model) -> float:
     return DRAFT_LATENCY + ratio
 
 
-# Online cost model: rounds are forgotten at this rate, and its prior counts
-# as this many rounds on each coefficient (enough to price unseen widths early).
+# Online cost model: each kind of round (plain rounds, each arm's) forgets its
+# own evidence at this rate per round of that kind, and the prior counts as this
+# many rounds on each coefficient (enough to price unseen widths early).
 COST_FORGET = 0.97
 COST_PRIOR_ROUNDS = 2.0
+# An arm's switch is what its rounds cost beyond the rest, which plain rounds
+# measure: its prior (none) weighs this little, so it does not draw the step up.
+SWITCH_PRIOR_ROUNDS = 0.25
 # A round whose drafting is timed on its own measures the draft step directly:
 # it counts as this many rounds' worth of evidence.
 DRAFT_TIMING_WEIGHT = 8.0
 # Coefficients per arm: its draft step, switch and catch-up per token.
 PER_ARM = 3
+PLAIN = None  # the kind of a round that drafted nothing
 
 
 class MeasuredCosts:
@@ -122,13 +127,21 @@ class MeasuredCosts:
     without catch-up (:meth:`round_time`, :meth:`chain_times`), so whether
     to draft compares steady rates: the tokens a draft missed are caught up
     once, whenever it next drafts, not each round.
-    The coefficients come from an exponentially forgetting least-squares fit
-    over every round (plain, lookup, chain and tree rounds each separate some
-    of them, and a few rounds time their drafting on its own, see
-    :meth:`observe_drafts`), pulled towards the fixed model
-    (:func:`static_round_cost`) scaled to the first round's cost. No forward
-    is added for it: the engine times rounds that run anyway. Widths that cost about as much as one token
-    (a GPU) give a slope near zero.
+
+    The coefficients come from a least-squares fit over every round (plain,
+    lookup, chain and tree rounds each separate some of them, and a few
+    rounds time their drafting on its own, see :meth:`observe_drafts`),
+    pulled towards the fixed model (:func:`static_round_cost`) in units of
+    the plain rounds' mean cost (the first round's, scaled, before any).
+    Each kind of round forgets its own evidence as rounds of that kind come
+    in, so what only plain rounds measure (``step``, and through it each
+    arm's ``switch``) is kept while ``auto`` runs other rounds: forgotten
+    with every round, a few early plain rounds would fade and the prior
+    would set ``step``. The mean is right even where a plain round's forward
+    runs in the round before it (a step queued ahead, which ``mx.async_eval``
+    runs nearly at once on a CPU). No forward is added for it: the engine
+    times rounds that run anyway. Widths that cost about as much as one
+    token (a GPU) give a slope near zero.
 
     Args:
         step_costs: Each arm's modelled draft step, in 1-token target forwards.
@@ -137,10 +150,11 @@ class MeasuredCosts:
     def __init__(self, step_costs: Optional[Dict[str, float]] = None):
         self.arms: List[str] = []
         self.modelled: Dict[str, float] = {}
-        self.scale: Optional[float] = None  # seconds (or units) per modelled unit
+        self.first_scale: Optional[float] = None  # the first round's, per unit
         self.rounds = 0
-        self._gram = np.zeros((2, 2))
-        self._moment = np.zeros(2)
+        # Per kind of round (PLAIN or an arm): its (gram, moment) evidence.
+        self._evidence: Dict[Optional[str], Tuple[np.ndarray, np.ndarray]] = {}
+        self._size = 2
         self._theta: Optional[np.ndarray] = None
         self.forwards: Dict[str, int] = {}  # draft forwards seen per arm
         for arm, cost in (step_costs or {}).items():
@@ -152,11 +166,12 @@ class MeasuredCosts:
             return
         self.arms.append(arm)
         self.modelled[arm] = float(step_cost)
-        size = 2 + PER_ARM * len(self.arms)
-        gram, moment = np.zeros((size, size)), np.zeros(size)
-        old = self._moment.size
-        gram[:old, :old], moment[:old] = self._gram, self._moment
-        self._gram, self._moment, self._theta = gram, moment, None
+        old, self._size = self._size, 2 + PER_ARM * len(self.arms)
+        for kind, (gram, moment) in self._evidence.items():
+            grown, longer = np.zeros((self._size, self._size)), np.zeros(self._size)
+            grown[:old, :old], longer[:old] = gram, moment
+            self._evidence[kind] = (grown, longer)
+        self._theta = None
 
     def _column(self, arm: str) -> int:
         """Index of ``arm``'s draft step; its switch and catch-up follow."""
@@ -165,12 +180,28 @@ class MeasuredCosts:
     def _features(
         self, arm: Optional[str], forwards: int, width: int, caught_up: int = 0
     ) -> np.ndarray:
-        x = np.zeros(self._moment.size)
+        x = np.zeros(self._size)
         x[0], x[1] = 1.0, width - 1
         if arm is not None and width > 1:
             j = self._column(arm)
             x[j], x[j + 1], x[j + 2] = forwards, 1.0, caught_up
         return x
+
+    def _add(self, kind: Optional[str], x: np.ndarray, cost: float, keep: float):
+        """Age ``kind``'s evidence by ``keep`` and add the row ``x`` of ``cost``."""
+        zero = (np.zeros((self._size, self._size)), np.zeros(self._size))
+        gram, moment = self._evidence.get(kind, zero)
+        self._evidence[kind] = (keep * gram + np.outer(x, x), keep * moment + x * cost)
+        self._theta = None
+
+    @property
+    def scale(self) -> Optional[float]:
+        """Seconds (or units) per modelled unit: the plain rounds' mean cost
+        (the first round's cost over its modelled one before any)."""
+        plain = self._evidence.get(PLAIN)
+        if plain is not None and plain[0][0, 0] > 0:
+            return float(plain[1][0] / plain[0][0, 0])
+        return self.first_scale
 
     def _prior(self) -> np.ndarray:
         units = [1.0, VERIFY_SLOPE]
@@ -191,42 +222,43 @@ class MeasuredCosts:
         """Record one round: the arm that drafted (``None`` for a plain round),
         its draft forwards, the tokens it verified, its cost and the tokens
         beyond one that its first draft forward read."""
-        if arm is not None and width > 1:
+        drafted = arm is not None and width > 1
+        if drafted:
             self.add_arm(arm)
-        if self.scale is None and cost > 0:
-            step = self.modelled.get(arm, 0.0) if width > 1 else 0.0
-            self.scale = cost / static_round_cost(step, forwards, width)
+        if self.first_scale is None and cost > 0:
+            step = self.modelled.get(arm, 0.0) if drafted else 0.0
+            self.first_scale = cost / static_round_cost(step, forwards, width)
         if arm is not None:
             self.forwards[arm] = self.forwards.get(arm, 0) + forwards
         x = self._features(arm, forwards, width, caught_up)
-        self._gram = COST_FORGET * self._gram + np.outer(x, x)
-        self._moment = COST_FORGET * self._moment + x * cost
-        self._theta = None
+        self._add(arm if drafted else PLAIN, x, cost, COST_FORGET)
         self.rounds += 1
 
     def observe_drafts(self, arm: str, forwards: int, cost: float, caught_up: int = 0):
         """Record the drafting part of a round timed on its own (a sync after
         drafting): it separates ``draft_step[arm]`` from the verification
         slope, which a chain's rounds alone cannot (their widths grow with
-        their forwards)."""
+        their forwards). It ages with the arm's rounds."""
         self.add_arm(arm)
-        x = np.zeros(self._moment.size)
+        x = np.zeros(self._size)
         j = self._column(arm)
         x[j], x[j + 2] = forwards, caught_up
-        self._gram += DRAFT_TIMING_WEIGHT * np.outer(x, x)
-        self._moment += DRAFT_TIMING_WEIGHT * x * cost
-        self._theta = None
+        weight = np.sqrt(DRAFT_TIMING_WEIGHT)
+        self._add(arm, weight * x, weight * cost, 1.0)
 
     def _coefficients(self) -> np.ndarray:
         if self._theta is None:
             prior = self._prior()
             scale = max(self.scale or 1.0, 1e-12)
+            gram, moment = np.zeros((self._size, self._size)), np.zeros(self._size)
+            for g, m in self._evidence.values():
+                gram, moment = gram + g, moment + m
             # The prior's weight is set in modelled units so it does not
             # depend on the clock's.
-            ridge = COST_PRIOR_ROUNDS * np.eye(prior.size)
-            units = np.linalg.solve(
-                self._gram + ridge, (self._moment + ridge @ prior) / scale
-            )
+            weights = np.full(prior.size, COST_PRIOR_ROUNDS)
+            weights[3::PER_ARM] = SWITCH_PRIOR_ROUNDS
+            ridge = np.diag(weights)
+            units = np.linalg.solve(gram + ridge, (moment + ridge @ prior) / scale)
             self._theta = scale * np.maximum(units, 0.0)
             self._theta[0] = scale * max(units[0], 1e-3)
         return self._theta

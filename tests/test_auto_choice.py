@@ -105,6 +105,57 @@ def test_measured_costs_start_from_the_fixed_model_and_follow_a_flat_gpu():
     assert costs.draft_step_time("draft") == pytest.approx(0.003, rel=0.15)
 
 
+def _drafting_rounds(costs, truth, rounds, rng):
+    """``rounds`` of auto's drafting arms (chain with its drafting timed now and
+    then, tree and lookup), each with a fixed switch cost."""
+    for i in range(rounds):
+        kind = rng.choice(["draft", "lookup", "tree"])
+        if kind == "lookup":
+            g = rng.randint(2, 8)
+            t = truth["step"] + truth["slope"] * g + truth["switch"]
+            costs.observe("lookup", 0, g + 1, t)
+            continue
+        forwards = rng.randint(1, 4)
+        width = forwards + 1 if kind == "draft" else 2 * forwards + 1
+        if kind == "draft" and i % 8 == 0:
+            costs.observe_drafts("draft", forwards, truth["draft"] * forwards)
+        t = truth["step"] + truth["slope"] * (width - 1) + truth["switch"]
+        costs.observe(kind, forwards, width, t + truth["draft"] * forwards)
+
+
+def test_measured_costs_price_a_plain_round_by_its_mean_not_the_first_one():
+    """On a CPU a plain round queued ahead runs its forward in the round that
+    queued it (``mx.async_eval`` returns once most of it ran): the first round
+    costs two steps and the second almost none. The prior is set in units of
+    the plain rounds' mean, so the fitted step, slope and draft step read as
+    the machine's (a prior twice too large held the step up and the rest down)."""
+    truth = dict(step=0.050, slope=0.004, draft=0.0045, switch=0.006)
+    costs = MeasuredCosts({"draft": 0.09, "tree": 0.09, "lookup": 0.0})
+    costs.observe(None, 0, 1, 2 * truth["step"])
+    costs.observe(None, 0, 1, 0.0)
+    _drafting_rounds(costs, truth, 80, random.Random(0))
+    report = costs.report()
+    assert costs.step_time() == pytest.approx(truth["step"], rel=0.03)
+    assert report["verify_by_width"][8] == pytest.approx(1 + 7 * 0.08, rel=0.03)
+    assert report["draft_step"]["draft"] == pytest.approx(0.09, rel=0.1)
+
+
+def test_measured_costs_keep_plain_rounds_while_auto_drafts():
+    """Each kind of round forgets only its own evidence: hundreds of drafting
+    rounds after the plain ones leave the step where plain rounds put it
+    and each arm's switch apart from it (forgotten with every round, the
+    step would take a share of the switches, which price plain rounds
+    dearer than they are)."""
+    truth = dict(step=0.050, slope=0.004, draft=0.0045, switch=0.010)
+    costs = MeasuredCosts({"draft": 0.09, "tree": 0.09, "lookup": 0.0})
+    for _ in range(16):
+        costs.observe(None, 0, 1, truth["step"])
+    _drafting_rounds(costs, truth, 400, random.Random(1))
+    assert costs.step_time() == pytest.approx(truth["step"], rel=0.02)
+    switch = costs.report()["switch"]
+    assert switch == pytest.approx({a: 0.2 for a in switch}, abs=0.04)
+
+
 class _Arm:
     is_tree = False
 
