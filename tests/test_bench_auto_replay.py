@@ -97,7 +97,10 @@ def test_family_speeds_per_family_and_overall():
     ]
     speeds = family_speeds(records, CostModel(), gammas=(1, 4))
     assert set(speeds) == {"high", "low", "all"}
-    assert set(speeds["all"]) == {"alpha", "auto", "γ=1", "γ=4", "lookup waste"}
+    fitted = {"fit v(8)", "fit draft"}
+    assert (
+        set(speeds["all"]) == {"alpha", "auto", "γ=1", "γ=4", "lookup waste"} | fitted
+    )
     assert speeds["all"]["lookup waste"] == 0.0  # nothing to copy
     assert speeds["high"]["γ=4"] > speeds["high"]["γ=1"] > 1.0
     assert speeds["low"]["γ=4"] < speeds["low"]["γ=1"] < 1.0
@@ -125,3 +128,24 @@ def test_bad_arguments_exit_with_a_one_line_error(argv, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_auto_fits_the_modelled_costs_when_a_queued_step_runs_ahead():
+    """Timed as a CPU times them, a plain step queued ahead runs in the round
+    that queued it (two steps, then none): auto's fitted verification and
+    draft step still read as the modelled costs (a prior scaled by the first
+    round read verifying 8 tokens as 1.0-1.2 steps and a draft step as 0.064)."""
+    costs = CostModel(draft_step=0.09, verify_slope=0.07, catch_up=1.0)
+    rng = np.random.default_rng(0)
+    for s in range(3):
+        matches = rng.random(96) < 0.6
+        run = replay_auto(
+            distinct_tokens(20 + 96, start=200 * s),
+            20,
+            matches,
+            costs,
+            lookup=False,
+            queued_ahead=True,
+        )
+        assert run.fitted["verify_by_width"][8] == pytest.approx(1.49, rel=0.05)
+        assert run.fitted["draft_step"]["draft"] == pytest.approx(0.09, rel=0.08)

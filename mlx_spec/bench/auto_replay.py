@@ -141,6 +141,7 @@ class Replay:
     rounds: List[str]
     drafted: List[int]
     accepted: List[int]
+    fitted: Optional[dict] = None  # the cost model auto fitted (MeasuredCosts.report)
 
     def rejected(self, arm: str) -> int:
         """Drafted tokens of ``arm``'s rounds that were rejected (each cost
@@ -172,6 +173,7 @@ def replay_auto(
     lookup: bool = True,
     noise: float = 0.0,
     seed: int = 0,
+    queued_ahead: bool = False,
 ) -> Replay:
     """Replay ``auto`` (draft chain, lookup and plain rounds) on one completion.
 
@@ -187,6 +189,9 @@ def replay_auto(
         noise: The spread of the costs the controllers see: each is the
           modelled cost times ``exp(noise * z)``, ``z`` standard normal
           (drawn from ``seed``); the replay's time adds the modelled costs.
+        queued_ahead: Time a plain step queued ahead in the round that
+          queued it, as a CPU does (``mx.async_eval`` returns once most of
+          a forward ran): that round measures two steps, the queued one none.
 
     Returns:
         The :class:`Replay`; ``tokens / time`` is its speed against plain
@@ -206,6 +211,7 @@ def replay_auto(
     planner = RoundPlanner(config, auto, timed=True, clock=lambda: seen[0])
     seq = tokens[:start]
     queued, rounds, drafted, accepted = False, [], [], []
+    ran_ahead = False  # this round's step ran in the round before
     while len(seq) - start < total:
         remaining = total - (len(seq) - start)
         is_tree, size = planner.begin_round(seq)
@@ -228,12 +234,16 @@ def replay_auto(
         planner.end_round(size, proposal, n)
         cost = costs.round(proposal.forwards, proposal.size + 1, read)
         now[0] += cost
-        seen[0] += cost * jitter
+        seen[0] += 0.0 if ran_ahead else cost * jitter
+        ran_ahead = queued and queued_ahead
+        if ran_ahead:
+            seen[0] += costs.round(0, 1) * jitter
         seq = seq + tokens[len(seq) : len(seq) + min(n + 1, remaining)]
         rounds.append(arm)
         drafted.append(proposal.size)
         accepted.append(n)
-    return Replay(len(seq) - start, now[0], rounds, drafted, accepted)
+    fitted = planner.costs.report() if planner.costs.rounds else None
+    return Replay(len(seq) - start, now[0], rounds, drafted, accepted, fitted)
 
 
 def replay_fixed(matches, gamma: int, costs: CostModel = CostModel()) -> Replay:
@@ -261,6 +271,7 @@ def family_speeds(
     gammas: Sequence[int] = DEFAULT_GAMMAS,
     max_tokens: Optional[int] = None,
     noise: float = 0.0,
+    queued_ahead: bool = False,
 ) -> Dict[str, Dict[str, float]]:
     """Speed against plain per family (all tokens over all modelled time).
 
@@ -268,14 +279,20 @@ def family_speeds(
         records: Each with ``family``, ``tokens``, ``start`` and ``matches``.
         max_tokens: Replay each record's first tokens only.
         noise: Of the costs auto measures (see :func:`replay_auto`).
+        queued_ahead: How auto's clock sees a queued plain step (see
+          :func:`replay_auto`).
 
     Returns:
         ``family -> {"auto": x, "γ=1": x, ..., "alpha": greedy acceptance,
-        "lookup waste": y}``, with an ``"all"`` family over every record;
-        ``y`` is the share of auto's modelled time spent verifying lookup
-        drafts that were rejected.
+        "lookup waste": y, "fit v(8)": v, "fit draft": c}``, with an
+        ``"all"`` family over every record; ``y`` is the share of auto's
+        modelled time spent verifying lookup drafts that were rejected, ``v``
+        and ``c`` the medians over the records of auto's fitted cost of
+        verifying 8 tokens and of a draft step (in its fitted 1-token steps,
+        to read against the modelled costs).
     """
     out: Dict[str, Dict[str, List[float]]] = {}
+    fits: Dict[str, Dict[str, List[float]]] = {}
     for i, r in enumerate(records):
         n = len(r["matches"]) if max_tokens is None else max_tokens
         matches = np.asarray(r["matches"], bool)[:n]
@@ -288,8 +305,10 @@ def family_speeds(
                 max_tokens=len(matches),
                 noise=noise,
                 seed=i,
+                queued_ahead=queued_ahead,
             )
         }
+        fitted = runs["auto"].fitted
         for g in gammas:
             runs[f"γ={g}"] = replay_fixed(matches, g, costs)
         for family in (r["family"], "all"):
@@ -303,8 +322,19 @@ def family_speeds(
             waste = row.setdefault("lookup waste", [0.0, 0.0])
             waste[0] += costs.verify_slope * runs["auto"].rejected("lookup")
             waste[1] += runs["auto"].time
+            fit = fits.setdefault(family, {"fit v(8)": [], "fit draft": []})
+            if fitted is not None:
+                fit["fit v(8)"].append(fitted["verify_by_width"][8])
+                if "draft" in fitted["draft_step"]:
+                    fit["fit draft"].append(fitted["draft_step"]["draft"])
     return {
-        family: {label: a / max(b, 1e-12) for label, (a, b) in row.items()}
+        family: {
+            **{label: a / max(b, 1e-12) for label, (a, b) in row.items()},
+            **{
+                k: float(np.median(v)) if v else float("nan")
+                for k, v in fits[family].items()
+            },
+        }
         for family, row in out.items()
     }
 
@@ -343,8 +373,9 @@ def markdown(speeds: Dict[str, Dict[str, float]], costs: CostModel) -> str:
     labels = [k for k in next(iter(speeds.values())) if k != "alpha"]
     lines = [
         f"Modelled costs: a draft step {costs.draft_step}, each verified token "
-        f"{costs.verify_slope} of a 1-token target forward; tokens per modelled "
-        "time against plain decoding.",
+        f"{costs.verify_slope} of a 1-token target forward (verifying 8: "
+        f"{1 + 7 * costs.verify_slope:.3f}); tokens per modelled time against "
+        "plain decoding, and the costs auto fitted (medians over sequences).",
         "",
         "| family | greedy α | " + " | ".join(labels) + " |",
         "|---" * (len(labels) + 2) + "|",
@@ -375,6 +406,12 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-step", type=float, default=CostModel.draft_step)
     parser.add_argument("--verify-slope", type=float, default=CostModel.verify_slope)
     parser.add_argument("--catch-up", type=float, default=CostModel.catch_up)
+    parser.add_argument(
+        "--queued-ahead",
+        action="store_true",
+        help="Time a plain step queued ahead in the round that queued it, as "
+        "a CPU does (its mx.async_eval returns once most of a forward ran).",
+    )
     parser.add_argument(
         "--noise",
         type=float,
@@ -417,7 +454,13 @@ def main(argv: Optional[Sequence[str]] = None):
         parser.error(str(e))
     if not records:
         parser.error(f"--corpus: '{args.corpus}' has no greedy held-out sequence")
-    speeds = family_speeds(records, costs, max_tokens=args.max_tokens, noise=args.noise)
+    speeds = family_speeds(
+        records,
+        costs,
+        max_tokens=args.max_tokens,
+        noise=args.noise,
+        queued_ahead=args.queued_ahead,
+    )
     print(markdown(speeds, costs), end="")
 
 
