@@ -25,8 +25,13 @@ from mlx_spec.config import SpecConfig
 from mlx_spec.costs import best_gamma, chain_round_costs
 from mlx_spec.planner import RoundPlanner, batch_width, chain_controller, round_rate
 from mlx_spec.sampling import SamplingParams
-from mlx_spec.serve.batch import SeqSpec, SpecBatchGenerator
-from mlx_spec.serve.batch_cache import RaggedBatch, batchable
+from mlx_spec.serve.batch import (
+    MIN_SHARED_PREFIX,
+    SeqSpec,
+    SpecBatchGenerator,
+    common_prefix,
+)
+from mlx_spec.serve.batch_cache import RaggedBatch, RaggedKVCache, batchable
 from mlx_spec.serve.batch_plan import RowPlanner, row_size
 from mlx_spec.serve.index import CrossRequestIndex
 from mlx_spec.serve.rows import Row
@@ -595,3 +600,42 @@ def test_a_batch_row_keeps_out_lookup_matches_that_keep_failing():
     # more than a 1-token one to be kept out.
     assert drafted[:8] == [True] * 8
     assert 1 <= sum(drafted[24:]) <= 3  # the probes only
+
+
+class _CountingPrefill:
+    """A model that counts the prompt tokens prefills read (forwards on a
+    request's own caches, not the batch's)."""
+
+    def __init__(self, model):
+        self.model, self.read = model, 0
+
+    def __call__(self, tokens, cache=None):
+        if not isinstance(cache[0], RaggedKVCache):
+            self.read += tokens.shape[1]
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_requests_sharing_a_prompt_prefix_read_it_once(load_model):
+    """A document that concurrent requests ask about is prefilled once: a
+    request whose prompt starts like another's (waiting, ready to join or
+    decoding) starts from that request's caches, and every output still
+    equals plain mlx_lm's."""
+    model, tokenizer = load_model("llama")
+    draft, _ = load_model("llama-near")
+    document = " ".join(PROMPTS * 2)
+    prompts = [f"{document} {q}" for q in ("Summary:", "Why?", "Name one.")]
+    ids = [tokenizer.encode(p) for p in prompts]
+    counting = _CountingPrefill(model)
+    gen = SpecBatchGenerator(counting, draft)
+    uids = [gen.insert(_spec(tokenizer, p, "auto", 12)) for p in prompts[:2]]
+    outputs = _run(gen, steps=3)  # the third arrives while these decode
+    uids.append(gen.insert(_spec(tokenizer, prompts[2], "draft", 12)))
+    _run(gen, outputs)
+    shared = [common_prefix(ids[i], ids[0], len(ids[i]) - 1) for i in (1, 2)]
+    assert min(shared) >= MIN_SHARED_PREFIX
+    assert counting.read == sum(len(p) - 1 for p in ids) - sum(shared)
+    for uid, prompt in zip(uids, prompts):
+        assert outputs[uid]["tokens"] == _reference(model, tokenizer, prompt, 12)

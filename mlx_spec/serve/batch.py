@@ -29,7 +29,9 @@ word or a disconnect seen by the caller). Each step prefills at most
 ``prefill_step_size`` prompt tokens, oldest request first: a long prompt
 takes one chunk per round, so the rows decoding wait one chunk at most,
 while short prompts queued together share one step instead of waiting a
-round each.
+round each. A prompt that begins like another request's (a system prompt, a
+document several clients ask about) starts from that request's caches,
+waiting, ready or decoding, and reads only the rest.
 
 Per row the output is exactly the single-sequence engine's: greedy rows
 emit the target's argmax chain, sampled rows follow the target's law
@@ -44,7 +46,7 @@ from typing import Any, List, Optional, Tuple
 import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from ..acceptance import one_hot_logprobs
 from ..costs import model_step_cost
@@ -63,6 +65,9 @@ from .rows import Row, SeqOutput, SeqSpec, seq_info
 # Methods a batch runs; the others are served one request at a time.
 BATCH_METHODS = ("none", "lookup", "draft", "auto")
 DEFAULT_MAX_BATCH = 32
+# A prompt starts from another request's caches when they share at least
+# this many tokens (a system prompt, a document several requests ask about).
+MIN_SHARED_PREFIX = 16
 
 
 class SpecBatchGenerator:
@@ -238,10 +243,49 @@ class SpecBatchGenerator:
         tokens at most: the chunk of a long prompt, or several short ones."""
         outputs, budget = [], self.prefill_step_size
         while self.waiting and budget > 0:
-            s, before = self.waiting[0], self.waiting[0].prefilled
+            s = self.waiting[0]
+            self._share_prefix(s)
+            before = s.prefilled
             outputs += self._prefill_chunk(budget)
             budget -= s.prefilled - before
         return outputs
+
+    def _share_prefix(self, s: Row):
+        """Start ``s``'s prefill from the longest prefix of its prompt that
+        another request's caches hold (prefilled, waiting to join or
+        decoding), so concurrent requests read a shared prefix once.
+
+        The prefix's keys and values are those a prefill of ``s`` computes
+        (causal attention: a token's depend only on the tokens before it).
+        """
+        limit = len(s.seq) - 1
+        best, source = s.prefilled, None
+        for row, held in self._holders(s):
+            n = common_prefix(s.seq, row.seq, min(limit, held))
+            if n > best:
+                best, source = n, row
+        if source is None or best - s.prefilled < MIN_SHARED_PREFIX:
+            return
+        T = self.num_target_caches
+        if source in self.active:
+            cache = self.target.extract(self.active.index(source), best)
+            if s.uses_draft:
+                cache += self.draft.extract(self.drafting.index(source), best)
+        else:
+            kept = source.single if s.uses_draft else source.single[:T]
+            cache = [prefix_cache(c, best) for c in kept]
+        s.single, s.prefilled = cache, best
+
+    def _holders(self, s: Row):
+        """``(row, tokens)``: rows whose caches hold their first ``tokens``
+        tokens for every model ``s`` needs."""
+        for row in list(self.waiting) + self.ready:
+            if row is not s and (row.uses_draft or not s.uses_draft):
+                yield row, row.prefilled
+        for b, row in enumerate(self.active):
+            if row.uses_draft or not s.uses_draft:
+                held = int(self.target.lengths[b])
+                yield row, min(held, row.draft_len) if s.uses_draft else held
 
     def prefill_waiting(self):
         """Process waiting prompts now, as many as the batch has room for, so
@@ -249,6 +293,7 @@ class SpecBatchGenerator:
         interleaves prefill with rounds instead)."""
         with mx.stream(generation_stream):
             while self.waiting and len(self.ready) + len(self.active) < self.max_batch:
+                self._share_prefix(self.waiting[0])
                 self._prefill_chunk()
 
     def _join(self):
@@ -532,3 +577,23 @@ class SpecBatchGenerator:
             if s.uid == uid:
                 return seq_info(s)
         return None
+
+
+def common_prefix(a: List[int], b: List[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``limit``."""
+    n = 0
+    for x, y in zip(a[:limit], b[:limit]):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_cache(cache: KVCache, length: int) -> KVCache:
+    """A new ``KVCache`` holding the first ``length`` tokens of ``cache``."""
+    out = KVCache()
+    if length > 0:
+        out.keys = cache.keys[..., :length, :]
+        out.values = cache.values[..., :length, :]
+        out.offset = length
+    return out
