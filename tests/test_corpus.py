@@ -366,6 +366,18 @@ def _heldout_marked(corpus: Corpus, tmp_path) -> Corpus:
     return copy
 
 
+def _count_prefills(monkeypatch) -> list:
+    """A list that gains an item each time the corpus data runs a prefill."""
+    from mlx_spec.train import corpus_data
+
+    runs = []
+    real = corpus_data.teacher_data
+    monkeypatch.setattr(
+        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
+    return runs
+
+
 def test_the_prefill_gives_the_targets_laws_at_every_position(
     load_model, grown, tmp_path
 ):
@@ -403,11 +415,7 @@ def test_the_prefill_is_cached_per_shard_and_only_new_shards_run(
     corpus = _heldout_marked(grown, tmp_path)
     cache = tmp_path / "cache"
     first = corpus_data.corpus_completions(model, corpus, "train", cache=cache)
-    runs = []
-    real = corpus_data.teacher_data
-    monkeypatch.setattr(
-        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
-    )
+    runs = _count_prefills(monkeypatch)
     again = corpus_data.corpus_completions(model, corpus, "train", cache=cache)
     assert runs == []
     assert all(np.array_equal(a, b) for a, b in zip(first.law_ids, again.law_ids))
@@ -435,11 +443,7 @@ def test_one_prefill_stores_a_superset_that_serves_a_draft_and_a_head(
     width = model.args.hidden_size
     assert head.features[0].shape[1] == width
     assert all(path.stem.endswith("-f0_-1") for path in cache.glob("*.npz"))
-    runs = []
-    real = corpus_data.teacher_data
-    monkeypatch.setattr(
-        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
-    )
+    runs = _count_prefills(monkeypatch)
     draft = corpus_data.corpus_completions(
         model, corpus, "train", feature_layers=(-1,), cache=cache
     )
@@ -591,11 +595,7 @@ def test_a_laws_only_request_reuses_a_heads_prefill_and_selects_its_layers(
     wide = corpus_data.corpus_completions(
         model, corpus, "train", feature_layers=(0, -1), cache=cache
     )
-    runs = []
-    real = corpus_data.teacher_data
-    monkeypatch.setattr(
-        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
-    )
+    runs = _count_prefills(monkeypatch)
     laws = corpus_data.corpus_completions(
         model, corpus, "train", feature_layers=(), cache=cache
     )
