@@ -528,7 +528,7 @@ def test_keep_features_prefills_the_corpus_once_for_a_head_and_a_draft(
         str(tmp_path / "h"),
     ]
     assert train_main([*argv, "--keep-features", "0,-1"]) == 0
-    assert {p.stem.split("-f", 1)[1] for p in cache.glob("*.npz")} == {"0_-1"}
+    assert {p.stem.rsplit("-f", 1)[1] for p in cache.glob("*.npz")} == {"0_-1"}
     made = sorted(cache.glob("*.npz"))
     draft = [*base, "--kind", "draft", "--out", str(tmp_path / "d")]
     assert train_main(draft) == 0
