@@ -495,7 +495,8 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
     assert curve[0]["corpus_tokens"] < curve[1]["corpus_tokens"]
     assert all(m in p for p in curve for m in measures)
     card = (second / "README.md").read_text()
-    assert "Learning curve" in card and f"| {curve[1]['corpus_tokens']} |" in card
+    point = f"| {curve[1]['corpus_tokens']} | {curve[1]['heldout_tokens']} |"
+    assert "Learning curve" in card and point in card  # the held-out size beside it
     # The recipe of the run the chain began with stays, through any number of warm starts.
     began = json.loads((first / "config.json").read_text())
     third = tmp_path / "h3"

@@ -303,16 +303,21 @@ def learning_curve_lines(data: Dict) -> List[str]:
     columns = [(k, name) for k, name in _CURVE_COLUMNS if any(k in p for p in curve)]
     lines = [
         "Learning curve (each run warm-starts from the last; held-out split of the "
-        "corpus, never trained on):",
+        "corpus, never trained on; it grows with the corpus, so compare points "
+        "measured on the same held-out tokens):",
         "",
-        "| date | corpus tokens | steps | " + " | ".join(n for _, n in columns) + " |",
-        "|---" * (3 + len(columns)) + "|",
+        "| date | corpus tokens | held-out tokens | steps | "
+        + " | ".join(n for _, n in columns)
+        + " |",
+        "|---" * (4 + len(columns)) + "|",
     ]
     for p in curve:
         cells = [str(p.get(k, "")) for k, _ in columns]
         lines.append(
             f"| {p.get('date', '')} | {p.get('corpus_tokens', '')} | "
-            f"{p.get('steps', '')} | " + " | ".join(cells) + " |"
+            f"{p.get('heldout_tokens', '')} | {p.get('steps', '')} | "
+            + " | ".join(cells)
+            + " |"
         )
     return lines + [""]
 
