@@ -147,6 +147,10 @@ BAD = [
     (TRAIN + ["--out", "{new}", "--sampled-temp", "nan"], "--sampled-temp=nan"),
     (TRAIN + ["--out", "{new}", "--draft-vocab", "0"], "--draft-vocab=0"),
     (TRAIN + ["--out", "{new}", "--heldout-prompts", "-1"], "--heldout-prompts=-1"),
+    (TRAIN + ["--out", "{new}", "--heldout-tokens", "0"], "--heldout-tokens=0"),
+    (TRAIN + ["--out", "{new}", "--heldout-tokens", "x"], "--heldout-tokens: invalid"),
+    (TRAIN + ["--out", "{new}", "--heldout-tokens", BIG], "--heldout-tokens="),
+    (TRAIN + ["--out", "{new}", "--heldout-tokens", "9"], "--heldout-tokens needs"),
     (TRAIN + ["--out", "{new}", "--batch-tokens", BIG], "--batch-tokens="),
     (TRAIN + ["--out", "{new}", "--lr", "inf"], "--lr"),
     # corpus

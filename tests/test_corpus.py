@@ -429,6 +429,130 @@ def test_the_prefill_is_cached_per_shard_and_only_new_shards_run(
     assert np.array_equal(grown_more.law_ids[-1], first.law_ids[0])
 
 
+def test_sequences_within_a_budget_are_a_prefix_that_never_passes_it():
+    from mlx_spec.train.corpus_data import sequences_within
+
+    lengths = [3, 4, 5]
+    assert [sequences_within(lengths, b) for b in (2, 3, 6, 7, 11, 12, 99)] == [
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
+
+
+def test_a_heldout_budget_gives_the_same_sequences_after_the_corpus_grows(
+    load_model, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train import corpus_data
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    cache = tmp_path / "cache"
+    lengths = [len(r.completion) for r in corpus.sequences("heldout")]
+    assert len(lengths) == 4 and len(corpus.shard_paths()) == 2
+    budget = sum(lengths[:3]) + lengths[3] - 1  # the fourth does not fit
+    before = corpus_data.corpus_completions(
+        model, corpus, "heldout", token_budget=budget, cache=cache
+    )
+    assert len(before) == 3 and before.completion_tokens == sum(lengths[:3])
+    # A new shard brings more held-out sequences (new prompts, as a grown corpus would).
+    more = list(corpus.sequences("heldout"))
+    for r in more:
+        r.hash += 1
+    corpus.append(more, {})
+    runs = _count_prefills(monkeypatch)
+    after = corpus_data.corpus_completions(
+        model, corpus, "heldout", token_budget=budget, cache=cache
+    )
+    assert runs == []  # served by the cache; the new shard is not even read
+    assert len(after) == len(before)
+    for name in ("tokens", "law_ids", "law_logp", "features"):
+        pairs = zip(getattr(before, name), getattr(after, name))
+        assert all(np.array_equal(a, b) for a, b in pairs), name
+    assert (after.starts, after.temps, after.prompt_sets) == (
+        before.starts,
+        before.temps,
+        before.prompt_sets,
+    )
+    # Without a budget the split grew; with one past it, all of it is used.
+    assert (
+        len(corpus_data.corpus_completions(model, corpus, "heldout", cache=cache)) == 8
+    )
+    whole = corpus_data.corpus_completions(
+        model, corpus, "heldout", token_budget=10**9, cache=cache
+    )
+    assert len(whole) == 8 and len(runs) == 1  # the new shard, prefilled once
+
+
+def _stage(checkpoints, model, corpus, tmp_path, *flags):
+    """The record of train-draft's corpus stage for ``flags``."""
+    from mlx_spec.train.cli_options import setup_arg_parser
+    from mlx_spec.train.stages import corpus_stage
+
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "o")]
+    argv += ["--corpus", str(corpus.folder), "--cache", str(tmp_path / "cache")]
+    args = setup_arg_parser().parse_args([*argv, *flags])
+    return corpus_stage(args, model, tmp_path / "o")[1:3]
+
+
+def test_the_record_and_cards_say_which_heldout_sequences_measured(
+    checkpoints, load_model, grown, tmp_path
+):
+    from mlx_spec.train.card import head_card, model_card
+    from mlx_spec.train.cli_options import DEFAULT_HELDOUT_TOKENS
+    from mlx_spec.train.stages import learning_point
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    lengths = [len(r.completion) for r in corpus.sequences("heldout")]
+    budget = sum(lengths[:2])
+    heldout, record = _stage(
+        checkpoints, model, corpus, tmp_path, "--heldout-tokens", str(budget)
+    )
+    assert len(heldout) == 2 and heldout.completion_tokens == budget
+    assert record["heldout_budget"] == budget and record["heldout_all"] is False
+    assert record["heldout_completion_tokens"] == budget
+    point = learning_point("draft", record, {"alpha": 0.5}, 2)
+    assert (point["heldout_tokens"], point["heldout_budget"]) == (budget, budget)
+    fixed = f"the first 2 held-out sequences in shard order, {budget} completion"
+    config = {"data": record}
+    assert fixed in model_card(config, "c", None)
+    assert fixed in head_card(config, "c")
+    # The default budget passes this corpus's held-out split: all of it, and said so.
+    heldout, record = _stage(checkpoints, model, corpus, tmp_path)
+    assert len(heldout) == 4 and record["heldout_all"] is True
+    assert record["heldout_budget"] == DEFAULT_HELDOUT_TOKENS
+    text = model_card({"data": record}, "c", None)
+    assert f"all 4 held-out sequences of the corpus, {sum(lengths)} completion" in text
+    assert f"fewer than the budget `--heldout-tokens {DEFAULT_HELDOUT_TOKENS}`" in text
+
+
+def test_a_heldout_budget_below_the_first_sequence_stops_in_one_line(
+    checkpoints, grown, tmp_path, monkeypatch, capsys
+):
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = _heldout_marked(grown, tmp_path)
+    first = len(next(corpus.sequences("heldout")).completion)
+    assert first > 1
+    runs = _count_prefills(monkeypatch)
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "o")]
+    argv += ["--corpus", str(corpus.folder), "--cache", str(tmp_path / "cache")]
+    with pytest.raises(SystemExit) as e:
+        train_main([*argv, "--heldout-tokens", str(first - 1), "--no-progress"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.splitlines() == [
+        f"mlx_spec train-draft: error: --heldout-tokens {first - 1} is less than the "
+        f"corpus's first held-out sequence ({first} completion tokens); raise it."
+    ]
+    assert runs == []  # stopped before any prefill
+
+
 def test_one_prefill_stores_a_superset_that_serves_a_draft_and_a_head(
     load_model, grown, tmp_path, monkeypatch
 ):
@@ -469,6 +593,7 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
     kind, measures, checkpoints, load_model, grown, tmp_path
 ):
     from mlx_spec.train.cli import main as train_main
+    from mlx_spec.train.cli_options import DEFAULT_HELDOUT_TOKENS
 
     corpus = _heldout_marked(grown, tmp_path)
     base = [
@@ -494,9 +619,11 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
     assert len(curve) == 2
     assert curve[0]["corpus_tokens"] < curve[1]["corpus_tokens"]
     assert all(m in p for p in curve for m in measures)
+    assert [p["heldout_budget"] for p in curve] == [DEFAULT_HELDOUT_TOKENS] * 2
     card = (second / "README.md").read_text()
     point = f"| {curve[1]['corpus_tokens']} | {curve[1]['heldout_tokens']} |"
     assert "Learning curve" in card and point in card  # the held-out size beside it
+    assert "first held-out sequences in shard order" in card
     # The recipe of the run the chain began with stays, through any number of warm starts.
     began = json.loads((first / "config.json").read_text())
     third = tmp_path / "h3"

@@ -187,12 +187,36 @@ def _origin_lines(config: Dict, line: str) -> List[str]:
     return [line.format(command)] if command else []
 
 
+def heldout_set_text(data: Dict) -> Optional[str]:
+    """Which held-out sequences of a corpus measured the drafter ("the first N
+    held-out sequences in shard order, T completion tokens (...)"); ``None`` for
+    a run from before ``--heldout-tokens`` (it took the whole split)."""
+    count, tokens = data.get("heldout_prompts"), data.get("heldout_completion_tokens")
+    budget = data.get("heldout_budget")
+    if budget is None:
+        return None
+    if data.get("heldout_all"):
+        return (
+            f"all {count} held-out sequences of the corpus, {tokens} completion "
+            f"tokens: fewer than the budget `--heldout-tokens {budget}`, so this set "
+            "still grows with the corpus until it reaches it"
+        )
+    return (
+        f"the first {count} held-out sequences in shard order, {tokens} completion "
+        f"tokens (budget `--heldout-tokens {budget}`: the same sequences however "
+        "the corpus grows)"
+    )
+
+
 def _draft_data_lines(data: Dict) -> List[str]:
     """The draft card's data section: the corpus, or the completions written for the run."""
     how = "by prompt source" if "corpus" in data else "no shared topic or module"
+    held = heldout_set_text(data) or (
+        f"{data.get('heldout_prompts')} prompts, "
+        f"{data.get('heldout_completion_tokens')} completion tokens"
+    )
     split = [
-        f"- held out ({how}): {data.get('heldout_prompts')} "
-        f"prompts, {data.get('heldout_completion_tokens')} completion tokens;",
+        f"- held out ({how}): {held};",
         f"- soft labels: the target's top-{data.get('top_k')} next-token law at every "
         "completion token;",
     ]
@@ -301,10 +325,17 @@ def learning_curve_lines(data: Dict) -> List[str]:
     if not curve:
         return []
     columns = [(k, name) for k, name in _CURVE_COLUMNS if any(k in p for p in curve)]
+    held = (
+        "measured on the corpus's first held-out sequences in shard order, never "
+        "trained on: all of them, or up to `--heldout-tokens`. Shards are only "
+        "appended, so points with equal held-out tokens were measured on the same "
+        "sequences"
+        if any("heldout_budget" in p for p in curve)
+        else "held-out split of the corpus, never trained on; it grows with the "
+        "corpus, so compare points measured on the same held-out tokens"
+    )
     lines = [
-        "Learning curve (each run warm-starts from the last; held-out split of the "
-        "corpus, never trained on; it grows with the corpus, so compare points "
-        "measured on the same held-out tokens):",
+        f"Learning curve (each run warm-starts from the last; {held}):",
         "",
         "| date | corpus tokens | held-out tokens | steps | "
         + " | ".join(n for _, n in columns)
@@ -358,7 +389,11 @@ def _head_data_lines(data: Dict) -> List[str]:
         f"{data.get('train_completion_tokens')} completion tokens"
     )
     if "corpus" in data:  # written by mlx_spec corpus grow (its card says how)
-        return [f"- Prompts: {sets}; {tokens} of the corpus `{data['corpus']}`."]
+        held = heldout_set_text(data)
+        return [
+            f"- Prompts: {sets}; {tokens} of the corpus `{data['corpus']}`.",
+            *([f"- Measured on {held}, never trained on."] if held else []),
+        ]
     return [
         f"- Prompts: {sets}; {tokens} ({_sampling(data)}), "
         f"written in {data.get('generation_minutes')} min.",

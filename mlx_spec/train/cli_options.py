@@ -27,6 +27,8 @@ DEFAULT_HELDOUT_PROMPTS = 48
 DEFAULT_EVAL_PROMPTS = 8
 DEFAULT_EVAL_TOKENS = 128
 DEFAULT_EVAL_GAMMAS = "1,2,3,4,5,6"
+# With --corpus: completion tokens of the fixed held-out set.
+DEFAULT_HELDOUT_TOKENS = 40_000
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -106,6 +108,15 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="With --corpus: use only its first shards, up to about N completion "
         "tokens (a point of the learning curve; default: all).",
+    )
+    g.add_argument(
+        "--heldout-tokens",
+        type=int,
+        metavar="N",
+        help="With --corpus: measure on its first held-out sequences in shard order "
+        "whose completion tokens total at most N; shards are only appended, so "
+        "runs on a grown corpus are measured on the same sequences (default: "
+        f"{DEFAULT_HELDOUT_TOKENS}; a corpus with fewer held-out tokens gives all).",
     )
     g.add_argument(
         "--cache",
@@ -276,6 +287,7 @@ INT_LOWEST = {
     "steps": 1,
     "batch_tokens": 1,
     "heldout_prompts": 1,
+    "heldout_tokens": 1,
     "draft_vocab": 1,
     "eval_every": 1,  # 0 was a ZeroDivisionError at the first step
     "eval_prompts": 1,
@@ -323,6 +335,11 @@ def check_args(args):
             raise ValueError(f"--corpus {e}") from None
     if args.corpus_tokens is not None and not args.corpus:
         raise ValueError("--corpus-tokens needs --corpus.")
+    if args.heldout_tokens is not None and not args.corpus:
+        raise ValueError(
+            "--heldout-tokens needs --corpus (without it, --heldout-prompts sets "
+            "the held-out prompts)."
+        )
     if args.corpus_tokens is not None and args.corpus_tokens < 1:
         raise ValueError("--corpus-tokens must be at least 1.")
     if args.prompts and not Path(args.prompts).is_file():

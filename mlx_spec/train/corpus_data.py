@@ -9,7 +9,9 @@ setting, in ``$MLX_SPEC_CACHE/corpus`` (default ``~/.cache/mlx_spec``): a shard
 is never rewritten, so its file stays valid, and a grown corpus only costs
 the prefill of its new shards. A file serves every request whose features
 are among those it holds: a draft model (laws only) reuses an EAGLE head's
-prefill.
+prefill. A held-out budget (:func:`corpus_completions`'s ``token_budget``) takes
+the first held-out sequences in shard order: a fixed evaluation set however
+much the corpus grows, which reads only the cache files of its shards.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def corpus_completions(
     top_k: int = DEFAULT_TEACHER_TOP_K,
     cache: Optional[Path] = None,
     max_tokens: Optional[int] = None,
+    token_budget: Optional[int] = None,
     log: Optional[Callable[[str], None]] = None,
 ) -> Completions:
     """A split of the corpus as :class:`Completions` with the target's laws and features.
@@ -95,6 +98,11 @@ def corpus_completions(
         cache: Folder of the derived data. Default: :func:`default_cache`.
         max_tokens: Use only the first shards, up to about this many
           completion tokens (``None``: all).
+        token_budget: Use only the first sequences in shard order whose
+          completion tokens total at most this many (``None``: all). Shards
+          are appended and never rewritten, so a budget the corpus fills
+          always gives the same sequences. A shard is prefilled (and cached)
+          whole, and shards past the budget are not read.
         log: Called with one line when a prefill runs.
 
     Returns:
@@ -121,22 +129,25 @@ def corpus_completions(
     for path in corpus.shard_paths():
         if max_tokens is not None and made >= max_tokens:
             break
+        shard = _read(path)
+        keep = shard.heldout == (split == "heldout")
+        lengths = shard.completion_lengths[keep]  # (N,) of this split
+        take = len(lengths)
+        if token_budget is not None:
+            take = sequences_within(lengths, token_budget - made)
+        if take == 0:
+            if len(lengths):  # the next sequence passes the budget
+                break
+            continue
         stem = f"{path.name.split('.')[0]}-{split}-{_key(manifest['target'], path, split, top_k)}"
         cached, held = _cached(folder, stem, feature_layers)
         if cached is not None:
             part = HeadData.load(cached, features=bool(layers))
             if layers:
                 part = _select(part, held, layers)
-            temps, sets = _columns(path, split)
         else:
             cached = folder / f"{stem}-{_layers_tag(store)}.npz"
-            records = [
-                r for r in _read(path).sequences() if r.heldout == (split == "heldout")
-            ]
-            if not records:
-                continue
-            temps = [r.temp for r in records]
-            sets = [r.prompt_set for r in records]
+            records = [r for r, k in zip(shard.sequences(), keep) if k]
             part = teacher_data(
                 model,
                 [r.tokens.tolist() for r in records],
@@ -151,7 +162,9 @@ def corpus_completions(
                 part = _select(part, store, layers)
             if log is not None:
                 log(f"prefilled {path.name} ({split}): {part.num_tokens} tokens")
-        for i in range(len(part)):
+        temps = [round(float(t), 6) for t in shard.temps[keep]]
+        sets = [str(s) for s in shard.prompt_sets[keep]]
+        for i in range(take):
             data.tokens.append(part.tokens[i])
             data.starts.append(part.starts[i])
             data.law_ids.append(part.teacher_ids[i])
@@ -161,21 +174,20 @@ def corpus_completions(
             data.temps.append(temps[i])
             data.prompt_sets.append(sets[i])
             made += len(part.tokens[i]) - part.starts[i]
+        if take < len(lengths):
+            break
     return data
+
+
+def sequences_within(lengths: Sequence[int], budget: int) -> int:
+    """How many leading sequences of completion ``lengths`` total at most ``budget``."""
+    return int(np.searchsorted(np.cumsum(lengths), budget, side="right"))
 
 
 def _read(path: Path):
     from .corpus import read_shard
 
     return read_shard(path)
-
-
-def _columns(path: Path, split: str):
-    """Temperatures and prompt sets of a shard's sequences of ``split``."""
-    shard = _read(path)
-    keep = shard.heldout == (split == "heldout")
-    temps = [round(float(t), 6) for t in shard.temps[keep]]
-    return temps, [str(s) for s in shard.prompt_sets[keep]]
 
 
 def corpus_tokens(corpus: Corpus, split: str = "train") -> int:

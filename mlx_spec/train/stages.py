@@ -13,7 +13,7 @@ from typing import Dict, List
 from ..features import FINAL, check_feature_layers, feature_owner
 from . import completions as C
 from . import head_command as H
-from .cli_options import draft_reads_features, int_list
+from .cli_options import DEFAULT_HELDOUT_TOKENS, draft_reads_features, int_list
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
 
 
@@ -97,7 +97,7 @@ def corpus_stage(args, model, out: Path):
         ``(train, heldout, data record, held-out prompt ids for the engine)``.
     """
     from .corpus import Corpus
-    from .corpus_data import corpus_completions
+    from .corpus_data import corpus_completions, corpus_tokens
 
     corpus = Corpus(args.corpus)
     if args.kind == "draft":
@@ -123,10 +123,21 @@ def corpus_stage(args, model, out: Path):
         cache=args.cache,
         log=log,
     )
+    budget = args.heldout_tokens or DEFAULT_HELDOUT_TOKENS
+    # Held-out first: a budget below its first sequence stops before any prefill.
+    heldout = corpus_completions(
+        model, corpus, "heldout", token_budget=budget, **options
+    )
+    heldout_total = corpus_tokens(corpus, "heldout")
+    if not len(heldout) and heldout_total:
+        first = len(next(corpus.sequences("heldout")).completion)
+        raise ValueError(
+            f"--heldout-tokens {budget} is less than the corpus's first held-out "
+            f"sequence ({first} completion tokens); raise it."
+        )
     train = corpus_completions(
         model, corpus, "train", max_tokens=args.corpus_tokens, **options
     )
-    heldout = corpus_completions(model, corpus, "heldout", **options)
     if not len(train) or not len(heldout):
         raise ValueError(
             f"the corpus in '{args.corpus}' has {len(train)} training and "
@@ -134,7 +145,8 @@ def corpus_stage(args, model, out: Path):
         )
     log(
         f"corpus: {len(train)} train ({train.completion_tokens} tokens), "
-        f"{len(heldout)} held out ({heldout.completion_tokens} tokens)"
+        f"{len(heldout)} held out ({heldout.completion_tokens} of its "
+        f"{heldout_total} held-out tokens; --heldout-tokens {budget})"
     )
     record = {
         "corpus": Path(args.corpus).name,
@@ -144,6 +156,8 @@ def corpus_stage(args, model, out: Path):
         "train_completion_tokens": train.completion_tokens,
         "heldout_prompts": len(heldout),
         "heldout_completion_tokens": heldout.completion_tokens,
+        "heldout_budget": budget,
+        "heldout_all": heldout.completion_tokens == heldout_total,
         "top_k": args.top_k,
         "learning_curve": prior_curve(args, out),
     }
@@ -180,6 +194,7 @@ def learning_point(kind: str, record: Dict, last_eval: Dict, steps: int) -> Dict
     point = {
         "corpus_tokens": record["train_completion_tokens"],
         "heldout_tokens": record["heldout_completion_tokens"],
+        "heldout_budget": record.get("heldout_budget"),
         "steps": steps,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
