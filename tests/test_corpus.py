@@ -700,15 +700,14 @@ def test_bad_batch_sizes_stop_in_one_line(capsys):
 
 
 def test_the_sweep_times_decoding_only_once_every_row_is_prefilled(load_model):
-    """Rows prefilled in groups of 8: the timer starts after the last group."""
+    """The timer starts once every row is prefilled and decoding."""
     model, tokenizer = load_model("llama")
     ticks = iter(range(10**6))
     prompts = [list(range(3, 40))] * 32
     row = G.measure_batch(
         model, tokenizer, prompts, 32, 3, clock=lambda: float(next(ticks))
     )
-    # Two timed steps of all 32 rows; a timer started once 32 tokens came
-    # (8 + 8 + 16 rows) would time steps of 16 and 24 rows.
+    # Two timed steps of all 32 rows.
     assert row["tokens"] == 32 * 2
 
 

@@ -1,8 +1,8 @@
 """Grow a corpus: the target answers new prompts, by continuous batching, into new shards.
 
-The target writes with mlx-lm's ``BatchGenerator`` (continuous batching: a
-finished row is replaced by the next prompt at once, so long answers do not
-idle the batch). Only token ids are kept, so nothing else is asked of the
+The target writes by continuous batching in lanes (:mod:`.lanes`): rows
+that finish make room for new prompts, so long answers do not idle the
+batch, and rows of different ages do not pad each other. Only token ids are kept, so nothing else is asked of the
 model. Finished sequences are written as one new shard every
 ``shard_seconds`` (atomically: a kill loses only what was not yet written),
 so a long run in the background adds shards as it goes and a new run
@@ -31,6 +31,7 @@ from .corpus_prompts import (
     source_split,
     turn_suffix,
 )
+from .lanes import LaneDecoder
 from .prompt import Prompt, split_of
 
 DEFAULT_BATCH_SIZE = 32
@@ -220,19 +221,8 @@ class Grower:
         Returns:
             Completion tokens stored by this call.
         """
-        from mlx_lm.generate import BatchGenerator
-        from mlx_lm.sample_utils import make_sampler
-
-        stops = [[int(t)] for t in self.tokenizer.eos_token_ids]
-        stop_set = {s[0] for s in stops}
-        samplers: Dict[float, Callable] = {}
-        gen = BatchGenerator(
-            self.model,
-            max_tokens=self.max_tokens,
-            stop_tokens=stops,
-            completion_batch_size=self.batch_size,
-            prefill_batch_size=min(self.batch_size, 8),
-        )
+        stop_set = {int(t) for t in self.tokenizer.eos_token_ids}
+        gen = LaneDecoder(self.model, self.batch_size, stop_set)
         live: Dict[int, Job] = {}
         out: Dict[int, List[int]] = {}
         jobs = iter(jobs)
@@ -250,11 +240,7 @@ class Grower:
                     if job is None:
                         exhausted = True
                         break
-                    if job.temp not in samplers:
-                        samplers[job.temp] = make_sampler(temp=job.temp)
-                    (uid,) = gen.insert(
-                        [job.ids], [self.max_tokens], samplers=[samplers[job.temp]]
-                    )
+                    uid = gen.insert(job.ids, self.max_tokens, job.temp)
                     live[uid], out[uid] = job, []
                 if not live:
                     break
@@ -346,21 +332,12 @@ def measure_batch(
         ``tokens_per_cpu_s`` (per second of this process's CPU time, which a
         shared machine disturbs less).
     """
-    from mlx_lm.generate import BatchGenerator
-
     rows = [list(prompts[i % len(prompts)]) for i in range(batch_size)]
-    gen = BatchGenerator(
-        model,
-        max_tokens=1 << 20,
-        stop_tokens=[],
-        completion_batch_size=batch_size,
-        prefill_batch_size=min(batch_size, 8),
-    )
+    gen = LaneDecoder(model, batch_size, stop_tokens=set())
     try:
-        gen.insert(rows)
-        decoding = set()
-        while len(decoding) < batch_size:  # every row prefilled and decoding
-            decoding.update(r.uid for r in gen.next_generated())
+        for row in rows:
+            gen.insert(row, 1 << 20, 0.0)
+        gen.next_generated()  # every row prefilled and decoding
         tokens, tic, cpu = 0, clock(), time.process_time()
         while clock() - tic < seconds:
             tokens += len(gen.next_generated())

@@ -1,0 +1,262 @@
+"""Decoding lanes for the corpus: rows that start together decode together.
+
+mlx-lm's ``BatchGenerator`` keeps every row in one padded cache. A row that
+joins is left-padded to the longest live row, every row attends over that
+width, and each join or finish copies the whole cache. The corpus's answers
+run from 1 to 512 tokens. So at batch 64 that width is mostly padding
+(a mean of about 925 slots for rows of about 300 tokens), and the copies are
+a third of the decoding time.
+
+Here rows are admitted in groups of similar prompt length, and each group is
+a *lane* with its own cache. A lane never takes new rows, so its width is its
+own rows' length. Finished rows stay in place until enough of them have
+finished, and then one ``filter`` removes them all. When there are too many
+lanes, the two oldest are merged; their rows are the long-running ones.
+
+Each lane's cache is mlx-lm's own batch cache, built the way ``BatchGenerator``
+builds it: the model's caches are merged, the prompts are prefilled
+right-padded, then ``finalize``. So any model that mlx-lm batches decodes
+here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, NamedTuple, Optional, Sequence, Set
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+# Fewest free rows that open a new lane, as a share of the batch size.
+LANE_SHARE = 0.25
+MAX_LANES = 4
+# Rows of a lane that may have finished before it is compacted: this share of
+# its rows, or any after this many steps.
+DEAD_SHARE = 0.25
+COMPACT_STEPS = 16
+PREFILL_STEP = 512
+
+
+class Token(NamedTuple):
+    """One decoded token of row ``uid``; ``finish_reason``: ``None``, ``"stop"`` or ``"length"``."""
+
+    uid: int
+    token: int
+    finish_reason: Optional[str]
+
+
+@dataclass
+class Row:
+    uid: int
+    ids: List[int]
+    max_tokens: int
+    temp: float
+    made: int = 0
+    done: bool = False
+
+
+@dataclass
+class Lane:
+    """Rows decoding together.
+
+    Attributes:
+        rows: The rows, finished ones too until the next compaction.
+        cache: The model's layer caches, batch ``len(rows)``.
+        tokens: ``(len(rows),)`` each row's next input token.
+        temps: ``(len(rows),)`` float32 sampling temperatures (0: greedy).
+    """
+
+    rows: List[Row]
+    cache: list
+    tokens: mx.array
+    temps: mx.array
+    since_compact: int = field(default=0)
+
+    @property
+    def dead(self) -> int:
+        return sum(r.done for r in self.rows)
+
+
+def sample_rows(logits: mx.array, temps: mx.array) -> mx.array:
+    """One token per row: argmax where ``temps`` is 0, else a draw from
+    ``softmax(logits / temp)`` (mlx-lm's ``make_sampler(temp)`` law).
+
+    Args:
+        logits: ``(n, V)``.
+        temps: ``(n,)``.
+
+    Returns:
+        ``(n,)`` token ids.
+    """
+    greedy = mx.argmax(logits, axis=-1)
+    scale = 1.0 / mx.maximum(temps, 1e-6)
+    hot = mx.random.categorical(logits * scale[:, None])
+    return mx.where(temps > 0, hot, greedy)
+
+
+def pick_window(lengths: Sequence[int], oldest: int, size: int) -> List[int]:
+    """Indices of ``size`` rows of the closest lengths, ``oldest`` among them.
+
+    Keeping the oldest queued row in the window means that every row is
+    admitted at last, whatever its length.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    at = order.index(oldest)
+    starts = range(max(0, at - size + 1), min(at, len(order) - size) + 1)
+    best = min(starts, key=lambda s: lengths[order[s + size - 1]] - lengths[order[s]])
+    return order[best : best + size]
+
+
+class LaneDecoder:
+    """Continuous batching by lanes: ``insert`` rows, call ``next_generated``.
+
+    Args:
+        model: The target.
+        batch_size: Most rows decoding at once, over all lanes.
+        stop_tokens: Ids that end a row (kept as its last token).
+        lane_size: Fewest free rows that open a new lane (default: a quarter
+          of the batch).
+        max_lanes: Lanes decoding at once; the two oldest merge beyond it.
+    """
+
+    def __init__(
+        self,
+        model,
+        batch_size: int,
+        stop_tokens: Set[int],
+        lane_size: Optional[int] = None,
+        max_lanes: int = MAX_LANES,
+        prefill_step: int = PREFILL_STEP,
+    ):
+        self.model, self.batch_size = model, batch_size
+        self.stop_tokens = set(int(t) for t in stop_tokens)
+        self.lane_size = lane_size or max(1, round(batch_size * LANE_SHARE))
+        self.max_lanes, self.prefill_step = max_lanes, prefill_step
+        self.queue: List[Row] = []
+        self.lanes: List[Lane] = []
+        self._uids = 0
+
+    def insert(self, ids: Sequence[int], max_tokens: int, temp: float) -> int:
+        """Queue a prompt; return its uid."""
+        if not ids or max_tokens < 1:
+            raise ValueError("a row needs a prompt and max_tokens >= 1.")
+        self._uids += 1
+        self.queue.append(Row(self._uids, list(ids), max_tokens, float(temp)))
+        return self._uids
+
+    @property
+    def live(self) -> int:
+        return sum(len(lane.rows) - lane.dead for lane in self.lanes)
+
+    def next_generated(self) -> List[Token]:
+        """Decode one token for every live row (admitting rows first)."""
+        self._admit()
+        if not self.lanes:
+            return []
+        for lane in self.lanes:
+            logits = self.model(lane.tokens[:, None], cache=lane.cache)[:, -1, :]
+            lane.tokens = sample_rows(logits, lane.temps)
+        mx.eval([lane.tokens for lane in self.lanes])
+        out = []
+        for lane in self.lanes:
+            for row, token in zip(lane.rows, lane.tokens.tolist()):
+                if row.done:
+                    continue
+                row.made += 1
+                reason = None
+                if token in self.stop_tokens:
+                    reason = "stop"
+                elif row.made >= row.max_tokens:
+                    reason = "length"
+                row.done = reason is not None
+                out.append(Token(row.uid, token, reason))
+        self._compact()
+        return out
+
+    def close(self):
+        self.lanes, self.queue = [], []
+        mx.clear_cache()
+
+    def _admit(self):
+        free = self.batch_size - self.live
+        want = min(free, len(self.queue))
+        if want < 1 or (want < self.lane_size and self.live and want < len(self.queue)):
+            return
+        if len(self.lanes) >= self.max_lanes:
+            self._merge_oldest()
+        lengths = [len(r.ids) for r in self.queue]
+        oldest = min(range(len(self.queue)), key=lambda i: self.queue[i].uid)
+        chosen = set(pick_window(lengths, oldest, want))
+        rows = [r for i, r in enumerate(self.queue) if i in chosen]
+        self.queue = [r for i, r in enumerate(self.queue) if i not in chosen]
+        self.lanes.append(self._prefill(rows))
+
+    def _prefill(self, rows: List[Row]) -> Lane:
+        """A lane of ``rows`` with all but each prompt's last token in its cache."""
+        per_row = [make_prompt_cache(self.model) for _ in rows]
+        cache = [
+            per_row[0][i].merge([c[i] for c in per_row]) for i in range(len(per_row[0]))
+        ]
+        prompts = [r.ids[:-1] for r in rows]
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        if width:
+            padding = [width - n for n in lengths]
+            tokens = mx.array([p + [0] * (width - len(p)) for p in prompts])
+            if max(padding):
+                for c in cache:
+                    c.prepare(lengths=lengths, right_padding=padding)
+            for start in range(0, width, self.prefill_step):
+                self.model(tokens[:, start : start + self.prefill_step], cache=cache)
+                mx.eval([c.state for c in cache])
+            if max(padding):
+                for c in cache:
+                    c.finalize()
+                mx.eval([c.state for c in cache])
+            mx.clear_cache()
+        return Lane(
+            rows,
+            cache,
+            mx.array([r.ids[-1] for r in rows]),
+            mx.array([r.temp for r in rows], mx.float32),
+        )
+
+    def _compact(self):
+        """Drop finished lanes; filter the finished rows out of the others now and then."""
+        kept = []
+        for lane in self.lanes:
+            lane.since_compact += 1
+            dead = lane.dead
+            if dead == len(lane.rows):
+                continue
+            if dead and (
+                dead >= DEAD_SHARE * len(lane.rows)
+                or lane.since_compact >= COMPACT_STEPS
+            ):
+                _filter(lane)
+            kept.append(lane)
+        if len(kept) < len(self.lanes):
+            mx.clear_cache()
+        self.lanes = kept
+
+    def _merge_oldest(self):
+        first, second = self.lanes[0], self.lanes[1]
+        for lane in (first, second):
+            if lane.dead:
+                _filter(lane)
+        for a, b in zip(first.cache, second.cache):
+            a.extend(b)
+        first.rows += second.rows
+        first.tokens = mx.concatenate([first.tokens, second.tokens])
+        first.temps = mx.concatenate([first.temps, second.temps])
+        del self.lanes[1]
+
+
+def _filter(lane: Lane):
+    keep = [i for i, r in enumerate(lane.rows) if not r.done]
+    for c in lane.cache:
+        c.filter(keep)
+    index = mx.array(keep)
+    lane.rows = [lane.rows[i] for i in keep]
+    lane.tokens, lane.temps = lane.tokens[index], lane.temps[index]
+    lane.since_compact = 0

@@ -1,0 +1,81 @@
+"""The corpus's lane decoder: each row decodes what plain mlx-lm decodes for it,
+through lane openings, compactions and merges, and samples at its own temperature."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_spec.train.lanes import LaneDecoder, pick_window, sample_rows
+
+
+def _decode_all(decoder, prompts, max_tokens, temps=None):
+    temps = temps or [0.0] * len(prompts)
+    uids = [decoder.insert(p, m, t) for p, m, t in zip(prompts, max_tokens, temps)]
+    out = {u: [] for u in uids}
+    reasons = {}
+    lanes_seen = 0
+    while len(reasons) < len(uids):
+        for tok in decoder.next_generated():
+            assert tok.uid not in reasons, "a row decoded after it finished"
+            out[tok.uid].append(tok.token)
+            if tok.finish_reason:
+                reasons[tok.uid] = tok.finish_reason
+        lanes_seen = max(lanes_seen, len(decoder.lanes))
+    assert decoder.next_generated() == [] and not decoder.lanes
+    return [out[u] for u in uids], [reasons[u] for u in uids], lanes_seen
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mamba2"])
+def test_each_row_is_what_plain_mlx_lm_decodes_through_lanes_and_merges(
+    load_model, arch
+):
+    from mlx_lm.generate import generate_step
+
+    model, _ = load_model(arch)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 200, n).tolist() for n in (1, 2, 9, 4, 17, 3, 12, 6, 25)]
+    max_tokens = [5, 9, 3, 12, 7, 1, 10, 4, 8]
+    # Lanes of 2 rows at most 2 at once: rows join as others finish, and the
+    # two oldest lanes merge whenever a third would open.
+    decoder = LaneDecoder(model, 4, stop_tokens=set(), lane_size=2, max_lanes=2)
+    got, reasons, lanes_seen = _decode_all(decoder, prompts, max_tokens)
+    assert lanes_seen == 2 and reasons == ["length"] * len(prompts)
+    for prompt, m, tokens in zip(prompts, max_tokens, got):
+        steps = generate_step(mx.array(prompt), model, max_tokens=m)
+        assert tokens == [int(t) for t, _ in steps]
+
+
+def test_a_stop_token_ends_its_row_and_is_kept(load_model):
+    model, _ = load_model("llama")
+    prompt = [5, 6, 7, 8]
+    decoder = LaneDecoder(model, 2, stop_tokens=set())
+    (free,), _, _ = _decode_all(decoder, [prompt], [6])
+    stop = free[2]
+    decoder = LaneDecoder(model, 2, stop_tokens={stop})
+    (tokens, other), reasons, _ = _decode_all(decoder, [prompt, [9, 10]], [6, 3])
+    assert tokens == free[: free.index(stop) + 1] and reasons[0] == "stop"
+    assert len(other) == 3 or other[-1] == stop
+
+
+def test_sampled_rows_follow_softmax_at_their_own_temperature():
+    logits = mx.array([[2.0, 1.0, 0.0, -1.0, 0.5]] * 3)
+    temps = mx.array([0.0, 0.7, 1.5])
+    n = 20000
+    draws = np.array(
+        sample_rows(mx.tile(logits, (n, 1)), mx.tile(temps, (n,)))
+    ).reshape(n, 3)
+    assert (draws[:, 0] == 0).all()  # greedy row: the argmax
+    for col, t in ((1, 0.7), (2, 1.5)):
+        law = np.exp(np.array(logits[0]) / t)
+        law /= law.sum()
+        freq = np.bincount(draws[:, col], minlength=5) / n
+        # 5 sigma of a binomial frequency over 20000 draws is below 0.018.
+        assert np.abs(freq - law).max() < 0.018, (t, freq, law)
+
+
+def test_a_window_holds_the_oldest_row_and_the_closest_lengths():
+    lengths = [50, 3, 4, 900, 5, 48, 52]
+    assert sorted(pick_window(lengths, 0, 3)) == [0, 5, 6]
+    assert sorted(pick_window(lengths, 3, 2)) == [3, 6]
+    assert sorted(pick_window(lengths, 1, 3)) == [1, 2, 4]
+    assert sorted(pick_window(lengths, 2, 7)) == list(range(7))
