@@ -162,6 +162,8 @@ BAD = [
     (GROW + ["--out", "{new}", "--cap-mb", "inf"], "--cap-mb"),
     (SWEEP + ["--batch-sizes", "8,x"], "--batch-sizes"),
     (SWEEP + ["--seconds", "nan"], "--seconds"),
+    (SWEEP + ["--warmup", "-1"], "--warmup"),
+    (SWEEP + ["--max-tokens", "0"], "--max-tokens"),
     (["corpus", "info", "{missing}"], "{missing}"),
     (["corpus", "bogus"], "bogus"),
     # bench

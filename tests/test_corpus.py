@@ -699,15 +699,26 @@ def test_bad_batch_sizes_stop_in_one_line(capsys):
     assert "comma-separated integers" in capsys.readouterr().err
 
 
-def test_the_sweep_times_decoding_only_once_every_row_is_prefilled(load_model):
-    """The timer starts once every row is prefilled and decoding."""
+@pytest.mark.parametrize("max_tokens", [2, 1000])
+def test_the_sweep_times_after_its_warmup_and_replaces_finished_rows(
+    load_model, max_tokens
+):
+    """Each fake clock read is a second: one untimed step after the first, then
+    two timed steps of all 32 rows, whether rows go on or finish every 2 steps
+    and are replaced at once."""
     model, tokenizer = load_model("llama")
     ticks = iter(range(10**6))
-    prompts = [list(range(3, 40))] * 32
     row = G.measure_batch(
-        model, tokenizer, prompts, 32, 3, clock=lambda: float(next(ticks))
+        model,
+        tokenizer,
+        [list(range(3, 40)), list(range(5, 30))],
+        32,
+        3,
+        warmup=2,
+        max_tokens=max_tokens,
+        temps={0.0: 1.0},
+        clock=lambda: float(next(ticks)),
     )
-    # Two timed steps of all 32 rows.
     assert row["tokens"] == 32 * 2
 
 

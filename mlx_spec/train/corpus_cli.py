@@ -29,8 +29,10 @@ from . import corpus_grow as G
 from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
 
 DEFAULT_SELF_INSTRUCT = 64
-DEFAULT_SWEEP = (8, 16, 32, 64)
-DEFAULT_SWEEP_SECONDS = 45.0
+DEFAULT_SWEEP = (32, 64, 96, 128)
+DEFAULT_SWEEP_SECONDS = 300.0
+# Untimed seconds before each size is timed: rows of every length are in flight by then.
+DEFAULT_SWEEP_WARMUP = 120.0
 SWEEP_FILE = "sweep.json"
 FORCE_HELP = "write into an --out folder that holds files other than a corpus"
 
@@ -108,7 +110,20 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--seconds",
         type=float,
         default=DEFAULT_SWEEP_SECONDS,
-        help=f"Decoding time per batch size (default: {DEFAULT_SWEEP_SECONDS:g}).",
+        help=f"Timed seconds per batch size (default: {DEFAULT_SWEEP_SECONDS:g}).",
+    )
+    w.add_argument(
+        "--warmup",
+        type=float,
+        default=DEFAULT_SWEEP_WARMUP,
+        help="Untimed seconds before each size is timed, so that answers of every "
+        f"length are in flight (default: {DEFAULT_SWEEP_WARMUP:g}).",
+    )
+    w.add_argument(
+        "--max-tokens",
+        type=int,
+        default=G.DEFAULT_MAX_TOKENS,
+        help=f"Longest completion, as in grow (default: {G.DEFAULT_MAX_TOKENS}).",
     )
     w.add_argument("--force", action="store_true", help=FORCE_HELP)
     i = sub.add_parser("info", help="sizes and breakdown; refresh the card")
@@ -247,22 +262,40 @@ def sweep(args) -> int:
         raise ValueError("--batch-sizes must list sizes of at least 1.")
     if not 0 < args.seconds < math.inf:
         raise ValueError(f"--seconds must be positive, got {args.seconds}.")
+    if not 0 <= args.warmup < math.inf:
+        raise ValueError(f"--warmup must be 0 or more seconds, got {args.warmup}.")
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     from ..loading import load_model
     from .corpus_prompts import prompt_stream
 
     model, tokenizer = load_model(args.model, "model")
+    # The grow's own mix of prompts, more of them than any batch holds.
     prompts = [
-        G.encode_messages(tokenizer, p.messages) for p in prompt_stream(0)[: max(sizes)]
+        G.encode_messages(tokenizer, p.messages)
+        for p in prompt_stream(0)[: 4 * max(sizes)]
     ]
     rows = []
     for size in sizes:
-        rows.append(G.measure_batch(model, tokenizer, prompts, size, args.seconds))
+        rows.append(
+            G.measure_batch(
+                model,
+                tokenizer,
+                prompts,
+                size,
+                args.seconds,
+                warmup=args.warmup,
+                max_tokens=args.max_tokens,
+            )
+        )
         _log(
             f"batch {size}: {rows[-1]['tokens_per_s']} tokens/s, "
             f"{rows[-1]['tokens_per_cpu_s']} per CPU second"
         )
     record = {
         "measured": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        "warmup": args.warmup,
+        "max_tokens": args.max_tokens,
         "rows": rows,
         "best": G.best_batch(rows),
     }
@@ -274,6 +307,16 @@ def sweep(args) -> int:
     tmp.replace(path)
     _log(f"fastest: batch {record['best']} (written to {path})")
     return 0
+
+
+def _sweep_how(measured: Dict) -> str:
+    if "warmup" not in measured:  # a sweep of an earlier version
+        return "greedy decoding once every row decodes"
+    return (
+        "completion tokens of grow's own decoding, its prompts answered up to "
+        f"{measured['max_tokens']} tokens with finished rows replaced at once, timed "
+        f"after {measured['warmup']:g} s"
+    )
 
 
 def read_sweep(folder) -> Optional[Dict]:
@@ -358,8 +401,9 @@ def card_text(summary: Dict, manifest: Dict, measured: Optional[Dict] = None) ->
         lines += [
             "",
             f"Batch sizes measured by `mlx_spec corpus sweep` ({measured['measured']}; "
-            "greedy decoding once every row decodes; CPU seconds are this process's, "
-            "which other jobs on the machine disturb less than wall time):",
+            + _sweep_how(measured)
+            + "; CPU seconds are this process's, which other jobs on the machine "
+            "disturb less than wall time):",
             "",
             "| batch | tokens/s | tokens per CPU second |",
             "|---|---|---|",

@@ -15,6 +15,7 @@ requests the target writes itself (``self``).
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass
@@ -321,26 +322,43 @@ def measure_batch(
     prompts: Sequence[List[int]],
     batch_size: int,
     seconds: float,
+    *,
+    warmup: float = 0.0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    temps: Dict[float, float] = DEFAULT_TEMPS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Dict:
-    """Greedy decoding speed of ``batch_size`` rows once all of them decode.
+    """Speed of the grow's own decoding at ``batch_size``: ``prompts`` (cycled)
+    are answered as ``grow`` answers them, finished rows are replaced at once,
+    and the timer runs for ``seconds`` once every row of the first batch is
+    decoding and ``warmup`` seconds have passed. Prefills of the rows that
+    join are timed too.
 
     ``clock`` gives wall time in seconds.
 
     Returns:
-        ``batch_size``, ``tokens``, ``seconds``, ``tokens_per_s`` (wall) and
-        ``tokens_per_cpu_s`` (per second of this process's CPU time, which a
-        shared machine disturbs less).
+        ``batch_size``, ``tokens`` (completion tokens decoded while timed),
+        ``seconds``, ``tokens_per_s`` (wall) and ``tokens_per_cpu_s`` (per
+        second of this process's CPU time, which a shared machine disturbs
+        less).
     """
-    rows = [list(prompts[i % len(prompts)]) for i in range(batch_size)]
-    gen = LaneDecoder(model, batch_size, stop_tokens=set())
+    gen = LaneDecoder(model, batch_size, set(int(t) for t in tokenizer.eos_token_ids))
+    feed = itertools.cycle(enumerate(prompts))
+
+    def step() -> int:
+        while len(gen.queue) + gen.live < QUEUE_FACTOR * batch_size:
+            i, ids = next(feed)
+            gen.insert(ids, max_tokens, temp_of(i, temps))
+        return len(gen.next_generated())
+
     try:
-        for row in rows:
-            gen.insert(row, 1 << 20, 0.0)
-        gen.next_generated()  # every row prefilled and decoding
+        start = clock()
+        step()  # the first batch prefilled and decoding
+        while clock() - start < warmup:
+            step()
         tokens, tic, cpu = 0, clock(), time.process_time()
         while clock() - tic < seconds:
-            tokens += len(gen.next_generated())
+            tokens += step()
         wall, cpu = clock() - tic, time.process_time() - cpu
     finally:
         gen.close()
