@@ -13,10 +13,9 @@ own rows' length. Finished rows stay in place until enough of them have
 finished, and then one ``filter`` removes them all. When there are too many
 lanes, the two oldest are merged; their rows are the long-running ones.
 
-Each lane's cache is mlx-lm's own batch cache, built the way ``BatchGenerator``
-builds it: the model's caches are merged, the prompts are prefilled
-right-padded, then ``finalize``. So any model that mlx-lm batches decodes
-here.
+Each prompt is prefilled alone in the model's own caches, and a lane's rows
+are joined by the caches' own ``merge`` into mlx-lm's batch caches. So no
+padding is ever computed, and any model that mlx-lm batches decodes here.
 """
 
 from __future__ import annotations
@@ -192,31 +191,28 @@ class LaneDecoder:
         self.lanes.append(self._prefill(rows))
 
     def _prefill(self, rows: List[Row]) -> Lane:
-        """A lane of ``rows`` with all but each prompt's last token in its cache."""
-        per_row = [make_prompt_cache(self.model) for _ in rows]
-        cache = [
+        """A lane of ``rows`` with all but each prompt's last token in its cache.
+
+        Each prompt is prefilled alone (on a CPU as fast per token as a batch,
+        and no padding is computed), then the caches are joined by their own
+        ``merge``.
+        """
+        per_row = []
+        for row in rows:
+            cache = make_prompt_cache(self.model)
+            prompt = mx.array(row.ids[:-1])[None]
+            for start in range(0, prompt.shape[1], self.prefill_step):
+                self.model(prompt[:, start : start + self.prefill_step], cache=cache)
+                mx.eval([c.state for c in cache])
+            per_row.append(cache)
+        joined = [
             per_row[0][i].merge([c[i] for c in per_row]) for i in range(len(per_row[0]))
         ]
-        prompts = [r.ids[:-1] for r in rows]
-        lengths = [len(p) for p in prompts]
-        width = max(lengths)
-        if width:
-            padding = [width - n for n in lengths]
-            tokens = mx.array([p + [0] * (width - len(p)) for p in prompts])
-            if max(padding):
-                for c in cache:
-                    c.prepare(lengths=lengths, right_padding=padding)
-            for start in range(0, width, self.prefill_step):
-                self.model(tokens[:, start : start + self.prefill_step], cache=cache)
-                mx.eval([c.state for c in cache])
-            if max(padding):
-                for c in cache:
-                    c.finalize()
-                mx.eval([c.state for c in cache])
-            mx.clear_cache()
+        mx.eval([c.state for c in joined])
+        mx.clear_cache()
         return Lane(
             rows,
-            cache,
+            joined,
             mx.array([r.ids[-1] for r in rows]),
             mx.array([r.temp for r in rows], mx.float32),
         )
