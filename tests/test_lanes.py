@@ -35,11 +35,14 @@ def test_each_row_is_what_plain_mlx_lm_decodes_through_lanes_and_merges(
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 200, n).tolist() for n in (1, 2, 9, 4, 17, 3, 12, 6, 25)]
     max_tokens = [5, 9, 3, 12, 7, 1, 10, 4, 8]
-    # Lanes of 2 rows at most 2 at once: rows join as others finish, and the
-    # two oldest lanes merge whenever a third would open.
-    decoder = LaneDecoder(model, 4, stop_tokens=set(), lane_size=2, max_lanes=2)
+    # Each free row opens a lane, at most 2 at once: rows join as others
+    # finish, and the two oldest lanes merge whenever a third would open.
+    decoder = LaneDecoder(model, 4, stop_tokens=set(), lane_size=1, max_lanes=2)
+    merges = []
+    merge = decoder._merge_oldest
+    decoder._merge_oldest = lambda: (merges.append(1), merge())
     got, reasons, lanes_seen = _decode_all(decoder, prompts, max_tokens)
-    assert lanes_seen == 2 and reasons == ["length"] * len(prompts)
+    assert lanes_seen == 2 and merges and reasons == ["length"] * len(prompts)
     for prompt, m, tokens in zip(prompts, max_tokens, got):
         steps = generate_step(mx.array(prompt), model, max_tokens=m)
         assert tokens == [int(t) for t, _ in steps]

@@ -127,6 +127,8 @@ class LaneDecoder:
         max_lanes: int = MAX_LANES,
         prefill_step: int = PREFILL_STEP,
     ):
+        if batch_size < 1 or max_lanes < 2:
+            raise ValueError("a lane decoder needs batch_size >= 1 and max_lanes >= 2.")
         self.model, self.batch_size = model, batch_size
         self.stop_tokens = set(int(t) for t in stop_tokens)
         self.lane_size = lane_size or max(1, round(batch_size * LANE_SHARE))
