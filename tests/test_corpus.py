@@ -367,14 +367,18 @@ def _heldout_marked(corpus: Corpus, tmp_path) -> Corpus:
 
 
 def _count_prefills(monkeypatch) -> list:
-    """A list that gains an item each time the corpus data runs a prefill."""
+    """A list that gains, each time the corpus data runs a prefill, the
+    sequences it prefills (token ids, as tuples)."""
     from mlx_spec.train import corpus_data
 
     runs = []
     real = corpus_data.teacher_data
-    monkeypatch.setattr(
-        corpus_data, "teacher_data", lambda *a, **k: runs.append(1) or real(*a, **k)
-    )
+
+    def counted(model, sequences, *a, **k):
+        runs.append([tuple(s) for s in sequences])
+        return real(model, sequences, *a, **k)
+
+    monkeypatch.setattr(corpus_data, "teacher_data", counted)
     return runs
 
 
@@ -488,15 +492,15 @@ def test_a_heldout_budget_gives_the_same_sequences_after_the_corpus_grows(
     assert len(whole) == 8 and len(runs) == 1  # the new shard, prefilled once
 
 
-def _stage(checkpoints, model, corpus, tmp_path, *flags):
-    """The record of train-draft's corpus stage for ``flags``."""
+def _stage(checkpoints, model, corpus, tmp_path, *flags, out="o"):
+    """The held-out data and record of train-draft's corpus stage for ``flags``."""
     from mlx_spec.train.cli_options import setup_arg_parser
     from mlx_spec.train.stages import corpus_stage
 
-    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "o")]
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / out)]
     argv += ["--corpus", str(corpus.folder), "--cache", str(tmp_path / "cache")]
     args = setup_arg_parser().parse_args([*argv, *flags])
-    return corpus_stage(args, model, tmp_path / "o")[1:3]
+    return corpus_stage(args, model, tmp_path / out)[1:3]
 
 
 def test_the_record_and_cards_say_which_heldout_sequences_measured(
@@ -624,6 +628,12 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
     point = f"| {curve[1]['corpus_tokens']} | {curve[1]['heldout_tokens']} |"
     assert "Learning curve" in card and point in card  # the held-out size beside it
     assert "first held-out sequences in shard order" in card
+    # Each run's shards are on its point and card: the first ones, then all.
+    assert (
+        curve[0]["shards"] != curve[1]["shards"] == f"0-{len(corpus.shard_paths()) - 1}"
+    )
+    assert [p["seen_tokens"] for p in curve] == [p["corpus_tokens"] for p in curve]
+    assert f"trained on shards {curve[1]['shards']}, the first in order" in card.lower()
     # The recipe of the run the chain began with stays, through any number of warm starts.
     began = json.loads((first / "config.json").read_text())
     third = tmp_path / "h3"
@@ -749,7 +759,7 @@ def test_a_laws_only_request_reuses_a_heads_prefill_and_selects_its_layers(
     corpus_data.corpus_completions(
         model, corpus, "train", feature_layers=(1,), cache=cache
     )
-    assert len(runs) == len(list(corpus.shard_paths()))
+    assert sum(map(len, runs)) == len(wide)  # every shard's rows, anew
     fresh = corpus_data.corpus_completions(
         model, corpus, "train", feature_layers=(), cache=tmp_path / "fresh"
     )
@@ -768,3 +778,237 @@ def test_own_requests_take_their_share_of_the_run(share, every):
 def test_no_own_share_keeps_them_for_the_end():
     jobs = list(G.interleave(iter(["t0", "t1"]), ["own"], 0.0))
     assert jobs == ["t0", "t1", "own"]
+
+
+# --------------------------------------------------------------------------- #
+# --corpus-select newest: unseen shards first, then replay; only they are prefilled
+# --------------------------------------------------------------------------- #
+
+
+def _sharded(corpus: Corpus, tmp_path, per: int = 3) -> Corpus:
+    """A copy of ``corpus`` in shards of ``per`` sequences, every fourth held out."""
+    copy = Corpus(tmp_path / "sharded")
+    copy.create(corpus.manifest()["target"], TOKENIZER, model="llama")
+    records = list(corpus.sequences())
+    for i, r in enumerate(records):
+        r.heldout = i % 4 == 0
+    for lo in range(0, len(records), per):
+        copy.append(records[lo : lo + per], {})
+    return copy
+
+
+def _train_rows(corpus: Corpus, numbers) -> set:
+    """Token ids (tuples) of the training sequences of the shards ``numbers``."""
+    from mlx_spec.train.corpus import read_shard
+
+    paths = corpus.shard_paths()
+    return {
+        tuple(r.tokens.tolist())
+        for n in numbers
+        for r in read_shard(paths[n]).sequences()
+        if not r.heldout
+    }
+
+
+def _as_old_record(folder):
+    """Make ``folder``'s drafter read as one trained before selections were
+    recorded: no selection, and curve points without shards."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    data = config["data"]
+    del data["selection"]
+    for point in data["learning_curve"]:
+        for key in ("shards", "new_tokens", "replay_tokens", "seen_tokens"):
+            del point[key]
+    path.write_text(json.dumps(config))
+
+
+def test_newest_trains_on_unseen_shards_then_a_replay_and_prefills_only_them(
+    checkpoints, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train.cli import main as train_main
+    from mlx_spec.train.corpus_data import shard_train_tokens
+    from mlx_spec.train.corpus_select import parse_ranges
+
+    corpus = _sharded(grown, tmp_path)
+    tokens = shard_train_tokens(corpus)
+    assert len(tokens) == 6 and all(tokens.values())
+    base = ["--model", str(checkpoints["llama"]), "--corpus", str(corpus.folder)]
+    base += ["--steps", "2", "--eval-every", "2", "--no-progress", "--skip-eval"]
+    base += ["--draft-vocab", "64"]
+    first, second = tmp_path / "d1", tmp_path / "d2"
+    budget = tokens[0] + tokens[1] + tokens[2] + 1  # the first four shards
+    argv = [*base, "--out", str(first), "--cache", str(tmp_path / "c1")]
+    assert train_main([*argv, "--corpus-tokens", str(budget)]) == 0
+    _as_old_record(first)  # what it saw is found from its corpus tokens
+    runs = _count_prefills(monkeypatch)
+    unseen = tokens[4] + tokens[5]
+    argv = [*base, "--out", str(second), "--cache", str(tmp_path / "c2")]
+    argv += ["--corpus-select", "newest", "--init-from", str(first)]
+    assert train_main([*argv, "--corpus-tokens", str(unseen + 1)]) == 0
+    data = json.loads((second / "config.json").read_text())["data"]
+    selection = data["selection"]
+    chosen = parse_ranges(selection["shards"])
+    assert {4, 5} < chosen and len(chosen) == 3  # both unseen, then one replayed
+    (again,) = chosen - {4, 5}
+    assert again in {0, 1, 2, 3}
+    seen = sum(tokens[n] for n in range(4))
+    assert selection == {
+        "mode": "newest",
+        "budget": unseen + 1,
+        "shards": selection["shards"],
+        "new_shards": 2,
+        "new_tokens": unseen,
+        "replay_shards": 1,
+        "replay_tokens": tokens[again],
+        "seen_tokens": seen + unseen,
+        "seed": 0,
+    }
+    # Only the chosen shards' training sequences were prefilled (and the held-out set).
+    heldout = {tuple(r.tokens.tolist()) for r in corpus.sequences("heldout")}
+    prefilled = {row for run in runs for row in run} - heldout
+    assert prefilled == _train_rows(corpus, chosen)
+    # The curve's new point says what the run read and what the drafter has seen.
+    curve = data["learning_curve"]
+    assert len(curve) == 2 and "shards" not in curve[0]
+    assert curve[1]["shards"] == selection["shards"]
+    assert (curve[1]["new_tokens"], curve[1]["replay_tokens"]) == (
+        unseen,
+        tokens[again],
+    )
+    assert curve[1]["seen_tokens"] == seen + unseen
+    card = (second / "README.md").read_text()
+    assert f"trained on shards {selection['shards']} (`--corpus-select newest`" in card
+    assert "2 not trained on before" in card
+    assert "tokens seen" in card
+    assert f"| {curve[0]['heldout_tokens']} | {seen} |" in card  # the old point
+    assert f"| {curve[1]['heldout_tokens']} | {seen + unseen} |" in card
+
+
+def test_a_resumed_newest_run_keeps_its_shards_after_the_corpus_grows(
+    checkpoints, load_model, grown, tmp_path
+):
+    from mlx_spec.train.corpus_data import shard_train_tokens
+
+    model, _ = load_model("llama")
+    corpus = _sharded(grown, tmp_path)
+    tokens = shard_train_tokens(corpus)
+    old = tmp_path / "old"  # a drafter that read the first four shards
+    old.mkdir()
+    curve = [{"corpus_tokens": sum(tokens[n] for n in range(4))}]
+    data = {"corpus": corpus.folder.name, "learning_curve": curve}
+    (old / "config.json").write_text(json.dumps({"data": data}))
+    budget = tokens[4] + tokens[5] + 1
+    flags = ["--corpus-select", "newest", "--init-from", str(old)]
+    flags += ["--corpus-tokens", str(budget)]
+    before = _stage(checkpoints, model, corpus, tmp_path, *flags)[1]["selection"]
+    assert before["replay_shards"] == 1
+    # The corpus grows: a new shard, unseen, would now come before any replay.
+    more = list(corpus.sequences("train"))[:2]
+    for r in more:
+        r.hash += 1
+    corpus.append(more, {})
+    again = _stage(checkpoints, model, corpus, tmp_path, *flags)[1]["selection"]
+    assert again == before
+    fresh = _stage(checkpoints, model, corpus, tmp_path, *flags, out="o2")[1]
+    assert fresh["selection"]["shards"] == "4-6"
+    assert fresh["selection"]["replay_shards"] == 0
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--corpus-select", "newest", "--init-from", "{tmp}"],
+            "--corpus-select newest needs --corpus-tokens N, the run's budget",
+        ),
+        (
+            ["--corpus-select", "newest", "--corpus-tokens", "10"],
+            "--corpus-select newest needs --init-from DIR, the drafter whose",
+        ),
+        (["--corpus-select", "last"], "argument --corpus-select: invalid choice"),
+    ],
+)
+def test_bad_corpus_selections_stop_in_one_line(
+    flags, message, checkpoints, grown, tmp_path, capsys
+):
+    from mlx_spec.train.cli import main as train_main
+
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "o")]
+    argv += ["--corpus", str(grown.folder)]
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    with pytest.raises(SystemExit) as e:
+        train_main([*argv, *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_corpus_select_needs_a_corpus(checkpoints, tmp_path, capsys):
+    from mlx_spec.train.cli import main as train_main
+
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as e:
+        train_main([*argv, "--corpus-select", "first"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.strip() == "mlx_spec train-draft: error: --corpus-select needs --corpus."
+
+
+def test_shards_prefilled_together_give_each_row_its_unpadded_laws_and_features(
+    load_model, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train import corpus_data
+    from mlx_spec.train.head_data import teacher_data
+
+    model, _ = load_model("llama")
+    corpus = _sharded(grown, tmp_path)
+    rows = list(corpus.sequences("train"))
+    assert len({len(r.tokens) for r in rows}) > 1  # so shorter rows are padded
+    runs = _count_prefills(monkeypatch)
+    layers = (0, -1)
+    together = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=layers, cache=tmp_path / "c"
+    )
+    assert len(runs) == 1 and len(runs[0]) == len(rows) == len(together)
+    for i, r in enumerate(rows):
+        alone = teacher_data(
+            model, [r.tokens.tolist()], [len(r.prompt)], feature_layers=layers
+        )
+        assert np.array_equal(together.tokens[i], r.tokens)
+        assert np.array_equal(together.law_ids[i][:, 0], alone.teacher_ids[0][:, 0])
+        for got, want in (
+            (together.law_logp[i], alone.teacher_logp[0]),
+            (together.features[i], alone.features[0]),
+        ):
+            assert got.shape == want.shape
+            assert np.allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+    # Shard by shard (a group of one each), the same rows come out.
+    monkeypatch.setattr(corpus_data, "PREFILL_GROUP_TOKENS", 1)
+    apart = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=layers, cache=tmp_path / "apart"
+    )
+    assert len(runs) == 1 + len(corpus.shard_paths())
+    assert together.starts == apart.starts
+    for a, b in zip(together.tokens, apart.tokens):
+        assert np.array_equal(a, b)
+    for a, b in zip(together.law_ids, apart.law_ids):
+        assert np.array_equal(a[:, 0], b[:, 0])
+
+
+def test_a_newest_run_stopped_after_its_prefill_goes_on_in_the_same_folder(
+    checkpoints, grown, tmp_path
+):
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = _sharded(grown, tmp_path)
+    base = ["--model", str(checkpoints["llama"]), "--corpus", str(corpus.folder)]
+    base += ["--cache", str(tmp_path / "c"), "--no-progress", "--skip-eval"]
+    base += ["--steps", "2", "--eval-every", "2", "--draft-vocab", "64"]
+    first = tmp_path / "d1"
+    assert train_main([*base, "--out", str(first), "--corpus-tokens", "30"]) == 0
+    argv = [*base, "--out", str(tmp_path / "d2"), "--init-from", str(first)]
+    argv += ["--corpus-select", "newest", "--corpus-tokens", "30"]
+    assert train_main([*argv, "--data-only"]) == 0  # the selection is kept in d2
+    assert train_main(argv) == 0  # d2 is this command's folder, not refused
+    assert (tmp_path / "d2" / "config.json").is_file()

@@ -208,6 +208,27 @@ def heldout_set_text(data: Dict) -> Optional[str]:
     )
 
 
+def selection_text(data: Dict) -> Optional[str]:
+    """Which training shards of a corpus a run read, new and replayed (``None``
+    for a run from before selections were recorded: it read the first shards)."""
+    sel = data.get("selection")
+    if not sel:
+        return None
+    budget = f"`--corpus-tokens {sel['budget']}`" if sel.get("budget") else "no budget"
+    seen = f"{sel['seen_tokens']} distinct training tokens of the corpus seen so far"
+    if sel["mode"] == "newest":
+        return (
+            f"shards {sel['shards']} (`--corpus-select newest`, {budget}): "
+            f"{sel['new_shards']} not trained on before ({sel['new_tokens']} tokens), "
+            f"then {sel['replay_shards']} replayed from those trained on before "
+            f"({sel['replay_tokens']} tokens, seed {sel.get('seed')}); {seen}"
+        )
+    return (
+        f"shards {sel['shards']}, the first in order ({budget}), "
+        f"{sel['new_tokens']} of their tokens not trained on before; {seen}"
+    )
+
+
 def _draft_data_lines(data: Dict) -> List[str]:
     """The draft card's data section: the corpus, or the completions written for the run."""
     how = "by prompt source" if "corpus" in data else "no shared topic or module"
@@ -233,6 +254,11 @@ def _draft_data_lines(data: Dict) -> List[str]:
             "how they were written); the target's laws come from one prefill.",
             "",
             training + ";",
+            *(
+                [f"- trained on {selection_text(data)};"]
+                if data.get("selection")
+                else []
+            ),
             *split,
         ]
     return [
@@ -334,23 +360,49 @@ def learning_curve_lines(data: Dict) -> List[str]:
         else "held-out split of the corpus, never trained on; it grows with the "
         "corpus, so compare points measured on the same held-out tokens"
     )
+    seen = seen_column(curve)
     lines = [
         f"Learning curve (each run warm-starts from the last; {held}):",
         "",
-        "| date | corpus tokens | held-out tokens | steps | "
+        "| date | corpus tokens | held-out tokens | "
+        + ("tokens seen | " if seen else "")
+        + "steps | "
         + " | ".join(n for _, n in columns)
         + " |",
-        "|---" * (4 + len(columns)) + "|",
+        "|---" * (4 + bool(seen) + len(columns)) + "|",
     ]
-    for p in curve:
+    for i, p in enumerate(curve):
         cells = [str(p.get(k, "")) for k, _ in columns]
         lines.append(
             f"| {p.get('date', '')} | {p.get('corpus_tokens', '')} | "
-            f"{p.get('heldout_tokens', '')} | {p.get('steps', '')} | "
+            f"{p.get('heldout_tokens', '')} | "
+            + (f"{seen[i]} | " if seen else "")
+            + f"{p.get('steps', '')} | "
             + " | ".join(cells)
             + " |"
         )
+    if seen:
+        lines += [
+            "",
+            "Corpus tokens: what the run trained on; tokens seen: distinct training "
+            "tokens of the corpus trained on by it and the runs before it.",
+        ]
     return lines + [""]
+
+
+def seen_column(curve: List[Dict]) -> List[int]:
+    """Distinct corpus tokens seen at each point (empty if no point records it).
+
+    A point from before selections were recorded read the first shards, so
+    what it had seen is the most corpus tokens of any point up to it.
+    """
+    if not any("seen_tokens" in p for p in curve):
+        return []
+    out, most = [], 0
+    for p in curve:
+        most = max(most, int(p.get("corpus_tokens") or 0))
+        out.append(int(p.get("seen_tokens", most)))
+    return out
 
 
 def _architecture_lines(head: Dict) -> List[str]:
@@ -392,6 +444,11 @@ def _head_data_lines(data: Dict) -> List[str]:
         held = heldout_set_text(data)
         return [
             f"- Prompts: {sets}; {tokens} of the corpus `{data['corpus']}`.",
+            *(
+                [f"- Trained on {selection_text(data)}."]
+                if data.get("selection")
+                else []
+            ),
             *([f"- Measured on {held}, never trained on."] if held else []),
         ]
     return [

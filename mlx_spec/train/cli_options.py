@@ -18,6 +18,7 @@ from . import draft as D
 from . import head_command as H
 from .checkpoint import checkpoint_dir, read_state
 from .corpus import Corpus
+from .corpus_select import SELECTION_FILE, SELECTIONS
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 
@@ -106,8 +107,18 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--corpus-tokens",
         type=int,
         metavar="N",
-        help="With --corpus: use only its first shards, up to about N completion "
-        "tokens (a point of the learning curve; default: all).",
+        help="With --corpus: train on whole shards up to about N completion tokens, "
+        "the first ones or as --corpus-select says (a point of the learning curve; "
+        "default: all).",
+    )
+    g.add_argument(
+        "--corpus-select",
+        choices=SELECTIONS,
+        help="With --corpus and --corpus-tokens N: which shards fill the budget. "
+        "first: the first shards in order. newest: first the shards the "
+        "--init-from drafter has not trained on (its learning curve says which), "
+        "then a random sample of those it has, seeded by --seed (replay, so it "
+        "does not forget); only the chosen shards are prefilled (default: first).",
     )
     g.add_argument(
         "--heldout-tokens",
@@ -342,6 +353,7 @@ def check_args(args):
         )
     if args.corpus_tokens is not None and args.corpus_tokens < 1:
         raise ValueError("--corpus-tokens must be at least 1.")
+    check_corpus_select(args)
     if args.prompts and not Path(args.prompts).is_file():
         raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
     if args.lr is not None and not 0 < args.lr < math.inf:
@@ -365,6 +377,24 @@ def check_args(args):
         )
     if args.kind != "draft":
         H.head_config(args, args.kind)
+
+
+def check_corpus_select(args):
+    """``--corpus-select``: with --corpus; ``newest`` with a budget and a drafter to extend."""
+    if args.corpus_select is None:
+        return
+    if not args.corpus:
+        raise ValueError("--corpus-select needs --corpus.")
+    if args.corpus_select == "newest" and args.corpus_tokens is None:
+        raise ValueError(
+            "--corpus-select newest needs --corpus-tokens N, the run's budget: shards "
+            "not trained on yet first, then replayed ones up to N."
+        )
+    if args.corpus_select == "newest" and not args.init_from:
+        raise ValueError(
+            "--corpus-select newest needs --init-from DIR, the drafter whose learning "
+            "curve says which shards it has trained on."
+        )
 
 
 def check_rollout_args(args):
@@ -402,7 +432,10 @@ def is_train_draft_folder(out: Path) -> bool:
     from ..loading import drafter_dir_kind
 
     data = out / "data"
-    made = any((data / name).is_file() for name in ("train.json", "heldout.json"))
+    made = any(
+        (data / name).is_file()
+        for name in ("train.json", "heldout.json", SELECTION_FILE)
+    )
     return made or checkpoint_dir(out) is not None or drafter_dir_kind(out) is not None
 
 

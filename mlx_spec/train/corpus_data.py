@@ -7,27 +7,33 @@ sequences (:func:`mlx_spec.train.head_data.teacher_data`), never from
 decoding again. They are cached outside git, one file per shard, split and
 setting, in ``$MLX_SPEC_CACHE/corpus`` (default ``~/.cache/mlx_spec``): a shard
 is never rewritten, so its file stays valid, and a grown corpus only costs
-the prefill of its new shards. A file serves every request whose features
-are among those it holds: a draft model (laws only) reuses an EAGLE head's
-prefill. A held-out budget (:func:`corpus_completions`'s ``token_budget``) takes
-the first held-out sequences in shard order: a fixed evaluation set however
-much the corpus grows, which reads only the cache files of its shards.
+the prefill of its new shards. Shards are prefilled a group at a time, their
+rows sorted by length across the group, so little of a batch is padding. A
+file serves every request whose features are among those it holds: a draft
+model (laws only) reuses an EAGLE head's prefill. A held-out budget
+(:func:`corpus_completions`'s ``token_budget``) takes the first held-out
+sequences in shard order: a fixed evaluation set however much the corpus
+grows, which reads only the cache files of its shards. A training run reads
+the shards :mod:`mlx_spec.train.corpus_select` chose, and prefills only those.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Collection, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .completions import Completions
-from .corpus import Corpus
+from .corpus import Corpus, Record, Shard
 from .head_data import DEFAULT_TEACHER_TOP_K, HeadData, teacher_data
 
 CACHE_FOLDER = "corpus"
+# Prompt and completion tokens of the shards prefilled together (see _prefill_groups).
+PREFILL_GROUP_TOKENS = 65_536
 
 
 def default_cache() -> Path:
@@ -83,6 +89,7 @@ def corpus_completions(
     cache: Optional[Path] = None,
     max_tokens: Optional[int] = None,
     token_budget: Optional[int] = None,
+    shards: Optional[Collection[int]] = None,
     log: Optional[Callable[[str], None]] = None,
 ) -> Completions:
     """A split of the corpus as :class:`Completions` with the target's laws and features.
@@ -103,6 +110,8 @@ def corpus_completions(
           are appended and never rewritten, so a budget the corpus fills
           always gives the same sequences. A shard is prefilled (and cached)
           whole, and shards past the budget are not read.
+        shards: Use only the shards of these numbers (``shard-NNNNN``;
+          ``None``: all); the others are neither read nor prefilled.
         log: Called with one line when a prefill runs.
 
     Returns:
@@ -124,9 +133,80 @@ def corpus_completions(
         raise ValueError(
             f"the features to store ({list(store)}) must include those read ({list(layers)})."
         )
+    paths = corpus.shard_paths()
+    if shards is not None:
+        paths = [p for p in paths if shard_number(p) in shards]
+    plan = _plan(paths, split, max_tokens, token_budget)
+    stems = [
+        f"{p.path.name.split('.')[0]}-{split}-{_key(manifest['target'], p.path, split, top_k)}"
+        for p in plan
+    ]
+    parts: List[Optional[HeadData]] = []
+    for stem in stems:
+        cached, held = _cached(folder, stem, layers)
+        part = None
+        if cached is not None:
+            part = HeadData.load(cached, features=bool(layers))
+            part = _select(part, held, layers) if layers else part
+        parts.append(part)
+    todo = [i for i, part in enumerate(parts) if part is None]
+    for group in _prefill_groups([plan[i] for i in todo]):
+        made = _prefill(model, [plan[todo[i]] for i in group], store, top_k)
+        for i, part in zip(group, made):
+            j = todo[i]
+            path = folder / f"{stems[j]}-{_layers_tag(store)}.npz"
+            tmp = path.with_name(f".{path.stem}.tmp.npz")
+            part.save(tmp)
+            tmp.replace(path)
+            parts[j] = _select(part, store, layers) if layers else part
+            if log is not None:
+                log(
+                    f"prefilled {plan[j].path.name} ({split}): {part.num_tokens} tokens"
+                )
     data = Completions(features=[] if layers else None, feature_layers=layers)
-    made = 0
-    for path in corpus.shard_paths():
+    for item, part in zip(plan, parts):
+        temps = [round(float(t), 6) for t in item.shard.temps[item.keep]]
+        sets = [str(s) for s in item.shard.prompt_sets[item.keep]]
+        for i in range(item.take):
+            data.tokens.append(part.tokens[i])
+            data.starts.append(part.starts[i])
+            data.law_ids.append(part.teacher_ids[i])
+            data.law_logp.append(part.teacher_logp[i])
+            if layers:
+                data.features.append(part.features[i])
+            data.temps.append(temps[i])
+            data.prompt_sets.append(sets[i])
+    return data
+
+
+def shard_number(path: Path) -> int:
+    """The number of a shard file ``shard-NNNNN.npz.xz``."""
+    return int(path.name[6:11])
+
+
+@dataclass
+class _Planned:
+    """A shard to read: its split's rows (``keep``) and how many of them to take."""
+
+    path: Path
+    shard: Shard
+    keep: np.ndarray  # (N,) bool: the rows of the split
+    take: int
+
+    @property
+    def records(self) -> List[Record]:
+        return [r for r, k in zip(self.shard.sequences(), self.keep) if k]
+
+    @property
+    def prefill_tokens(self) -> int:
+        lengths = self.shard.prompt_lengths + self.shard.completion_lengths
+        return int(lengths[self.keep].sum())
+
+
+def _plan(paths, split, max_tokens, token_budget) -> List[_Planned]:
+    """The shards of ``paths`` a split reads within its budgets, in order."""
+    plan, made = [], 0
+    for path in paths:
         if max_tokens is not None and made >= max_tokens:
             break
         shard = _read(path)
@@ -139,44 +219,47 @@ def corpus_completions(
             if len(lengths):  # the next sequence passes the budget
                 break
             continue
-        stem = f"{path.name.split('.')[0]}-{split}-{_key(manifest['target'], path, split, top_k)}"
-        cached, held = _cached(folder, stem, feature_layers)
-        if cached is not None:
-            part = HeadData.load(cached, features=bool(layers))
-            if layers:
-                part = _select(part, held, layers)
-        else:
-            cached = folder / f"{stem}-{_layers_tag(store)}.npz"
-            records = [r for r, k in zip(shard.sequences(), keep) if k]
-            part = teacher_data(
-                model,
-                [r.tokens.tolist() for r in records],
-                [len(r.prompt) for r in records],
-                feature_layers=store,
-                top_k=top_k,
-            )
-            tmp = cached.with_name(f".{cached.stem}.tmp.npz")
-            part.save(tmp)
-            tmp.replace(cached)
-            if layers:
-                part = _select(part, store, layers)
-            if log is not None:
-                log(f"prefilled {path.name} ({split}): {part.num_tokens} tokens")
-        temps = [round(float(t), 6) for t in shard.temps[keep]]
-        sets = [str(s) for s in shard.prompt_sets[keep]]
-        for i in range(take):
-            data.tokens.append(part.tokens[i])
-            data.starts.append(part.starts[i])
-            data.law_ids.append(part.teacher_ids[i])
-            data.law_logp.append(part.teacher_logp[i])
-            if layers:
-                data.features.append(part.features[i])
-            data.temps.append(temps[i])
-            data.prompt_sets.append(sets[i])
-            made += len(part.tokens[i]) - part.starts[i]
+        plan.append(_Planned(path, shard, keep, take))
+        made += int(lengths[:take].sum())
         if take < len(lengths):
             break
-    return data
+    return plan
+
+
+def _prefill_groups(plan: Sequence[_Planned]) -> List[List[int]]:
+    """Shards prefilled together: consecutive ones of about :data:`PREFILL_GROUP_TOKENS`.
+
+    Rows are sorted by length across a group's shards, which pads far less
+    than within one shard; a group is cached when done, so a stopped prefill
+    loses at most one group.
+    """
+    groups: List[List[int]] = []
+    total = PREFILL_GROUP_TOKENS
+    for i, item in enumerate(plan):
+        if total >= PREFILL_GROUP_TOKENS:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += item.prefill_tokens
+    return groups
+
+
+def _prefill(model, items: Sequence[_Planned], store, top_k) -> List[HeadData]:
+    """One batched prefill of the shards ``items`` (their split's rows); one part each."""
+    records = [r for item in items for r in item.records]
+    data = teacher_data(
+        model,
+        [r.tokens.tolist() for r in records],
+        [len(r.prompt) for r in records],
+        feature_layers=store,
+        top_k=top_k,
+    )
+    parts, lo = [], 0
+    for item in items:
+        n = int(item.keep.sum())
+        parts.append(data.subset(range(lo, lo + n)))
+        lo += n
+    return parts
 
 
 def sequences_within(lengths: Sequence[int], budget: int) -> int:
@@ -196,3 +279,11 @@ def corpus_tokens(corpus: Corpus, split: str = "train") -> int:
         int(s.completion_lengths[s.heldout == (split == "heldout")].sum())
         for s in corpus.shards()
     )
+
+
+def shard_train_tokens(corpus: Corpus) -> Dict[int, int]:
+    """Shard number -> its training completion tokens, for every shard."""
+    return {
+        shard_number(path): int(s.completion_lengths[~s.heldout].sum())
+        for path, s in ((p, _read(p)) for p in corpus.shard_paths())
+    }

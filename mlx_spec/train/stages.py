@@ -16,6 +16,9 @@ from . import head_command as H
 from .cli_options import DEFAULT_HELDOUT_TOKENS, draft_reads_features, int_list
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
 
+# What a learning-curve point keeps of its run's selection.
+SELECTION_POINT = ("shards", "new_tokens", "replay_tokens", "seen_tokens")
+
 
 def log(message: str):
     """One progress line of the run, on stderr."""
@@ -135,8 +138,10 @@ def corpus_stage(args, model, out: Path):
             f"--heldout-tokens {budget} is less than the corpus's first held-out "
             f"sequence ({first} completion tokens); raise it."
         )
+    prior = prior_data(args, out)
+    selection = select_corpus_shards(args, corpus, out, prior)
     train = corpus_completions(
-        model, corpus, "train", max_tokens=args.corpus_tokens, **options
+        model, corpus, "train", shards=set(selection.shards), **options
     )
     if not len(train) or not len(heldout):
         raise ValueError(
@@ -159,7 +164,8 @@ def corpus_stage(args, model, out: Path):
         "heldout_budget": budget,
         "heldout_all": heldout.completion_tokens == heldout_total,
         "top_k": args.top_k,
-        "learning_curve": prior_curve(args, out),
+        "selection": selection.record(args.corpus_tokens, args.seed),
+        "learning_curve": list(prior.get("learning_curve", [])),
     }
     chat = [
         t[:s].tolist()
@@ -176,8 +182,9 @@ def _counts(names) -> Dict[str, int]:
     return out
 
 
-def prior_curve(args, out: Path) -> List[Dict]:
-    """The learning curve so far: that of ``--init-from``, else of ``--out``'s drafter."""
+def prior_data(args, out: Path) -> Dict:
+    """The data record so far (its learning curve, the corpus it names): that of
+    ``--init-from``, else of ``--out``'s drafter (empty if neither has one)."""
     for folder in (args.init_from, out):
         path = Path(folder) / "config.json" if folder else None
         if path is not None and path.is_file():
@@ -185,14 +192,63 @@ def prior_curve(args, out: Path) -> List[Dict]:
                 config = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 continue
-            return list(config.get("data", {}).get("learning_curve", []))
-    return []
+            return dict(config.get("data", {}))
+    return {}
+
+
+def select_corpus_shards(args, corpus, out: Path, prior: Dict):
+    """The training shards of this run (``--corpus-select``, see :mod:`.corpus_select`).
+
+    What the drafter has seen comes from ``prior``'s learning curve. A
+    ``newest`` selection is kept in ``OUT/data``, so a resumed run trains on
+    the shards it began with however much the corpus has grown meanwhile.
+    """
+    from .corpus_data import shard_train_tokens
+    from .corpus_select import (
+        SELECTION_FILE,
+        ranges_text,
+        save_selection,
+        saved_selection,
+        seen_shards,
+        select_shards,
+    )
+
+    tokens = shard_train_tokens(corpus)
+    seen = set()
+    trained_on = prior.get("corpus")
+    if trained_on in (None, corpus.folder.name):
+        seen = seen_shards(prior.get("learning_curve", []), tokens)
+    else:
+        log(
+            f"the drafter so far trained on another corpus ({trained_on}): no shard seen"
+        )
+    mode, budget = args.corpus_select or "first", args.corpus_tokens
+    if mode == "first":  # stable as the corpus grows: nothing to keep
+        selection = select_shards(tokens, mode, budget, seen=seen)
+    else:
+        key = {"mode": mode, "corpus": corpus.folder.name, "budget": budget}
+        key.update(seed=args.seed, seen=ranges_text(seen))
+        path = out / "data" / SELECTION_FILE
+        selection = saved_selection(path, key, set(tokens))
+        if selection is not None:
+            log(f"kept the shards this run began with ({path})")
+        else:
+            selection = select_shards(tokens, mode, budget, seen=seen, seed=args.seed)
+            save_selection(path, key, selection)
+    log(
+        f"corpus selection {mode}: {len(selection.new)} shards not seen before "
+        f"({selection.new_tokens} tokens), {len(selection.replay)} seen before "
+        f"({selection.replay_tokens} tokens); budget {budget or 'all'}"
+    )
+    return selection
 
 
 def learning_point(kind: str, record: Dict, last_eval: Dict, steps: int) -> Dict:
     """One point of the learning curve: corpus tokens trained on, held-out acceptance."""
+    selection = record.get("selection", {})
     point = {
         "corpus_tokens": record["train_completion_tokens"],
+        **{k: selection[k] for k in SELECTION_POINT if k in selection},
         "heldout_tokens": record["heldout_completion_tokens"],
         "heldout_budget": record.get("heldout_budget"),
         "steps": steps,
