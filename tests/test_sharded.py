@@ -303,3 +303,11 @@ def test_sharded_table_gives_each_method_its_ratio_and_tokens_per_forward():
     text = table(rows, 2, pipeline=False)
     assert "| `draft` | 0.90 (1.50) | 1.30 (1.50) |" in text
     assert "2 processes, tensor parallel" in text
+
+
+def test_a_method_with_no_drafter_to_find_stops_in_one_line(monkeypatch):
+    from mlx_spec.bench import sharded
+
+    monkeypatch.setattr(sharded, "_default_pair", lambda method: ("target", None))
+    with pytest.raises(ValueError, match="no shipped drafter for --methods draft"):
+        sharded._drafters(["lookup", "draft"], None, None, None)

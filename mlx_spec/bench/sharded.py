@@ -83,6 +83,11 @@ def _drafters(methods, draft_model, model, tokenizer) -> Dict[str, object]:
         path = draft_model
         if path is None:
             _, path = _default_pair(method)
+        if path is None:
+            raise ValueError(
+                f"no shipped drafter for --methods {method}: pass --draft-model, "
+                "or in a checkout run with MLX_SPEC_HOME=. (the drafters are in models/)."
+            )
         drafters[method] = load_draft(path, model, tokenizer)
     return drafters
 
