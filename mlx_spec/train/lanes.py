@@ -3,9 +3,9 @@
 mlx-lm's ``BatchGenerator`` keeps every row in one padded cache. A row that
 joins is left-padded to the longest live row, every row attends over that
 width, and each join or finish copies the whole cache. The corpus's answers
-run from 1 to 512 tokens. So at batch 64 that width is mostly padding
-(a mean of about 925 slots for rows of about 300 tokens), and the copies are
-a third of the decoding time.
+run from 1 to 512 tokens. So at batch 64 that width is mostly padding: a
+mean of about 925 slots for rows of about 300 tokens. One such copy of a
+30-layer cache at 64 rows took 0.95 s on a CPU, about one decoding step.
 
 Here rows are admitted in groups of similar prompt length, and each group is
 a *lane* with its own cache. A lane never takes new rows, so its width is its
