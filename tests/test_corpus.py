@@ -296,6 +296,14 @@ def test_the_card_and_info_report_the_breakdown(tmp_path, capsys):
     [
         (["grow", "--model", "m", "--out", "o", "--tokens", "0"], "--tokens must be"),
         (
+            ["grow", "--model", "m", "--out", "o", "--max-tokens", "0"],
+            "--max-tokens must be at least 1, got 0.",
+        ),
+        (
+            ["sweep", "--model", "m", "--out", "o", "--max-tokens", "0"],
+            "--max-tokens must be at least 1, got 0.",
+        ),
+        (
             ["grow", "--model", "m", "--out", "o", "--shard-minutes", "0"],
             "--shard-minutes",
         ),
@@ -312,6 +320,29 @@ def test_bad_options_stop_in_one_line(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_grow_and_sweep_take_one_max_tokens_option():
+    """The sweep times completions as long as grow's: one flag, one default."""
+    import argparse
+
+    from mlx_spec.train.corpus_cli import setup_arg_parser
+
+    (sub,) = [
+        a
+        for a in setup_arg_parser()._actions
+        if isinstance(a, argparse._SubParsersAction)
+    ]
+    flags = [
+        [
+            (a.default, a.help, a.type)
+            for a in sub.choices[command]._actions
+            if "--max-tokens" in a.option_strings
+        ]
+        for command in ("grow", "sweep")
+    ]
+    assert len(flags[0]) == 1 and flags[0] == flags[1]
+    assert flags[0][0][0] == G.DEFAULT_MAX_TOKENS
 
 
 def test_a_corpus_of_another_target_is_refused(

@@ -37,6 +37,23 @@ SWEEP_FILE = "sweep.json"
 FORCE_HELP = "write into an --out folder that holds files other than a corpus"
 
 
+def add_max_tokens(parser: argparse.ArgumentParser):
+    """``--max-tokens`` of grow and sweep (checked by :func:`check_max_tokens`)."""
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=G.DEFAULT_MAX_TOKENS,
+        help="Longest completion, the same in grow and sweep "
+        f"(default: {G.DEFAULT_MAX_TOKENS}).",
+    )
+
+
+def check_max_tokens(args):
+    """``--max-tokens`` is at least 1 (``ValueError`` naming it)."""
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}.")
+
+
 def setup_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mlx_spec corpus",
@@ -58,12 +75,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="Rows decoded together (default: the fastest of the corpus's "
         f"`sweep`, else {G.DEFAULT_BATCH_SIZE}).",
     )
-    g.add_argument(
-        "--max-tokens",
-        type=int,
-        default=G.DEFAULT_MAX_TOKENS,
-        help=f"Longest completion (default: {G.DEFAULT_MAX_TOKENS}).",
-    )
+    add_max_tokens(g)
     g.add_argument(
         "--shard-minutes",
         type=float,
@@ -119,12 +131,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help="Untimed seconds before each size is timed, so that answers of every "
         f"length are in flight (default: {DEFAULT_SWEEP_WARMUP:g}).",
     )
-    w.add_argument(
-        "--max-tokens",
-        type=int,
-        default=G.DEFAULT_MAX_TOKENS,
-        help=f"Longest completion, as in grow (default: {G.DEFAULT_MAX_TOKENS}).",
-    )
+    add_max_tokens(w)
     w.add_argument("--force", action="store_true", help=FORCE_HELP)
     i = sub.add_parser("info", help="sizes and breakdown; refresh the card")
     i.add_argument("folder", help="The corpus folder.")
@@ -138,12 +145,13 @@ def _log(message: str):
 
 
 def _check(args):
-    for name in ("tokens", "batch_size", "max_tokens"):
+    for name in ("tokens", "batch_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(
                 f"--{name.replace('_', '-')} must be at least 1, got {value}."
             )
+    check_max_tokens(args)
     if not 0 < args.shard_minutes < math.inf:
         raise ValueError(f"--shard-minutes must be positive, got {args.shard_minutes}.")
     if args.self_instruct < 0:
@@ -264,8 +272,7 @@ def sweep(args) -> int:
         raise ValueError(f"--seconds must be positive, got {args.seconds}.")
     if not 0 <= args.warmup < math.inf:
         raise ValueError(f"--warmup must be 0 or more seconds, got {args.warmup}.")
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}.")
+    check_max_tokens(args)
     from ..loading import load_model
     from .corpus_prompts import prompt_stream
 
