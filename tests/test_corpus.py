@@ -538,7 +538,7 @@ def test_the_record_and_cards_say_which_heldout_sequences_measured(
     checkpoints, load_model, grown, tmp_path
 ):
     from mlx_spec.train.card import head_card, model_card
-    from mlx_spec.train.cli_options import DEFAULT_HELDOUT_TOKENS
+    from mlx_spec.train.corpus_data import DEFAULT_HELDOUT_TOKENS
     from mlx_spec.train.stages import learning_point
 
     model, _ = load_model("llama")
@@ -628,7 +628,7 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
     kind, measures, checkpoints, load_model, grown, tmp_path
 ):
     from mlx_spec.train.cli import main as train_main
-    from mlx_spec.train.cli_options import DEFAULT_HELDOUT_TOKENS
+    from mlx_spec.train.corpus_data import DEFAULT_HELDOUT_TOKENS
 
     corpus = _heldout_marked(grown, tmp_path)
     base = [

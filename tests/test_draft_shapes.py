@@ -197,6 +197,41 @@ def test_train_counts_read_the_training_split_only(study):
     assert (counts[np.unique(train)] > 0).all()
 
 
+class _Stop(Exception):
+    """Raised by a stand-in for the study: the test needs only its input."""
+
+
+def test_heldout_tokens_measures_on_train_drafts_heldout_set(
+    study, checkpoints, target, monkeypatch, tmp_path
+):
+    """The same --heldout-tokens N gives the same held-out sequences as
+    train-draft's: N cuts inside the corpus's one shard here."""
+    from mlx_spec.train.cli_options import setup_arg_parser
+    from mlx_spec.train.stages import corpus_stage
+
+    root, corpus, budget = study["root"], study["corpus"], 25
+    lengths = [len(r.completion) for r in corpus.sequences("heldout")]
+    assert len(corpus.shard_paths()) == 1 and lengths[0] + lengths[1] <= budget
+    assert budget < lengths[0] + lengths[1] + lengths[2]
+    measured = []
+
+    def study_of(model, drafts, heldout, *args, **kwargs):
+        measured.append(heldout)
+        raise _Stop
+
+    monkeypatch.setattr(S, "shape_study", study_of)
+    common = ["--model", str(checkpoints["llama"]), "--corpus", str(corpus.folder)]
+    common += ["--cache", str(root / "cache"), "--heldout-tokens", str(budget)]
+    with pytest.raises(_Stop):
+        S.main([*common, "--drafts", str(study["d1"])])
+    args = setup_arg_parser().parse_args([*common, "--out", str(tmp_path / "o")])
+    trained = corpus_stage(args, target, tmp_path / "o")[1]
+    assert len(trained) == 2
+    assert [t.tolist() for t in measured[0].tokens] == [
+        t.tolist() for t in trained.tokens
+    ]
+
+
 def test_the_command_reports_every_draft_vocabulary_and_gamma(
     study, checkpoints, capsys
 ):

@@ -6,9 +6,11 @@ For each trained distilled draft (``mlx_spec train-draft --kind draft``), each
 output-vocabulary size ``V`` and each draft length ``γ``:
 
 - **acceptance** is replayed from one teacher-forced forward over the
-  corpus's held-out greedy completions (:func:`mlx_spec.train.draft.greedy_matches`
-  and :func:`~mlx_spec.train.draft.replay_chains`, as train-draft's held-out
-  evaluation). A ``V`` below the draft's own vocabulary restricts its argmax
+  greedy completions of the corpus's fixed held-out set, train-draft's for the
+  same ``--heldout-tokens`` (:func:`mlx_spec.train.corpus_data.heldout_set`),
+  with :func:`mlx_spec.train.draft.greedy_matches` and
+  :func:`~mlx_spec.train.draft.replay_chains`, as train-draft's held-out
+  evaluation. A ``V`` below the draft's own vocabulary restricts its argmax
   to the ``V`` of its rows that train-draft's own rule would pick: the most
   frequent tokens of the corpus's *training* split
   (:func:`~mlx_spec.train.draft.token_counts`, stop tokens always kept);
@@ -35,6 +37,7 @@ from ..drafters.heads import HEAD_KEY, read_head_config
 from ..options import one_line_errors
 from ..train.completions import Completions
 from ..train.corpus import Corpus
+from ..train.corpus_data import DEFAULT_HELDOUT_TOKENS, HELDOUT_TOKENS_HELP
 from ..train.draft import (
     DEFAULT_MAX_LENGTH,
     greedy_alpha,
@@ -516,9 +519,9 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--heldout-tokens",
         type=int,
-        default=None,
-        help="Read only the first shards, up to about this many held-out "
-        "completion tokens (default: all).",
+        default=DEFAULT_HELDOUT_TOKENS,
+        metavar="N",
+        help=f"Measure on {HELDOUT_TOKENS_HELP}: train-draft's set for the same N.",
     )
     parser.add_argument(
         "--max-length",
@@ -570,11 +573,7 @@ def check_args(args) -> Dict[str, Dict[str, int]]:
         ("--context", [args.context], 1),
         ("--passes", [args.passes], 1),
         ("--max-length", [args.max_length], 2),
-        (
-            "--heldout-tokens",
-            [] if args.heldout_tokens is None else [args.heldout_tokens],
-            1,
-        ),
+        ("--heldout-tokens", [args.heldout_tokens], 1),
     ):
         bad = [v for v in values if v < low]
         if bad:
@@ -616,7 +615,7 @@ def train_counts(corpus, vocab_size: int) -> np.ndarray:
 
 def main(argv: Optional[Sequence[str]] = None):
     from ..loading import default_target, load_model
-    from ..train.corpus_data import corpus_completions
+    from ..train.corpus_data import heldout_set
 
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
@@ -627,13 +626,12 @@ def main(argv: Optional[Sequence[str]] = None):
             name: load_draft(path, model) for name, path in zip(names, args.drafts)
         }
         corpus = Corpus(args.corpus)
-        heldout = corpus_completions(
+        heldout = heldout_set(
             model,
             corpus,
-            "heldout",
+            args.heldout_tokens,
             feature_layers=(),
             cache=args.cache,
-            max_tokens=args.heldout_tokens,
             log=log,
         )
     except ValueError as e:

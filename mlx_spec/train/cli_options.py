@@ -18,6 +18,7 @@ from . import draft as D
 from . import head_command as H
 from .checkpoint import checkpoint_dir, read_state
 from .corpus import Corpus
+from .corpus_data import HELDOUT_TOKENS_HELP
 from .corpus_select import SELECTION_FILE, SELECTIONS
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
@@ -28,8 +29,6 @@ DEFAULT_HELDOUT_PROMPTS = 48
 DEFAULT_EVAL_PROMPTS = 8
 DEFAULT_EVAL_TOKENS = 128
 DEFAULT_EVAL_GAMMAS = "1,2,3,4,5,6"
-# With --corpus: completion tokens of the fixed held-out set.
-DEFAULT_HELDOUT_TOKENS = 40_000
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -124,10 +123,7 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--heldout-tokens",
         type=int,
         metavar="N",
-        help="With --corpus: measure on its first held-out sequences in shard order "
-        "whose completion tokens total at most N; shards are only appended, so "
-        "runs on a grown corpus are measured on the same sequences (default: "
-        f"{DEFAULT_HELDOUT_TOKENS}; a corpus with fewer held-out tokens gives all).",
+        help=f"With --corpus: measure on {HELDOUT_TOKENS_HELP}.",
     )
     g.add_argument(
         "--cache",

@@ -11,9 +11,10 @@ the prefill of its new shards. Shards are prefilled a group at a time, their
 rows sorted by length across the group, so little of a batch is padding. A
 file serves every request whose features are among those it holds: a draft
 model (laws only) reuses an EAGLE head's prefill. A held-out budget
-(:func:`corpus_completions`'s ``token_budget``) takes the first held-out
-sequences in shard order: a fixed evaluation set however much the corpus
-grows, which reads only the cache files of its shards. A training run reads
+(:func:`heldout_set`, the ``--heldout-tokens`` of train-draft and of the
+studies that replay its evaluation) takes the first held-out sequences in
+shard order: a fixed evaluation set however much the corpus grows, which
+reads only the shards it holds. A training run reads
 the shards :mod:`mlx_spec.train.corpus_select` chose, and prefills only those.
 """
 
@@ -32,6 +33,15 @@ from .corpus import Corpus, Record, Shard
 from .head_data import DEFAULT_TEACHER_TOP_K, HeadData, teacher_data
 
 CACHE_FOLDER = "corpus"
+# Completion tokens of the fixed held-out set (:func:`heldout_set`).
+DEFAULT_HELDOUT_TOKENS = 40_000
+# The rule of --heldout-tokens, for the help of every command that takes it.
+HELDOUT_TOKENS_HELP = (
+    "the corpus's first held-out sequences in shard order whose completion "
+    "tokens total at most N; shards are only appended, so runs on a grown corpus "
+    f"are measured on the same sequences (default: {DEFAULT_HELDOUT_TOKENS}; a "
+    "corpus with fewer held-out tokens gives all)"
+)
 # Prompt and completion tokens of the shards prefilled together (see _prefill_groups).
 PREFILL_GROUP_TOKENS = 65_536
 
@@ -87,7 +97,6 @@ def corpus_completions(
     store_layers: Optional[Sequence[int]] = None,
     top_k: int = DEFAULT_TEACHER_TOP_K,
     cache: Optional[Path] = None,
-    max_tokens: Optional[int] = None,
     token_budget: Optional[int] = None,
     shards: Optional[Collection[int]] = None,
     log: Optional[Callable[[str], None]] = None,
@@ -103,8 +112,6 @@ def corpus_completions(
           ``feature_layers`` (default: those), so one prefill serves several drafters.
         top_k: Size of the kept top of each law.
         cache: Folder of the derived data. Default: :func:`default_cache`.
-        max_tokens: Use only the first shards, up to about this many
-          completion tokens (``None``: all).
         token_budget: Use only the first sequences in shard order whose
           completion tokens total at most this many (``None``: all). Shards
           are appended and never rewritten, so a budget the corpus fills
@@ -136,7 +143,7 @@ def corpus_completions(
     paths = corpus.shard_paths()
     if shards is not None:
         paths = [p for p in paths if shard_number(p) in shards]
-    plan = _plan(paths, split, max_tokens, token_budget)
+    plan = _plan(paths, split, token_budget)
     stems = [
         f"{p.path.name.split('.')[0]}-{split}-{_key(manifest['target'], p.path, split, top_k)}"
         for p in plan
@@ -179,6 +186,35 @@ def corpus_completions(
     return data
 
 
+def heldout_set(model, corpus: Corpus, budget: int, **options) -> Completions:
+    """The fixed held-out set of ``--heldout-tokens budget``, as train-draft measures on.
+
+    The corpus's first held-out sequences in shard order whose completion
+    tokens total at most ``budget`` (all of them if fewer): the same
+    sequences however much the corpus grows. Shards past the budget are not
+    read.
+
+    Args:
+        model, corpus: As :func:`corpus_completions`.
+        budget: Completion tokens, at least 1.
+        options: Of :func:`corpus_completions` (features, cache, log).
+
+    Raises:
+        ValueError: One line: ``budget`` is below the first held-out
+          sequence (checked before any prefill).
+    """
+    heldout = corpus_completions(
+        model, corpus, "heldout", token_budget=budget, **options
+    )
+    first = None if len(heldout) else next(corpus.sequences("heldout"), None)
+    if first is not None:
+        raise ValueError(
+            f"--heldout-tokens {budget} is less than the corpus's first held-out "
+            f"sequence ({len(first.completion)} completion tokens); raise it."
+        )
+    return heldout
+
+
 def shard_number(path: Path) -> int:
     """The number of a shard file ``shard-NNNNN.npz.xz``."""
     return int(path.name[6:11])
@@ -203,12 +239,10 @@ class _Planned:
         return int(lengths[self.keep].sum())
 
 
-def _plan(paths, split, max_tokens, token_budget) -> List[_Planned]:
-    """The shards of ``paths`` a split reads within its budgets, in order."""
+def _plan(paths, split, token_budget) -> List[_Planned]:
+    """The shards of ``paths`` a split reads within its budget, in order."""
     plan, made = [], 0
     for path in paths:
-        if max_tokens is not None and made >= max_tokens:
-            break
         shard = _read(path)
         keep = shard.heldout == (split == "heldout")
         lengths = shard.completion_lengths[keep]  # (N,) of this split

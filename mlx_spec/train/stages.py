@@ -13,7 +13,8 @@ from typing import Dict, List
 from ..features import FINAL, check_feature_layers, feature_owner
 from . import completions as C
 from . import head_command as H
-from .cli_options import DEFAULT_HELDOUT_TOKENS, draft_reads_features, int_list
+from .cli_options import draft_reads_features, int_list
+from .corpus_data import DEFAULT_HELDOUT_TOKENS
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
 
 # What a learning-curve point keeps of its run's selection.
@@ -100,7 +101,7 @@ def corpus_stage(args, model, out: Path):
         ``(train, heldout, data record, held-out prompt ids for the engine)``.
     """
     from .corpus import Corpus
-    from .corpus_data import corpus_completions, corpus_tokens
+    from .corpus_data import corpus_completions, corpus_tokens, heldout_set
 
     corpus = Corpus(args.corpus)
     if args.kind == "draft":
@@ -128,16 +129,8 @@ def corpus_stage(args, model, out: Path):
     )
     budget = args.heldout_tokens or DEFAULT_HELDOUT_TOKENS
     # Held-out first: a budget below its first sequence stops before any prefill.
-    heldout = corpus_completions(
-        model, corpus, "heldout", token_budget=budget, **options
-    )
+    heldout = heldout_set(model, corpus, budget, **options)
     heldout_total = corpus_tokens(corpus, "heldout")
-    if not len(heldout) and heldout_total:
-        first = len(next(corpus.sequences("heldout")).completion)
-        raise ValueError(
-            f"--heldout-tokens {budget} is less than the corpus's first held-out "
-            f"sequence ({first} completion tokens); raise it."
-        )
     prior = prior_data(args, out)
     selection = select_corpus_shards(args, corpus, out, prior)
     train = corpus_completions(
