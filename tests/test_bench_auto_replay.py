@@ -2,9 +2,11 @@
 
 import numpy as np
 import pytest
+from draft_dirs import write_draft
 
 from mlx_spec.bench.auto_replay import (
     CostModel,
+    corpus_records,
     family_speeds,
     main,
     markdown,
@@ -120,6 +122,7 @@ def test_family_speeds_per_family_and_overall():
     [
         (["--corpus", "x", "--max-tokens", "1"], "--max-tokens must be >= 2"),
         (["--corpus", "x", "--noise", "-1"], "must be >= 0"),
+        (["--corpus", "x", "--heldout-tokens", "0"], "--heldout-tokens must be >= 1"),
     ],
 )
 def test_bad_arguments_exit_with_a_one_line_error(argv, message, capsys):
@@ -149,3 +152,60 @@ def test_auto_fits_the_modelled_costs_when_a_queued_step_runs_ahead():
         )
         assert run.fitted["verify_by_width"][8] == pytest.approx(1.49, rel=0.05)
         assert run.fitted["draft_step"]["draft"] == pytest.approx(0.09, rel=0.08)
+
+
+def _shard(corpus, n, rng):
+    """A shard of 2 training and 2 held-out sequences of 10 completion tokens;
+    the first held-out one of shard 0 is sampled, the others greedy."""
+    from mlx_spec.train.corpus import Record, prompt_hash
+
+    records = [
+        Record(
+            prompt=rng.integers(3, 512, 6).astype(np.uint16),
+            completion=rng.integers(3, 200, 10).astype(np.uint16),
+            temp=0.7 if (n, i) == (0, 1) else 0.0,
+            prompt_set="chat" if i < 3 else "code",
+            hash=prompt_hash([{"role": "user", "content": f"request {n}.{i}"}]),
+            heldout=i % 2 == 1,
+            stopped=False,
+        )
+        for i in range(4)
+    ]
+    corpus.append(records, {})
+
+
+def test_the_corpus_replay_reads_train_drafts_heldout_set_and_only_its_shards(
+    load_model, tmp_path, monkeypatch
+):
+    from mlx_spec.drafters.distilled import load_draft
+    from mlx_spec.fingerprint import model_fingerprint
+    from mlx_spec.train import corpus_data
+    from mlx_spec.train.corpus import Corpus
+
+    model = load_model("llama")[0]
+    corpus = Corpus(tmp_path / "corpus")
+    corpus.create(model_fingerprint(model), {"vocab_size": 512, "eos_token_ids": [2]})
+    rng = np.random.default_rng(0)
+    for n in range(3):
+        _shard(corpus, n, rng)
+    draft = load_draft(str(write_draft(model, tmp_path / "d", [1], 200)), model)
+    read = []
+    real = corpus_data._read
+    monkeypatch.setattr(corpus_data, "_read", lambda p: read.append(p.name) or real(p))
+    # 30 tokens: both held-out sequences of shard 0 and the first of shard 1.
+    cache = tmp_path / "cache"
+    records = corpus_records(
+        model, draft, corpus, max_length=512, heldout_tokens=30, cache=cache
+    )
+    assert read == ["shard-00000.npz.xz", "shard-00001.npz.xz"]
+    held = corpus_data.heldout_set(model, corpus, 30, feature_layers=(), cache=cache)
+    assert len(held) == 3
+    greedy = [i for i, temp in enumerate(held.temps) if temp == 0]
+    assert sorted(r["tokens"].tolist() for r in records) == sorted(
+        held.tokens[i].tolist() for i in greedy
+    )
+    assert all(len(r["matches"]) == 10 and r["start"] == 6 for r in records)
+    with pytest.raises(ValueError, match="--heldout-tokens 9 is less than"):
+        corpus_records(
+            model, draft, corpus, max_length=512, heldout_tokens=9, cache=cache
+        )

@@ -4,6 +4,7 @@ Usage::
 
     python -m mlx_spec.bench.auto_replay --corpus models/smollm2-135m-corpus
     python -m mlx_spec.bench.auto_replay --corpus C --max-tokens 96 --noise 0.15
+    python -m mlx_spec.bench.auto_replay --corpus C --heldout-tokens 10000
     python -m mlx_spec.bench.auto_replay --corpus C --draft-step 0.05 --verify-slope 0.01
 
 Under greedy decoding a draft model's chain round is decided by the draft's
@@ -20,8 +21,10 @@ forwards). The controllers see what they would online: the arm, the tokens
 accepted and the round's cost. The tree arm is left out (its rounds depend
 on the draft's laws off the true path).
 
-It reads the corpus's held-out greedy sequences (never trained on) and
-reports per prompt family: the draft's greedy acceptance, and tokens per
+It reads the greedy sequences of the corpus's fixed held-out set (never
+trained on; train-draft's for the same ``--heldout-tokens``, see
+:func:`mlx_spec.train.corpus_data.heldout_set`, so only the shards it holds
+are read) and reports per prompt family: the draft's greedy acceptance, and tokens per
 modelled time against plain decoding (1 token per unit) for ``auto`` and
 for the draft model at each fixed γ. The default costs are those ``auto``
 measured on a 2-core CPU (a draft step 0.12, each verified token 0.085).
@@ -40,6 +43,7 @@ from ..drafters.auto import AutoDrafter
 from ..drafters.base import Proposal, RoundState, empty_proposal
 from ..drafters.lookup import LookupDrafter
 from ..planner import RoundPlanner
+from ..train.corpus_data import DEFAULT_HELDOUT_TOKENS, HELDOUT_TOKENS_HELP
 
 DEFAULT_GAMMAS = (1, 2, 3, 4)
 
@@ -339,19 +343,32 @@ def family_speeds(
     }
 
 
-def corpus_records(model, draft, corpus, *, max_length: int) -> List[Dict]:
-    """The corpus's held-out greedy sequences with the draft's matches.
+def corpus_records(
+    model,
+    draft,
+    corpus,
+    *,
+    max_length: int,
+    heldout_tokens: int = DEFAULT_HELDOUT_TOKENS,
+    cache: Optional[Path] = None,
+) -> List[Dict]:
+    """The greedy sequences of the corpus's fixed held-out set with the draft's matches.
+
+    Args:
+        heldout_tokens: The held-out set's budget, as train-draft's
+          ``--heldout-tokens`` (:func:`~mlx_spec.train.corpus_data.heldout_set`).
+        cache: Folder of the corpus's derived data (default: the user cache).
 
     Returns:
         Per sequence: ``family``, ``tokens`` ``(P + N,)``, ``start`` ``P`` and
         ``matches`` ``(N,)`` (cut to ``max_length`` tokens in all).
     """
-    from ..train.corpus_data import corpus_completions
+    from ..train.corpus_data import heldout_set
     from ..train.draft import greedy_matches
     from ..train.head_data import token_rows
     from .draft_shapes import DEFAULT_BATCH_TOKENS, heldout_batches
 
-    data = corpus_completions(model, corpus, "heldout", feature_layers=())
+    data = heldout_set(model, corpus, heldout_tokens, feature_layers=(), cache=cache)
     batches = heldout_batches(data, DEFAULT_BATCH_TOKENS, max_length)
     rows = token_rows(np.array(draft.lm_head.token_ids), int(model.args.vocab_size))
     found = greedy_matches(draft, data, batches, rows, max_length)[0]
@@ -403,6 +420,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help="Replay only each sequence's first tokens. Default: all of them.",
     )
+    parser.add_argument(
+        "--heldout-tokens",
+        type=int,
+        default=DEFAULT_HELDOUT_TOKENS,
+        metavar="N",
+        help=f"Replay {HELDOUT_TOKENS_HELP}: train-draft's set for the same N.",
+    )
     parser.add_argument("--draft-step", type=float, default=CostModel.draft_step)
     parser.add_argument("--verify-slope", type=float, default=CostModel.verify_slope)
     parser.add_argument("--catch-up", type=float, default=CostModel.catch_up)
@@ -433,6 +457,8 @@ def main(argv: Optional[Sequence[str]] = None):
     args = parser.parse_args(argv)
     if args.max_tokens is not None and args.max_tokens < 2:
         parser.error(f"--max-tokens must be >= 2, got {args.max_tokens}")
+    if args.heldout_tokens < 1:
+        parser.error(f"--heldout-tokens must be >= 1, got {args.heldout_tokens}")
     if min(args.draft_step, args.verify_slope, args.catch_up, args.noise) < 0:
         parser.error(
             "--draft-step, --verify-slope, --catch-up and --noise must be >= 0"
@@ -449,7 +475,13 @@ def main(argv: Optional[Sequence[str]] = None):
         drafter = load_draft(str(Path(draft)), model)
         corpus = Corpus(args.corpus)
         corpus.existing_manifest()
-        records = corpus_records(model, drafter, corpus, max_length=DEFAULT_MAX_LENGTH)
+        records = corpus_records(
+            model,
+            drafter,
+            corpus,
+            max_length=DEFAULT_MAX_LENGTH,
+            heldout_tokens=args.heldout_tokens,
+        )
     except ValueError as e:
         parser.error(str(e))
     if not records:
