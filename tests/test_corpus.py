@@ -588,6 +588,43 @@ def test_a_heldout_budget_below_the_first_sequence_stops_in_one_line(
     assert runs == []  # stopped before any prefill
 
 
+def test_a_resumed_run_keeps_its_heldout_budget_or_is_refused_in_one_line(
+    checkpoints, grown, tmp_path, monkeypatch, capsys
+):
+    """Its learning-curve points are measured on one held-out set: another
+    --heldout-tokens is refused before any prefill, and left out it is kept."""
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = _heldout_marked(grown, tmp_path)
+    lengths = [len(r.completion) for r in corpus.sequences("heldout")]
+    old, new = sum(lengths[:2]), sum(lengths[:3])
+    out = tmp_path / "o"
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(out)]
+    argv += ["--corpus", str(corpus.folder), "--cache", str(tmp_path / "cache")]
+    argv += ["--steps", "2", "--eval-every", "2", "--no-progress", "--skip-eval"]
+    argv += ["--draft-vocab", "64"]
+    assert train_main([*argv, "--heldout-tokens", str(old)]) == 0
+    state = (out / "checkpoints" / "state.json").read_bytes()
+    runs = _count_prefills(monkeypatch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train_main([*argv, "--heldout-tokens", str(new)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0] == (
+        f"mlx_spec train-draft: error: --heldout-tokens {new} differs from the "
+        f"{old} of the run checkpointed in '{out}', whose learning-curve points are "
+        f"measured on that held-out set; pass --heldout-tokens {old} (or leave it "
+        "out), or choose a new --out."
+    )
+    assert runs == [] and (out / "checkpoints" / "state.json").read_bytes() == state
+    assert train_main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"kept: --heldout-tokens={old}" in err and "resumed from step 2" in err
+    curve = json.loads((out / "config.json").read_text())["data"]["learning_curve"]
+    assert curve[-1]["heldout_budget"] == old
+
+
 def test_one_prefill_stores_a_superset_that_serves_a_draft_and_a_head(
     load_model, grown, tmp_path, monkeypatch
 ):

@@ -7,7 +7,7 @@ import math
 import shlex
 from dataclasses import asdict
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 from ..config import MAX_INDEX, MAX_SEED, OptionError, flag_name
 from ..features import FINAL, feature_owner
@@ -18,7 +18,7 @@ from . import draft as D
 from . import head_command as H
 from .checkpoint import checkpoint_dir, read_state
 from .corpus import Corpus
-from .corpus_data import HELDOUT_TOKENS_HELP
+from .corpus_data import HELDOUT_TOKENS_HELP, heldout_budget
 from .corpus_select import SELECTION_FILE, SELECTIONS
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
@@ -488,6 +488,7 @@ def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
         rollout_steps=_or(args.rollout_steps, D.DEFAULT_ROLLOUT_STEPS),
         rollout_share=_or(args.rollout_share, D.DEFAULT_ROLLOUT_SHARE),
         rollout_temp=_or(args.rollout_temp, D.DEFAULT_ROLLOUT_TEMP),
+        heldout_tokens=heldout_budget(args),
     )
 
 
@@ -514,6 +515,7 @@ RESUMED_OPTIONS = (
     "rollout_steps",
     "rollout_share",
     "rollout_temp",
+    "heldout_tokens",
 )
 
 
@@ -538,6 +540,19 @@ def draft_layers(args, num_layers: int) -> List[int]:
     return layers
 
 
+def check_heldout_tokens(args, saved: Dict, given: set):
+    """A resumed run measures on its checkpoint's held-out set: a different
+    ``--heldout-tokens`` given is refused (left out, the saved one is kept)."""
+    old, new = saved.get("heldout_tokens"), heldout_budget(args)
+    if "heldout_tokens" in given and None not in (old, new) and old != new:
+        raise ValueError(
+            f"--heldout-tokens {new} differs from the {old} of the run checkpointed "
+            f"in '{args.out}', whose learning-curve points are measured on that "
+            f"held-out set; pass --heldout-tokens {old} (or leave it out), or "
+            "choose a new --out."
+        )
+
+
 def resume_options(args, argv: List[str], model) -> List[str]:
     """Set the training options of the run checkpointed in ``--out`` that ``argv`` leaves unset.
 
@@ -554,12 +569,15 @@ def resume_options(args, argv: List[str], model) -> List[str]:
         blocks = len(feature_owner(model).layers)
         current = asdict(H.head_config(args, args.kind, blocks))
     saved, given, words = state["config"], given_options(argv), []
+    check_heldout_tokens(args, saved, given)
     for name in RESUMED_OPTIONS:
         if name in given or name not in saved or saved[name] == current.get(name):
             continue
         value = saved[name]
         if name == "init_from" and not Path(value).is_dir():
             continue  # gone since; the checkpoint holds the weights anyway
+        if name == "heldout_tokens" and (value is None or not args.corpus):
+            continue  # a run without a corpus: its data differ anyway
         text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         setattr(args, name, text if isinstance(value, list) else value)
         # One word: a value such as "-1,5" would read as an option.

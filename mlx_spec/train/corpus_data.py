@@ -186,6 +186,15 @@ def corpus_completions(
     return data
 
 
+def heldout_budget(args) -> Optional[int]:
+    """The held-out budget of a train-draft run: ``--heldout-tokens``, else
+    :data:`DEFAULT_HELDOUT_TOKENS`; ``None`` without ``--corpus``."""
+    if not getattr(args, "corpus", None):
+        return None
+    given = getattr(args, "heldout_tokens", None)
+    return DEFAULT_HELDOUT_TOKENS if given is None else given
+
+
 def heldout_set(model, corpus: Corpus, budget: int, **options) -> Completions:
     """The fixed held-out set of ``--heldout-tokens budget``, as train-draft measures on.
 

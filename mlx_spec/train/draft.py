@@ -120,6 +120,9 @@ class DraftTrainConfig:
           (:mod:`.rollout`); ``0``: teacher forcing only.
         rollout_share: Share of the steps that are rollout steps.
         rollout_temp: Temperature of the draft's rollouts (``0``: greedy).
+        heldout_tokens: With a corpus, the budget of the fixed held-out set
+          the evaluations measure on (:func:`.corpus_data.heldout_set`);
+          ``None`` without one.
     """
 
     steps: int = DEFAULT_STEPS
@@ -141,6 +144,7 @@ class DraftTrainConfig:
     rollout_steps: int = DEFAULT_ROLLOUT_STEPS
     rollout_share: float = DEFAULT_ROLLOUT_SHARE
     rollout_temp: float = DEFAULT_ROLLOUT_TEMP
+    heldout_tokens: Optional[int] = None
 
 
 # Options a resumed run must share with its checkpoint.

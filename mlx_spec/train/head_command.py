@@ -32,6 +32,7 @@ import numpy as np
 from ..features import FINAL, eagle3_blocks, feature_owner
 from . import eagle as eagle_train
 from .card import head_card
+from .corpus_data import heldout_budget
 from .head_data import HeadData, from_completions, teacher_data
 from .heads import (
     DEFAULT_DRAFT_VOCAB,
@@ -198,6 +199,7 @@ def head_config(args, kind: str, num_layers: Optional[int] = None) -> HeadTrainC
         ),
         num_heads=int(_arg(args, "num_heads", 4)),
         init_from=_arg(args, "init_from", "") or "",
+        heldout_tokens=heldout_budget(args),
     )
     checks = [
         (config.steps >= 1, "steps", "an integer >= 1"),

@@ -92,6 +92,9 @@ class HeadTrainConfig:
         init_from: A trained head directory of the same kind and shape to
           start from (its draft vocabulary may differ: the rows are the
           target's frozen output rows).
+        heldout_tokens: With a corpus, the budget of the fixed held-out set
+          the evaluations measure on (:func:`.corpus_data.heldout_set`);
+          ``None`` without one.
     """
 
     kind: str = "eagle"
@@ -112,6 +115,7 @@ class HeadTrainConfig:
     num_heads: int = 4
     tree_size: int = MEDUSA_TREE_SIZE
     init_from: str = ""
+    heldout_tokens: Optional[int] = None
 
 
 def output_weight(model: nn.Module, ids: Optional[np.ndarray]) -> mx.array:

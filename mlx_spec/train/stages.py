@@ -14,7 +14,7 @@ from ..features import FINAL, check_feature_layers, feature_owner
 from . import completions as C
 from . import head_command as H
 from .cli_options import draft_reads_features, int_list
-from .corpus_data import DEFAULT_HELDOUT_TOKENS
+from .corpus_data import heldout_budget
 from .prompts import load_prompt_file, mixed_prompts, prompt_counts, split_of
 
 # What a learning-curve point keeps of its run's selection.
@@ -127,7 +127,7 @@ def corpus_stage(args, model, out: Path):
         cache=args.cache,
         log=log,
     )
-    budget = args.heldout_tokens or DEFAULT_HELDOUT_TOKENS
+    budget = heldout_budget(args)
     # Held-out first: a budget below its first sequence stops before any prefill.
     heldout = heldout_set(model, corpus, budget, **options)
     heldout_total = corpus_tokens(corpus, "heldout")
