@@ -18,7 +18,6 @@ import json
 import math
 import signal
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -237,12 +236,14 @@ def grow(args) -> int:
         log=lambda line: (_log(line), write_card(corpus)),
     )
     # A kill (SIGTERM) stops like ^C: the finished sequences become a shard.
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         made = grower.grow(jobs, args.tokens)
     except CorpusFull as e:
         _log(f"stopped: {e}")
         made = grower.made
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # a caller's own handling
     write_card(corpus)
     _log(f"done: {made} completion tokens added")
     return 0
