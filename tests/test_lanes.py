@@ -5,7 +5,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_spec.train.lanes import LaneDecoder, pick_window, sample_rows
+from mlx_spec.train.lanes import LaneDecoder, pick_window, prefill_alone, sample_rows
 
 
 def _decode_all(decoder, prompts, max_tokens, temps=None):
@@ -46,6 +46,46 @@ def test_each_row_is_what_plain_mlx_lm_decodes_through_lanes_and_merges(
     for prompt, m, tokens in zip(prompts, max_tokens, got):
         steps = generate_step(mx.array(prompt), model, max_tokens=m)
         assert tokens == [int(t) for t, _ in steps]
+
+
+@pytest.mark.parametrize("arch", ["llama", "mamba2"])
+def test_prompts_prefilled_in_chunks_decode_as_mlx_lm_with_the_same_chunks(
+    load_model, arch
+):
+    from mlx_lm.generate import generate_step
+
+    model, _ = load_model(arch)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 200, n).tolist() for n in (11, 4, 8)]
+    decoder = LaneDecoder(model, 3, stop_tokens=set(), prefill_step=3)
+    got, _, _ = _decode_all(decoder, prompts, [6] * 3)
+    for prompt, tokens in zip(prompts, got):
+        steps = generate_step(
+            mx.array(prompt), model, max_tokens=6, prefill_step_size=3
+        )
+        assert tokens == [int(t) for t, _ in steps]
+
+
+def test_each_prompt_is_fed_alone_in_order_in_chunks_of_at_most_the_step(load_model):
+    model, _ = load_model("llama")
+    prompts = [list(range(3, 10)), [], list(range(20, 23))]
+    fed, seen = [], []
+
+    def forward(tokens, cache):
+        fed.append(tokens.tolist())
+        return (model(tokens, cache=cache),)
+
+    cache = prefill_alone(
+        model,
+        prompts,
+        step_size=3,
+        forward=forward,
+        on_chunk=lambda row, out: seen.append((row, out[0].shape)),
+    )
+    assert fed == [[[3, 4, 5]], [[6, 7, 8]], [[9]], [[20, 21, 22]]]
+    assert [r for r, _ in seen] == [0, 0, 0, 2]
+    assert [s[1] for _, s in seen] == [3, 3, 1, 3]  # the chunk's logits
+    assert cache[0].keys.shape[0] == 3  # one batch cache of the three rows
 
 
 def test_a_stop_token_ends_its_row_and_is_kept(load_model):

@@ -11,10 +11,10 @@ prompt and completion alike, we keep what a drafter learns from:
 
 Both come from the forwards that generate the text, so no second pass of
 the target is needed. The loop is mlx-lm's batched decoding taken apart:
-each prompt is prefilled alone in its own ``make_prompt_cache`` (exact laws
-and features without padding), the caches are joined with their own
-``merge`` into one batch cache, rows that finish leave it with ``filter``,
-and each row samples at its own temperature. mlx-lm's ``BatchGenerator``
+each prompt is prefilled alone and the caches are joined into one batch
+cache (:func:`mlx_spec.train.lanes.prefill_alone`: exact laws and features
+without padding), rows that finish leave it with ``filter``, and each row
+samples at its own temperature. mlx-lm's ``BatchGenerator``
 returns neither hidden states nor prompt logits, so it is not used here.
 
 On disk the data is a folder of shards (``<name>-00000.npz``, ...) and a
@@ -37,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..features import FINAL, FeatureCapture, maybe_capturing
+from .lanes import prefill_alone
 from .prompt import Prompt
 
 DEFAULT_TOP_K = 8
@@ -46,7 +47,6 @@ DEFAULT_SHARD_SIZE = 256
 DEFAULT_SAMPLED_SHARE = 0.25
 DEFAULT_SAMPLED_TEMP = 0.7
 DEFAULT_FEATURE_LAYERS = (FINAL,)
-PREFILL_STEP = 512
 MANIFEST_FORMAT = "mlx-spec-completions"
 MANIFEST_VERSION = 2
 
@@ -290,31 +290,26 @@ def generate_batch(
         One :class:`_Row` per prompt, in order; its laws and features cover
         every position, the last token's included.
     """
-    from mlx_lm.models.cache import make_prompt_cache
-
     capture = FeatureCapture(model, feature_layers) if feature_layers else None
     stops = set(int(t) for t in stop_tokens)
     rows = [_Row(list(p), len(p), float(t)) for p, t in zip(prompts, temps)]
-    caches, last = [], []
-    for row in rows:  # prefill alone: no padding, exact laws over the prompt
-        cache = make_prompt_cache(model)
-        tokens = mx.array(row.tokens)[None]
-        for lo in range(0, tokens.shape[1], PREFILL_STEP):
-            logits, ids, logp, feats = _forward(
-                model, tokens[:, lo : lo + PREFILL_STEP], cache, capture, top_k
-            )
-            mx.eval(logits, ids, logp, feats, [c.state for c in cache])
-            row.ids.append(np.array(ids[0]))
-            row.logp.append(np.array(logp[0]))
-            if feats is not None:
-                row.features.append(np.array(feats[0]))
-        caches.append(cache)
-        last.append(logits)
-        mx.clear_cache()
-    batch_cache = [
-        c.merge([per_row[i] for per_row in caches]) for i, c in enumerate(caches[0])
-    ]
-    del caches
+    last = [None] * len(rows)
+
+    def keep(r, outputs):  # a prefill chunk's laws and features, to the host
+        logits, ids, logp, feats = outputs
+        rows[r].ids.append(np.array(ids[0]))
+        rows[r].logp.append(np.array(logp[0]))
+        if feats is not None:
+            rows[r].features.append(np.array(feats[0]))
+        last[r] = logits
+
+    # Prefilled alone: no padding, exact laws over the prompt.
+    batch_cache = prefill_alone(
+        model,
+        [r.tokens for r in rows],
+        forward=lambda tokens, cache: _forward(model, tokens, cache, capture, top_k),
+        on_chunk=keep,
+    )
     active = list(range(len(rows)))
     row_temps = mx.array([r.temp for r in rows])
     sampled = any(r.temp > 0 for r in rows)

@@ -21,7 +21,7 @@ padding is ever computed, and any model that mlx-lm batches decodes here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional, Sequence, Set
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -91,6 +91,61 @@ def sample_rows(logits: mx.array, temps: mx.array) -> mx.array:
     scale = 1.0 / mx.maximum(temps, 1e-6)
     hot = mx.random.categorical(logits * scale[:, None])
     return mx.where(temps > 0, hot, greedy)
+
+
+def prefill_alone(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    step_size: int = PREFILL_STEP,
+    forward: Optional[Callable[[mx.array, List[Any]], Tuple[Any, ...]]] = None,
+    on_chunk: Optional[Callable[[int, Tuple[Any, ...]], None]] = None,
+) -> List[Any]:
+    """Prefill each prompt alone in its own prompt cache, then join the caches.
+
+    A prompt read alone computes no padding, so its cache (and whatever
+    ``forward`` returns) is exactly that of the prompt by itself. The rows'
+    caches are joined by their own ``merge`` into mlx-lm's batch caches.
+
+    Args:
+        model: An mlx-lm model.
+        prompts: Token ids of each row; an empty prompt leaves its row's
+          cache empty.
+        step_size: Most tokens per forward. Default: ``512``.
+        forward: ``forward(tokens, cache) -> outputs`` feeds one chunk,
+          ``tokens`` of shape ``(1, l)``, ``l <= step_size``, into ``cache``;
+          ``outputs`` (a tuple of arrays, ``None`` among them allowed) is
+          evaluated with the cache. Default: the model's call, returning
+          ``()`` (the logits are never computed).
+        on_chunk: ``on_chunk(row, outputs)``, called after each chunk is
+          evaluated, with ``row`` the index of its prompt.
+
+    Returns:
+        The batch cache, one per layer: batch ``len(prompts)``, row ``i``
+        holding ``prompts[i]``.
+    """
+
+    def feed(tokens, cache):  # the cache is all that is kept
+        model(tokens, cache=cache)
+        return ()
+
+    forward = forward or feed
+    per_row = []
+    for row, ids in enumerate(prompts):
+        cache = make_prompt_cache(model)
+        prompt = mx.array(ids)[None]
+        for start in range(0, prompt.shape[1], step_size):
+            outputs = forward(prompt[:, start : start + step_size], cache)
+            mx.eval(outputs, [c.state for c in cache])
+            if on_chunk is not None:
+                on_chunk(row, outputs)
+        per_row.append(cache)
+    joined = [
+        per_row[0][i].merge([c[i] for c in per_row]) for i in range(len(per_row[0]))
+    ]
+    mx.eval([c.state for c in joined])
+    mx.clear_cache()
+    return joined
 
 
 def pick_window(lengths: Sequence[int], oldest: int, size: int) -> List[int]:
@@ -195,23 +250,12 @@ class LaneDecoder:
     def _prefill(self, rows: List[Row]) -> Lane:
         """A lane of ``rows`` with all but each prompt's last token in its cache.
 
-        Each prompt is prefilled alone (on a CPU as fast per token as a batch,
-        and no padding is computed), then the caches are joined by their own
-        ``merge``.
+        Each prompt is prefilled alone (:func:`prefill_alone`): on a CPU as
+        fast per token as a batch, and no padding is computed.
         """
-        per_row = []
-        for row in rows:
-            cache = make_prompt_cache(self.model)
-            prompt = mx.array(row.ids[:-1])[None]
-            for start in range(0, prompt.shape[1], self.prefill_step):
-                self.model(prompt[:, start : start + self.prefill_step], cache=cache)
-                mx.eval([c.state for c in cache])
-            per_row.append(cache)
-        joined = [
-            per_row[0][i].merge([c[i] for c in per_row]) for i in range(len(per_row[0]))
-        ]
-        mx.eval([c.state for c in joined])
-        mx.clear_cache()
+        joined = prefill_alone(
+            self.model, [r.ids[:-1] for r in rows], step_size=self.prefill_step
+        )
         return Lane(
             rows,
             joined,
