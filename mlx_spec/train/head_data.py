@@ -22,6 +22,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..features import FeatureCapture, maybe_capturing
+from .completions import top_laws
 
 DEFAULT_TEACHER_TOP_K = 8
 DEFAULT_BATCH_TOKENS = 2048
@@ -162,12 +163,7 @@ def teacher_data(
             with maybe_capturing(capture):
                 logits = model(mx.array(ids))
             feats = _features(capture, ids.shape)
-            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            top = mx.argpartition(-logp, kth=top_k - 1, axis=-1)[..., :top_k]
-            values = mx.take_along_axis(logp, top, axis=-1)
-            order = mx.argsort(-values, axis=-1)
-            top = mx.take_along_axis(top, order, axis=-1).astype(mx.int32)
-            values = mx.take_along_axis(values, order, axis=-1).astype(mx.float16)
+            top, values = top_laws(logits, top_k)
             mx.eval(feats, top, values)
             feats, top, values = np.array(feats), np.array(top), np.array(values)
             for row, i in enumerate(batch):
