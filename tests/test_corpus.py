@@ -10,7 +10,14 @@ import pytest
 from mlx_spec.train import corpus_grow as G
 from mlx_spec.train.corpus import Corpus, CorpusFull, Record, Shard, prompt_hash
 from mlx_spec.train.corpus_cli import main as corpus_main
-from mlx_spec.train.corpus_prompts import prompt_stream, turn_suffix
+from mlx_spec.train.corpus_prompts import (
+    CHAT_FAMILIES,
+    DEFAULT_SHARES,
+    family_prompts,
+    is_code_family,
+    prompt_stream,
+    turn_suffix,
+)
 from mlx_spec.train.prompt import Prompt, split_of
 
 TARGET = {"model_type": "llama", "vocab_size": 300}
@@ -122,11 +129,71 @@ def test_the_prompt_stream_is_fixed_and_splits_by_source():
     again = prompt_stream(0)
     assert [p.text for p in stream[:300]] == [p.text for p in again[:300]]
     families = {p.prompt_set for p in stream}
-    assert {"long", "polyglot", "json", "rewrite", "chat", "code"} <= families
+    assert {"long", "polyglot", "json", "rewrite", "chat", "code", "advice"} <= families
     hashes = [prompt_hash(p.messages) for p in stream]
     assert len(set(hashes)) == len(hashes)
     heldout = [p for p in stream if split_of(p.source) == "heldout"]
     assert 0.02 < len(heldout) / len(stream) < 0.15
+
+
+def test_the_stream_follows_the_shares_of_its_families():
+    head = prompt_stream(0)[:2000]
+    for name, share in DEFAULT_SHARES.items():
+        count = sum(p.prompt_set == name for p in head)
+        assert abs(count - 2000 * share) <= 1, name
+
+
+def test_the_advice_family_is_thousands_of_distinct_situational_prompts():
+    advice = family_prompts("advice")
+    texts = [p.text for p in advice]
+    assert len(advice) >= 7000  # 7,364 measured
+    assert len(set(texts)) == len(texts)
+    assert all(p.prompt_set == "advice" for p in advice)
+    assert all(p.source.startswith("advice:") for p in advice)
+    assert len({p.source for p in advice}) >= 400  # 418 situations
+    assert not any("{" in t or "}" in t or "  " in t for t in texts)
+    # Asked in the first person, and with varied openings.
+    openings = {t.split()[0] for t in texts}
+    assert {"I", "My", "We", "Our", "Can", "How"} <= openings
+    assert not is_code_family("advice") and "advice" in CHAT_FAMILIES
+    assert family_prompts("advice") == advice  # fixed order, for resuming
+
+
+def test_no_heldout_advice_situation_trains():
+    advice = family_prompts("advice")
+    heldout = {p.source for p in advice if split_of(p.source) == "heldout"}
+    train = {p.source for p in advice} - heldout
+    assert heldout and train
+    assert 0.02 < len(heldout) / (len(heldout) + len(train)) < 0.15
+
+    class Tokenizer:
+        chat_template = None
+
+        def encode(self, text):
+            return [len(text)]
+
+    jobs = list(G.template_jobs(Tokenizer(), advice, set(), {0.0: 1.0}))
+    assert [j.heldout for j in jobs] == [p.source in heldout for p in advice]
+
+
+def test_advice_prompts_are_neither_other_families_nor_benchmark_prompts():
+    from pathlib import Path
+
+    from mlx_spec.bench.prompts import load_prompt_file, prompt_suite
+
+    advice = {" ".join(p.text.lower().split()) for p in family_prompts("advice")}
+    for name in DEFAULT_SHARES:
+        if name != "advice":
+            assert not advice & {p.text.lower() for p in family_prompts(name)}, name
+    heldout = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout.jsonl"
+    judges = prompt_suite(chat=True) + prompt_suite(chat=False)
+    judges += load_prompt_file(str(heldout))
+    for judge in judges:
+        theirs = " ".join(judge.user_text().lower().split())
+        # No shared request, nor a shared passage of 40 characters or more.
+        pieces = {theirs[i : i + 40] for i in range(0, max(len(theirs) - 40, 1), 20)}
+        clashes = sum(any(piece in t for piece in pieces) for t in advice)
+        assert not clashes, (judge.name, clashes)
 
 
 def _grower(model, tokenizer, corpus, **options):
@@ -754,7 +821,16 @@ def test_the_sweep_records_speed_by_batch_size_and_grow_uses_the_fastest(
     argv = ["--model", str(checkpoints["llama"]), "--out", str(folder)]
     assert (
         corpus_main(
-            ["sweep", *argv, "--batch-sizes", "1,3", "--seconds", "0.3", "--warmup", "0"]
+            [
+                "sweep",
+                *argv,
+                "--batch-sizes",
+                "1,3",
+                "--seconds",
+                "0.3",
+                "--warmup",
+                "0",
+            ]
         )
         == 0
     )

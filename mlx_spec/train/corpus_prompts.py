@@ -6,6 +6,8 @@ library (function summaries, sources and docstrings, read with :mod:`ast`).
 On top of the four built-in sets, the corpus adds:
 
 - ``long``: chat requests whose answers run long (guides, essays, plans);
+- ``advice``: first-person requests about the asker's own situation
+  (:mod:`mlx_spec.train.advice_prompts`);
 - ``polyglot``: code in other languages, from stdlib function summaries, and
   stdlib functions translated from Python;
 - ``json``: structured output and extraction as JSON;
@@ -27,6 +29,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .advice_prompts import advice_prompts
 from .chat_prompts import AUDIENCES, TOPICS, first_upper
 from .prompt import Prompt, dedupe, split_of, user_prompt
 from .prompts import builtin_prompts
@@ -34,16 +37,19 @@ from .stdlib_prompts import doc_passage, stdlib_items
 
 # Share of each family in the stream (multiturn and self come on top, see grow).
 DEFAULT_SHARES = {
-    "chat": 0.20,
-    "long": 0.12,
+    "chat": 0.10,
+    "advice": 0.18,
+    "long": 0.06,
     "code": 0.12,
     "polyglot": 0.14,
     "editing": 0.10,
     "summarize": 0.08,
     "json": 0.12,
-    "rewrite": 0.12,
+    "rewrite": 0.10,
 }
 FAMILIES = tuple(DEFAULT_SHARES) + ("multiturn", "self")
+# Families of chat in prose (the held-out chat prompts a drafter is measured on).
+CHAT_FAMILIES = ("chat", "advice", "long", "self")
 
 LANGUAGES = [
     "JavaScript",
@@ -255,6 +261,7 @@ def _rewrite_prompts() -> List[Prompt]:
 
 
 _FAMILIES = {
+    "advice": lru_cache(maxsize=1)(advice_prompts),
     "long": lru_cache(maxsize=1)(_long_prompts),
     "polyglot": lru_cache(maxsize=1)(_polyglot_prompts),
     "json": lru_cache(maxsize=1)(_json_prompts),

@@ -102,6 +102,7 @@ def corpus_stage(args, model, out: Path):
     """
     from .corpus import Corpus
     from .corpus_data import corpus_completions, corpus_tokens, heldout_set
+    from .corpus_prompts import CHAT_FAMILIES
 
     corpus = Corpus(args.corpus)
     if args.kind == "draft":
@@ -163,7 +164,7 @@ def corpus_stage(args, model, out: Path):
     chat = [
         t[:s].tolist()
         for t, s, p in zip(heldout.tokens, heldout.starts, heldout.prompt_sets)
-        if p in ("chat", "long", "self")
+        if p in CHAT_FAMILIES
     ] or [t[:s].tolist() for t, s in zip(heldout.tokens, heldout.starts)]
     return train, heldout, record, chat
 
