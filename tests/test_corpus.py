@@ -9,10 +9,13 @@ import pytest
 
 from mlx_spec.train import corpus_grow as G
 from mlx_spec.train.corpus import Corpus, CorpusFull, Record, Shard, prompt_hash
+from mlx_spec.train.corpus_cli import card_text
 from mlx_spec.train.corpus_cli import main as corpus_main
 from mlx_spec.train.corpus_prompts import (
     CHAT_FAMILIES,
     DEFAULT_SHARES,
+    FAMILIES,
+    FAMILY_NOTES,
     family_prompts,
     is_code_family,
     prompt_stream,
@@ -194,6 +197,17 @@ def test_advice_prompts_are_neither_other_families_nor_benchmark_prompts():
         pieces = {theirs[i : i + 40] for i in range(0, max(len(theirs) - 40, 1), 20)}
         clashes = sum(any(piece in t for piece in pieces) for t in advice)
         assert not clashes, (judge.name, clashes)
+
+
+def test_the_card_says_what_each_family_asks(tmp_path):
+    assert set(FAMILY_NOTES) == set(FAMILIES)
+    corpus = _corpus(tmp_path)
+    record = _record(0)
+    record.prompt_set = "advice"
+    corpus.append([record, _record(1)], {"run": "r", "seconds": 1.0})
+    card = card_text(corpus.summary(), corpus.manifest())
+    assert f"| advice | {FAMILY_NOTES['advice']} | 1 | 5 |" in card
+    assert f"| chat | {FAMILY_NOTES['chat']} | 1 | 5 |" in card
 
 
 def _grower(model, tokenizer, corpus, **options):

@@ -26,6 +26,7 @@ from ..options import one_line_errors
 from ..outdir import OutDirError, check_out_dir, check_outside
 from . import corpus_grow as G
 from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
+from .corpus_prompts import FAMILY_NOTES
 
 DEFAULT_SELF_INSTRUCT = 64
 DEFAULT_SWEEP = (32, 64, 96, 128)
@@ -384,11 +385,12 @@ def card_text(summary: Dict, manifest: Dict, measured: Optional[Dict] = None) ->
         )
         + ".",
         "",
-        "| prompt family | sequences | completion tokens |",
-        "|---|---|---|",
+        "| prompt family | what it asks | sequences | completion tokens |",
+        "|---|---|---|---|",
     ]
     for name, row in sorted(summary["by_set"].items(), key=lambda kv: -kv[1]["tokens"]):
-        lines.append(f"| {name} | {row['sequences']:,} | {row['tokens']:,} |")
+        note = FAMILY_NOTES.get(name, "")
+        lines.append(f"| {name} | {note} | {row['sequences']:,} | {row['tokens']:,} |")
     lines += [
         "",
         "Runs (throughput: tokens decoded per hour of wall time, niced, on a shared "

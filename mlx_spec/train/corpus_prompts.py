@@ -50,6 +50,20 @@ DEFAULT_SHARES = {
 FAMILIES = tuple(DEFAULT_SHARES) + ("multiturn", "self")
 # Families of chat in prose (the held-out chat prompts a drafter is measured on).
 CHAT_FAMILIES = ("chat", "advice", "long", "self")
+# What each family asks for, in a few words (the corpus card's column).
+FAMILY_NOTES = {
+    "chat": "questions over topic lists",
+    "advice": "first-person requests about the asker's own situation",
+    "long": "requests for long answers: guides, essays, plans",
+    "code": "Python functions from stdlib summaries",
+    "polyglot": "code in other languages",
+    "editing": "edits of stdlib functions",
+    "summarize": "summaries and extraction from stdlib docs",
+    "json": "structured output as JSON",
+    "rewrite": "rewriting passages",
+    "multiturn": "follow-ups to the corpus's own conversations",
+    "self": "requests the target wrote itself",
+}
 
 LANGUAGES = [
     "JavaScript",
