@@ -223,8 +223,9 @@ def grow(args) -> int:
     chat = list(G.interleave(own, follow, 0.5))
     jobs = G.interleave(stream, chat, args.own_share)
     _log(
-        f"run {run}: {len(follow)} follow-ups, {len(own)} own requests, then the "
-        f"template prompts; batch {args.batch_size}, up to {args.max_tokens} tokens"
+        f"run {run}: {len(follow)} follow-ups and {len(own)} own requests, "
+        f"{args.own_share:g} of the jobs, spread through the template prompts; "
+        f"batch {args.batch_size}, up to {args.max_tokens} tokens"
     )
     grower = G.Grower(
         model,
