@@ -1,5 +1,6 @@
 """The corpus's lane decoder: each row decodes what plain mlx-lm decodes for it,
-through lane openings, compactions and merges, and samples at its own temperature."""
+through lane openings, compactions and merges, and samples at its own
+temperature and nucleus."""
 
 import mlx.core as mx
 import numpy as np
@@ -114,6 +115,80 @@ def test_sampled_rows_follow_softmax_at_their_own_temperature():
         freq = np.bincount(draws[:, col], minlength=5) / n
         # 5 sigma of a binomial frequency over 20000 draws is below 0.018.
         assert np.abs(freq - law).max() < 0.018, (t, freq, law)
+
+
+def _nucleus_law(logits, temp, top_p):
+    """Law of the fewest most likely tokens holding ``top_p`` of
+    softmax(logits), reweighted at ``temp``."""
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    above = np.concatenate([[0.0], np.cumsum(p[order])[:-1]])
+    kept = np.zeros(len(p), bool)
+    kept[order[above < top_p]] = True
+    law = np.where(kept, np.exp((logits - logits.max()) / temp), 0.0)
+    return law / law.sum()
+
+
+def test_sampled_rows_follow_the_tempered_law_over_their_own_nucleus():
+    logits = np.array([2.0, 1.0, 0.0, -1.0, 0.5], np.float32)
+    # softmax(logits) by rank: 0.563, 0.207, 0.126, 0.076, 0.028; so 0.6 keeps
+    # tokens 0 and 1, 0.8 keeps 0, 1 and 4, and 1 keeps them all.
+    rows = [(0.0, 0.6), (0.7, 0.8), (1.5, 0.6), (1.0, 1.0), (1.3, 0.8)]
+    temps = mx.array([t for t, _ in rows])
+    top_ps = mx.array([p for _, p in rows])
+    n, k = 20000, len(rows)
+    draws = np.array(
+        sample_rows(
+            mx.tile(mx.array(logits)[None], (n * k, 1)),
+            mx.tile(temps, (n,)),
+            mx.tile(top_ps, (n,)),
+        )
+    ).reshape(n, k)
+    assert (draws[:, 0] == 0).all()  # greedy row: the argmax
+    for col, (t, top_p) in enumerate(rows[1:], start=1):
+        law = _nucleus_law(logits, t, top_p)
+        freq = np.bincount(draws[:, col], minlength=5) / n
+        assert (freq[law == 0] == 0).all(), (t, top_p, freq)
+        # 5 sigma of a binomial frequency over 20000 draws is below 0.018.
+        assert np.abs(freq - law).max() < 0.018, (t, top_p, freq, law)
+
+
+def test_a_whole_vocabulary_row_draws_as_without_a_nucleus_beside_one():
+    # mlx-lm's top-p filter at 1 drops tail tokens by float rounding (a
+    # quarter of a 49152-token vocabulary); such rows must keep every token.
+    mx.random.seed(0)
+    n, vocab = 256, 8192
+    logits = mx.random.normal((n, vocab)) * 3
+    temps = mx.full((n,), 3.0)
+    top_ps = mx.array([1.0] * (n - 1) + [0.5])
+    mx.random.seed(1)
+    mixed = sample_rows(logits, temps, top_ps)
+    mx.random.seed(1)
+    whole = sample_rows(logits, temps)
+    assert mixed[:-1].tolist() == whole[:-1].tolist()
+
+
+def test_lanes_without_a_nucleus_row_sort_nothing(load_model, monkeypatch):
+    import mlx_spec.train.lanes as L
+
+    sorts = []
+    top_p = L.apply_top_p
+    monkeypatch.setattr(L, "apply_top_p", lambda *a: sorts.append(1) or top_p(*a))
+    model, _ = load_model("llama")
+    _decode_all(LaneDecoder(model, 2, stop_tokens=set()), [[5, 6], [7]], [3, 3])
+    assert sorts == []
+    decoder = LaneDecoder(model, 2, stop_tokens=set())
+    uids = [decoder.insert([5, 6], 3, 0.0), decoder.insert([7], 3, 1.0, top_p=0.9)]
+    assert len(decoder.next_generated()) == len(uids) and sorts == [1]
+
+
+def test_a_top_p_outside_zero_to_one_is_refused(load_model):
+    model, _ = load_model("llama")
+    decoder = LaneDecoder(model, 2, stop_tokens=set())
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="top_p must be in"):
+            decoder.insert([5, 6], 3, 1.0, top_p=bad)
 
 
 def test_a_window_holds_the_oldest_row_and_the_closest_lengths():

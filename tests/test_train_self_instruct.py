@@ -57,6 +57,26 @@ def test_unended_requests_are_dropped_and_sampling_gives_up(load_model):
     assert found == []
 
 
+def test_every_row_is_the_prefix_drawn_at_the_asked_temperature_and_nucleus(
+    load_model, monkeypatch
+):
+    model, tokenizer = load_model("llama")
+    rows = []
+
+    class Recording(SI.LaneDecoder):
+        def insert(self, ids, max_tokens, temp, top_p=1.0):
+            rows.append((tuple(ids), max_tokens, temp, top_p))
+            return super().insert(ids, max_tokens, temp, top_p)
+
+    monkeypatch.setattr(SI, "LaneDecoder", Recording)
+    SI.sample_requests(
+        model, tokenizer, 2, temp=0.8, top_p=0.5, max_tokens=2, batch_size=4
+    )
+    prefix = tuple(SI.user_turn_prefix(tokenizer))
+    assert len(rows) == 4 * SI.MAX_BARREN_BATCHES
+    assert set(rows) == {(prefix, 2, 0.8, 0.5)}
+
+
 def test_a_model_without_a_chat_template_is_refused_in_one_line(load_model):
     _, tokenizer = load_model("llama")
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Set, Tup
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import apply_top_p
 
 # Fewest free rows that open a new lane, as a share of the batch size.
 LANE_SHARE = 0.25
@@ -50,6 +51,7 @@ class Row:
     ids: List[int]
     max_tokens: int
     temp: float
+    top_p: float = 1.0
     made: int = 0
     done: bool = False
 
@@ -63,31 +65,49 @@ class Lane:
         cache: The model's layer caches, batch ``len(rows)``.
         tokens: ``(len(rows),)`` each row's next input token.
         temps: ``(len(rows),)`` float32 sampling temperatures (0: greedy).
+        top_ps: ``(len(rows),)`` float32 nucleus masses (1: the whole vocabulary).
     """
 
     rows: List[Row]
     cache: list
     tokens: mx.array
     temps: mx.array
+    top_ps: mx.array
     since_compact: int = field(default=0)
 
     @property
     def dead(self) -> int:
         return sum(r.done for r in self.rows)
 
+    @property
+    def nucleus(self) -> Optional[mx.array]:
+        """``top_ps`` if a row samples from a nucleus, else None (nothing to filter)."""
+        return self.top_ps if any(r.top_p < 1 for r in self.rows) else None
 
-def sample_rows(logits: mx.array, temps: mx.array) -> mx.array:
+
+def sample_rows(
+    logits: mx.array, temps: mx.array, top_ps: Optional[mx.array] = None
+) -> mx.array:
     """One token per row: argmax where ``temps`` is 0, else a draw from
-    ``softmax(logits / temp)`` (mlx-lm's ``make_sampler(temp)`` law).
+    ``softmax(logits / temp)`` over the row's nucleus: the fewest most likely
+    tokens of ``softmax(logits)`` holding ``top_p`` of its mass (mlx-lm's
+    ``make_sampler(temp, top_p)`` law; ``top_p`` 1 keeps every token).
 
     Args:
         logits: ``(n, V)``.
         temps: ``(n,)``.
+        top_ps: ``(n,)`` in ``(0, 1]``, or None: every row keeps every token
+          (and no sort is done).
 
     Returns:
         ``(n,)`` token ids.
     """
     greedy = mx.argmax(logits, axis=-1)
+    if top_ps is not None:
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        kept = apply_top_p(logprobs, top_ps[:, None])
+        # At 1 mlx-lm's filter would drop tail tokens by float rounding.
+        logits = mx.where(top_ps[:, None] < 1, kept, logprobs)
     scale = 1.0 / mx.maximum(temps, 1e-6)
     hot = mx.random.categorical(logits * scale[:, None])
     return mx.where(temps > 0, hot, greedy)
@@ -192,12 +212,18 @@ class LaneDecoder:
         self.lanes: List[Lane] = []
         self._uids = 0
 
-    def insert(self, ids: Sequence[int], max_tokens: int, temp: float) -> int:
-        """Queue a prompt; return its uid."""
+    def insert(
+        self, ids: Sequence[int], max_tokens: int, temp: float, top_p: float = 1.0
+    ) -> int:
+        """Queue a prompt; return its uid. Its tokens are drawn at ``temp``
+        from its ``top_p`` nucleus (:func:`sample_rows`)."""
         if not ids or max_tokens < 1:
             raise ValueError("a row needs a prompt and max_tokens >= 1.")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
         self._uids += 1
-        self.queue.append(Row(self._uids, list(ids), max_tokens, float(temp)))
+        row = Row(self._uids, list(ids), max_tokens, float(temp), float(top_p))
+        self.queue.append(row)
         return self._uids
 
     @property
@@ -211,7 +237,7 @@ class LaneDecoder:
             return []
         for lane in self.lanes:
             logits = self.model(lane.tokens[:, None], cache=lane.cache)[:, -1, :]
-            lane.tokens = sample_rows(logits, lane.temps)
+            lane.tokens = sample_rows(logits, lane.temps, lane.nucleus)
         mx.eval([lane.tokens for lane in self.lanes])
         out = []
         for lane in self.lanes:
@@ -261,6 +287,7 @@ class LaneDecoder:
             joined,
             mx.array([r.ids[-1] for r in rows]),
             mx.array([r.temp for r in rows], mx.float32),
+            mx.array([r.top_p for r in rows], mx.float32),
         )
 
     def _compact(self):
@@ -291,6 +318,7 @@ class LaneDecoder:
         first.rows += second.rows
         first.tokens = mx.concatenate([first.tokens, second.tokens])
         first.temps = mx.concatenate([first.temps, second.temps])
+        first.top_ps = mx.concatenate([first.top_ps, second.top_ps])
         del self.lanes[1]
 
 
@@ -301,4 +329,5 @@ def _filter(lane: Lane):
     index = mx.array(keep)
     lane.rows = [lane.rows[i] for i in keep]
     lane.tokens, lane.temps = lane.tokens[index], lane.temps[index]
+    lane.top_ps = lane.top_ps[index]
     lane.since_compact = 0

@@ -21,6 +21,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 
+from .lanes import LaneDecoder
 from .prompt import Prompt, split_of
 
 PROMPT_SET = "self"
@@ -29,7 +30,7 @@ DEFAULT_TOP_P = 0.95
 # Longest request; a request still unfinished there is dropped.
 DEFAULT_MAX_TOKENS = 96
 MIN_CHARS = 16
-# Requests sampled per batch (the user-turn prefix is shared, so no padding).
+# Requests sampled per batch (decoded together in one lane).
 DEFAULT_BATCH_SIZE = 64
 # Give up after this many batches in a row add no new request.
 MAX_BARREN_BATCHES = 3
@@ -76,37 +77,28 @@ def sample_requests(
 ) -> List[str]:
     """``count`` new distinct requests sampled from the target (fewer if it repeats itself).
 
-    Only requests that the target ends itself (with an end-of-turn token
-    within ``max_tokens``) are kept; ``seen`` are not repeated.
+    Each token is drawn at ``temp`` from the ``top_p`` nucleus of the
+    target's law (mlx-lm's ``make_sampler(temp, top_p)``; see
+    :func:`~mlx_spec.train.lanes.sample_rows`). Only requests that the target
+    ends itself (with an end-of-turn token within ``max_tokens``) are kept;
+    ``seen`` are not repeated.
     """
-    from mlx_lm.generate import BatchGenerator
-    from mlx_lm.sample_utils import make_sampler
-
     prefix = user_turn_prefix(tokenizer)
     stops = set(int(t) for t in tokenizer.eos_token_ids)
-    sampler = make_sampler(temp=temp, top_p=top_p)
     known = {s.lower() for s in seen}
     found: List[str] = []
     barren = 0
     while len(found) < count and barren < MAX_BARREN_BATCHES:
-        gen = BatchGenerator(
-            model,
-            max_tokens=max_tokens,
-            stop_tokens=[[t] for t in stops],
-            completion_batch_size=batch_size,
-            prefill_batch_size=min(batch_size, 8),
-        )
+        gen = LaneDecoder(model, batch_size, stops)
         try:
-            uids = gen.insert(
-                [prefix] * batch_size,
-                [max_tokens] * batch_size,
-                samplers=[sampler] * batch_size,
-            )
+            uids = [
+                gen.insert(prefix, max_tokens, temp, top_p) for _ in range(batch_size)
+            ]
             tokens = {u: [] for u in uids}
             ended = set()
             while responses := gen.next_generated():
                 for r in responses:
-                    if r.token in stops:
+                    if r.finish_reason == "stop":
                         ended.add(r.uid)
                     else:
                         tokens[r.uid].append(r.token)
