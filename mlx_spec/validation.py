@@ -117,8 +117,9 @@ def check_extra_eos_tokens(tokens) -> None:
 
 
 def check_chat_template(template: str, flag: str) -> None:
-    """A chat template given as a flag is UTF-8 text that compiles as
-    transformers compiles it, checked at start (else every request failed).
+    """A chat template given as a flag is UTF-8 text, checked at start
+    (before the load; its Jinja is checked once the tokenizer is loaded, by
+    :func:`check_chat_template_syntax`).
 
     Raises:
         ValueError: Naming the flag and what is wrong.
@@ -129,17 +130,33 @@ def check_chat_template(template: str, flag: str) -> None:
         raise ValueError(
             f"{flag} is not valid UTF-8; pass the template's text."
         ) from None
-    from jinja2 import TemplateError
 
-    try:  # private to transformers: skipped where it is missing
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:
-        return
+
+def check_chat_template_syntax(tokenizer, template: str, flag: str) -> None:
+    """A chat template given as a flag compiles as ``tokenizer`` compiles it
+    for every request (else every request failed).
+
+    A one-message conversation is rendered by the tokenizer's public
+    ``apply_chat_template``. Only the template's syntax is judged: a template
+    may refuse that conversation and still serve real ones.
+
+    Raises:
+        ValueError: Naming the flag and the line of the syntax error.
+    """
+    from jinja2 import TemplateSyntaxError
+
     try:
-        _compile_jinja_template(template)
-    except TemplateError as e:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hello."}],
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    except TemplateSyntaxError as e:
         line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise ValueError(f"{flag} is not a valid Jinja template{line}: {e}") from None
+    except Exception:  # compiled, but refuses this conversation
+        pass
 
 
 def extra_eos_token_id(tokenizer, token: str) -> int:

@@ -12,6 +12,7 @@ from mlx_spec.drafters.fit import check_drafter, drafter_fits
 from mlx_spec.validation import (
     DRAFTER_LATER,
     check_chat_template,
+    check_chat_template_syntax,
     extra_eos_token_id,
     spec_config,
     spec_config_of_args,
@@ -126,11 +127,27 @@ def test_an_extra_eos_token_is_a_vocabulary_token_or_its_id(load_model):
             extra_eos_token_id(tokenizer, bad)
 
 
-def test_a_chat_template_flag_that_compiles_passes_and_one_that_does_not_is_named():
+def test_a_chat_template_flag_that_compiles_passes_and_one_that_does_not_is_named(
+    load_model,
+):
+    _, tokenizer = load_model("llama")
     for template in (
         "{% for m in messages %}{{ m['content'] }}{% endfor %}",
         "{% generation %}{{ x }}{% endgeneration %}",  # transformers' own tag
+        "{{ raise_exception('a system message first') }}",  # refuses one conversation
     ):
         check_chat_template(template, "--chat-template")
-    with pytest.raises(ValueError, match="--chat-template is not a valid Jinja"):
-        check_chat_template("{% for m in messages %}", "--chat-template")
+        check_chat_template_syntax(tokenizer, template, "--chat-template")
+    for template, line in (
+        ("{% for m in messages %}", 1),
+        ("{{ x }}\n{{ x | nope }}", 2),
+    ):
+        with pytest.raises(ValueError) as e:
+            check_chat_template_syntax(tokenizer, template, "--chat-template")
+        message = str(e.value)
+        assert message.startswith(
+            f"--chat-template is not a valid Jinja template at line {line}: "
+        )
+        assert "\n" not in message
+    with pytest.raises(ValueError, match="--chat-template is not valid UTF-8"):
+        check_chat_template("\udcff", "--chat-template")

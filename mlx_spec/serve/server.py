@@ -54,6 +54,7 @@ from ..config import plan_method
 from ..distributed import load_sharded, rank, sharded_group
 from ..loading import draft_source, load_draft, load_model
 from ..mtp import load_mtp
+from ..validation import check_chat_template_syntax
 from .cli import check_port, host_warning, resolve_model_args, setup_arg_parser
 from .handler import SpecAPIHandler, SpecHTTPServer
 from .index import CrossRequestIndex
@@ -68,10 +69,17 @@ class SpecModelProvider(lm_server.ModelProvider):
     model is whole on every rank; a ``--pipeline`` load is mlx_lm's and
     serves one request at a time, without a draft. A draft whose tokenizer
     differs from the target's is refused (``ValueError``) rather than
-    merely warned about.
+    merely warned about, and so is a ``--chat-template`` that the loaded
+    tokenizer cannot compile.
     """
 
     def _load(self, model_path, adapter_path=None, draft_model_path=None):
+        self._load_models(model_path, adapter_path, draft_model_path)
+        template = getattr(self.cli_args, "chat_template", None)
+        if template:  # "" is mlx_lm's "none given"
+            check_chat_template_syntax(self.tokenizer, template, "--chat-template")
+
+    def _load_models(self, model_path, adapter_path=None, draft_model_path=None):
         if self.is_distributed and self.cli_args.pipeline:
             super()._load(model_path, adapter_path, draft_model_path)
             self.is_batchable = False
