@@ -5,6 +5,7 @@ import itertools
 import json
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import List
 
@@ -280,6 +281,39 @@ def test_training_steps_reduce_the_loss(target, data):
     after = trainer.evaluate()
     assert after["heldout_loss"] < 0.7 * before, (before, after["heldout_loss"])
     assert after["alpha"] > trainer.evals[0]["alpha"]
+
+
+def _without_laws(data: C.Completions) -> C.Completions:
+    """The same sequences as ``--labels written`` reads them: zero-width laws."""
+    return replace(
+        data,
+        law_ids=[ids[:, :0] for ids in data.law_ids],
+        law_logp=[lp[:, :0] for lp in data.law_logp],
+        features=None,
+        feature_layers=(),
+    )
+
+
+def test_the_written_label_loss_is_the_hard_term_of_the_laws_loss(target, data):
+    """Both paths share one rule: without laws only the written token's term is
+    left, the loss of the laws path at soft weight 0, and at any soft weight
+    the laws loss is the mix of its soft term and the written-label loss."""
+    model, tokenizer = target
+    train = data[0]
+    trainer = D.DraftTrainer(model, tokenizer, train, train, _config())
+    index = list(range(len(train)))
+
+    def loss(data, soft_weight):
+        batch = make_batch(data, index, trainer.to_draft, 768, prompt_weight=0.3)
+        value, _ = D.draft_loss(trainer.draft, *batch.arrays(), soft_weight=soft_weight)
+        return float(value.item())
+
+    written = loss(_without_laws(train), 0.0)
+    assert loss(_without_laws(train), 0.5) == written  # no laws: no soft term
+    assert loss(train, 0.0) == written
+    soft = loss(train, 1.0)
+    assert abs(soft - written) > 1e-3  # the soft term is a different loss
+    assert loss(train, 0.25) == pytest.approx(0.25 * soft + 0.75 * written, rel=1e-5)
 
 
 def test_feature_regression_pulls_the_drafts_hidden_state_to_the_targets(target, data):

@@ -63,7 +63,8 @@ class Completions:
         prompt_sets: The prompt set of each sequence.
         law_ids: ``(T_i, K)`` int32: row ``t`` holds the top-K of the
           target's law over token ``t + 1``, best first (the last row is the
-          law after the sequence).
+          law after the sequence). ``K = 0``: no laws, the written tokens
+          alone (``--labels written``).
         law_logp: ``(T_i, K)`` float16 their log-probabilities.
         features: ``(T_i, F)`` float16 target features at each position, or
           ``None`` if not kept.

@@ -10,7 +10,10 @@ is never rewritten, so its file stays valid, and a grown corpus only costs
 the prefill of its new shards. Shards are prefilled a group at a time, their
 rows sorted by length across the group, so little of a batch is padding. A
 file serves every request whose features are among those it holds: a draft
-model (laws only) reuses an EAGLE head's prefill. A held-out budget
+model (laws only) reuses an EAGLE head's prefill. A draft trained on the
+written tokens alone (``--labels written``) reads the shards and runs no
+prefill: greedy rows' tokens are the target's argmax and sampled rows' are
+draws from its law. A held-out budget
 (:func:`heldout_set`, the ``--heldout-tokens`` of train-draft and of the
 studies that replay its evaluation) takes the first held-out sequences in
 shard order: a fixed evaluation set however much the corpus grows, which
@@ -100,6 +103,7 @@ def corpus_completions(
     token_budget: Optional[int] = None,
     shards: Optional[Collection[int]] = None,
     log: Optional[Callable[[str], None]] = None,
+    laws: bool = True,
 ) -> Completions:
     """A split of the corpus as :class:`Completions` with the target's laws and features.
 
@@ -120,6 +124,9 @@ def corpus_completions(
         shards: Use only the shards of these numbers (``shard-NNNNN``;
           ``None``: all); the others are neither read nor prefilled.
         log: Called with one line when a prefill runs.
+        laws: Take the laws (and features) from the target's prefill. Without,
+          no target forward runs and nothing is cached: the written tokens
+          alone, with zero-width ``(T_i, 0)`` laws (``feature_layers`` empty).
 
     Returns:
         The split's sequences, in shard order.
@@ -132,22 +139,49 @@ def corpus_completions(
         raise ValueError(
             f"the corpus in '{corpus.folder}' was written by another target ({why})."
         )
-    folder = Path(cache) if cache else default_cache()
-    folder.mkdir(parents=True, exist_ok=True)
     layers = tuple(feature_layers)
     store = tuple(layers if store_layers is None else store_layers)
     if not set(layers) <= set(store):
         raise ValueError(
             f"the features to store ({list(store)}) must include those read ({list(layers)})."
         )
+    if not laws and store:
+        raise ValueError(
+            f"features ({list(store)}) come from the target's prefill; ask for laws too."
+        )
     paths = corpus.shard_paths()
     if shards is not None:
         paths = [p for p in paths if shard_number(p) in shards]
     plan = _plan(paths, split, token_budget)
-    stems = [
-        f"{p.path.name.split('.')[0]}-{split}-{_key(manifest['target'], p.path, split, top_k)}"
-        for p in plan
-    ]
+    if laws:
+        folder = Path(cache) if cache else default_cache()
+        stems = [
+            f"{p.path.name.split('.')[0]}-{split}-{_key(manifest['target'], p.path, split, top_k)}"
+            for p in plan
+        ]
+        parts = _prefilled(model, plan, stems, folder, split, layers, store, top_k, log)
+    else:
+        parts = [_written(item) for item in plan]
+    data = Completions(features=[] if layers else None, feature_layers=layers)
+    for item, part in zip(plan, parts):
+        temps = [round(float(t), 6) for t in item.shard.temps[item.keep]]
+        sets = [str(s) for s in item.shard.prompt_sets[item.keep]]
+        for i in range(item.take):
+            data.tokens.append(part.tokens[i])
+            data.starts.append(part.starts[i])
+            data.law_ids.append(part.teacher_ids[i])
+            data.law_logp.append(part.teacher_logp[i])
+            if layers:
+                data.features.append(part.features[i])
+            data.temps.append(temps[i])
+            data.prompt_sets.append(sets[i])
+    return data
+
+
+def _prefilled(model, plan, stems, folder: Path, split, layers, store, top_k, log):
+    """Each planned shard's laws and features ``layers``: from the cache, else
+    prefilled (a group at a time) and cached with the features ``store``."""
+    folder.mkdir(parents=True, exist_ok=True)
     parts: List[Optional[HeadData]] = []
     for stem in stems:
         cached, held = _cached(folder, stem, layers)
@@ -170,20 +204,21 @@ def corpus_completions(
                 log(
                     f"prefilled {plan[j].path.name} ({split}): {part.num_tokens} tokens"
                 )
-    data = Completions(features=[] if layers else None, feature_layers=layers)
-    for item, part in zip(plan, parts):
-        temps = [round(float(t), 6) for t in item.shard.temps[item.keep]]
-        sets = [str(s) for s in item.shard.prompt_sets[item.keep]]
-        for i in range(item.take):
-            data.tokens.append(part.tokens[i])
-            data.starts.append(part.starts[i])
-            data.law_ids.append(part.teacher_ids[i])
-            data.law_logp.append(part.teacher_logp[i])
-            if layers:
-                data.features.append(part.features[i])
-            data.temps.append(temps[i])
-            data.prompt_sets.append(sets[i])
-    return data
+    return parts
+
+
+def _written(item: "_Planned") -> HeadData:
+    """A planned shard's sequences without the target: zero-width laws and features."""
+    records = item.records[: item.take]
+    tokens = [r.tokens for r in records]
+
+    def empty(dtype):
+        return [np.zeros((len(t), 0), dtype) for t in tokens]
+
+    starts = [len(r.prompt) for r in records]
+    return HeadData(
+        tokens, starts, empty(np.float16), empty(np.int32), empty(np.float16)
+    )
 
 
 def heldout_budget(args) -> Optional[int]:

@@ -15,6 +15,12 @@ cannot propose those tokens), and so are tokens outside it as hard labels.
 input of the output layer both share), kept with the completions: it carries
 the target's whole law, not only its top ``K``.
 
+With ``labels="written"`` the completions hold no laws (``K = 0``, no
+prefill of the target; :func:`.corpus_data.corpus_completions`) and the
+loss is the written token's alone: greedy rows' tokens are the target's
+argmax and sampled rows' are draws from its law, so it is an unbiased
+estimate of the soft cross-entropy (sequence-level distillation).
+
 With ``rollout_steps > 0`` a share of the steps also trains on contexts
 that hold the draft's own tokens, scored by the target (:mod:`.rollout`).
 
@@ -123,6 +129,9 @@ class DraftTrainConfig:
         heldout_tokens: With a corpus, the budget of the fixed held-out set
           the evaluations measure on (:func:`.corpus_data.heldout_set`);
           ``None`` without one.
+        labels: ``laws``: the target's top-K laws (soft labels) and the
+          written tokens; ``written``: the written tokens alone, from
+          completions without laws (see the module docstring).
     """
 
     steps: int = DEFAULT_STEPS
@@ -145,6 +154,7 @@ class DraftTrainConfig:
     rollout_share: float = DEFAULT_ROLLOUT_SHARE
     rollout_temp: float = DEFAULT_ROLLOUT_TEMP
     heldout_tokens: Optional[int] = None
+    labels: str = "laws"
 
 
 # Options a resumed run must share with its checkpoint.
@@ -234,7 +244,8 @@ def draft_loss(
 
     ``dtype`` is the compute dtype of the draft's forward (the loss itself is
     float32; see :mod:`mlx_spec.train.precision`). ``layout``: the
-    ``(positions, mask)`` of a packed batch with rollout branches.
+    ``(positions, mask)`` of a packed batch with rollout branches. Without
+    laws (``K = 0``) the loss is the written token's alone.
 
     Returns:
         ``(loss, accuracy)`` scalars; accuracy is the share of completion rows
@@ -244,6 +255,8 @@ def draft_loss(
         h = supervised_hidden(draft, tokens, rows, dtype, layout)  # (R, H)
         logits = draft.lm_head.subset_logits(h)  # (R, k)
     h, logits = h.astype(mx.float32), logits.astype(mx.float32)
+    if soft_ids.shape[-1] == 0:  # no laws (--labels written): the hard term only
+        soft_weight = 0.0
     logq = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     weights = mx.where(soft_ids >= 0, soft_p, 0.0)
     weights = weights / mx.maximum(weights.sum(axis=-1, keepdims=True), 1e-9)
@@ -340,6 +353,7 @@ def greedy_matches(
         Per subset, per greedy completion ``(n,)`` bool: the draft's argmax
         given the true prefix is completion token ``j``.
     """
+    # Greedy rows' written tokens are the target's argmax: no laws (nor prefill) needed.
     out: List[List[np.ndarray]] = [[] for _ in subsets]
     ids = np.array(draft.lm_head.token_ids)
     columns = [None if s is None else mx.array(np.asarray(s)) for s in subsets]

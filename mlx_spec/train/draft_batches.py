@@ -31,7 +31,8 @@ class Batch:
         tokens: ``(B, T)`` input token ids.
         rows: ``(R,)`` flat index ``b * T + t`` of each supervised position.
         soft_ids: ``(R, K)`` draft index of the teacher's top-K tokens for
-          the next token (``-1``: outside the draft vocabulary).
+          the next token (``-1``: outside the draft vocabulary); ``K = 0``
+          for completions without laws.
         soft_p: ``(R, K)`` their probabilities.
         hard: ``(R,)`` draft index of the next token (``-1``: outside).
         weight: ``(R,)`` loss weight: 1 for completion rows, ``prompt_weight``
