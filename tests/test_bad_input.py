@@ -153,6 +153,37 @@ BAD = [
     (TRAIN + ["--out", "{new}", "--heldout-tokens", "9"], "--heldout-tokens needs"),
     (TRAIN + ["--out", "{new}", "--batch-tokens", BIG], "--batch-tokens="),
     (TRAIN + ["--out", "{new}", "--lr", "inf"], "--lr"),
+    # train-draft --labels written: no option that needs a forward of the target
+    (TRAIN + ["--out", "{new}", "--labels", "bogus"], "--labels"),
+    (
+        TRAIN + ["--out", "{new}", "--labels", "written"],
+        "--labels written needs --corpus",
+    ),
+    *(
+        (
+            TRAIN
+            + [
+                "--out",
+                "{new}",
+                "--corpus",
+                "{missing}",
+                "--labels",
+                "written",
+                *flags,
+            ],
+            field,
+        )
+        for flags, field in (
+            (["--kind", "eagle"], "--labels written is for --kind draft"),
+            (["--soft-weight", "0.5"], "--soft-weight 0.5 needs the target's laws"),
+            (["--rollout-steps", "2"], "--rollout-steps 2 needs the target's laws"),
+            (
+                ["--feature-weight", "1"],
+                "--feature-weight 1.0 needs the target's final",
+            ),
+            (["--keep-features", "-1"], "--keep-features -1 needs a prefill"),
+        )
+    ),
     # corpus
     (GROW + ["--out", EMPTY], "--out"),
     (GROW + ["--out", "{llama}"], "--out"),

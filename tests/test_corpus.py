@@ -1176,3 +1176,187 @@ def test_a_newest_run_stopped_after_its_prefill_goes_on_in_the_same_folder(
     assert train_main([*argv, "--data-only"]) == 0  # the selection is kept in d2
     assert train_main(argv) == 0  # d2 is this command's folder, not refused
     assert (tmp_path / "d2" / "config.json").is_file()
+
+
+# --------------------------------------------------------------------------- #
+# --labels written: the written tokens alone, no forward of the target
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def larger(load_model, tmp_path_factory):
+    """A corpus of 48 answers of up to 16 tokens, a quarter held out: enough
+    for a few steps of training to show on the held-out split."""
+    from mlx_spec.fingerprint import model_fingerprint
+
+    model, tokenizer = load_model("llama")
+    folder = tmp_path_factory.mktemp("larger")
+    corpus = Corpus(folder / "corpus")
+    corpus.create(model_fingerprint(model), TOKENIZER, model="llama")
+    jobs = G.template_jobs(tokenizer, _prompts(48), set(), {0.0: 0.5, 1.0: 0.5})
+    G.Grower(
+        model, tokenizer, corpus, batch_size=8, max_tokens=16, log=lambda s: None
+    ).grow(jobs)
+    return _heldout_marked(corpus, folder)
+
+
+def _count_target_forwards(monkeypatch) -> list:
+    """A list that gains an entry at each forward of a target train-draft loads
+    (the whole model or its inner one; the draft's own blocks are not counted)."""
+    from mlx_lm.models import llama
+
+    from mlx_spec import loading
+
+    targets, calls = [], []
+    real_load = loading.load_model
+
+    def load(*a, **k):
+        model, tokenizer = real_load(*a, **k)
+        targets.extend([model, model.model])
+        return model, tokenizer
+
+    def counted(cls):
+        real = cls.__call__
+
+        def call(self, *a, **k):
+            if any(self is t for t in targets):
+                calls.append(type(self).__name__)
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(cls, "__call__", call)
+
+    monkeypatch.setattr(loading, "load_model", load)
+    counted(llama.Model)
+    counted(llama.LlamaModel)
+    return calls
+
+
+def test_written_labels_read_the_corpus_without_the_target(
+    load_model, grown, tmp_path, monkeypatch
+):
+    from mlx_spec.train import corpus_data
+
+    model, _ = load_model("llama")
+    corpus = _heldout_marked(grown, tmp_path)
+    cache = tmp_path / "cache"
+    laws = corpus_data.corpus_completions(model, corpus, "train", cache=cache)
+    runs = _count_prefills(monkeypatch)
+    written = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(), laws=False, cache=tmp_path / "w"
+    )
+    assert runs == [] and not (tmp_path / "w").exists()  # no prefill, no cache
+    assert len(written) == len(laws) == 12
+    for name in ("tokens", "starts", "temps", "prompt_sets"):
+        pairs = zip(getattr(written, name), getattr(laws, name))
+        assert all(np.array_equal(a, b) for a, b in pairs), name
+    assert all(
+        ids.shape == (len(t), 0) for ids, t in zip(written.law_ids, written.tokens)
+    )
+    assert written.features is None
+    with pytest.raises(ValueError, match="come from the target's prefill"):
+        corpus_data.corpus_completions(model, corpus, "train", laws=False)
+
+
+def test_written_labels_train_a_draft_with_no_forward_of_the_target(
+    checkpoints, larger, tmp_path, monkeypatch
+):
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = larger
+    calls = _count_target_forwards(monkeypatch)
+    argv = ["--model", str(checkpoints["llama"]), "--corpus", str(corpus.folder)]
+    argv += ["--cache", str(tmp_path / "cache"), "--no-progress", "--skip-eval"]
+    argv += ["--steps", "12", "--eval-every", "6", "--lr", "1e-2"]
+    argv += ["--draft-vocab", "64", "--layers", "1", "--batch-tokens", "1024"]
+    assert train_main([*argv, "--out", str(tmp_path / "laws")]) == 0
+    assert calls  # the spy sees the laws path's prefill
+    calls.clear()
+    out = tmp_path / "written"
+    assert train_main([*argv, "--out", str(out), "--labels", "written"]) == 0
+    assert calls == []
+    config = json.loads((out / "config.json").read_text())
+    tc, evals = config["training"]["config"], config["training"]["evals"]
+    assert (tc["labels"], tc["soft_weight"]) == ("written", 0.0)
+    assert [e["step"] for e in evals] == [0, 6, 12]
+    assert evals[-1]["heldout_loss"] < 0.8 * evals[0]["heldout_loss"], evals
+    assert evals[-1]["alpha"] > evals[0]["alpha"]
+    point = config["data"]["learning_curve"][-1]
+    assert (point["labels"], config["data"]["labels"]) == ("written", "written")
+    card = (out / "README.md").read_text()
+    assert "cross-entropy of the written token alone (`--labels written`" in card
+    assert "- labels: the written tokens alone" in card and "soft labels" not in card
+    assert f"| {point['steps']} | written | {point['alpha']} |" in card
+    laws_card = (tmp_path / "laws" / "README.md").read_text()
+    assert f"| {point['steps']} | laws |" in laws_card
+
+
+def test_written_labels_measure_the_same_alpha_as_the_laws_on_greedy_sequences(
+    load_model, larger, tmp_path
+):
+    """Greedy rows' written tokens are the target's argmax (checked against the
+    prefill here), so the held-out replay needs no laws: both sets measure alike."""
+    from mlx_spec.train import corpus_data
+    from mlx_spec.train import draft as D
+
+    model, tokenizer = load_model("llama")
+    corpus = larger
+    read = dict(cache=tmp_path / "cache")
+    laws = corpus_data.corpus_completions(model, corpus, "heldout", **read)
+    written = corpus_data.corpus_completions(
+        model, corpus, "heldout", feature_layers=(), laws=False
+    )
+    greedy = [i for i, t in enumerate(laws.temps) if t == 0.0]
+    assert greedy and len(greedy) < len(laws)  # sampled rows are skipped
+    for i in greedy:
+        s = laws.starts[i]
+        argmax = laws.law_ids[i][s - 1 : -1, 0]
+        assert np.array_equal(argmax, laws.tokens[i][s:])
+    train = corpus_data.corpus_completions(
+        model, corpus, "train", feature_layers=(), laws=False
+    )
+    config = D.DraftTrainConfig(
+        steps=6, batch_tokens=1024, lr=1e-2, warmup=2, draft_vocab=64, layers=[1]
+    )
+    trainer = D.DraftTrainer(model, tokenizer, train, laws, config)
+    # The draft vocabulary counts the written tokens, whichever the labels.
+    by_prefill = corpus_data.corpus_completions(model, corpus, "train", **read)
+    assert D.DraftTrainer(model, tokenizer, by_prefill, laws, config).token_ids == (
+        trainer.token_ids
+    )
+    for _ in range(6):
+        trainer.train_step()
+    by_laws = trainer.evaluate()
+    trainer.heldout = written
+    by_written = trainer.evaluate()
+    assert 0 < by_laws["alpha"] == by_written["alpha"]
+    assert by_laws["chains"] == by_written["chains"]
+
+
+def test_a_resumed_run_with_other_labels_is_refused_in_one_line(
+    checkpoints, grown, tmp_path, monkeypatch, capsys
+):
+    from mlx_spec.train.cli import main as train_main
+
+    corpus = _heldout_marked(grown, tmp_path)
+    out = tmp_path / "o"
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(out)]
+    argv += ["--corpus", str(corpus.folder), "--cache", str(tmp_path / "cache")]
+    argv += ["--steps", "2", "--eval-every", "2", "--no-progress", "--skip-eval"]
+    argv += ["--draft-vocab", "64"]
+    assert train_main([*argv, "--labels", "written"]) == 0
+    state = (out / "checkpoints" / "state.json").read_bytes()
+    runs = _count_prefills(monkeypatch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train_main(argv)  # --labels left out: laws
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0] == (
+        "mlx_spec train-draft: error: --labels laws differs from the --labels written "
+        f"of the run checkpointed in '{out}', whose loss and learning-curve points "
+        "are of those labels; pass --labels written, or choose a new --out."
+    )
+    assert runs == [] and (out / "checkpoints" / "state.json").read_bytes() == state
+    assert train_main([*argv, "--labels", "written"]) == 0
+    assert "resumed from step 2" in capsys.readouterr().err
+    assert runs == []

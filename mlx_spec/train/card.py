@@ -89,9 +89,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         "",
         f"- {training.get('steps')} AdamW steps of about {tc.get('batch_tokens')} padded "
         f"tokens, peak learning rate {tc.get('lr')}, warm-up {tc.get('warmup')}, cosine "
-        f"decay; loss = {tc.get('soft_weight')} x soft cross-entropy to the teacher's "
-        f"top-K law + {_fmt(1 - tc.get('soft_weight', 0.5), 2)} x cross-entropy of the "
-        "written token, over completion tokens;",
+        f"decay; loss = {_loss_text(tc)}, over completion tokens;",
         *_rollout_lines(tc),
         *(
             [f"- warm-started from the draft in `{tc['init_from']}`;"]
@@ -181,6 +179,21 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
     return "\n".join(lines)
 
 
+def _loss_text(tc: Dict) -> str:
+    """The draft's loss, by the labels it learned from (``--labels``)."""
+    if tc.get("labels") == "written":
+        return (
+            "cross-entropy of the written token alone (`--labels written`: no forward "
+            "of the target; greedy rows' tokens are its argmax and sampled rows' are "
+            "draws from its law, so this estimates the soft cross-entropy)"
+        )
+    soft = tc.get("soft_weight", 0.5)
+    return (
+        f"{soft} x soft cross-entropy to the teacher's top-K law + "
+        f"{_fmt(1 - soft, 2)} x cross-entropy of the written token"
+    )
+
+
 def _origin_lines(config: Dict, line: str) -> List[str]:
     """The command a chain of warm starts began with, if the drafter was warm-started."""
     command = config.get("origin", {}).get("command")
@@ -236,11 +249,14 @@ def _draft_data_lines(data: Dict) -> List[str]:
         f"{data.get('heldout_prompts')} prompts, "
         f"{data.get('heldout_completion_tokens')} completion tokens"
     )
-    split = [
-        f"- held out ({how}): {held};",
-        f"- soft labels: the target's top-{data.get('top_k')} next-token law at every "
-        "completion token;",
-    ]
+    labels = (
+        "- labels: the written tokens alone (`--labels written`), with no prefill of "
+        "the target;"
+        if data.get("labels") == "written"
+        else f"- soft labels: the target's top-{data.get('top_k')} next-token law at "
+        "every completion token;"
+    )
+    split = [f"- held out ({how}): {held};", labels]
     training = (
         f"- training: {data.get('train_prompts')} prompts "
         f"({_prompt_sets(data.get('train_sets', {}))}), "
@@ -361,15 +377,17 @@ def learning_curve_lines(data: Dict) -> List[str]:
         "corpus, so compare points measured on the same held-out tokens"
     )
     seen = seen_column(curve)
+    labels = any("labels" in p for p in curve)  # points from before --labels: laws
     lines = [
         f"Learning curve (each run warm-starts from the last; {held}):",
         "",
         "| date | corpus tokens | held-out tokens | "
         + ("tokens seen | " if seen else "")
         + "steps | "
+        + ("labels | " if labels else "")
         + " | ".join(n for _, n in columns)
         + " |",
-        "|---" * (4 + bool(seen) + len(columns)) + "|",
+        "|---" * (4 + bool(seen) + labels + len(columns)) + "|",
     ]
     for i, p in enumerate(curve):
         cells = [str(p.get(k, "")) for k, _ in columns]
@@ -378,6 +396,7 @@ def learning_curve_lines(data: Dict) -> List[str]:
             f"{p.get('heldout_tokens', '')} | "
             + (f"{seen[i]} | " if seen else "")
             + f"{p.get('steps', '')} | "
+            + (f"{p.get('labels', 'laws')} | " if labels else "")
             + " | ".join(cells)
             + " |"
         )
@@ -386,6 +405,12 @@ def learning_curve_lines(data: Dict) -> List[str]:
             "",
             "Corpus tokens: what the run trained on; tokens seen: distinct training "
             "tokens of the corpus trained on by it and the runs before it.",
+        ]
+    if labels:
+        lines += [
+            "",
+            "Labels: laws, the target's top-K laws from a prefill and the written "
+            "tokens; written, the written tokens alone (`--labels written`).",
         ]
     return lines + [""]
 

@@ -24,6 +24,7 @@ from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
 
 KINDS = ("draft", "eagle", "eagle3", "medusa")
+LABELS = ("laws", "written")
 DEFAULT_NUM_PROMPTS = 1600
 DEFAULT_HELDOUT_PROMPTS = 48
 DEFAULT_EVAL_PROMPTS = 8
@@ -126,6 +127,17 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         help=f"With --corpus: measure on {HELDOUT_TOKENS_HELP}.",
     )
     g.add_argument(
+        "--labels",
+        choices=LABELS,
+        default="laws",
+        help="With --corpus and --kind draft: what the draft learns from. laws: the "
+        "target's top-K laws (soft labels) and the written tokens, from one prefill of "
+        "the target over the chosen sequences (cached outside git); written: the "
+        "written tokens alone, with no forward of the target (greedy rows' tokens are "
+        "its argmax, sampled rows' are draws from its law), so no --soft-weight, "
+        "--feature-weight, --rollout-steps or --keep-features (default: laws).",
+    )
+    g.add_argument(
         "--cache",
         metavar="DIR",
         help="With --corpus: where the prefilled laws and features are kept "
@@ -184,9 +196,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--soft-weight",
         type=float,
-        default=D.DEFAULT_SOFT_WEIGHT,
         help="Draft: weight of the soft (teacher law) loss against the written "
-        f"token's (default: {D.DEFAULT_SOFT_WEIGHT}).",
+        f"token's (default: {D.DEFAULT_SOFT_WEIGHT}; 0 with --labels written).",
     )
     g.add_argument(
         "--prompt-weight",
@@ -324,13 +335,14 @@ def check_args(args):
     check_numbers(args)
     if not 0 <= args.sampled_share <= 1:
         raise ValueError("--sampled-share must be between 0 and 1.")
-    if not 0 <= args.soft_weight <= 1:
+    if args.soft_weight is not None and not 0 <= args.soft_weight <= 1:
         raise ValueError("--soft-weight must be between 0 and 1.")
     if args.prompt_weight < 0:
         raise ValueError("--prompt-weight must be at least 0.")
     if args.feature_weight is not None and args.feature_weight < 0:
         raise ValueError("--feature-weight must be at least 0.")
     check_rollout_args(args)
+    check_labels(args)
     if args.self_instruct < 0:
         raise ValueError("--self-instruct must be at least 0.")
     if args.init_from and not Path(args.init_from).is_dir():
@@ -391,6 +403,40 @@ def check_corpus_select(args):
             "--corpus-select newest needs --init-from DIR, the drafter whose learning "
             "curve says which shards it has trained on."
         )
+
+
+def check_labels(args):
+    """``--labels written``: a draft on a corpus, and no option that needs a
+    forward of the target (its laws or features)."""
+    if args.labels == "laws":
+        return
+    if not args.corpus:
+        raise ValueError(
+            "--labels written needs --corpus DIR (the completions train-draft writes "
+            "itself come with the target's laws at no extra cost)."
+        )
+    if args.kind != "draft":
+        raise ValueError(
+            f"--labels written is for --kind draft; a {args.kind} head reads the "
+            "target's features, which only its prefill gives (pass --labels laws)."
+        )
+    needs = (
+        ("--soft-weight", args.soft_weight, "the target's laws"),
+        ("--feature-weight", args.feature_weight, "the target's final hidden state"),
+        (
+            "--rollout-steps",
+            args.rollout_steps,
+            "the target's laws at the draft's tokens",
+        ),
+        ("--keep-features", args.keep_features, "a prefill of the target"),
+    )
+    for flag, value, what in needs:
+        if value:  # None, 0 and 0.0 need nothing
+            raise ValueError(
+                f"{flag} {value} needs {what}, which --labels written does not compute "
+                "(it trains on the written tokens alone); leave it out, or pass "
+                "--labels laws."
+            )
 
 
 def check_rollout_args(args):
@@ -476,7 +522,7 @@ def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
         lr=_or(args.lr, D.DEFAULT_LR),
         draft_vocab=_or(args.draft_vocab, D.DEFAULT_DRAFT_VOCAB),
         layers=layers,
-        soft_weight=args.soft_weight,
+        soft_weight=_or(args.soft_weight, default_soft_weight(args.labels)),
         prompt_weight=args.prompt_weight,
         feature_weight=_or(args.feature_weight, D.DEFAULT_FEATURE_WEIGHT),
         precision=args.precision,
@@ -489,7 +535,13 @@ def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
         rollout_share=_or(args.rollout_share, D.DEFAULT_ROLLOUT_SHARE),
         rollout_temp=_or(args.rollout_temp, D.DEFAULT_ROLLOUT_TEMP),
         heldout_tokens=heldout_budget(args),
+        labels=args.labels,
     )
+
+
+def default_soft_weight(labels: str) -> float:
+    """The soft loss's weight left unset: none without laws to learn from."""
+    return 0.0 if labels == "written" else D.DEFAULT_SOFT_WEIGHT
 
 
 # Training options that a resumed run takes from its checkpoint when the
@@ -553,6 +605,18 @@ def check_heldout_tokens(args, saved: Dict, given: set):
         )
 
 
+def check_resumed_labels(args, saved: Dict):
+    """A resumed run keeps its checkpoint's labels (a run from before
+    ``--labels`` learned from the laws): other labels are refused."""
+    old = saved.get("labels", "laws")
+    if args.kind == "draft" and args.labels != old:
+        raise ValueError(
+            f"--labels {args.labels} differs from the --labels {old} of the run "
+            f"checkpointed in '{args.out}', whose loss and learning-curve points are "
+            f"of those labels; pass --labels {old}, or choose a new --out."
+        )
+
+
 def resume_options(args, argv: List[str], model) -> List[str]:
     """Set the training options of the run checkpointed in ``--out`` that ``argv`` leaves unset.
 
@@ -570,6 +634,7 @@ def resume_options(args, argv: List[str], model) -> List[str]:
         current = asdict(H.head_config(args, args.kind, blocks))
     saved, given, words = state["config"], given_options(argv), []
     check_heldout_tokens(args, saved, given)
+    check_resumed_labels(args, saved)
     for name in RESUMED_OPTIONS:
         if name in given or name not in saved or saved[name] == current.get(name):
             continue

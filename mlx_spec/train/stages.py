@@ -121,12 +121,14 @@ def corpus_stage(args, model, out: Path):
                 f"--keep-features {args.keep_features} must include the features "
                 f"this run reads ({','.join(map(str, layers))})."
             )
+    laws = args.labels == "laws"  # else no feature is read, nor kept (check_labels)
     options = dict(
         feature_layers=layers,
         store_layers=store,
         top_k=args.top_k,
         cache=args.cache,
         log=log,
+        laws=laws,
     )
     budget = heldout_budget(args)
     # Held-out first: a budget below its first sequence stops before any prefill.
@@ -145,7 +147,8 @@ def corpus_stage(args, model, out: Path):
     log(
         f"corpus: {len(train)} train ({train.completion_tokens} tokens), "
         f"{len(heldout)} held out ({heldout.completion_tokens} of its "
-        f"{heldout_total} held-out tokens; --heldout-tokens {budget})"
+        f"{heldout_total} held-out tokens; --heldout-tokens {budget}); labels: "
+        + ("the target's laws" if laws else "the written tokens (no target prefill)")
     )
     record = {
         "corpus": Path(args.corpus).name,
@@ -157,7 +160,8 @@ def corpus_stage(args, model, out: Path):
         "heldout_completion_tokens": heldout.completion_tokens,
         "heldout_budget": budget,
         "heldout_all": heldout.completion_tokens == heldout_total,
-        "top_k": args.top_k,
+        "labels": args.labels,
+        "top_k": args.top_k if laws else None,
         "selection": selection.record(args.corpus_tokens, args.seed),
         "learning_curve": list(prior.get("learning_curve", [])),
     }
@@ -246,6 +250,7 @@ def learning_point(kind: str, record: Dict, last_eval: Dict, steps: int) -> Dict
         "heldout_tokens": record["heldout_completion_tokens"],
         "heldout_budget": record.get("heldout_budget"),
         "steps": steps,
+        "labels": record.get("labels", "laws"),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
     names = {
