@@ -140,12 +140,12 @@ DOMAINS = [
             (
                 "renting a bigger place",
                 "staying put and storing things",
-                "a family " "that's running out of room",
+                "a family that's running out of room",
             ),
             (
                 "an oil-filled radiator",
                 "a fan heater",
-                "heating one room in the " "evenings",
+                "heating one room in the evenings",
             ),
         ],
         questions=[
@@ -192,13 +192,13 @@ DOMAINS = [
             (
                 "meal kits",
                 "planning and shopping myself",
-                "a couple who both work " "late",
+                "a couple who both work late",
             ),
             ("a stand mixer", "mixing by hand", "baking bread twice a week"),
             (
                 "an air fryer",
                 "a small countertop oven",
-                "a kitchen with no proper " "oven",
+                "a kitchen with no proper oven",
             ),
         ],
         questions=[
@@ -246,7 +246,7 @@ DOMAINS = [
             (
                 "pet insurance",
                 "putting money aside each month",
-                "a healthy young " "dog",
+                "a healthy young dog",
             ),
             ("a harness", "a collar", "a small dog that pulls"),
         ],
@@ -290,13 +290,13 @@ DOMAINS = [
             (
                 "the train",
                 "a budget flight",
-                "a {hours}-hour trip between two " "cities",
+                "a {hours}-hour trip between two cities",
             ),
             ("a hotel", "a rented apartment", "a family of {people} staying a week"),
             (
                 "a guided tour",
                 "travelling independently",
-                "a first trip to " "{destination}",
+                "a first trip to {destination}",
             ),
             ("travel insurance", "taking the risk", "a cheap {days}-day trip"),
             ("a backpack", "a wheeled suitcase", "a trip with lots of trains"),
@@ -343,18 +343,18 @@ DOMAINS = [
             (
                 "a gym membership",
                 "a home set of weights",
-                "getting stronger on a " "budget",
+                "getting stronger on a budget",
             ),
             ("running", "cycling", "losing weight with sore knees"),
             (
                 "a personal trainer",
                 "a training app",
-                "a beginner who needs " "structure",
+                "a beginner who needs structure",
             ),
             (
                 "morning workouts",
                 "evening workouts",
-                "someone who works nine to " "five",
+                "someone who works nine to five",
             ),
             ("yoga", "pilates", "a stiff back from desk work"),
         ],
@@ -400,13 +400,13 @@ DOMAINS = [
             (
                 "a sleep tracker",
                 "a simple sleep diary",
-                "working out why I sleep " "badly",
+                "working out why I sleep badly",
             ),
             ("meditation apps", "journaling", "winding down before bed"),
             (
                 "intermittent fasting",
                 "smaller regular meals",
-                "stopping evening " "snacking",
+                "stopping evening snacking",
             ),
         ],
         questions=[
@@ -448,12 +448,12 @@ DOMAINS = [
             (
                 "paying off debt first",
                 "building savings first",
-                "someone with " "{big_money} of card debt",
+                "someone with {big_money} of card debt",
             ),
             (
                 "an index fund",
                 "a savings account",
-                "money I won't touch for five " "years",
+                "money I won't touch for five years",
             ),
             ("renting", "buying", "someone who may move cities in two years"),
             ("a cheap used car", "a car on finance", "a {minutes}-minute commute"),
@@ -500,23 +500,23 @@ DOMAINS = [
             (
                 "a job with higher pay",
                 "a job with a shorter commute",
-                "a parent of " "a {kid_age}-year-old",
+                "a parent of a {kid_age}-year-old",
             ),
             (
                 "a master's degree",
                 "online certificates",
-                "switching into data " "analysis",
+                "switching into data analysis",
             ),
             ("a big company", "a startup", "a first job after university"),
             (
                 "staying in my current role",
                 "taking an offer at {salary}",
-                "my " "long-term career",
+                "my long-term career",
             ),
             (
                 "working from home",
                 "going into the office",
-                "someone new to the " "team",
+                "someone new to the team",
             ),
         ],
         questions=[
@@ -561,7 +561,7 @@ DOMAINS = [
             (
                 "studying in a library",
                 "studying at home",
-                "someone easily " "distracted",
+                "someone easily distracted",
             ),
             ("an app", "a weekly class", "learning a language as an adult"),
             ("handwritten notes", "typed notes", "lectures that move fast"),
@@ -604,13 +604,13 @@ DOMAINS = [
             (
                 "telling my friend the truth",
                 "letting it go",
-                "a friend who said " "something hurtful",
+                "a friend who said something hurtful",
             ),
             ("a dating app", "joining clubs", "meeting someone in my thirties"),
             (
                 "moving in together",
                 "waiting another year",
-                "a couple together " "for {months} months",
+                "a couple together for {months} months",
             ),
             ("a big party", "a quiet dinner", "my partner's fortieth birthday"),
         ],
@@ -653,14 +653,14 @@ DOMAINS = [
             (
                 "a nanny",
                 "a nursery",
-                "a {kid_age}-year-old with two working " "parents",
+                "a {kid_age}-year-old with two working parents",
             ),
             ("a tablet", "a basic phone", "a {kid_age}-year-old's first device"),
             ("piano lessons", "a sports club", "a shy {kid_age}-year-old"),
             (
                 "a family holiday abroad",
                 "a week at home",
-                "a family with " "{people} kids",
+                "a family with {people} kids",
             ),
         ],
         questions=[
@@ -700,7 +700,7 @@ DOMAINS = [
             (
                 "raised beds",
                 "planting straight into the ground",
-                "a beginner with " "clay soil",
+                "a beginner with clay soil",
             ),
             ("seeds", "young plants from a nursery", "a first vegetable patch"),
             ("artificial grass", "a real lawn", "a small yard with a dog"),
@@ -744,18 +744,18 @@ DOMAINS = [
             (
                 "fixing it myself",
                 "calling a plumber",
-                "a leaking pipe under the " "sink",
+                "a leaking pipe under the sink",
             ),
             (
                 "a cordless drill",
                 "a corded drill",
-                "occasional jobs around the " "house",
+                "occasional jobs around the house",
             ),
             ("water-based paint", "oil-based paint", "kitchen cupboards"),
             (
                 "repairing the old washing machine",
                 "buying a new one",
-                "a machine " "from {year}",
+                "a machine from {year}",
             ),
         ],
         questions=[
@@ -798,17 +798,17 @@ DOMAINS = [
             (
                 "a mesh Wi-Fi system",
                 "a single better router",
-                "a long, narrow " "house",
+                "a long, narrow house",
             ),
             (
                 "a new laptop",
                 "upgrading the RAM in my old one",
-                "a laptop from " "{year}",
+                "a laptop from {year}",
             ),
             (
                 "cloud backup",
                 "an external hard drive",
-                "{hours} hundred gigabytes " "of photos",
+                "{hours} hundred gigabytes of photos",
             ),
             ("an Android phone", "an iPhone", "a parent who isn't good with tech"),
             ("a tablet", "a cheap laptop", "a student who mostly writes essays"),
@@ -892,14 +892,14 @@ DOMAINS = [
             (
                 "a new phone",
                 "a refurbished one",
-                "someone who keeps phones for " "years",
+                "someone who keeps phones for years",
             ),
             ("buying in bulk", "buying weekly", "a household of {people}"),
-            ("an extended warranty", "no warranty", "a {money} kitchen " "appliance"),
+            ("an extended warranty", "no warranty", "a {money} kitchen appliance"),
             (
                 "an expensive winter coat",
                 "a cheap one each year",
-                "winters in " "{city}",
+                "winters in {city}",
             ),
         ],
         questions=[
@@ -939,7 +939,7 @@ DOMAINS = [
             (
                 "hosting at home",
                 "booking a restaurant",
-                "a dinner for {people} " "friends",
+                "a dinner for {people} friends",
             ),
             ("a DJ", "a playlist", "a party of {guests} people"),
             ("paper invitations", "a group message", "a seventieth birthday"),
@@ -982,7 +982,7 @@ DOMAINS = [
             (
                 "a monthly travel pass",
                 "paying per trip",
-                "going into the office " "{per_week} days a week",
+                "going into the office {per_week} days a week",
             ),
             ("leasing a car", "buying one outright", "someone who drives a lot"),
         ],
