@@ -1285,9 +1285,11 @@ def test_written_labels_train_a_draft_with_no_forward_of_the_target(
     card = (out / "README.md").read_text()
     assert "cross-entropy of the written token alone (`--labels written`" in card
     assert "- labels: the written tokens alone" in card and "soft labels" not in card
+    assert "prefill" not in card.split("## Data")[1].split("- training")[0]
     assert f"| {point['steps']} | written | {point['alpha']} |" in card
     laws_card = (tmp_path / "laws" / "README.md").read_text()
     assert f"| {point['steps']} | laws |" in laws_card
+    assert "the target's laws come from one prefill" in laws_card
 
 
 def test_written_labels_measure_the_same_alpha_as_the_laws_on_greedy_sequences(

@@ -267,7 +267,12 @@ def _draft_data_lines(data: Dict) -> List[str]:
         return [
             f"Self-distillation on the corpus `{data['corpus']}`: the target's own "
             "completions, kept as token ids by `mlx_spec corpus grow` (its card says "
-            "how they were written); the target's laws come from one prefill.",
+            "how they were written)"
+            + (
+                "."
+                if data.get("labels") == "written"
+                else "; the target's laws come from one prefill."
+            ),
             "",
             training + ";",
             *(
