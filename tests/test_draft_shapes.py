@@ -261,3 +261,77 @@ def test_the_command_reports_every_draft_vocabulary_and_gamma(
     # One row per (draft, V), then one per (draft, V, γ).
     assert printed.count("| d1 |") == 2 + 4 and printed.count("| d2 |") == 2 + 4
     assert sorted(report["verify_spread"]) == ["1", "2", "3"]
+
+
+def test_alpha_by_set_pools_the_matches_of_each_prompt_set():
+    matches = [np.array([1, 1, 0, 0], bool), np.array([1], bool), np.array([0, 0], bool)]
+    by_set = S.alpha_by_set(matches, ["chat", "code", "chat"])
+    assert by_set == {"chat": pytest.approx(2 / 6), "code": 1.0}
+
+
+def test_prompts_measure_on_the_targets_greedy_completions_by_set(
+    study, checkpoints, load_model, capsys, tmp_path
+):
+    """--prompts: each prompt decoded greedily as mlx-lm decodes it, α per set."""
+    from mlx_lm.generate import generate_step
+
+    from mlx_spec.bench.prompts import encode, has_chat_template, load_prompt_file
+
+    model, tokenizer = load_model("llama")
+    lines = [
+        {"prompt_set": "chat", "prompt": "Tell me about the sea."},
+        {"prompt_set": "code", "prompt": "def add(a, b):"},
+        {"prompt_set": "chat", "prompt": "How do I boil an egg?"},
+    ]
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    root = study["root"]
+    argv = ["--model", str(checkpoints["llama"]), "--corpus", str(root / "corpus")]
+    argv += ["--drafts", str(study["d1"]), "--prompts", str(prompts_file)]
+    argv += ["--prompt-tokens", "12", "--gammas", "1", "2", "--passes", "1"]
+    argv += ["--context", "16", "--json", str(tmp_path / "r.json")]
+    S.main(argv)
+    printed = capsys.readouterr().out
+    report = json.loads((tmp_path / "r.json").read_text())
+    # The completions are plain mlx-lm's greedy decoding, cut at 12 tokens or a stop.
+    chat = has_chat_template(tokenizer)
+    expected = []
+    for p in load_prompt_file(str(prompts_file)):
+        out = []
+        ids = mx.array(encode(p, tokenizer, chat=chat))
+        for token, _ in generate_step(ids, model, max_tokens=12):
+            out.append(int(token))
+            if out[-1] in tokenizer.eos_token_ids:
+                break
+        expected.append(out)
+    assert report["heldout_sequences"] == 3
+    assert report["heldout_tokens"] == sum(len(o) for o in expected)
+    # α per set pools that set's matches: recompute them from the completions.
+    draft = S.load_draft(str(study["d1"]), model)
+    data = S.greedy_completions(
+        model,
+        [(p.name, p.prompt_set, encode(p, tokenizer, chat=chat))
+         for p in load_prompt_file(str(prompts_file))],
+        list(tokenizer.eos_token_ids),
+        12,
+    )
+    assert [t[s:].tolist() for t, s in zip(data.tokens, data.starts)] == expected
+    ids = np.array(draft.lm_head.token_ids)
+    [m] = greedy_matches(draft, data, [[0], [1], [2]], token_rows(ids, 512), 512)
+    [shape] = report["shapes"]
+    assert shape["alpha_by_set"] == {
+        "chat": pytest.approx(S.greedy_alpha([m[0], m[2]])),
+        "code": pytest.approx(S.greedy_alpha([m[1]])),
+    }
+    assert "α chat" in printed and "α code" in printed
+
+
+def test_a_missing_prompts_file_is_one_line(study, checkpoints, capsys):
+    root = study["root"]
+    argv = ["--model", str(checkpoints["llama"]), "--corpus", str(root / "corpus")]
+    argv += ["--drafts", str(study["d1"]), "--prompts", str(root / "nope.jsonl")]
+    with pytest.raises(SystemExit) as e:
+        S.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.jsonl" in err[0] and "no such file" in err[0]

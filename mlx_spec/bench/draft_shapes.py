@@ -8,6 +8,7 @@ output-vocabulary size ``V`` and each draft length ``γ``:
 - **acceptance** is replayed from one teacher-forced forward over the
   greedy completions of the corpus's fixed held-out set, train-draft's for the
   same ``--heldout-tokens`` (:func:`mlx_spec.train.corpus_data.heldout_set`),
+  or over the target's greedy completions of a ``--prompts`` file (by set),
   with :func:`mlx_spec.train.draft.greedy_matches` and
   :func:`~mlx_spec.train.draft.replay_chains`, as train-draft's held-out
   evaluation. A ``V`` below the draft's own vocabulary restricts its argmax
@@ -49,11 +50,13 @@ from ..train.draft_batches import plan_batches
 from ..train.head_data import token_rows
 from .measure import DEFAULT_CONTEXT, ForwardTimer, fit_linear
 from .options import BARE_CHAIN
+from .prompts import encode, has_chat_template, load_prompt_file
 
 PROG = "python -m mlx_spec.bench.draft_shapes"
 DEFAULT_GAMMAS = tuple(range(1, 9))
 DEFAULT_PASSES = 15
 DEFAULT_BATCH_TOKENS = 4096
+DEFAULT_PROMPT_TOKENS = 128
 # Where a forward is bound by reading weights, verifying this many tokens
 # costs about one 1-token forward (benchmarks/README.md, "What carries across hardware").
 FLAT_VERIFY_WIDTH = 9
@@ -99,6 +102,46 @@ def coverage(token_ids: Sequence[int], tokens: np.ndarray) -> float:
     if not len(tokens):
         return 0.0
     return float(np.isin(tokens, np.asarray(token_ids)).mean())
+
+
+def greedy_completions(model, prompts, eos: Sequence[int], max_tokens: int) -> Completions:
+    """The target's greedy completions of ``prompts``, decoded one by one as
+    plain mlx-lm decodes them.
+
+    Args:
+        model: The target.
+        prompts: ``(name, prompt_set, ids)`` per prompt, ``ids`` the encoded prompt.
+        eos: Stop tokens (kept as the completion's last token).
+        max_tokens: Longest completion.
+
+    Returns:
+        :class:`Completions` of temperature 0, without laws.
+    """
+    from mlx_lm.generate import generate_step
+
+    data = Completions()
+    for _, prompt_set, ids in prompts:
+        out: List[int] = []
+        for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
+            out.append(int(token))
+            if out[-1] in eos:
+                break
+        sequence = np.array(list(ids) + out, np.int32)
+        data.tokens.append(sequence)
+        data.starts.append(len(ids))
+        data.temps.append(0.0)
+        data.prompt_sets.append(prompt_set)
+        data.law_ids.append(np.zeros((len(sequence), 0), np.int32))
+        data.law_logp.append(np.zeros((len(sequence), 0), np.float16))
+    return data
+
+
+def alpha_by_set(matches: Sequence[np.ndarray], sets: Sequence[str]) -> Dict[str, float]:
+    """Greedy α per prompt set: ``matches[i]`` ``(n,)`` belong to set ``sets[i]``."""
+    grouped: Dict[str, List[np.ndarray]] = {}
+    for m, name in zip(matches, sets):
+        grouped.setdefault(name, []).append(m)
+    return {name: greedy_alpha(ms) for name, ms in sorted(grouped.items())}
 
 
 def greedy_completion_tokens(data) -> np.ndarray:
@@ -317,6 +360,8 @@ def shape_study(
     say = progress or (lambda line: None)
     batches = heldout_batches(heldout, batch_tokens, max_length)
     written = greedy_completion_tokens(heldout)
+    # greedy_matches returns one array per sequence, in batch order.
+    sets = [heldout.prompt_sets[i] for b in batches for i in b] if heldout.prompt_sets else []
     shapes, steps, matches = [], {}, {}
     for name, draft in drafts.items():
         ids = np.array(draft.lm_head.token_ids)
@@ -339,6 +384,7 @@ def shape_study(
                     "vocab": v,
                     "coverage": coverage(kept, written),
                     "alpha": greedy_alpha(m),
+                    "alpha_by_set": alpha_by_set(m, sets) if sets else {},
                 }
             )
             steps[key] = SubsetStep(draft, rows)
@@ -426,6 +472,22 @@ def markdown(report: Dict) -> str:
             f"| {here['gamma']} | {_x(here['speed_here'])} "
             f"| {flat['gamma'] if flat else '–'} | {_x(flat and flat['speed_flat'])} |"
         )
+    # Acceptance by prompt set, where the held-out sequences come from several.
+    by_set = [s for s in report["shapes"] if len(s.get("alpha_by_set", {})) > 1]
+    if by_set:
+        names = sorted({n for s in by_set for n in s["alpha_by_set"]})
+        lines += [
+            "",
+            "| draft | V | " + " | ".join(f"α {n}" for n in names) + " |",
+            "|---|---|" + "---|" * len(names),
+        ]
+        for s in by_set:
+            alphas = [s["alpha_by_set"].get(n) for n in names]
+            lines.append(
+                f"| {s['draft']} | {s['vocab']} | "
+                + " | ".join("–" if a is None else f"{a:.3f}" for a in alphas)
+                + " |"
+            )
     lines += [
         "",
         "| draft | V | γ | τ | by position | v(γ+1) | speed here | speed, flat verify |",
@@ -485,7 +547,24 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--corpus",
         required=True,
         metavar="DIR",
-        help="The corpus the drafts trained on (its held-out split is measured).",
+        help="The corpus the drafts trained on (its held-out split is measured, "
+        "unless --prompts; its training split ranks the rows of --vocabs).",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE",
+        help="Measure acceptance on the target's greedy completions of these "
+        "prompts (JSON lines, as benchmarks.run --prompts) instead of the "
+        "corpus's held-out split.",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=DEFAULT_PROMPT_TOKENS,
+        metavar="N",
+        help=f"Longest greedy completion of a --prompts prompt "
+        f"(default: {DEFAULT_PROMPT_TOKENS}).",
     )
     parser.add_argument(
         "--vocabs",
@@ -574,6 +653,7 @@ def check_args(args) -> Dict[str, Dict[str, int]]:
         ("--passes", [args.passes], 1),
         ("--max-length", [args.max_length], 2),
         ("--heldout-tokens", [args.heldout_tokens], 1),
+        ("--prompt-tokens", [args.prompt_tokens], 1),
     ):
         bad = [v for v in values if v < low]
         if bad:
@@ -601,7 +681,19 @@ def check_args(args) -> Dict[str, Dict[str, int]]:
         Corpus(args.corpus).existing_manifest()
     except ValueError as e:
         raise ValueError(f"--corpus: {e}") from None
+    if args.prompts is not None:
+        load_prompt_file(args.prompts)
     return shapes
+
+
+def prompt_completions(args, model, tokenizer) -> Completions:
+    """The target's greedy completions of the ``--prompts`` file."""
+    prompts = load_prompt_file(args.prompts)
+    chat = has_chat_template(tokenizer)
+    encoded = [(p.name, p.prompt_set, encode(p, tokenizer, chat=chat)) for p in prompts]
+    log(f"greedy completions of {len(prompts)} prompts from {args.prompts}")
+    eos = [int(t) for t in tokenizer.eos_token_ids]
+    return greedy_completions(model, encoded, eos, args.prompt_tokens)
 
 
 def train_counts(corpus, vocab_size: int) -> np.ndarray:
@@ -626,14 +718,17 @@ def main(argv: Optional[Sequence[str]] = None):
             name: load_draft(path, model) for name, path in zip(names, args.drafts)
         }
         corpus = Corpus(args.corpus)
-        heldout = heldout_set(
-            model,
-            corpus,
-            args.heldout_tokens,
-            feature_layers=(),
-            cache=args.cache,
-            log=log,
-        )
+        if args.prompts is not None:
+            heldout = prompt_completions(args, model, tokenizer)
+        else:
+            heldout = heldout_set(
+                model,
+                corpus,
+                args.heldout_tokens,
+                feature_layers=(),
+                cache=args.cache,
+                log=log,
+            )
     except ValueError as e:
         parser.error(str(e))
     if not any(temp == 0 for temp in heldout.temps):
