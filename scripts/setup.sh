@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create or refresh .venv with everything mlx-spec needs, system packages included.
 #   scripts/setup.sh            runtime (mlx, mlx-lm, numpy, gradio) + OpenBLAS on Linux
-#   scripts/setup.sh --dev      also the test tools and the browser for the UI tests
+#   scripts/setup.sh --dev      also the test tools, the browser for the UI tests and
+#                               Open MPI for the sharded ones
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,13 +10,18 @@ dev=0
 [ "${1:-}" = "--dev" ] && dev=1
 PYTHON="${PYTHON:-python3}"
 
+# Not dpkg -s: it succeeds for a removed package whose config files remain.
+installed() {
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
+}
+
 apt_install() {
     command -v apt-get >/dev/null 2>&1 || return 0
     local sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo -n"
     local missing=()
     for pkg in "$@"; do
-        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+        installed "$pkg" || missing+=("$pkg")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     echo "setup: installing ${missing[*]} (apt-get)"
@@ -27,7 +33,9 @@ apt_install() {
 if [ "$(uname -s)" = "Linux" ]; then
     # mlx[cpu] links a reference BLAS; mlx_spec preloads OpenBLAS instead (10-40x faster).
     apt_install libopenblas0-pthread
-    [ $dev -eq 1 ] && apt_install chromium chromium-driver
+    # Open MPI's mpirun for the sharded tests' MPI backend. Not libopenmpi-dev: with
+    # its libmpi.so every process's mx.distributed.init() starts MPI (0.4 s).
+    [ $dev -eq 1 ] && apt_install chromium chromium-driver openmpi-bin
 fi
 
 if [ ! -x .venv/bin/python ]; then
