@@ -1,16 +1,17 @@
 """Speculation on a target sharded across processes with ``mx.distributed``.
 
-Launched with ``mlx.launch``, every rank runs the same loop: the target is
-sharded with mlx-lm's own ``shard()`` (tensor parallel), its MLP alone where
-the attention heads do not divide by the number of processes, or
-``pipeline()`` (stages); the drafter is replicated, and every rank takes part
-in each verification forward. The ranks stay in step because every input to a
-decision is the same on all of them: the target's logits (all-reduced), the
-random state (seeded alike), and the measured round costs (rank 0's,
-broadcast). Only rank 0 prints.
+Launched with ``mlx.launch`` (or Open MPI's ``mpirun``), every rank runs the
+same loop: the target is sharded with mlx-lm's own ``shard()`` (tensor
+parallel), its MLP alone where the attention heads do not divide by the
+number of processes, or ``pipeline()`` (stages); the drafter is replicated,
+and every rank takes part in each verification forward. The ranks stay in
+step because every input to a decision is the same on all of them: the
+target's logits (all-reduced), the random state (seeded alike), and the
+measured round costs (rank 0's, broadcast). Only rank 0 prints.
 """
 
 import contextlib
+import ctypes.util
 import functools
 import os
 import sys
@@ -24,9 +25,22 @@ import mlx.core as mx
 COLLECTIVES = ("all_sum", "all_gather", "send", "recv", "recv_like")
 
 
+def _point_mlx_at_open_mpi():
+    """Under Open MPI's ``mpirun``, tell MLX which libmpi to open.
+
+    MLX opens ``libmpi.so``, which Debian and Ubuntu ship only in
+    libopenmpi-dev; without it each rank would run alone.
+    """
+    if "OMPI_COMM_WORLD_SIZE" in os.environ and "MLX_MPI_LIBNAME" not in os.environ:
+        name = ctypes.util.find_library("mpi")
+        if name:
+            os.environ["MLX_MPI_LIBNAME"] = name
+
+
 @functools.lru_cache(maxsize=1)
 def sharded_group() -> Optional["mx.distributed.Group"]:
     """The world group when this process is one of several, else ``None``."""
+    _point_mlx_at_open_mpi()
     if not mx.distributed.is_available():
         return None
     group = mx.distributed.init()

@@ -1,4 +1,5 @@
-"""A target sharded over two processes (mlx.launch, ring backend, localhost).
+"""A target sharded over two processes on localhost (mlx.launch's ring backend,
+and MPI through Open MPI's mpirun where it is installed).
 
 Every rank decodes with every method on the sharded target; each rank's
 greedy tokens must equal unsharded plain mlx-lm's, tensor-parallel (the MLP
@@ -11,6 +12,7 @@ drafts another length runs other collectives, and the group stalls.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,14 +35,35 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed"),
 ]
+# MLX's MPI backend calls Open MPI's symbols: MPICH's mpirun would not do.
+BACKENDS = [
+    "ring",
+    pytest.param(
+        "mpi",
+        marks=pytest.mark.skipif(
+            shutil.which("ompi_info") is None, reason="Open MPI is not installed"
+        ),
+    ),
+]
 
 
-def _launch(command, timeout=TIMEOUT):
+def _launcher(backend: str) -> list:
+    """The argv prefix that starts 2 ranks with ``backend`` (ring or mpi).
+
+    MPI goes through Open MPI's mpirun: mlx.launch's MPI path passes it an
+    option that Open MPI 4 (Debian 12's) rejects.
+    """
+    if backend == "ring":
+        return [str(LAUNCH), "--backend", "ring", "-n", "2", "--python", sys.executable]
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", "-q", "-np", "2", *root, sys.executable]
+
+
+def _launch(command, timeout=TIMEOUT, backend="ring"):
     """Run ``command`` on 2 ranks; kill the whole group if it overruns."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    argv = [str(LAUNCH), "--backend", "ring", "-n", "2", "--python", sys.executable]
     proc = subprocess.Popen(
-        argv + command,
+        _launcher(backend) + command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -174,20 +197,25 @@ def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(
         assert ranks[1][method]["tokens"] == expected, method
 
 
-def test_sharded_generate_prints_once_and_refuses_in_one_line(checkpoints):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_generate_prints_once_and_refuses_in_one_line(checkpoints, backend):
     common = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "8"]
     common += ["--ignore-chat-template"]
     code, out = _launch(
         common
         + ["--model", str(checkpoints["llama"]), "--speculative", "draft"]
-        + ["--draft-model", str(checkpoints["llama-near"])]
+        + ["--draft-model", str(checkpoints["llama-near"])],
+        backend=backend,
     )
     assert code == 0, out
     assert out.count("Speculation: draft") == 1  # rank 0 alone prints
 
     # mlx-lm has no pipeline stages for llama: one line from rank 0 and the
     # group stops (mlx.launch itself exits 0 whatever the ranks do).
-    code, out = _launch(common + ["--model", str(checkpoints["llama"]), "--pipeline"])
+    command = common + ["--model", str(checkpoints["llama"]), "--pipeline"]
+    code, out = _launch(command, backend=backend)
+    if backend == "mpi":
+        assert code == 2, out  # mpirun passes the ranks' exit code on
     errors = [line for line in out.splitlines() if "error:" in line]
     assert len(errors) == 1 and "has no pipeline stages" in errors[0], out
     assert "Traceback" not in out
@@ -270,14 +298,15 @@ def test_rank0_values_are_shared_on_the_stream_of_the_forwards(monkeypatch):
         assert streams == [mx.default_stream(mx.default_device())]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sharded_bench_measures_each_method_against_plain_at_each_delay(
-    checkpoints, tmp_path
+    checkpoints, tmp_path, backend
 ):
     command = ["-m", "mlx_spec.bench.sharded", "--model", str(checkpoints["llama"])]
     command += ["--draft-model", str(checkpoints["llama-near"]), "--methods", "draft"]
     command += ["lookup", "--delays", "0", "1", "--prompts-per-set", "1"]
     command += ["--max-tokens", "8", "--out", str(tmp_path)]
-    code, out = _launch(command)
+    code, out = _launch(command, backend=backend)
     assert code == 0, out[-3000:]
     rows = json.loads((tmp_path / "sharded.json").read_text())
     # Plain decoding, the baseline, runs though not asked for.
@@ -285,7 +314,9 @@ def test_sharded_bench_measures_each_method_against_plain_at_each_delay(
         (d, m) for d in (0.0, 1.0) for m in ("none", "draft", "lookup")
     ]
     assert all(r["identical"] for r in rows)
-    assert "| `draft` |" in (tmp_path / "sharded.md").read_text()
+    table = (tmp_path / "sharded.md").read_text()
+    assert "| `draft` |" in table
+    assert "2 processes" in table  # one group, not 2 ranks alone
 
 
 def test_sharded_table_gives_each_method_its_ratio_and_tokens_per_forward():

@@ -1,8 +1,10 @@
 """Speculation on a sharded target against sharded plain decoding, by link latency.
 
-Run on every rank with ``mlx.launch``::
+Run on every rank with ``mlx.launch``, or on one machine with Open MPI's
+``mpirun`` (its all-reduce costs microseconds there, the ring's milliseconds)::
 
     mlx.launch --backend ring -n 2 -- python -m mlx_spec.bench.sharded --out DIR
+    mpirun -np 2 python -m mlx_spec.bench.sharded --out DIR
 
 Each collective of a sharded forward (an all-reduce per sharded layer, a
 send per pipeline stage) pays the link's latency once, whatever the number
