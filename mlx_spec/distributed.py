@@ -41,10 +41,20 @@ def _point_mlx_at_open_mpi():
 def sharded_group() -> Optional["mx.distributed.Group"]:
     """The world group when this process is one of several, else ``None``."""
     _point_mlx_at_open_mpi()
-    if not mx.distributed.is_available():
-        return None
-    group = mx.distributed.init()
-    return group if group.size() > 1 else None
+    group = mx.distributed.init() if mx.distributed.is_available() else None
+    if group is not None and group.size() > 1:
+        return group
+    launched = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    if launched > 1:  # else each rank would decode alone, unsharded
+        if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
+            time.sleep(2.0)  # rank 0 says it for the group
+            sys.exit(1)
+        sys.exit(
+            f"mlx_spec: mpirun started {launched} processes but MLX could not open "
+            "Open MPI's library (libmpi); install openmpi-bin, or set "
+            "MLX_MPI_LIBNAME to the path of its libmpi.so."
+        )
+    return None
 
 
 def rank() -> int:

@@ -342,3 +342,16 @@ def test_a_method_with_no_drafter_to_find_stops_in_one_line(monkeypatch):
     monkeypatch.setattr(sharded, "_default_pair", lambda method: ("target", None))
     with pytest.raises(ValueError, match="no shipped drafter for --methods draft"):
         sharded._drafters(["lookup", "draft"], None, None, None)
+
+
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI is not installed")
+def test_mpirun_without_a_loadable_libmpi_stops_in_one_line(checkpoints, monkeypatch):
+    # Each rank would otherwise decode the whole model alone, unsharded.
+    monkeypatch.setenv("MLX_MPI_LIBNAME", "libmpi-that-is-not-there.so")
+    command = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "4"]
+    command += ["--model", str(checkpoints["llama"]), "--ignore-chat-template"]
+    code, out = _launch(command, backend="mpi")
+    assert code != 0, out
+    said = [line for line in out.splitlines() if "could not open Open MPI" in line]
+    assert len(said) == 1, out  # rank 0 alone says it
+    assert "Traceback" not in out
