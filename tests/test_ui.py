@@ -1084,6 +1084,17 @@ def _in_view(driver, selector) -> bool:
     )
 
 
+def _overflows(driver, selector) -> bool:
+    """Whether the element or one inside it holds more than it shows (scrolls)."""
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]);"
+        "return [e, ...e.querySelectorAll('*')].some("
+        "  x => x.scrollHeight > x.clientHeight + 1"
+        "  && ['auto', 'scroll'].includes(getComputedStyle(x).overflowY));",
+        selector,
+    )
+
+
 @pytest.mark.browser
 def test_browser_default_pair_at_1440x900_with_screenshots(default_server, browser):
     """The first screen of ``python -m ui.app``: the message box and Send in view,
@@ -1099,8 +1110,9 @@ def test_browser_default_pair_at_1440x900_with_screenshots(default_server, brows
     _wait("the mode note", lambda: "mode" in text_of("#mode-note"))
     assert _in_view(browser, "#prompt") and _in_view(browser, "#send")
     assert browser.execute_script("return window.scrollY") == 0
+    assert not _overflows(browser, "#transcript")  # empty, for now
     assert text_of("#method")  # the method picker shows a value
-    _set(browser, "#max-tokens input", "64")
+    _set(browser, "#max-tokens input", "32")
     chat = "Chat mode" in text_of("#mode-note")
     for n, message in enumerate(CHAT_EXAMPLES[::2] if chat else [None], start=1):
         if message:
@@ -1121,6 +1133,7 @@ def test_browser_default_pair_at_1440x900_with_screenshots(default_server, brows
     assert _rounds(stats) == _chart_rounds(chart)
     browser.execute_script("window.scrollTo(0, 0)")
     # A full transcript still leaves the message box and its buttons in view.
+    assert _overflows(browser, "#transcript")
     for selector in ("#prompt", "#send", "#stop", "#clear"):
         assert _in_view(browser, selector), selector
     ARTIFACTS.mkdir(exist_ok=True)
