@@ -1,8 +1,11 @@
-"""One rank of a sharded run (started by mlx.launch from tests/test_sharded.py).
+"""One rank of sharded runs (started by mlx.launch from tests/test_sharded.py).
 
-Each rank decodes the same prompt with each method on the sharded target and
-writes the token ids it produced to ``OUT/rank<r>.json``; the test compares
-the ranks with each other and with unsharded plain decoding.
+``--jobs FILE`` holds ``{name: job}``; each job loads its target sharded
+(``model``, ``draft_model``, ``pipeline``) and decodes the same prompt with
+each of its ``methods`` (at ``temp``, seeded by ``seed``). Every rank writes
+``{name: {method: results}}`` to ``OUT/rank<r>.json``; the tests compare the
+ranks with each other and with unsharded decoding. One process group runs
+them all: a rank's start-up (imports, the ring) costs as much as the decodes.
 """
 
 import argparse
@@ -20,42 +23,31 @@ from mlx_spec.drafters.heads import random_head
 from mlx_spec.loading import load_draft
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--draft-model")
-    p.add_argument("--methods", nargs="+", required=True)
-    p.add_argument("--prompt", type=int, nargs="+", required=True)
-    p.add_argument("--max-tokens", type=int, default=24)
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--pipeline", action="store_true")
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-
-    group = sharded_group()
-    model, tokenizer = load_sharded(args.model, pipeline=args.pipeline)
+def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
+    """``{method: results}`` of one job (see the module's docstring)."""
+    pipeline = job.get("pipeline", False)
+    model, tokenizer = load_sharded(job["model"], pipeline=pipeline)
     draft = None
-    if args.draft_model:
-        draft = load_draft(args.draft_model, model, tokenizer)
+    if job.get("draft_model"):
+        draft = load_draft(job["draft_model"], model, tokenizer)
     results = {}
-    for method in args.methods:
+    for method in job["methods"]:
         drafter = draft
         if method.startswith("eagle"):
             drafter = random_head("eagle", model, seed=1)
         elif method in ("lookup", "self", "none"):
             drafter = None
-        seed = shared_seed(args.seed)
+        seed = shared_seed(job.get("seed"))
         if seed is not None:
             mx.random.seed(seed)
         stream = stream_generate(
             model,
             tokenizer,
-            args.prompt,
+            prompt,
             draft_model=drafter,
             speculative=method,
-            max_tokens=args.max_tokens,
-            temp=args.temp,
+            max_tokens=max_tokens,
+            temp=job.get("temp", 0.0),
         )
         tokens = [r.token for r in stream]
         results[method] = {
@@ -66,12 +58,28 @@ def main():
             "drafted_per_round": stream.stats.drafted_per_round,
             "cost_model": stream.stats.cost_model,
         }
-    if not args.pipeline:
+    if not pipeline:
         layer = model.layers[0]
         results["split"] = {
             "attention": type(layer.self_attn.q_proj).__name__,
             "mlp": type(layer.mlp.down_proj).__name__,
         }
+    return results
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--jobs", required=True)
+    p.add_argument("--prompt", type=int, nargs="+", required=True)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    group = sharded_group()
+    jobs = json.loads(Path(args.jobs).read_text())
+    results = {
+        name: run_job(job, args.prompt, args.max_tokens) for name, job in jobs.items()
+    }
     out = Path(args.out) / f"rank{group.rank()}.json"
     out.write_text(json.dumps(results))
 

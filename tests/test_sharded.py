@@ -79,13 +79,17 @@ def _launch(command, timeout=TIMEOUT, backend="ring"):
     return proc.returncode, out
 
 
-def _ranks(checkpoints, tmp_path, model, methods, *extra):
-    command = [str(WORKER), "--model", str(checkpoints[model])]
-    command += ["--methods", *methods, "--prompt", *map(str, PROMPT)]
-    command += ["--max-tokens", str(MAX_TOKENS), "--out", str(tmp_path), *extra]
-    code, out = _launch(command)
-    assert code == 0, out[-3000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+def _ranks(jobs: dict, out: Path) -> dict:
+    """``{name: [rank 0's, rank 1's {method: results}]}`` of ``jobs`` (see
+    tests/sharded_worker.py), all run in one process group."""
+    (out / "jobs.json").write_text(json.dumps(jobs))
+    command = [str(WORKER), "--jobs", str(out / "jobs.json")]
+    command += ["--prompt", *map(str, PROMPT)]
+    command += ["--max-tokens", str(MAX_TOKENS), "--out", str(out)]
+    code, output = _launch(command)
+    assert code == 0, output[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return {name: [rank[name] for rank in ranks] for name in jobs}
 
 
 def _assert_ranks_decided_alike(ranks, methods):
@@ -110,6 +114,35 @@ EVERY_METHOD = [
     "eagle",
     "eagle-chain",
 ]
+# Several generations in one process group. The stages hold different layers;
+# a draft step priced against each rank's own share made the ranks draft
+# different lengths and stall.
+PIPELINE_METHODS = ["none", "draft", "tree", "lookup", "auto", "draft", "none", "draft"]
+SAMPLED_METHODS = ["draft", "eagle-chain"]
+SAMPLED = dict(temp=1.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def sharded(checkpoints, tmp_path_factory):
+    """The decodes of the tests below, by name, from one launch: a launch's
+    start-up (imports on two ranks, the ring) is most of its time."""
+
+    def job(target, methods, **options):
+        draft = str(checkpoints[f"{target}-near"])
+        return dict(
+            model=str(checkpoints[target]),
+            draft_model=draft,
+            methods=methods,
+            **options,
+        )
+
+    jobs = {
+        "llama": job("llama", EVERY_METHOD),
+        "llama-3heads": job("llama-3heads", EVERY_METHOD),
+        "pipeline": job("qwen3_next", PIPELINE_METHODS, pipeline=True),
+        "sampled": job("llama", SAMPLED_METHODS, **SAMPLED),
+    }
+    return _ranks(jobs, tmp_path_factory.mktemp("sharded"))
 
 
 @pytest.mark.parametrize(
@@ -121,16 +154,9 @@ EVERY_METHOD = [
     ],
 )
 def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
-    checkpoints, load_model, tmp_path, target, split
+    sharded, load_model, target, split
 ):
-    ranks = _ranks(
-        checkpoints,
-        tmp_path,
-        target,
-        EVERY_METHOD,
-        "--draft-model",
-        str(checkpoints[f"{target}-near"]),
-    )
+    ranks = sharded[target]
     expected = _plain(load_model(target)[0])
     for results in ranks:
         assert results["split"] == split
@@ -141,48 +167,22 @@ def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
     assert ranks[0]["draft"]["rounds"] < MAX_TOKENS
 
 
-def test_pipeline_stages_greedy_equal_plain_mlx_lm(checkpoints, load_model, tmp_path):
-    # Several generations in one process group. The stages hold different
-    # layers; a draft step priced against each rank's own share made the
-    # ranks draft different lengths and stall.
-    methods = ["none", "draft", "tree", "lookup", "auto", "draft", "none", "draft"]
-    ranks = _ranks(
-        checkpoints,
-        tmp_path,
-        "qwen3_next",
-        methods,
-        "--pipeline",
-        "--draft-model",
-        str(checkpoints["qwen3_next-near"]),
-    )
+def test_pipeline_stages_greedy_equal_plain_mlx_lm(sharded, load_model):
+    ranks = sharded["pipeline"]
     expected = _plain(load_model("qwen3_next")[0])
     for results in ranks:
-        for method in methods:
+        for method in PIPELINE_METHODS:
             assert results[method]["tokens"] == expected, method
-    _assert_ranks_decided_alike(ranks, methods)
+    _assert_ranks_decided_alike(ranks, PIPELINE_METHODS)
 
 
-def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(
-    checkpoints, load_model, tmp_path
-):
-    methods = ["draft", "eagle-chain"]
-    ranks = _ranks(
-        checkpoints,
-        tmp_path,
-        "llama",
-        methods,
-        "--draft-model",
-        str(checkpoints["llama-near"]),
-        "--temp",
-        "1.0",
-        "--seed",
-        "3",
-    )
+def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(sharded, load_model):
+    ranks = sharded["sampled"]
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
-    for method in methods:
+    for method in SAMPLED_METHODS:
         drafter = random_head("eagle", model, seed=1) if method != "draft" else draft
-        mx.random.seed(3)
+        mx.random.seed(SAMPLED["seed"])
         stream = stream_generate(
             model,
             tokenizer,
@@ -190,7 +190,7 @@ def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(
             draft_model=drafter,
             speculative=method,
             max_tokens=MAX_TOKENS,
-            temp=1.0,
+            temp=SAMPLED["temp"],
         )
         expected = [r.token for r in stream]
         assert ranks[0][method]["tokens"] == expected, method
