@@ -85,19 +85,48 @@ class _Group:
         self.log.close()
 
 
-@pytest.fixture
-def group(pair_flags, tmp_path):
-    group = _Group(
-        tmp_path,
-        *pair_flags,
-        "--log-level",
-        "CRITICAL",
-    )
+def _serving(pair_flags, log_dir):
+    group = _Group(log_dir, *pair_flags, "--log-level", "CRITICAL")
     yield group
     group.kill()
 
 
-def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
+@pytest.fixture
+def group(pair_flags, tmp_path):
+    """A group of its own, for a test that ends it."""
+    yield from _serving(pair_flags, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_group(pair_flags, tmp_path_factory):
+    """One group for the tests that only send it requests (its start-up, two
+    ranks importing mlx-lm, is most of a test's time); it serves them in turn.
+    An idle group keeps a core busy (mlx.launch polls): they come last."""
+    yield from _serving(pair_flags, tmp_path_factory.mktemp("group"))
+
+
+def test_a_rank_that_dies_ends_the_whole_group(group):
+    group.wait_ready()
+    ranks = subprocess.run(
+        ["pgrep", "-s", str(group.proc.pid), "-f", str(SERVER)],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    ranks = [int(pid) for pid in ranks if int(pid) != group.proc.pid]  # not mlx.launch
+    assert len(ranks) == 2, group.output()
+    os.kill(max(ranks), signal.SIGKILL)  # the later-started rank
+    try:
+        group.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the group went on with a rank gone:\n{group.output()}")
+    deadline = time.monotonic() + 30
+    while _alive(min(ranks)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive(min(ranks)), "rank 0 outlived its group"
+
+
+def test_concurrent_sharded_requests_equal_plain_mlx_lm(shared_group, load_model):
+    group = shared_group
     model, tokenizer = load_model("llama")
     references = {
         p: mlx_lm.generate(model, tokenizer, tokenizer.encode(p), max_tokens=MAX_TOKENS)
@@ -137,10 +166,11 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(group, load_model):
     assert group.proc.poll() is None
 
 
-def test_sampled_sharded_rows_keep_the_ranks_in_step(group, load_model):
+def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
     """Sampled rows of several methods are answered by the group, and the
     greedy answers after them are still plain mlx-lm's. (That every rank
     draws the same tokens is not checked here: rank 1's answers go nowhere.)"""
+    group = shared_group
     model, tokenizer = load_model("llama")
     group.wait_ready()
     results = []
@@ -169,26 +199,6 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(group, load_model):
             ids = tokenizer.encode(prompt)
             plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
             assert body["choices"][0]["text"] == plain
-
-
-def test_a_rank_that_dies_ends_the_whole_group(group):
-    group.wait_ready()
-    ranks = subprocess.run(
-        ["pgrep", "-s", str(group.proc.pid), "-f", str(SERVER)],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    ranks = [int(pid) for pid in ranks if int(pid) != group.proc.pid]  # not mlx.launch
-    assert len(ranks) == 2, group.output()
-    os.kill(max(ranks), signal.SIGKILL)  # the later-started rank
-    try:
-        group.proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the group went on with a rank gone:\n{group.output()}")
-    deadline = time.monotonic() + 30
-    while _alive(min(ranks)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not _alive(min(ranks)), "rank 0 outlived its group"
 
 
 def _alive(pid: int) -> bool:
