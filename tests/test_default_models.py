@@ -224,9 +224,11 @@ def quantized_prompt_and_greedy(quantized_target):
     from mlx_lm.generate import stream_generate
 
     model, tokenizer = quantized_target
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": CHAT_PROMPTS[0]}], add_generation_prompt=True
-    )
+    # An empty system message: the template's default one would double the
+    # prompt, and a 4-bit forward on a CPU costs about 0.14 s a token.
+    messages = [{"role": "system", "content": ""}]
+    messages.append({"role": "user", "content": CHAT_PROMPTS[0]})
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     tokens = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=12)]
     return prompt, tokens
 
