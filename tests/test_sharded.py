@@ -10,6 +10,7 @@ Every rank must also decide alike (draft lengths, cost model): a rank that
 drafts another length runs other collectives, and the group stalls.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -59,23 +60,42 @@ def _launcher(backend: str) -> list:
     return ["mpirun", "-q", "-np", "2", *root, sys.executable]
 
 
+@contextlib.contextmanager
+def open_stdin():
+    """A pipe's read end to give mlx.launch as its stdin, kept open meanwhile.
+
+    mlx.launch passes its stdin on to the ranks, waiting for it up to 0.1 s a
+    turn; at its end (/dev/null) the wait returns at once, and the loop keeps
+    a core busy that the two ranks need.
+    """
+    read, write = os.pipe()
+    try:
+        yield read
+    finally:
+        os.close(read)
+        os.close(write)
+
+
 def _launch(command, timeout=TIMEOUT, backend="ring"):
     """Run ``command`` on 2 ranks; kill the whole group if it overruns."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen(
-        _launcher(backend) + command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the sharded run did not finish in {timeout} s:\n{out[-3000:]}")
+    with open_stdin() as stdin:
+        proc = subprocess.Popen(
+            _launcher(backend) + command,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            message = f"the sharded run did not finish in {timeout} s:\n{out[-3000:]}"
+            pytest.fail(message)
     return proc.returncode, out
 
 
@@ -344,7 +364,9 @@ def test_a_method_with_no_drafter_to_find_stops_in_one_line(monkeypatch):
         sharded._drafters(["lookup", "draft"], None, None, None)
 
 
-@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI is not installed")
+@pytest.mark.skipif(
+    shutil.which("ompi_info") is None, reason="Open MPI is not installed"
+)
 def test_mpirun_without_a_loadable_libmpi_stops_in_one_line(checkpoints, monkeypatch):
     # Each rank would otherwise decode the whole model alone, unsharded.
     monkeypatch.setenv("MLX_MPI_LIBNAME", "libmpi-that-is-not-there.so")
