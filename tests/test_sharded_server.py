@@ -19,6 +19,7 @@ import mlx_lm
 import pytest
 from serving import post
 from test_server import _free_port
+from test_sharded import open_stdin
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 SERVER = Path(sys.executable).with_name("mlx_spec.server")
@@ -39,7 +40,7 @@ pytestmark = [
 class _Group:
     """Two ranks of ``mlx_spec.server``; killed as a group when done."""
 
-    def __init__(self, tmp_path, *args):
+    def __init__(self, tmp_path, stdin, *args):
         self.port = _free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         argv = [str(LAUNCH), "--backend", "ring", "-n", "2"]
@@ -48,6 +49,7 @@ class _Group:
         self.log = open(tmp_path / "group.log", "w+")
         self.proc = subprocess.Popen(
             argv,
+            stdin=stdin,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -86,9 +88,10 @@ class _Group:
 
 
 def _serving(pair_flags, log_dir):
-    group = _Group(log_dir, *pair_flags, "--log-level", "CRITICAL")
-    yield group
-    group.kill()
+    with open_stdin() as stdin:
+        group = _Group(log_dir, stdin, *pair_flags, "--log-level", "CRITICAL")
+        yield group
+        group.kill()
 
 
 @pytest.fixture
@@ -101,7 +104,7 @@ def group(pair_flags, tmp_path):
 def shared_group(pair_flags, tmp_path_factory):
     """One group for the tests that only send it requests (its start-up, two
     ranks importing mlx-lm, is most of a test's time); it serves them in turn.
-    An idle group keeps a core busy (mlx.launch polls): they come last."""
+    An idle group keeps a core busy (mlx.launch polls), so they come last."""
     yield from _serving(pair_flags, tmp_path_factory.mktemp("group"))
 
 
