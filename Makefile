@@ -18,7 +18,7 @@ setup-dev:
 demo: setup
 	$(PY) -m mlx_spec.generate --prompt '$(PROMPT)' --max-tokens 200 $(ARGS)
 
-## The test suite (about 15 minutes on a 2-core CPU).
+## The test suite (about 14 minutes on a 2-core CPU).
 test: setup-dev
 	$(PY) -m pytest $(ARGS)
 
