@@ -310,7 +310,7 @@ def test_prompts_measure_on_the_targets_greedy_completions_by_set(
     draft = S.load_draft(str(study["d1"]), model)
     data = S.greedy_completions(
         model,
-        [(p.name, p.prompt_set, encode(p, tokenizer, chat=chat))
+        [(p.prompt_set, encode(p, tokenizer, chat=chat))
          for p in load_prompt_file(str(prompts_file))],
         list(tokenizer.eos_token_ids),
         12,

@@ -110,7 +110,7 @@ def greedy_completions(model, prompts, eos: Sequence[int], max_tokens: int) -> C
 
     Args:
         model: The target.
-        prompts: ``(name, prompt_set, ids)`` per prompt, ``ids`` the encoded prompt.
+        prompts: ``(prompt_set, ids)`` per prompt, ``ids`` the encoded prompt.
         eos: Stop tokens (kept as the completion's last token).
         max_tokens: Longest completion.
 
@@ -120,7 +120,7 @@ def greedy_completions(model, prompts, eos: Sequence[int], max_tokens: int) -> C
     from mlx_lm.generate import generate_step
 
     data = Completions()
-    for _, prompt_set, ids in prompts:
+    for prompt_set, ids in prompts:
         out: List[int] = []
         for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
             out.append(int(token))
@@ -690,7 +690,7 @@ def prompt_completions(args, model, tokenizer) -> Completions:
     """The target's greedy completions of the ``--prompts`` file."""
     prompts = load_prompt_file(args.prompts)
     chat = has_chat_template(tokenizer)
-    encoded = [(p.name, p.prompt_set, encode(p, tokenizer, chat=chat)) for p in prompts]
+    encoded = [(p.prompt_set, encode(p, tokenizer, chat=chat)) for p in prompts]
     log(f"greedy completions of {len(prompts)} prompts from {args.prompts}")
     eos = [int(t) for t in tokenizer.eos_token_ids]
     return greedy_completions(model, encoded, eos, args.prompt_tokens)
