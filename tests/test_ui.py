@@ -714,10 +714,22 @@ def second_browser():
 
 @pytest.fixture(scope="module")
 def draft_server(checkpoints):
-    """The app started on the draft method: every round drafts (auto may not)."""
+    """The app started on the draft method: every round drafts (auto may not).
+
+    Each target forward takes at least 20 ms, so a 4000-token reply lasts over a
+    minute and a Stop pressed once tokens show lands mid-reply on a loaded machine.
+    """
     app = create_app(
         str(checkpoints["llama"]), str(checkpoints["llama-near"]), method="draft"
     )
+    model = app.load_pair(app.default_target, app.default_draft, "draft").model
+    plain = type(model)
+
+    def slow_call(self, *args, **kwargs):
+        time.sleep(0.02)
+        return plain.__call__(self, *args, **kwargs)
+
+    model.__class__ = type("SlowTarget", (plain,), {"__call__": slow_call})
     yield from _serve(app)
 
 
@@ -746,7 +758,7 @@ def test_browser_streams_colours_stops_and_recovers(draft_server, browser, tmp_p
     _set(browser, "#prompt textarea", LONG_PROMPT)
     browser.find_element(By.CSS_SELECTOR, "#send").click()
 
-    # Stop as soon as tokens stream: a fast random model ends 4000 tokens in seconds.
+    # Stop as soon as tokens stream, long before the slowed target ends 4000 tokens.
     _wait("streamed tokens", lambda: len(token_classes()) >= 8)
     browser.find_element(By.CSS_SELECTOR, "#stop").click()
     try:
