@@ -18,9 +18,9 @@ setup-dev:
 demo: setup
 	$(PY) -m mlx_spec.generate --prompt '$(PROMPT)' --max-tokens 200 $(ARGS)
 
-## The test suite (about 14 minutes on a 2-core CPU).
+## The test suite (about 14 minutes on a 2-core CPU), ending with its slowest tests.
 test: setup-dev
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest --durations=15 $(ARGS)
 
 ui: setup
 	$(PY) -m ui.app $(ARGS)
