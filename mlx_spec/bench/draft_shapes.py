@@ -28,7 +28,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import numpy as np
@@ -50,7 +50,7 @@ from ..train.draft_batches import plan_batches
 from ..train.head_data import token_rows
 from .measure import DEFAULT_CONTEXT, ForwardTimer, fit_linear
 from .options import BARE_CHAIN
-from .prompts import encode, has_chat_template, load_prompt_file
+from .prompts import Prompt, encode, has_chat_template, load_prompt_file
 
 PROG = "python -m mlx_spec.bench.draft_shapes"
 DEFAULT_GAMMAS = tuple(range(1, 9))
@@ -642,8 +642,9 @@ def read_draft_shape(path: str) -> Dict[str, int]:
     return {"layers": int(shape["num_layers"]), "vocab": int(shape["draft_vocab_size"])}
 
 
-def check_args(args) -> Dict[str, Dict[str, int]]:
-    """One-line ``ValueError`` for a bad option; the drafts' shapes by name."""
+def check_args(args) -> Tuple[Dict[str, Dict[str, int]], Optional[List[Prompt]]]:
+    """One-line ``ValueError`` for a bad option; the drafts' shapes by name and
+    the ``--prompts`` file's prompts (``None`` without ``--prompts``)."""
     from ..config import MAX_DRAFT_TOKENS
 
     for flag, values, low in (
@@ -681,14 +682,12 @@ def check_args(args) -> Dict[str, Dict[str, int]]:
         Corpus(args.corpus).existing_manifest()
     except ValueError as e:
         raise ValueError(f"--corpus: {e}") from None
-    if args.prompts is not None:
-        load_prompt_file(args.prompts)
-    return shapes
+    prompts = None if args.prompts is None else load_prompt_file(args.prompts)
+    return shapes, prompts
 
 
-def prompt_completions(args, model, tokenizer) -> Completions:
-    """The target's greedy completions of the ``--prompts`` file."""
-    prompts = load_prompt_file(args.prompts)
+def prompt_completions(args, prompts: List[Prompt], model, tokenizer) -> Completions:
+    """The target's greedy completions of ``prompts``, read from ``--prompts``."""
     chat = has_chat_template(tokenizer)
     encoded = [(p.prompt_set, encode(p, tokenizer, chat=chat)) for p in prompts]
     log(f"greedy completions of {len(prompts)} prompts from {args.prompts}")
@@ -712,14 +711,14 @@ def main(argv: Optional[Sequence[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
     try:
-        names = check_args(args)
+        names, prompts = check_args(args)
         model, tokenizer = load_model(args.model or default_target())
         drafts = {
             name: load_draft(path, model) for name, path in zip(names, args.drafts)
         }
         corpus = Corpus(args.corpus)
-        if args.prompts is not None:
-            heldout = prompt_completions(args, model, tokenizer)
+        if prompts is not None:
+            heldout = prompt_completions(args, prompts, model, tokenizer)
         else:
             heldout = heldout_set(
                 model,
