@@ -592,16 +592,32 @@ def draft_layers(args, num_layers: int) -> List[int]:
     return layers
 
 
+def check_resumed_option(
+    flag: str, new, old, out: str, *, was: str, whose: str, fix: str
+):
+    """One-line ``ValueError`` when ``flag new`` differs from the ``old`` of the run
+    checkpointed in ``out``; ``was`` names ``old``, ``whose`` says what hangs on it
+    and ``fix`` what to pass instead."""
+    if new != old:
+        raise ValueError(
+            f"{flag} {new} differs from the {was} of the run checkpointed in '{out}', "
+            f"whose {whose}; pass {fix}, or choose a new --out."
+        )
+
+
 def check_heldout_tokens(args, saved: Dict, given: set):
     """A resumed run measures on its checkpoint's held-out set: a different
     ``--heldout-tokens`` given is refused (left out, the saved one is kept)."""
     old, new = saved.get("heldout_tokens"), heldout_budget(args)
-    if "heldout_tokens" in given and None not in (old, new) and old != new:
-        raise ValueError(
-            f"--heldout-tokens {new} differs from the {old} of the run checkpointed "
-            f"in '{args.out}', whose learning-curve points are measured on that "
-            f"held-out set; pass --heldout-tokens {old} (or leave it out), or "
-            "choose a new --out."
+    if "heldout_tokens" in given and None not in (old, new):
+        check_resumed_option(
+            "--heldout-tokens",
+            new,
+            old,
+            args.out,
+            was=str(old),
+            whose="learning-curve points are measured on that held-out set",
+            fix=f"--heldout-tokens {old} (or leave it out)",
         )
 
 
@@ -609,11 +625,15 @@ def check_resumed_labels(args, saved: Dict):
     """A resumed run keeps its checkpoint's labels (a run from before
     ``--labels`` learned from the laws): other labels are refused."""
     old = saved.get("labels", "laws")
-    if args.kind == "draft" and args.labels != old:
-        raise ValueError(
-            f"--labels {args.labels} differs from the --labels {old} of the run "
-            f"checkpointed in '{args.out}', whose loss and learning-curve points are "
-            f"of those labels; pass --labels {old}, or choose a new --out."
+    if args.kind == "draft":
+        check_resumed_option(
+            "--labels",
+            args.labels,
+            old,
+            args.out,
+            was=f"--labels {old}",
+            whose="loss and learning-curve points are of those labels",
+            fix=f"--labels {old}",
         )
 
 
