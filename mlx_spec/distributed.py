@@ -37,6 +37,16 @@ def _point_mlx_at_open_mpi():
             os.environ["MLX_MPI_LIBNAME"] = name
 
 
+def _exit_from_rank0(rank: int, code: int, line: str):
+    """Exit ``code`` with ``line`` on stderr, said by rank 0 alone: every rank meets the
+    same error, and the others wait so that rank 0's line is the one shown."""
+    if rank != 0:
+        time.sleep(2.0)  # before mlx.launch or mpirun stops the group
+    else:
+        print(line, file=sys.stderr)
+    sys.exit(code)
+
+
 @functools.lru_cache(maxsize=1)
 def sharded_group() -> Optional["mx.distributed.Group"]:
     """The world group when this process is one of several, else ``None``."""
@@ -46,13 +56,12 @@ def sharded_group() -> Optional["mx.distributed.Group"]:
         return group
     launched = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
     if launched > 1:  # else each rank would decode alone, unsharded
-        if os.environ.get("OMPI_COMM_WORLD_RANK", "0") != "0":
-            time.sleep(2.0)  # rank 0 says it for the group
-            sys.exit(1)
-        sys.exit(
+        _exit_from_rank0(
+            int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")),
+            1,
             f"mlx_spec: mpirun started {launched} processes but MLX could not open "
             "Open MPI's library (libmpi); install openmpi-bin, or set "
-            "MLX_MPI_LIBNAME to the path of its libmpi.so."
+            "MLX_MPI_LIBNAME to the path of its libmpi.so.",
         )
     return None
 
@@ -70,14 +79,8 @@ def rank0_prints():
 
 
 def exit_in_one_line(parser, error: Exception):
-    """Exit 2 with ``error`` on one line, said by rank 0 alone.
-
-    Every rank meets the same error; the others give rank 0 time to say it
-    before mlx.launch stops the group.
-    """
-    if rank() != 0:
-        time.sleep(2.0)
-    parser.exit(2, f"{parser.prog}: error: {error}\n" if rank() == 0 else None)
+    """Exit 2 with ``error`` on one line, said by rank 0 alone."""
+    _exit_from_rank0(rank(), 2, f"{parser.prog}: error: {error}")
 
 
 def from_rank0(value: float, group) -> float:
