@@ -95,8 +95,10 @@ def mixed_workload(args, target, draft, chat, out) -> dict:
     results: Dict[str, List[Result]] = {name: [] for name in servers}
     runs = []
     try:
-        for server in servers.values():  # warm-up
-            send(server, request_body(prompts[0][1], chat, 8), "warmup")
+        # Warm-up: one unmeasured run of the plan each, since a server's first
+        # batched run was 2x slower than its next ones (one short request was not enough).
+        for server in servers.values():
+            run_plan(server, plan, chat)
         for rep in range(args.mixed_repeats):
             names = list(servers)
             names = names[rep % len(names) :] + names[: rep % len(names)]
