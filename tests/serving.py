@@ -1,12 +1,19 @@
-"""Test servers: ``mlx_spec.server`` in this process on a free loopback port."""
+"""Test servers: ``mlx_spec.server`` in this process on a free loopback port,
+and models slowed so a test's steps land while a reply or prompt still runs."""
 
+import contextlib
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 
 from mlx_spec.serve.cli import setup_arg_parser
 from mlx_spec.serve.server import SpecServer
+
+# Seconds a slowed forward sleeps first: a tiny test model on a loaded machine
+# could otherwise end a long reply or prompt before the test's next step lands.
+SLOW_FORWARD = 0.02
 
 
 def start_server(*flags: str, max_tokens: int = 16, quiet: bool = True):
@@ -75,3 +82,20 @@ def open_stream(server, body: dict, events: int = 1) -> RawStream:
         stream.close()
         raise
     return stream
+
+
+@contextlib.contextmanager
+def slow_forwards(model, seconds: float = SLOW_FORWARD):
+    """Within the block, each forward of ``model`` (this object only, whoever
+    calls it) sleeps ``seconds`` first; its outputs are unchanged."""
+    plain = type(model)
+
+    def slow_call(self, *args, **kwargs):
+        time.sleep(seconds)
+        return plain.__call__(self, *args, **kwargs)
+
+    model.__class__ = type(f"Slow{plain.__name__}", (plain,), {"__call__": slow_call})
+    try:
+        yield model
+    finally:
+        model.__class__ = plain

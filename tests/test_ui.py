@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from serving import slow_forwards
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
@@ -373,6 +374,14 @@ def server(app):
     yield from _serve(app)
 
 
+@pytest.fixture
+def slow_target(app):
+    """The app's target slowed for one test (see serving.slow_forwards), so its
+    long prompts are still being read when the test's clicks land."""
+    with slow_forwards(app.load_pair(app.default_target, None, "none").model):
+        yield
+
+
 def _on_models(app, target, draft, raw=False, prompt=COMPLETION_PROMPT):
     names = (
         "status mode button transcript page_status raw completion_examples "
@@ -716,21 +725,15 @@ def second_browser():
 def draft_server(checkpoints):
     """The app started on the draft method: every round drafts (auto may not).
 
-    Each target forward takes at least 20 ms, so a 4000-token reply lasts over a
-    minute and a Stop pressed once tokens show lands mid-reply on a loaded machine.
+    Its target is slowed (see serving.slow_forwards), so a 4000-token reply lasts
+    over a minute and a Stop pressed once tokens show lands mid-reply on a loaded
+    machine.
     """
     app = create_app(
         str(checkpoints["llama"]), str(checkpoints["llama-near"]), method="draft"
     )
-    model = app.load_pair(app.default_target, app.default_draft, "draft").model
-    plain = type(model)
-
-    def slow_call(self, *args, **kwargs):
-        time.sleep(0.02)
-        return plain.__call__(self, *args, **kwargs)
-
-    model.__class__ = type("SlowTarget", (plain,), {"__call__": slow_call})
-    yield from _serve(app)
+    with slow_forwards(app.load_pair(app.default_target, None, "none").model):
+        yield from _serve(app)
 
 
 @pytest.mark.browser
@@ -987,11 +990,14 @@ def _long_message(app, target, tokens: int, word: str = "item") -> str:
 
 @pytest.mark.browser
 def test_browser_two_users_one_long_prompt_queue_and_stop(
-    server, app, checkpoints, browser, second_browser, monkeypatch
+    server, app, checkpoints, browser, second_browser, monkeypatch, slow_target
 ):
     """While one user's long prompt is read in chunks, another is answered; Stop
     ends the prompt between chunks; a request behind one that cannot share the
-    worker says it waits and Stop drops it; New chat mid-reply says it stopped it."""
+    worker says it waits and Stop drops it; New chat mid-reply says it stopped it.
+
+    The slowed target reads each long prompt for over 9 s (unslowed, about 1 s:
+    the clicks of a loaded browser could land after it)."""
     from selenium.webdriver.common.by import By
 
     import ui.handlers
@@ -1042,10 +1048,13 @@ def test_browser_two_users_one_long_prompt_queue_and_stop(
 
 @pytest.mark.browser
 def test_browser_stop_right_after_send_stops_that_request(
-    server, app, checkpoints, browser, monkeypatch
+    server, app, checkpoints, browser, monkeypatch, slow_target
 ):
     """Send and Stop (or New chat) in one tick: the server may take the Stop
-    first, and the request then cleared it on starting and ran to its end."""
+    first, and the request then cleared it on starting and ran to its end.
+
+    The slowed target reads each prompt for over 6 s, so a Stop the server
+    takes second still lands before the reply begins."""
     monkeypatch.setattr(app, "prefill_step_size", 4)  # many slices on a tiny model
     long = _long_message(app, str(checkpoints["llama"]), 1200)
     _open_chat(browser, server, 8)
