@@ -10,7 +10,6 @@ import html
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -582,7 +581,7 @@ def test_the_worker_lends_its_thread_and_drops_a_stopped_waiting_job():
     def long_run(progress, name, lend_point):
         started.set()
         for i in range(3):
-            release.wait(5)
+            release.wait(60)
             progress(i, 3) if lend_point else None
             order.append(f"{name}{i}")
             yield i
@@ -592,14 +591,18 @@ def test_the_worker_lends_its_thread_and_drops_a_stopped_waiting_job():
         make = lambda progress: long_run(progress, name, lend)  # noqa: E731
         return [x for batch in worker.stream(make, stop, lend=lend) for x in batch]
 
+    def b_run(progress):
+        order.append("b")
+        return iter([])
+
     first = threading.Thread(target=consume, args=("a", True))
     first.start()
-    started.wait(5)
-    second = threading.Thread(target=worker.call, args=(order.append, "b"))
-    second.start()
-    time.sleep(0.2)  # b waits for a's next lend point
+    assert started.wait(60)
+    second = worker.stream(b_run, threading.Event())
+    assert next(second) == [Waiting(1)]  # b is queued behind a before a goes on
     release.set()
-    first.join(10), second.join(10)
+    assert list(second) == []
+    first.join(10)
     assert order.index("b") < order.index("a2")  # b ran inside a, between chunks
 
     # Behind a run that does not lend, a request waits, says so, and Stop drops it.
@@ -607,7 +610,7 @@ def test_the_worker_lends_its_thread_and_drops_a_stopped_waiting_job():
     started.clear()
     blocker = threading.Thread(target=consume, args=("c", False))
     blocker.start()
-    started.wait(5)
+    assert started.wait(60)
     stop, seen = threading.Event(), []
 
     def never(progress):
