@@ -9,7 +9,7 @@ import time
 
 import mlx_lm
 import pytest
-from serving import post, send_raw, start_server
+from serving import post, send_raw, slow_forwards, start_server
 from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
@@ -19,12 +19,14 @@ from mlx_spec.serve.server import SpecServer
 from mlx_spec.testing import PROMPTS
 
 MAX_TOKENS = 16
+PREFILL_STEP = 8
 
 
 @pytest.fixture(scope="module")
 def server(checkpoints):
     server = start_server(
-        *("--model", str(checkpoints["llama"]), "--prefill-step-size", "8"),
+        *("--model", str(checkpoints["llama"])),
+        *("--prefill-step-size", str(PREFILL_STEP)),
         *("--max-request-bytes", "200000"),
         max_tokens=MAX_TOKENS,
     )
@@ -36,7 +38,7 @@ def _greedy_ids(model, tokenizer, ids, n=MAX_TOKENS):
     return mlx_lm.generate(model, tokenizer, ids, max_tokens=n)
 
 
-def _idle(server, timeout=2.0) -> float:
+def _idle(server, timeout=60.0) -> float:
     """Seconds until the generation thread has nothing left to run (or -1)."""
     generator, tic = server.generator, time.monotonic()
     while time.monotonic() - tic < timeout:
@@ -149,28 +151,47 @@ def test_bad_token_id_prompts_get_400_naming_the_id(server, prompt, message):
 # --------------------------------------------------------------------------- #
 
 
-def _wait_busy(server, timeout=60):
-    generator, deadline = server.generator, time.monotonic() + timeout
-    while generator._solo is None and not generator._clients:
+def _runs(server) -> list:
+    """The requests running: the one alone, or the batch's clients."""
+    generator = server.generator
+    return [r for r in (generator._solo, *list(generator._clients.values())) if r]
+
+
+def _running(server, started=lambda run: True, timeout=60):
+    """The request running (alone or in the batch) once ``started(run)``."""
+    deadline = time.monotonic() + timeout
+    while not (runs := _runs(server)) or not started(runs[0]):
         assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.005)
+    return runs[0]
+
+
+def _hang_up(server, sock, run, timeout=60):
+    """Close ``sock`` and wait until ``run``'s server side can see it closed."""
+    assert any(r is run for r in _runs(server)), "it ended before the client left"
+    sock.close()
+    deadline = time.monotonic() + timeout
+    while not run.request.client_gone():
+        assert time.monotonic() < deadline, "the server never saw the hang-up"
         time.sleep(0.005)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_hangs_up_stops_its_generation(server, load_model, stream):
-    """Not streamed, nothing is written until the end: the hang-up was missed."""
-    sock = send_raw(
-        server,
-        {"prompt": PROMPTS[2], "max_tokens": 3000, "stream": stream},
-    )
-    _wait_busy(server)
-    time.sleep(0.3)
-    generator = server.generator
-    sent = [generator._solo.sent] if generator._solo else []
-    sent += [client.sent for client in generator._clients.values()]
-    assert sent and sent[0] > 0, "not decoding yet (or done)"
-    sock.close()
-    assert 0 <= _idle(server, 2.0), "still generating 2 s after the client left"
+    """Not streamed, nothing is written until the end: the hang-up was missed.
+
+    The slowed model (see serving.slow_forwards) keeps the reply going while
+    the test hangs up; once the hang-up shows, at most the token in hand is sent."""
+    with slow_forwards(server.generator.model_provider.model):
+        sock = send_raw(
+            server,
+            {"prompt": PROMPTS[2], "max_tokens": 3000, "stream": stream},
+        )
+        run = _running(server, lambda run: run.sent > 0)  # decoding
+        _hang_up(server, sock, run)
+        sent = run.sent
+        assert 0 <= _idle(server), "still generating after the client left"
+        assert run.sent <= sent + 1, (sent, run.sent)
     model, tokenizer = load_model("llama")
     status, body = post(server, {"prompt": PROMPTS[0]})
     assert status == 200
@@ -185,13 +206,17 @@ def test_a_client_that_hangs_up_during_its_prompt_stops_the_prefill(server, load
     assert 1500 < total < context_window(model) - 8  # hundreds of chunks of 8
     # Isolated, it runs alone (not in the batch), with its prefill progress.
     body = {"prompt": long_prompt, "max_tokens": 4, "speculative_isolation": True}
-    sock = send_raw(server, body)
-    _wait_busy(server)
-    run = server.generator._solo
-    sock.close()
-    assert 0 <= _idle(server, 2.0), "the prefill went on after the client left"
-    assert run is not None and run.sent == 0
-    assert run.keepalive.processed < run.keepalive.total  # stopped part-way
+    # The slowed model reads it for over 6 s (unslowed, under 1 s).
+    with slow_forwards(server.generator.model_provider.model):
+        sock = send_raw(server, body)
+        run = _running(server)
+        _hang_up(server, sock, run)
+        processed = run.keepalive.processed
+        assert 0 <= _idle(server), "the prefill went on after the client left"
+    assert run.sent == 0
+    # Stopped part-way: at most the chunk in hand was read after the hang-up showed.
+    assert run.keepalive.processed <= processed + PREFILL_STEP
+    assert run.keepalive.processed < run.keepalive.total
     status, body = post(server, {"prompt": long_prompt, "max_tokens": 4})
     assert status == 200
     assert body["choices"][0]["text"] == _greedy_ids(
