@@ -17,7 +17,7 @@ from typing import Tuple
 
 import mlx_lm
 import pytest
-from serving import RawStream, open_stream, post, start_server
+from serving import RawStream, open_stream, post, slow_forwards, start_server
 
 from mlx_spec import testing
 from mlx_spec.serve.cli import setup_arg_parser
@@ -77,12 +77,14 @@ def _open_stream(server, prompt, max_tokens, method="draft") -> RawStream:
 def _companion(server, max_tokens=4000):  # the model's context is 4096
     """A long streamed request decoding in the background, so that the
     requests sent meanwhile are batched (an idle server runs a request
-    alone); it is dropped (the client hangs up) on exit."""
-    stream = _open_stream(server, PROMPTS[5], max_tokens)
-    try:
-        yield stream
-    finally:
-        stream.close()
+    alone); it is dropped (the client hangs up) on exit. The model is slowed
+    meanwhile (see serving.slow_forwards): unslowed, it ends in about 10 s."""
+    with slow_forwards(server.generator.model_provider.model):
+        stream = _open_stream(server, PROMPTS[5], max_tokens)
+        try:
+            yield stream
+        finally:
+            stream.close()
 
 
 def _read_stream(stream: RawStream) -> Tuple[str, dict]:
@@ -412,10 +414,13 @@ def test_a_request_running_alone_moves_into_the_batch_when_another_arrives(
     second arrives, the first goes on in the batch from the tokens it sent,
     and both equal plain greedy decoding."""
     model, tokenizer = load_model("llama")
-    stream = _open_stream(server, PROMPTS[0], 300)  # no EOS before 300 tokens
-    status, other = post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
-    text, stats = _read_stream(stream)
-    stream.close()
+    # Slowed, the 300 tokens take over 6 s (unslowed, 0.7 s: the second request
+    # could come after them on a loaded machine).
+    with slow_forwards(server.generator.model_provider.model):
+        stream = _open_stream(server, PROMPTS[0], 300)  # no EOS before 300 tokens
+        status, other = post(server, {"prompt": PROMPTS[2], "speculative": "draft"})
+        text, stats = _read_stream(stream)
+        stream.close()
     assert status == 200
     assert other["choices"][0]["text"] == _greedy(model, tokenizer, PROMPTS[2])
     assert other[STATS_FIELD]["batched"] is True
