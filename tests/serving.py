@@ -99,3 +99,38 @@ def slow_forwards(model, seconds: float = SLOW_FORWARD):
         yield model
     finally:
         model.__class__ = plain
+
+
+def running(server) -> list:
+    """What the generation thread runs: the request alone, or the batch's rows."""
+    generator = server.generator
+    return [r for r in (generator._solo, *list(generator._clients.values())) if r]
+
+
+def request_running(server, started=lambda run: True, timeout: float = 60):
+    """The first of :func:`running` once ``started(run)`` holds, polled."""
+    deadline = time.monotonic() + timeout
+    while not (runs := [r for r in running(server) if started(r)]):
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.005)
+    return runs[0]
+
+
+def hang_up(server, sock, run, timeout: float = 60):
+    """Close ``sock`` (``run``'s client) and wait until the server can see it."""
+    assert any(r is run for r in running(server)), "it ended before the client left"
+    sock.close()
+    deadline = time.monotonic() + timeout
+    while not run.request.client_gone():
+        assert time.monotonic() < deadline, "the server never saw the hang-up"
+        time.sleep(0.005)
+
+
+def idle(server, timeout: float = 60) -> bool:
+    """Whether the generation thread runs nothing within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while running(server):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

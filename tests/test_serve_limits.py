@@ -9,7 +9,15 @@ import time
 
 import mlx_lm
 import pytest
-from serving import post, send_raw, slow_forwards, start_server
+from serving import (
+    hang_up,
+    idle,
+    post,
+    request_running,
+    send_raw,
+    slow_forwards,
+    start_server,
+)
 from test_server import adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
@@ -36,16 +44,6 @@ def server(checkpoints):
 
 def _greedy_ids(model, tokenizer, ids, n=MAX_TOKENS):
     return mlx_lm.generate(model, tokenizer, ids, max_tokens=n)
-
-
-def _idle(server, timeout=60.0) -> float:
-    """Seconds until the generation thread has nothing left to run (or -1)."""
-    generator, tic = server.generator, time.monotonic()
-    while time.monotonic() - tic < timeout:
-        if generator._solo is None and not generator._clients:
-            return time.monotonic() - tic
-        time.sleep(0.01)
-    return -1.0
 
 
 # --------------------------------------------------------------------------- #
@@ -151,31 +149,6 @@ def test_bad_token_id_prompts_get_400_naming_the_id(server, prompt, message):
 # --------------------------------------------------------------------------- #
 
 
-def _runs(server) -> list:
-    """The requests running: the one alone, or the batch's clients."""
-    generator = server.generator
-    return [r for r in (generator._solo, *list(generator._clients.values())) if r]
-
-
-def _running(server, started=lambda run: True, timeout=60):
-    """The request running (alone or in the batch) once ``started(run)``."""
-    deadline = time.monotonic() + timeout
-    while not (runs := _runs(server)) or not started(runs[0]):
-        assert time.monotonic() < deadline, "the request never started"
-        time.sleep(0.005)
-    return runs[0]
-
-
-def _hang_up(server, sock, run, timeout=60):
-    """Close ``sock`` and wait until ``run``'s server side can see it closed."""
-    assert any(r is run for r in _runs(server)), "it ended before the client left"
-    sock.close()
-    deadline = time.monotonic() + timeout
-    while not run.request.client_gone():
-        assert time.monotonic() < deadline, "the server never saw the hang-up"
-        time.sleep(0.005)
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_hangs_up_stops_its_generation(server, load_model, stream):
     """Not streamed, nothing is written until the end: the hang-up was missed.
@@ -187,10 +160,10 @@ def test_a_client_that_hangs_up_stops_its_generation(server, load_model, stream)
             server,
             {"prompt": PROMPTS[2], "max_tokens": 3000, "stream": stream},
         )
-        run = _running(server, lambda run: run.sent > 0)  # decoding
-        _hang_up(server, sock, run)
+        run = request_running(server, lambda run: run.sent > 0)  # decoding
+        hang_up(server, sock, run)
         sent = run.sent
-        assert 0 <= _idle(server), "still generating after the client left"
+        assert idle(server), "still generating after the client left"
         assert run.sent <= sent + 1, (sent, run.sent)
     model, tokenizer = load_model("llama")
     status, body = post(server, {"prompt": PROMPTS[0]})
@@ -209,10 +182,10 @@ def test_a_client_that_hangs_up_during_its_prompt_stops_the_prefill(server, load
     # The slowed model reads it for over 6 s (unslowed, under 1 s).
     with slow_forwards(server.generator.model_provider.model):
         sock = send_raw(server, body)
-        run = _running(server)
-        _hang_up(server, sock, run)
+        run = request_running(server)
+        hang_up(server, sock, run)
         processed = run.keepalive.processed
-        assert 0 <= _idle(server), "the prefill went on after the client left"
+        assert idle(server), "the prefill went on after the client left"
     assert run.sent == 0
     # Stopped part-way: at most the chunk in hand was read after the hang-up showed.
     assert run.keepalive.processed <= processed + PREFILL_STEP
