@@ -85,20 +85,28 @@ def open_stream(server, body: dict, events: int = 1) -> RawStream:
 
 
 @contextlib.contextmanager
-def slow_forwards(model, seconds: float = SLOW_FORWARD):
-    """Within the block, each forward of ``model`` (this object only, whoever
-    calls it) sleeps ``seconds`` first; its outputs are unchanged."""
+def hooked_forwards(model, before):
+    """Within the block, ``before(cache)`` runs first in each forward of
+    ``model`` (this object only, whoever calls it; ``cache`` is the one the
+    forward is given); its outputs are unchanged."""
     plain = type(model)
 
-    def slow_call(self, *args, **kwargs):
-        time.sleep(seconds)
+    def hooked_call(self, *args, **kwargs):  # (inputs, cache=None, ...)
+        before(kwargs.get("cache", args[1] if len(args) > 1 else None))
         return plain.__call__(self, *args, **kwargs)
 
-    model.__class__ = type(f"Slow{plain.__name__}", (plain,), {"__call__": slow_call})
+    model.__class__ = type(
+        f"Hooked{plain.__name__}", (plain,), {"__call__": hooked_call}
+    )
     try:
         yield model
     finally:
         model.__class__ = plain
+
+
+def slow_forwards(model, seconds: float = SLOW_FORWARD):
+    """Within the block, each forward of ``model`` sleeps ``seconds`` first."""
+    return hooked_forwards(model, lambda cache: time.sleep(seconds))
 
 
 def running(server) -> list:

@@ -10,9 +10,11 @@ import html
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from serving import hooked_forwards
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
@@ -177,18 +179,27 @@ def test_stop_between_prompt_slices_keeps_the_cache_consistent(
     text = " ".join(f"fact {n} is noted." for n in range(40))
     prompt = encode_prompt(pair.tokenizer, text, [], chat=True)
     assert len(prompt) < 512  # one chunk of the engine's
-    for turn in respond(worker, session, pair, text, options, chat=True):
-        if isinstance(turn.progress, Prefill):
-            seen.append((turn.progress.done, turn.progress.total))
-            if len(seen) == 3:
-                session.stop.set()
+
+    def in_step(cache):
+        """Each slice waits until its start was seen or Stop was pressed: a
+        loaded reader cannot fall behind (reports arriving together would
+        reach it as the last one) nor press Stop after the prompt's end."""
+        done = cache[0].offset if cache else 0
+        deadline = time.monotonic() + 60
+        while not (session.stop.is_set() or (seen and seen[-1][0] >= done)):
+            assert time.monotonic() < deadline, "the reader never saw a report"
+            time.sleep(0.001)
+
+    with hooked_forwards(pair.model, in_step):
+        for turn in respond(worker, session, pair, text, options, chat=True):
+            if isinstance(turn.progress, Prefill):
+                if len(seen) == 2:  # the third report: pressed before it is seen
+                    session.stop.set()
+                seen.append((turn.progress.done, turn.progress.total))
     session.stop.clear()
     assert turn.finish == "stopped" and turn.pieces == []
-    # Reports that arrive together reach the browser as the last one, so a
-    # loaded CPU may merge the start (0) into the first slice's report.
     dones = [done for done, _ in seen]
-    assert dones == sorted(set(dones)) and dones[0] in (0, FIRST_SLICE)
-    assert FIRST_SLICE in dones
+    assert dones == sorted(set(dones)) and dones[:2] == [0, FIRST_SLICE]
     assert all(total == len(prompt) for _, total in seen)
     assert seen[-1][0] < len(prompt) - 1  # stopped in the prompt
     held = session.cache_tokens
