@@ -132,7 +132,15 @@ def test_a_stopped_turn_leaves_conversation_and_cache_consistent(
     session = Session()
     long = SpecConfig(method="draft", max_tokens=400)
     prompt = encode_prompt(pair.tokenizer, "tell me a story", [], chat=True)
-    first = _say(worker, session, pair, "tell me a story", long, stop_after=5)
+
+    def hold(cache):
+        """The reply (its end of text comes at 40 tokens, in about 0.1 s) waits
+        at 20 tokens for the Stop a loaded reader presses after 5."""
+        if cache and cache[0].offset >= len(prompt) + 20:
+            assert session.stop.wait(60), "Stop never came"
+
+    with hooked_forwards(pair.model, hold):
+        first = _say(worker, session, pair, "tell me a story", long, stop_after=5)
     assert first.finish == "stopped" and 5 <= len(first.pieces) < 400
     assert session.turns == [first]
     # The cache holds the prompt and every generated token, nothing more.
