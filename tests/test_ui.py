@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from serving import slow_forwards
+from serving import hooked_forwards, slow_forwards
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # ``ui`` is not an installed package
@@ -451,17 +451,21 @@ def test_errors_clear_stale_stats_and_mode_notes(app, checkpoints):
 
 
 def _reply(app, session, pair, tokens, options, use_cache=True, stop_after=None):
-    text, n = "", 0
+    """The reply's text, token count and finish: its last response's finish
+    reason, or ``"stopped"`` when it ended without one (Stop, after
+    ``stop_after`` tokens)."""
+    text, n, last = "", 0, None
     for batch in app.worker.stream(
         lambda progress: run_turn(session, pair, tokens, options, use_cache, progress),
         session.stop,
     ):
-        for piece, _ in (item for item in batch if isinstance(item, tuple)):
+        for piece, last in (item for item in batch if isinstance(item, tuple)):
             text, n = text + piece.text, n + 1
             if stop_after is not None and n >= stop_after:
                 session.stop.set()
     session.stop.clear()
-    return text
+    finish = last.finish_reason if last and last.finish_reason else "stopped"
+    return SimpleNamespace(text=text, tokens=n, finish=finish)
 
 
 def test_multi_turn_reuses_the_cache_and_matches_a_fresh_run(app, checkpoints):
@@ -469,24 +473,34 @@ def test_multi_turn_reuses_the_cache_and_matches_a_fresh_run(app, checkpoints):
     options = SpecConfig(method="draft", max_tokens=24)
     session = Session()
     first = encode_prompt(pair.tokenizer, CODE_PROMPT, [], chat=False)
-    # Stopped early: the cache must hold exactly the prompt and the yielded tokens.
-    partial = _reply(
-        app,
-        session,
-        pair,
-        first,
-        SpecConfig(method="draft", max_tokens=200),
-        stop_after=5,
-    )
-    assert len(session.cache_tokens) >= len(first) + 5
+
+    def hold(cache):
+        """The reply (its end of text comes at 103 tokens, in about 0.3 s)
+        waits at 20 tokens for the Stop a loaded reader presses after 5."""
+        if cache and cache[0].offset >= len(first) + 20:
+            assert session.stop.wait(60), "Stop never came"
+
+    # Stopped mid-reply: the cache holds the prompt and the tokens yielded, no more.
+    with hooked_forwards(pair.model, hold):
+        partial = _reply(
+            app,
+            session,
+            pair,
+            first,
+            SpecConfig(method="draft", max_tokens=200),
+            stop_after=5,
+        )
+    assert partial.finish == "stopped" and 5 <= partial.tokens < 200
+    assert session.cache_tokens[: len(first)] == first
+    assert len(first) + 5 <= len(session.cache_tokens) <= len(first) + partial.tokens
     follow = encode_prompt(
-        pair.tokenizer, CODE_PROMPT + partial + "\n    return", [], False
+        pair.tokenizer, CODE_PROMPT + partial.text + "\n    return", [], False
     )
     cached = _reply(app, session, pair, follow, options)
     assert session.last_reused > len(first)
     assert cached == _reply(app, Session(), pair, follow, options, use_cache=False)
     # A chat turn on top, then back to plain decoding (a different cache layout).
-    history = [render.Turn("hi", [render.Piece(cached)])]
+    history = [render.Turn("hi", [render.Piece(cached.text)])]
     chat = encode_prompt(pair.tokenizer, "and again", history, chat=True)
     plain = SpecConfig(method="none", max_tokens=24)
     assert _reply(app, session, pair, chat, plain) == _reply(
