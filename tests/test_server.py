@@ -23,7 +23,15 @@ import httpx
 import mlx_lm
 import pytest
 from openai import OpenAI
-from serving import open_stream, post, start_server
+from serving import (
+    hang_up,
+    idle,
+    open_stream,
+    post,
+    request_running,
+    slow_forwards,
+    start_server,
+)
 
 from mlx_spec.config import METHODS, plan_method
 from mlx_spec.serve import requests, solo
@@ -264,7 +272,15 @@ def test_concurrent_requests_each_equal_plain_greedy(server, references):
 
 
 def test_client_disconnect_mid_stream_leaves_server_healthy(server, references):
-    open_stream(server, {"prompt": PROMPTS[3], "max_tokens": 400}).close()
+    """Hung up after its first token while the slowed model (see
+    serving.slow_forwards) keeps it decoding: it ends at the token in hand."""
+    with slow_forwards(server.generator.model_provider.model):
+        stream = open_stream(server, {"prompt": PROMPTS[3], "max_tokens": 400})
+        run = request_running(server, lambda run: run.sent > 0)
+        hang_up(server, stream, run)  # checks it still runs: mid-stream
+        sent = run.sent
+        assert idle(server), "still generating after the client left"
+    assert run.sent <= sent + 1 < 400, (sent, run.sent)
 
     status, answer = post(server, {"prompt": PROMPTS[3], "max_tokens": MAX_TOKENS})
     assert status == 200
