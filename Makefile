@@ -18,7 +18,7 @@ setup-dev:
 demo: setup
 	$(PY) -m mlx_spec.generate --prompt '$(PROMPT)' --max-tokens 200 $(ARGS)
 
-## The test suite, a file per worker on up to 4 cores (about 11 minutes on a
+## The test suite, a file per worker on up to 4 cores (about 9 minutes on a
 ## 2-core CPU), ending with its slowest tests. ARGS="-n 0" runs it in one process.
 test: setup-dev
 	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile --durations=15 $(ARGS)
