@@ -95,8 +95,8 @@ def mixed_workload(args, target, draft, chat, out) -> dict:
     results: Dict[str, List[Result]] = {name: [] for name in servers}
     runs = []
     try:
-        # Warm-up: one unmeasured run of the plan each, since a server's first
-        # batched run was 2x slower than its next ones (one short request was not enough).
+        # Warm-up: one unmeasured run of the plan each; after one short request,
+        # a server's first batched run was still 2x slower than its next ones.
         for server in servers.values():
             run_plan(server, plan, chat)
         for rep in range(args.mixed_repeats):
