@@ -1086,6 +1086,10 @@ def test_browser_stop_right_after_send_stops_that_request(
         time.sleep(1.0)  # had the request cleared the Stop, it would go on
         assert "Stopped before the reply began" in _text(browser, "#status")
     # New chat right after Send: that message is stopped too, whichever comes first.
+    # From an empty chat: a Send taken first would not fit the context behind the
+    # three stopped messages (4 x 1200 tokens), and would be refused, not stopped.
+    browser.execute_script("document.getElementById('clear').click();")
+    _wait("an empty chat", lambda: _count(browser, ".spec-user") == 0)
     _set(browser, "#prompt textarea", f"3 {long}")
     browser.execute_script(
         "document.getElementById('send').click();"
