@@ -264,7 +264,11 @@ def test_the_command_reports_every_draft_vocabulary_and_gamma(
 
 
 def test_alpha_by_set_pools_the_matches_of_each_prompt_set():
-    matches = [np.array([1, 1, 0, 0], bool), np.array([1], bool), np.array([0, 0], bool)]
+    matches = [
+        np.array([1, 1, 0, 0], bool),
+        np.array([1], bool),
+        np.array([0, 0], bool),
+    ]
     by_set = S.alpha_by_set(matches, ["chat", "code", "chat"])
     assert by_set == {"chat": pytest.approx(2 / 6), "code": 1.0}
 
@@ -310,8 +314,10 @@ def test_prompts_measure_on_the_targets_greedy_completions_by_set(
     draft = S.load_draft(str(study["d1"]), model)
     data = S.greedy_completions(
         model,
-        [(p.prompt_set, encode(p, tokenizer, chat=chat))
-         for p in load_prompt_file(str(prompts_file))],
+        [
+            (p.prompt_set, encode(p, tokenizer, chat=chat))
+            for p in load_prompt_file(str(prompts_file))
+        ],
         list(tokenizer.eos_token_ids),
         12,
     )

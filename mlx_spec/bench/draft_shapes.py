@@ -104,7 +104,9 @@ def coverage(token_ids: Sequence[int], tokens: np.ndarray) -> float:
     return float(np.isin(tokens, np.asarray(token_ids)).mean())
 
 
-def greedy_completions(model, prompts, eos: Sequence[int], max_tokens: int) -> Completions:
+def greedy_completions(
+    model, prompts, eos: Sequence[int], max_tokens: int
+) -> Completions:
     """The target's greedy completions of ``prompts``, decoded one by one as
     plain mlx-lm decodes them.
 
@@ -136,7 +138,9 @@ def greedy_completions(model, prompts, eos: Sequence[int], max_tokens: int) -> C
     return data
 
 
-def alpha_by_set(matches: Sequence[np.ndarray], sets: Sequence[str]) -> Dict[str, float]:
+def alpha_by_set(
+    matches: Sequence[np.ndarray], sets: Sequence[str]
+) -> Dict[str, float]:
     """Greedy α per prompt set: ``matches[i]`` ``(n,)`` belong to set ``sets[i]``."""
     grouped: Dict[str, List[np.ndarray]] = {}
     for m, name in zip(matches, sets):
@@ -361,7 +365,11 @@ def shape_study(
     batches = heldout_batches(heldout, batch_tokens, max_length)
     written = greedy_completion_tokens(heldout)
     # greedy_matches returns one array per sequence, in batch order.
-    sets = [heldout.prompt_sets[i] for b in batches for i in b] if heldout.prompt_sets else []
+    sets = (
+        [heldout.prompt_sets[i] for b in batches for i in b]
+        if heldout.prompt_sets
+        else []
+    )
     shapes, steps, matches = [], {}, {}
     for name, draft in drafts.items():
         ids = np.array(draft.lm_head.token_ids)
