@@ -245,6 +245,8 @@ def test_shards_wait_for_enough_sequences_and_count_every_decoded_token(
     # Every decoded token is counted once; a run leaves no row unfinished.
     decoded = sum(s.meta["decoded_tokens"] for s in corpus.shards())
     assert decoded == sum(s.completion_tokens for s in corpus.shards())
+    # Each shard keeps the CPU time spent on it, for a rate that pauses do not stretch.
+    assert all(s.meta["cpu_seconds"] > 0 for s in corpus.shards())
 
 
 def test_grow_writes_greedy_completions_of_the_target(load_model, tmp_path):
@@ -369,8 +371,22 @@ def test_the_card_and_info_report_the_breakdown(tmp_path, capsys):
     assert corpus_main(["info", str(corpus.folder)]) == 0
     card = (corpus.folder / "README.md").read_text()
     assert "completion tokens: 20" in card
-    assert "| r1 | 1 | 20 | 1.00 | 20 | 8 | 512 |" in card
+    assert "| r1 | 1 | 20 | 1.00 | 20 | – | 8 | 512 |" in card
     assert "15 train, 5 held out" in card
+
+
+def test_the_card_reports_tokens_per_cpu_hour_where_shards_kept_it(tmp_path):
+    corpus = _corpus(tmp_path)
+    old = {"run": "r1", "seconds": 3600.0, "decoded_tokens": 30}
+    corpus.append([_record(i) for i in range(2)], old)  # written before CPU time
+    corpus.append(
+        [_record(i) for i in range(2, 4)],
+        {"run": "r1", "seconds": 7200.0, "cpu_seconds": 1800.0, "decoded_tokens": 40},
+    )
+    assert corpus_main(["info", str(corpus.folder)]) == 0
+    card = (corpus.folder / "README.md").read_text()
+    # Wall: 70 tokens in 3 hours; CPU: 40 tokens in the half hour kept.
+    assert "| r1 | 2 | 20 | 3.00 | 23 | 80 |" in card
 
 
 @pytest.mark.parametrize(

@@ -319,6 +319,11 @@ class Corpus:
                 "decoded_tokens", shard.completion_tokens
             )
             r["seconds"] += float(shard.meta.get("seconds", 0.0))
+            if "cpu_seconds" in shard.meta:  # shards written since CPU time was kept
+                r["cpu_seconds"] = r.get("cpu_seconds", 0.0) + shard.meta["cpu_seconds"]
+                r["cpu_decoded"] = (
+                    r.get("cpu_decoded", 0) + shard.meta["decoded_tokens"]
+                )
             for k in ("batch_size", "max_tokens", "started"):
                 if k in shard.meta:
                     r[k] = shard.meta[k]

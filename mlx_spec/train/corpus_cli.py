@@ -396,17 +396,22 @@ def card_text(summary: Dict, manifest: Dict, measured: Optional[Dict] = None) ->
         "",
         "Runs (throughput: tokens decoded per hour of wall time, niced, on a shared "
         "2-core CPU; runs written before decoded tokens were recorded count the "
-        "completion tokens of their finished rows only):",
+        "completion tokens of their finished rows only. Per CPU hour: per hour of "
+        "the run's own CPU time, which pauses and other jobs do not stretch; "
+        "– where the shards predate it):",
         "",
-        "| run | shards | completion tokens | hours | tokens/hour | batch | max tokens |",
-        "|---|---|---|---|---|---|---|",
+        "| run | shards | completion tokens | hours | tokens/hour | tokens per CPU hour "
+        "| batch | max tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run, r in sorted(summary["runs"].items()):
         hours = r["seconds"] / 3600
         rate = r["decoded"] / hours if hours else 0
+        cpu = r.get("cpu_seconds", 0.0) / 3600
+        cpu_rate = f"{r['cpu_decoded'] / cpu:,.0f}" if cpu else "–"
         lines.append(
             f"| {run} | {r['shards']} | {r['tokens']:,} | {hours:.2f} | {rate:,.0f} "
-            f"| {r.get('batch_size', '')} | {r.get('max_tokens', '')} |"
+            f"| {cpu_rate} | {r.get('batch_size', '')} | {r.get('max_tokens', '')} |"
         )
     if measured:
         lines += [

@@ -215,6 +215,8 @@ class Grower:
         self.decoded = 0  # tokens decoded since the last shard, unfinished rows too
         self.started = time.perf_counter()
         self.last_shard = self.started
+        # This process's CPU time: a paused or crowded run's rate stays readable.
+        self.last_cpu = time.process_time()
 
     def grow(self, jobs: Iterator[Job], tokens: Optional[int] = None) -> int:
         """Answer ``jobs`` until they run out or ``tokens`` completion tokens are stored.
@@ -286,11 +288,12 @@ class Grower:
         """Write the finished sequences as one shard; return their completion tokens."""
         if not self.done:
             return 0
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         tokens = sum(len(r.completion) for r in self.done)
         meta = {
             "run": self.run,
             "seconds": round(now - self.last_shard, 2),
+            "cpu_seconds": round(cpu - self.last_cpu, 2),
             "decoded_tokens": self.decoded,
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
@@ -304,7 +307,7 @@ class Grower:
             raise
         except ValueError:  # every sequence was already stored
             self.done, self.turns = [], {}
-            self.last_shard = now
+            self.last_shard, self.last_cpu = now, cpu
             return 0
         rate = self.decoded / max(now - self.last_shard, 1e-9) * 3600
         self.log(
@@ -312,7 +315,7 @@ class Grower:
             f"decoding {rate:,.0f} tokens/hour"
         )
         self.done, self.turns, self.decoded = [], {}, 0
-        self.last_shard = now
+        self.last_shard, self.last_cpu = now, cpu
         return tokens
 
 
