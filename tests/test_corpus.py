@@ -117,6 +117,20 @@ def test_a_damaged_shard_is_named_in_one_line(tmp_path):
         list(corpus.sequences())
 
 
+@pytest.mark.parametrize(
+    "manifest", [b"[]", b'"corpus"', b"\xff\xfe{}"], ids=["list", "text", "not-utf8"]
+)
+def test_a_damaged_manifest_is_named_in_one_line(tmp_path, capsys, manifest):
+    corpus = _corpus(tmp_path)
+    (corpus.folder / "corpus.json").write_bytes(manifest)
+    with pytest.raises(SystemExit) as e:
+        corpus_main(["info", str(corpus.folder)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "corpus.json' is not a" in err and "Traceback" not in err, err
+    assert (corpus.folder / "corpus.json").read_bytes() == manifest
+
+
 def test_the_heldout_split_is_never_among_the_training_sequences(tmp_path):
     corpus = _corpus(tmp_path)
     corpus.append([_record(i, heldout=i % 4 == 0) for i in range(12)], {})

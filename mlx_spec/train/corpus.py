@@ -202,11 +202,11 @@ class Corpus:
         path = self.folder / MANIFEST
         if not path.exists():
             return None
-        try:
+        try:  # ValueError: bad JSON or bad UTF-8
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:
             raise ValueError(f"'{path}' is not a corpus manifest ({e}).") from None
-        if data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"'{path}' is not an {FORMAT} manifest.")
         if int(data.get("version", 0)) > VERSION:
             raise ValueError(
