@@ -104,6 +104,9 @@ def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
         (["--layers", "7"], "draft layers [7]"),
         (["--sampled-share", "2"], "--sampled-share"),
         (["--prompts", "nope.jsonl"], "does not exist"),
+        (["--prompts", "{folder}"], "is a folder"),
+        (["--prompts", "{not_utf8}"], "is not UTF-8 text"),
+        (["--prompts", "{bad_messages}"], ":1: 'messages' must be a non-empty list"),
         (["--init-from", "nope"], "--init-from directory 'nope' does not exist"),
         (["--self-instruct", "-1"], "--self-instruct must be at least 0"),
         (["--rollout-steps", "-2"], "--rollout-steps must be at least 0"),
@@ -123,6 +126,15 @@ def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
     ],
 )
 def test_bad_options_fail_in_one_line(checkpoints, tmp_path, capsys, extra, message):
+    files = {
+        "{not_utf8}": b'{"prompt": "\xff"}\n',
+        "{bad_messages}": b'{"messages": 5}\n',
+    }
+    for name, data in files.items():
+        (tmp_path / name.strip("{}")).write_bytes(data)
+    places = {name: str(tmp_path / name.strip("{}")) for name in files}
+    places["{folder}"] = str(tmp_path)
+    extra = [places.get(arg, arg) for arg in extra]
     argv = [
         "--model",
         str(checkpoints["llama"]),

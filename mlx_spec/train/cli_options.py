@@ -22,6 +22,7 @@ from .corpus_data import HELDOUT_TOKENS_HELP, heldout_budget
 from .corpus_select import SELECTION_FILE, SELECTIONS
 from .eagle import DEFAULT_FEATURE_WEIGHT as DEFAULT_EAGLE_FEATURE_WEIGHT
 from .precision import PRECISIONS
+from .prompts import load_prompt_file
 
 KINDS = ("draft", "eagle", "eagle3", "medusa")
 LABELS = ("laws", "written")
@@ -362,8 +363,8 @@ def check_args(args):
     if args.corpus_tokens is not None and args.corpus_tokens < 1:
         raise ValueError("--corpus-tokens must be at least 1.")
     check_corpus_select(args)
-    if args.prompts and not Path(args.prompts).is_file():
-        raise ValueError(f"--prompts file '{args.prompts}' does not exist.")
+    if args.prompts:  # read now: a bad line stops the run before the model loads
+        load_prompt_file(args.prompts)
     if args.lr is not None and not 0 < args.lr < math.inf:
         raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
     if Path(args.model).expanduser().is_dir():

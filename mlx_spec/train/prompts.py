@@ -116,13 +116,40 @@ def mixed_prompts(
     return picked
 
 
+def _is_messages(value) -> bool:
+    """A chat: a non-empty list of ``{"role": str, "content": str}`` objects."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in value
+        )
+    )
+
+
 def load_prompt_file(path: str) -> List[Prompt]:
     """Prompts from a JSON-lines file: ``prompt_set`` and ``prompt`` or ``messages``.
 
     The format is the one ``mlx_spec.bench.run --prompts FILE`` reads.
+
+    Raises:
+        ValueError: One line naming the file (and the line) and what is wrong.
     """
+    file = Path(path)
+    if not file.is_file():
+        what = "is a folder" if file.is_dir() else "does not exist"
+        raise ValueError(f"--prompts file '{path}' {what}; pass a JSON-lines file.")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"--prompts file '{path}' is not UTF-8 text (byte {e.start}); "
+            "save it as UTF-8 JSON lines."
+        ) from None
     prompts = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -133,6 +160,11 @@ def load_prompt_file(path: str) -> List[Prompt]:
         if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
             raise ValueError(
                 f"{path}:{number}: each line needs 'prompt' (text) or 'messages'."
+            )
+        if "messages" in row and not _is_messages(row["messages"]):
+            raise ValueError(
+                f"{path}:{number}: 'messages' must be a non-empty list of "
+                '{"role": ..., "content": ...} objects.'
             )
         if "messages" in row:
             messages = tuple(dict(m) for m in row["messages"])
