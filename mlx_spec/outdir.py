@@ -4,7 +4,8 @@ Every command that writes a folder (``convert``, ``train-draft``) checks its
 ``--out`` with :func:`check_out_dir` before any work: a non-empty folder that
 the command did not write itself is refused unless ``--force`` is given.
 :func:`staged_dir` writes a new folder beside its destination and renames it
-into place at the end, so an interrupted run leaves no half-written folder.
+into place at the end, so an interrupted run leaves no half-written folder;
+:func:`staged_file` does the same for one file.
 """
 
 import os
@@ -103,3 +104,20 @@ def staged_dir(out: PathLike) -> Iterator[Path]:
             replace_dir(work, out)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
+
+
+@contextmanager
+def staged_file(path: PathLike) -> Iterator[Path]:
+    """Write a file beside ``path`` and rename it to ``path`` at the end.
+
+    Yields a hidden sibling with the same suffix (``.partial-NAME``); when the
+    block ends without error it replaces ``path``, otherwise it is deleted. An
+    interrupted write leaves ``path`` as it was, never half-written.
+    """
+    path = Path(path)
+    work = path.with_name(f"{PARTIAL_PREFIX}{path.name}")
+    try:
+        yield work
+        os.replace(work, path)
+    finally:
+        work.unlink(missing_ok=True)

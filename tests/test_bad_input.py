@@ -22,8 +22,9 @@ EMPTY = ""
 NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # invalid UTF-8 in argv, as Python receives it
 
 # (command and flags, text the error line must hold). Placeholders:
-# {llama} a copy of a tiny checkpoint, {user} a folder holding a user's file, {file} a
-# plain file, {new} a folder that does not exist yet, {missing} a missing path.
+# {llama} a copy of a tiny checkpoint, {user} a folder holding a user's file, {theirs}
+# one holding a user's results.json, {file} a plain file, {new} a folder that does not
+# exist yet, {missing} a missing path.
 GENERATE = ["generate", "--model", "{llama}", "--prompt", "hi"]
 CHAT = ["chat", "--model", "{llama}"]
 SERVER = ["server", "--model", "{llama}", "--port", "8"]
@@ -218,6 +219,7 @@ BAD = [
     (BENCH + ["--head", "{missing}"], "--head"),
     (BENCH + ["--head", "{file}"], "--head"),
     (BENCH + ["--method-draft", "draft={missing}"], "--method-draft"),
+    (BENCH[:-1] + ["{theirs}"], "--out {theirs} holds a results.json that is not"),
     # export
     (["export", "--head", "{missing}", "--model", "{llama}", "--out", "{new}"], "head"),
     (["export", "--head", "{user}", "--model", "{llama}", "--out", "{user}"], "--out"),
@@ -262,6 +264,8 @@ def places(checkpoints, load_model, tmp_path_factory):
     (root / "user").mkdir()
     (root / "user" / "notes.txt").write_text("mine")
     (root / "model.gguf").write_bytes(b"not a gguf")
+    (root / "theirs").mkdir()  # a user's own results, not a benchmark's
+    (root / "theirs" / "results.json").write_text('{"mine": 1}')
     llama = root / "llama"  # a copy: a check that failed would write into it
     shutil.copytree(checkpoints["llama"], llama)
     draft = write_draft(load_model("llama")[0], root / "draft", [1], 100)
@@ -269,6 +273,7 @@ def places(checkpoints, load_model, tmp_path_factory):
         "llama": str(llama),
         "draft": str(draft),
         "user": str(root / "user"),
+        "theirs": str(root / "theirs"),
         "file": str(root / "model.gguf"),
         "new": str(root / "new"),
         "missing": str(root / "no-such-path"),
@@ -341,6 +346,7 @@ def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
     _assert_one_line_exit_2(argv, _fill(field, places), capsys)
     assert _listing(places["user"]) == ["notes.txt"]
     assert _listing(places["llama"]) == target
+    assert (Path(places["theirs"]) / "results.json").read_text() == '{"mine": 1}'
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,25 @@ def test_bad_settings_exit_with_a_one_line_error(capsys, tmp_path):
         assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("stage", ["benchmark", "markdown"])
+def test_ctrl_c_exits_quietly_and_leaves_no_half_written_file(
+    tmp_path, capsys, monkeypatch, stage
+):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "benchmark", lambda args: {"rows": []})
+    monkeypatch.setattr(bench if stage == "benchmark" else report, stage, interrupt)
+    monkeypatch.setattr(report, "_clean", lambda results: results)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--out", str(tmp_path), "--no-progress", "--no-charts"])
+    assert e.value.code == 130
+    assert "Traceback" not in capsys.readouterr().err
+    # Interrupted while writing: results.json is whole, results.md absent.
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ([] if stage == "benchmark" else [report.RESULTS_JSON])
+
+
 def test_raw_runs_are_stored_with_mlx_lm_first_and_last_in_every_block(quick_results):
     _, results = quick_results
     runs = results["runs"]

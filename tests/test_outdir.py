@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from mlx_spec.outdir import OutDirError, check_out_dir, check_outside, staged_dir
+from mlx_spec.outdir import (
+    OutDirError,
+    check_out_dir,
+    check_outside,
+    staged_dir,
+    staged_file,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +60,22 @@ def test_a_failed_staged_write_leaves_the_old_folder_and_no_trace(tmp_path):
         (work / "new.txt").write_text("new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+
+
+def test_an_interrupted_staged_file_leaves_the_old_file_and_no_trace(tmp_path):
+    path = tmp_path / "results.json"
+    path.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with staged_file(path) as work:
+            work.write_text("ha")
+            raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    assert path.read_text() == "old"
+    with staged_file(path) as work:
+        assert work.suffix == ".json"  # writers that go by the suffix (savefig)
+        work.write_text("new")
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    assert path.read_text() == "new"
 
 
 # --------------------------------------------------------------------------- #

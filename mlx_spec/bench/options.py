@@ -19,6 +19,7 @@ from mlx_spec.validation import DRAFTER_LATER, spec_config
 
 from .measure import QWEN2_SHAPES
 from .prompts import BASE_SETS, CHAT_SETS
+from .report import RESULTS_JSON, RESULTS_MD, is_results_json
 from .runner import BASELINES, SWEEP_METHODS
 
 DEFAULT_TEMPS = (0.0, 0.7)
@@ -326,3 +327,10 @@ def check_out(out: str):
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise ValueError(f"--out {out} cannot be written ({existing} is not writable).")
+    # A run replaces the results of an earlier one, never a user's file of that name.
+    mine = [name for name in (RESULTS_JSON, RESULTS_MD) if (path / name).exists()]
+    if mine and not is_results_json(path / RESULTS_JSON):
+        raise ValueError(
+            f"--out {out} holds a {mine[0]} that is not a benchmark's results; "
+            "choose another folder."
+        )

@@ -8,6 +8,7 @@ chart shows measured values only.
 from pathlib import Path
 from typing import List
 
+from ..outdir import staged_file
 from .rows import main_rows, sweep_rows
 from .runner import MLX_LM_SPECULATIVE, SWEEP_METHODS
 
@@ -129,6 +130,7 @@ def _speedup(row: dict):
 
 
 def _save(fig, path: Path, plt) -> Path:
-    fig.savefig(path, dpi=110)
+    with staged_file(path) as work:
+        fig.savefig(work, dpi=110)
     plt.close(fig)
     return path

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from ..outdir import staged_file
 from .plots import write_charts
 from .rows import ALL_PROMPTS, NOTHING_ACCEPTED, main_rows, sweep_rows
 from .runner import BASELINES
@@ -498,13 +499,28 @@ def _clean(value):
     return value
 
 
+# The files of a run in its --out folder (and the charts, see write_charts).
+RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
+
+
+def is_results_json(path: Path) -> bool:
+    """``path`` holds the results of a benchmark run (so a new run may replace it)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"rows", "definitions"} <= data.keys()
+
+
 def write_outputs(results: dict, out: Path, *, charts: bool = True) -> List[Path]:
     """Write ``results.json``, ``results.md`` and the charts into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    json_path = out / "results.json"
-    json_path.write_text(json.dumps(_clean(results), indent=2, allow_nan=False) + "\n")
-    md_path = out / "results.md"
-    md_path.write_text(markdown(results))
+    json_path = out / RESULTS_JSON
+    with staged_file(json_path) as work:
+        work.write_text(json.dumps(_clean(results), indent=2, allow_nan=False) + "\n")
+    md_path = out / RESULTS_MD
+    with staged_file(md_path) as work:
+        work.write_text(markdown(results))
     written = [json_path, md_path]
     if charts:
         written += write_charts(results, out)

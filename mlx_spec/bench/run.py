@@ -605,17 +605,20 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) ->
         prog: The command's name in its error lines. Default: the parser's,
             ``python -m mlx_spec.bench.run``.
     """
-    from .report import write_outputs
+    from .report import RESULTS_MD, write_outputs
 
     parser = setup_arg_parser()
     parser.prog = prog or parser.prog
     args = parser.parse_args(argv)
     try:
-        results = benchmark(args)
-    except ValueError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
-    paths = write_outputs(results, Path(args.out), charts=not args.no_charts)
-    print((Path(args.out) / "results.md").read_text())
+        try:
+            results = benchmark(args)
+        except ValueError as e:
+            parser.exit(2, f"{parser.prog}: error: {e}\n")
+        paths = write_outputs(results, Path(args.out), charts=not args.no_charts)
+    except KeyboardInterrupt:  # each output file is whole or absent
+        parser.exit(130, "\n")
+    print((Path(args.out) / RESULTS_MD).read_text())
     for warning in results["warnings"]:
         print(f"WARNING: {warning}", file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
