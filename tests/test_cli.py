@@ -118,6 +118,31 @@ def test_generate_subcommand_end_to_end(pair_flags, capsys):
     assert "Speculation: " in out
 
 
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("name", ["export", "doctor"])
+def test_ctrl_c_in_a_subcommand_exits_130_without_a_traceback(
+    capsys, monkeypatch, name
+):
+    monkeypatch.setattr(cli, "_load", lambda entry: _interrupt)
+    with pytest.raises(SystemExit) as e:
+        cli.main([name])
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "\n"
+
+
+def test_ctrl_c_during_doctor_exits_130_without_a_traceback(capsys, monkeypatch):
+    from mlx_spec.cli import doctor
+
+    monkeypatch.setattr(doctor, "report", _interrupt)
+    with pytest.raises(SystemExit) as e:
+        doctor.main(["--size", "64", "--reps", "1"])
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "\n"
+
+
 def test_doctor_in_process(capsys):
     from mlx_spec.cli import doctor
 

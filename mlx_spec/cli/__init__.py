@@ -77,7 +77,11 @@ def main(argv: Optional[List[str]] = None):
         sys.exit(2)
     # Subcommands parse sys.argv; make it look like their own console script.
     sys.argv = [f"mlx_spec {name}", *rest]
-    result = _load(SUBCOMMANDS[name])(rest)
+    try:
+        result = _load(SUBCOMMANDS[name])(rest)
+    except KeyboardInterrupt:  # Ctrl-C: quiet, with the shell's 128 + SIGINT
+        print(file=sys.stderr)
+        sys.exit(130)
     # Console scripts exit with main()'s value: only pass on exit codes.
     return result if isinstance(result, int) else None
 

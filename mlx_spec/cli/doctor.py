@@ -124,7 +124,11 @@ def main(argv: Optional[List[str]] = None):
         parser.error(f"--size={args.size} is out of range: 1 to {MAX_SIZE}.")
     if not 1 <= args.reps <= MAX_REPS:
         parser.error(f"--reps={args.reps} is out of range: 1 to {MAX_REPS}.")
-    for line in report(args.size, args.reps):
+    try:
+        lines = report(args.size, args.reps)
+    except KeyboardInterrupt:
+        parser.exit(130, "\n")
+    for line in lines:
         print(line)
     return 0
 
