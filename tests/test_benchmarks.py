@@ -848,6 +848,14 @@ def test_a_bad_prompt_file_line_fails_in_one_line(tmp_path, line, message):
     assert "\n" not in str(e.value) and str(path) in str(e.value)
 
 
+def test_a_prompt_file_not_in_utf8_fails_in_one_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt_set": "a", "prompt": "\xff"}\n')
+    with pytest.raises(ValueError, match="not UTF-8 text") as e:
+        load_prompt_file(str(path))
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
 def test_prompt_file_runs_end_to_end(checkpoints, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text(

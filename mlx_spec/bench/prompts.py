@@ -484,8 +484,14 @@ def load_prompt_file(path: str) -> List[Prompt]:
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"--prompts {path}: no such file.")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"--prompts {path}: not UTF-8 text (byte {e.start}); save it as UTF-8."
+        ) from None
     prompts: List[Prompt] = []
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"--prompts {path} line {number}"
