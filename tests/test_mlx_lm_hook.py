@@ -254,6 +254,23 @@ def test_bad_speculative_input_is_a_one_line_error(models, checkpoints, flags, m
     assert_usage_error(result, message)
 
 
+def test_a_stdin_prompt_with_bad_utf8_is_read_as_mlx_spec_generate_reads_it(models):
+    target, _ = models
+    env = {k: v for k, v in os.environ.items() if k != mlx_spec_hook.DISABLE_ENV}
+    argv = [BIN / "mlx_lm.generate", "--model", target, "--prompt", "-"]
+    argv += ["--max-tokens", "4", "--speculative", "lookup"]
+    result = subprocess.run(
+        [str(a) for a in argv],
+        input=b"\xff\xfe say hi",
+        capture_output=True,
+        env=env,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert result.returncode == 0 and b"Traceback" not in result.stderr, result.stderr
+    assert b"Speculation:" in result.stdout
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

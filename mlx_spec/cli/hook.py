@@ -175,6 +175,16 @@ def speculative_generate(
     return collect_text(stream, verbose)
 
 
+def replace_bad_utf8(stream) -> None:
+    """Decode ``stream`` (a text stream not read yet) with U+FFFD for bad UTF-8.
+
+    mlx_lm reads ``--prompt -`` from stdin, whose bad bytes Python keeps as
+    surrogates that the tokenizer refuses with a TypeError traceback.
+    """
+    if hasattr(stream, "reconfigure"):
+        stream.reconfigure(encoding="utf-8", errors="replace")
+
+
 def _generate_runner() -> Runner:
     """mlx-lm's ``main`` with the extended parser and a speculative ``generate``."""
     lm = importlib.import_module("mlx_lm.generate")
@@ -198,6 +208,8 @@ def _generate_runner() -> Runner:
         check_method(parser, method, args)
         args.draft_model = skip_unused_draft(method, args.draft_model)
         options = method_options(args)
+        if args.prompt == "-":  # as mlx_spec generate: bad UTF-8 becomes U+FFFD
+            replace_bad_utf8(sys.stdin)
 
         def parsed_parser():
             parser.parse_args = lambda *_, **__: args
