@@ -1,5 +1,6 @@
 """Loading models with clear one-line errors, and the embedded default pair."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -95,6 +96,21 @@ def _looks_like_local_path(path: str) -> bool:
     )
 
 
+def check_config_json(file: Path, name: str) -> None:
+    """A one-line ``ValueError`` unless ``file`` holds a JSON object.
+
+    mlx_lm's own messages for a damaged one ("'list' object has no attribute
+    'update'", "Invalid control character at ...") did not name the file.
+    """
+    again = "download or convert the model again."
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # bad JSON or bad UTF-8
+        raise ValueError(f"{name} has a damaged config.json ({e}); {again}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} has a config.json that is not a JSON object; {again}")
+
+
 def check_model_path(path: str, role: str = "model") -> None:
     """A one-line ``ValueError`` for a local path that cannot hold a model
     (a hub id such as ``org/name`` passes)."""
@@ -106,6 +122,7 @@ def check_model_path(path: str, role: str = "model") -> None:
             raise ValueError(
                 f"{role} path '{path}' holds no model (no config.json in it)."
             )
+        check_config_json(local / "config.json", f"{role} path '{path}'")
     elif _looks_like_local_path(path):
         raise ValueError(f"{role} path '{path}' does not exist.")
 

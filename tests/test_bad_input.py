@@ -23,8 +23,9 @@ NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # invalid UTF-8 in argv, as Python receives
 
 # (command and flags, text the error line must hold). Placeholders:
 # {llama} a copy of a tiny checkpoint, {user} a folder holding a user's file, {theirs}
-# one holding a user's results.json, {file} a plain file, {new} a folder that does not
-# exist yet, {missing} a missing path.
+# one holding a user's results.json, {damaged} and {listed} model folders whose
+# config.json is not UTF-8 or not an object, {file} a plain file, {new} a folder that
+# does not exist yet, {missing} a missing path.
 GENERATE = ["generate", "--model", "{llama}", "--prompt", "hi"]
 CHAT = ["chat", "--model", "{llama}"]
 SERVER = ["server", "--model", "{llama}", "--port", "8"]
@@ -72,6 +73,10 @@ BAD = [
     (GENERATE + ["--tree-choices", "[["], "tree_choices"),
     (GENERATE + ["--draft-model", "{missing}"], "draft model"),
     (["generate", "--model", "{missing}", "--prompt", "hi"], "{missing}"),
+    (["generate", "--model", "{damaged}", "--prompt", "hi"], "damaged config.json"),
+    (["generate", "--model", "{listed}", "--prompt", "hi"], "not a JSON object"),
+    (GENERATE + ["--draft-model", "{damaged}"], "damaged config.json"),
+    (GENERATE + ["--draft-model", "{listed}"], "not a JSON object"),
     (GENERATE + ["--prompt-cache-file", "{file}"], "--prompt-cache-file"),
     (GENERATE + ["--extra-eos-token", NOT_UTF8], "--extra-eos-token"),
     (GENERATE + ["--extra-eos-token", EMPTY], "--extra-eos-token"),
@@ -264,6 +269,9 @@ def places(checkpoints, load_model, tmp_path_factory):
     (root / "user").mkdir()
     (root / "user" / "notes.txt").write_text("mine")
     (root / "model.gguf").write_bytes(b"not a gguf")
+    for name, config in (("damaged", b"\xff{"), ("listed", b"[1, 2]")):
+        (root / name).mkdir()  # a model folder whose config.json is damaged
+        (root / name / "config.json").write_bytes(config)
     (root / "theirs").mkdir()  # a user's own results, not a benchmark's
     (root / "theirs" / "results.json").write_text('{"mine": 1}')
     llama = root / "llama"  # a copy: a check that failed would write into it
@@ -274,6 +282,8 @@ def places(checkpoints, load_model, tmp_path_factory):
         "draft": str(draft),
         "user": str(root / "user"),
         "theirs": str(root / "theirs"),
+        "damaged": str(root / "damaged"),
+        "listed": str(root / "listed"),
         "file": str(root / "model.gguf"),
         "new": str(root / "new"),
         "missing": str(root / "no-such-path"),

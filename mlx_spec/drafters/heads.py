@@ -549,8 +549,8 @@ def read_head_config(path) -> Optional[Dict]:
     if not file.is_file():
         return None
     try:
-        config = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError):
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # bad JSON or bad UTF-8: no head
         return None
     return config if isinstance(config, dict) and HEAD_KEY in config else None
 

@@ -52,8 +52,8 @@ def _read_config(path) -> Optional[Dict]:
     if not file.is_file():
         return None
     try:
-        config = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError):
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # bad JSON or bad UTF-8: not a published drafter
         return None
     return config if isinstance(config, dict) else None
 
