@@ -246,6 +246,28 @@ BAD_SHAPES = [
     (SHAPES + ["--drafts", "{draft}", "--passes", "0"], "--passes must be >= 1"),
     (SHAPES + ["--drafts", "{draft}"], "--corpus: '{user}' holds no corpus"),
 ]
+# python -m mlx_spec.bench.STUDY (study, flags, text the error line must hold);
+# {served}: the serving study's folder (it writes its logs there, so not {new}).
+SERVE = ["--model", "{llama}", "--quick", "--out", "{served}"]
+BAD_STUDIES = [
+    ("draft_free", ["--model", "{llama}", "--gammas", "0"], "--gammas=0"),
+    ("draft_free", ["--model", "{llama}", "--self-gammas", "65"], "--self-gammas=65"),
+    ("draft_free", ["--model", "{llama}", "--max-tokens", "-5"], "--max-tokens=-5"),
+    ("draft_free", ["--model", "{llama}", "--repeats", "0"], "--repeats=0"),
+    ("draft_free", ["--model", "{llama}", "--temp", "-1"], "--temp=-1"),
+    ("draft_free", ["--model", "{user}"], "holds no model"),
+    ("rollback", ["--archs", "bogus"], "--archs"),
+    ("rollback", ["--gamma", "0"], "--gamma=0"),
+    ("rollback", ["--max-tokens", "0"], "--max-tokens=0"),
+    ("rollback", ["--repeats", "0"], "--repeats=0"),
+    ("serve", SERVE + ["--clients", "4", "0"], "--clients must be at least 1"),
+    ("serve", SERVE + ["--rss-every", "0"], "--rss-every must be at least 1"),
+    ("serve", SERVE[:-1] + ["{file}"], "--out {file} is a file"),
+    ("serve", ["--model", "{user}", "--out", "{served}"], "holds no model"),
+    ("serve", ["--draft-model", "{missing}", "--out", "{served}"], "{missing}"),
+    # the server's own one-line error, once it exits
+    ("serve", SERVE + ["--method", "bogus"], "--speculative: invalid choice"),
+]
 UI = ["--model", "{llama}", "--no-preload"]
 BAD_UI = [
     (UI + ["--port", "0"], "--port=0"),
@@ -284,6 +306,7 @@ def places(checkpoints, load_model, tmp_path_factory):
         "theirs": str(root / "theirs"),
         "damaged": str(root / "damaged"),
         "listed": str(root / "listed"),
+        "served": str(root / "served"),
         "file": str(root / "model.gguf"),
         "new": str(root / "new"),
         "missing": str(root / "no-such-path"),
@@ -375,6 +398,26 @@ def test_a_bad_draft_shapes_flag_exits_2_in_one_line_naming_it(
     assert _fill(field, places) in err and "Traceback" not in err, err
     assert err.startswith(f"{draft_shapes.PROG}: error: "), err
     assert {name: _listing(places[name]) for name in kept} == kept
+
+
+@pytest.mark.parametrize(
+    "study, argv, field",
+    BAD_STUDIES,
+    ids=[" ".join([b[0], *b[1][-2:]]) for b in BAD_STUDIES],
+)
+def test_a_bad_study_flag_exits_in_one_line_naming_it(
+    places, deadline, capsys, study, argv, field
+):
+    import importlib
+
+    module = importlib.import_module(f"mlx_spec.bench.{study}")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([_fill(a, places) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code in (1, 2) and len(err.splitlines()) == 1, err
+    assert _fill(field, places) in err and "Traceback" not in err, err
+    assert err.startswith(f"python -m mlx_spec.bench.{study}: error: "), err
+    assert _listing(places["user"]) == ["notes.txt"]
 
 
 @pytest.mark.parametrize(

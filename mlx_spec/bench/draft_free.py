@@ -27,14 +27,16 @@ from contextlib import contextmanager
 from typing import Dict, List, Tuple
 
 import mlx.core as mx
-import mlx_lm
 from mlx_lm.generate import generate_step
 
 from mlx_spec import SpecConfig, SpecStats, speculative_generate_step
 from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
 from mlx_spec.drafters.self_spec import SelfDrafter
+from mlx_spec.loading import load_model
 from mlx_spec.options import one_line_errors
+from mlx_spec.validation import DRAFTER_LATER, spec_config
 
+from .options import check_gammas, check_run_lengths
 from .prompts import encode, has_chat_template, prompt_suite
 
 DEFAULT_GAMMAS = (2, 4, 8)
@@ -164,8 +166,14 @@ def main(argv=None):
         "--json", default=None, help="Also write the rows to this file."
     )
     args = parser.parse_args(argv)
-
-    model, tokenizer = mlx_lm.load(args.model)
+    try:  # the ranges and the model's path, before anything loads
+        check_gammas(args.gammas, "--gammas")
+        check_gammas(args.self_gammas, "--self-gammas")
+        check_run_lengths(args.max_tokens, args.repeats)
+        spec_config(None, DRAFTER_LATER, flags=True, temp=args.temp)
+        model, tokenizer = load_model(args.model)
+    except ValueError as e:
+        parser.error(str(e))
     grid = method_grid(args.gammas, args.self_gammas, args.self_skip)
     chat = has_chat_template(tokenizer)
     sets = CHAT_PROMPT_SETS if chat else PROMPT_SETS

@@ -292,16 +292,36 @@ def resolve_settings(args) -> dict:
         check_model_path(head, "--head")
     # Each run's config is made as it runs; the ranges are checked here, at once.
     spec_config(None, DRAFTER_LATER, flags=True, num_draft_tokens=args.num_draft_tokens)
-    for g in settings["gamma_sweep"]:
-        try:
-            spec_config(None, DRAFTER_LATER, num_draft_tokens=g)
-        except OptionError as e:
-            raise e.renamed("--gamma-sweep") from None
+    check_gammas(settings["gamma_sweep"], "--gamma-sweep")
     for temp in settings["temps"]:
         spec_config(None, DRAFTER_LATER, flags=True, temp=temp)
     check_method_options(settings["method_options"])
     check_out(args.out)
     return settings
+
+
+def check_gammas(gammas, flag: str) -> None:
+    """Each γ of ``gammas`` is a valid ``num_draft_tokens``, named ``flag`` in errors.
+
+    Raises:
+        OptionError: ``--gammas=0 is out of range: ...``.
+    """
+    for g in gammas:
+        try:
+            spec_config(None, DRAFTER_LATER, num_draft_tokens=g)
+        except OptionError as e:
+            raise e.renamed(flag) from None
+
+
+def check_run_lengths(max_tokens: int, repeats: int) -> None:
+    """A study's ``--max-tokens`` and ``--repeats``, checked before anything loads.
+
+    Raises:
+        ValueError: Naming the flag and its range.
+    """
+    spec_config(None, DRAFTER_LATER, flags=True, max_tokens=max_tokens)
+    if not 1 <= repeats <= MAX_INDEX:
+        raise OptionError("--repeats", repeats, "an integer from 1 to 2**31 - 1")
 
 
 def check_method_options(options: dict):

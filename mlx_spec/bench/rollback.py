@@ -47,6 +47,8 @@ from mlx_spec.engine import speculative_events
 from mlx_spec.options import one_line_errors
 from mlx_spec.testing import PROMPTS, ROLLBACK_ARCHITECTURES, test_checkpoints
 
+from .options import check_gammas, check_run_lengths
+
 DEFAULT_GAMMA = 4
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_REPEATS = 3
@@ -219,12 +221,22 @@ def main(argv=None):
         prog="python -m mlx_spec.bench.rollback", description=__doc__.split("\n")[0]
     )
     one_line_errors(parser)
-    parser.add_argument("--archs", nargs="+", default=list(ROLLBACK_ARCHITECTURES))
+    parser.add_argument(
+        "--archs",
+        nargs="+",
+        choices=ROLLBACK_ARCHITECTURES,
+        default=list(ROLLBACK_ARCHITECTURES),
+    )
     parser.add_argument("--gamma", type=int, default=DEFAULT_GAMMA)
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--json", help="Write the results to this file.")
     args = parser.parse_args(argv)
+    try:  # before any checkpoint is built or loaded
+        check_gammas([args.gamma], "--gamma")
+        check_run_lengths(args.max_tokens, args.repeats)
+    except ValueError as e:
+        parser.error(str(e))
     paths = test_checkpoints()
     results = {}
     print(

@@ -70,12 +70,13 @@ from typing import Optional, Sequence
 
 from mlx_spec.drafters.fit import DRAFT_METHODS
 from mlx_spec.drafters.heads import read_head_config
-from mlx_spec.loading import default_model_pair
+from mlx_spec.loading import check_model_path, default_model_pair
 from mlx_spec.options import one_line_errors
 
 from .machine import machine_info
+from .options import check_out
 from .serve_report import check_goals, markdown
-from .serve_servers import has_chat_template, mlx_lm_draft_model
+from .serve_servers import ServerFailed, has_chat_template, mlx_lm_draft_model
 from .serve_workloads import (
     SERVERS,
     agent_workload,
@@ -159,12 +160,37 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Count flags and their least value (--clients takes several).
+COUNTS = (
+    ("clients", 1),
+    ("requests_per_client", 1),
+    ("repeats", 1),
+    ("max_tokens", 1),
+    ("agent_episodes", 1),
+    ("agent_steps", 1),
+    ("rss_requests", 1),
+    ("rss_every", 1),
+    ("rss_warmup", 0),
+    ("mixed_clients", 1),
+    ("mixed_requests", 1),
+    ("mixed_repeats", 1),
+)
+
+
 def main(argv: Optional[Sequence[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    for flag in ("mixed_clients", "mixed_requests", "mixed_repeats"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1.")
+    for flag, low in COUNTS:
+        values = getattr(args, flag)
+        if min(values if isinstance(values, list) else [values]) < low:
+            parser.error(f"--{flag.replace('_', '-')} must be at least {low}.")
+    try:  # the paths, before any server starts (a bad one hung until its timeout)
+        check_out(args.out)
+        for path, role in ((args.model, "model"), (args.draft_model, "draft model")):
+            if path not in (None, "none"):
+                check_model_path(path, role)
+    except ValueError as e:
+        parser.error(str(e))
     if args.quick:
         args.mixed_requests = 1
         args.clients = [c for c in args.clients if c in (1, 4)] or [1]
@@ -204,14 +230,19 @@ def main(argv: Optional[Sequence[str]] = None):
         "command": " ".join([parser.prog, *(sys.argv[1:] if argv is None else argv)]),
         "notes": notes,
     }
-    if "clients" in args.workloads:
-        report["clients"] = clients_workload(args, target, draft, chat, out, lm_draft)
-    if "agent" in args.workloads:
-        report["agent"] = agent_workload(args, target, draft, chat, out)
-    if "memory" in args.workloads:
-        report["memory"] = memory_workload(args, target, draft, chat, out)
-    if "mixed" in args.workloads:
-        report["mixed"] = mixed_workload(args, target, draft, chat, out)
+    try:
+        if "clients" in args.workloads:
+            report["clients"] = clients_workload(
+                args, target, draft, chat, out, lm_draft
+            )
+        if "agent" in args.workloads:
+            report["agent"] = agent_workload(args, target, draft, chat, out)
+        if "memory" in args.workloads:
+            report["memory"] = memory_workload(args, target, draft, chat, out)
+        if "mixed" in args.workloads:
+            report["mixed"] = mixed_workload(args, target, draft, chat, out)
+    except ServerFailed as e:  # a bad --method or model pair: the server said why
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     report["goals"] = check_goals(report)
     (out / "serve.json").write_text(json.dumps(report, indent=2))
     (out / "serve.md").write_text(markdown(report))

@@ -23,6 +23,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ServerFailed(RuntimeError):
+    """A server that exited or did not start; the message ends with its log's path."""
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a log (a server's one-line error), else ``""``."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")
+
+
 class ServerProcess:
     """One server in a subprocess on a loopback port; its log in ``log_path``."""
 
@@ -45,7 +58,11 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited; see {self.log_path}")
+                self._log.flush()
+                raise ServerFailed(
+                    f"{self.name} exited ({last_line(self.log_path)}); "
+                    f"see {self.log_path}"
+                )
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 conn.request("GET", "/health")
@@ -54,7 +71,7 @@ class ServerProcess:
             except OSError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"{self.name} did not start; see {self.log_path}")
+        raise ServerFailed(f"{self.name} did not start; see {self.log_path}")
 
     def rss_mb(self) -> Optional[float]:
         """Resident memory of the server process, in MB."""
