@@ -370,6 +370,11 @@ def test_a_draft_card_trained_on_a_corpus_names_it_and_its_warm_start():
     text = model_card(config, "mlx_spec train-draft", None)
     assert "Self-distillation on the corpus `c`" in text
     assert "warm-started from the draft in `models/old`" in text
+    assert "identities" not in text
+    config["training"]["grown_from_layers"] = [0, 29]
+    grown = model_card(config, "mlx_spec train-draft", None)
+    line = "warm-started from the draft in `models/old` (its target layers [0, 29];"
+    assert f"{line} the new layers started as identities);" in grown
     # Nothing of a run that wrote its own completions is claimed.
     data_section = text.split("## Data")[1].split("## Training")[0]
     for words in ("built-in prompts", "None", "generation took"):

@@ -401,13 +401,49 @@ def test_warm_start_copies_a_trained_drafts_layers_and_shared_rows(
     ).draft
     assert np.array(same.lm_head.token_ids).tolist() == sorted(old_row)
     assert np.array_equal(np.array(same.lm_head.weight), np.array(old.lm_head.weight))
-    with pytest.raises(ValueError, match="--init-from holds a draft of 1 layers") as e:
+
+
+def test_a_draft_grown_by_layers_starts_as_the_trained_one_and_trains_them(
+    target, data, trained
+):
+    """``--layers 0,1`` from a draft of layer 1: the trained layer keeps its
+    place and the new one starts as an identity, so the outputs are unchanged."""
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    old = distilled.load_draft(str(trained), model, like_target=False)
+    trainer = D.DraftTrainer(
+        model,
+        tokenizer,
+        train,
+        heldout,
+        _config(layers=[0, 1], init_from=str(trained)),
+    )
+    grown = trainer.draft
+    tokens = mx.array(train.tokens[0][None])
+    assert mx.allclose(grown(tokens), old(tokens), atol=1e-5).item()
+    state, before = grown.trainable_state(), old.trainable_state()
+    for name, value in before.items():
+        if name.startswith("model.layers.0."):
+            moved = name.replace("model.layers.0.", "model.layers.1.")
+            assert mx.array_equal(state[moved], value).item(), name
+    silent = [k for k in state if k.endswith(("o_proj.weight", "down_proj.weight"))]
+    assert {k.split(".")[2] for k in silent} == {"0", "1"}
+    for name in silent:
+        assert (mx.abs(state[name]).max().item() == 0) == (".1." not in name), name
+    for _ in range(3):
+        trainer.train_step()
+    learned = grown.trainable_state()["model.layers.0.mlp.down_proj.weight"]
+    assert mx.abs(learned).max().item() > 0
+    assert trainer.record()["grown_from_layers"] == [1]
+    with pytest.raises(
+        ValueError, match=r"target layers \[1\]; --layers \[0, 0\]"
+    ) as e:
         D.DraftTrainer(
             model,
             tokenizer,
             train,
             heldout,
-            _config(layers=[0, 1], init_from=str(trained)),
+            _config(layers=[0, 0], init_from=str(trained)),
         )
     assert "\n" not in str(e.value)
 

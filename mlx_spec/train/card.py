@@ -92,7 +92,7 @@ def model_card(config: Dict, command: str, evaluation: Optional[Dict]) -> str:
         f"decay; loss = {_loss_text(tc)}, over completion tokens;",
         *_rollout_lines(tc),
         *(
-            [f"- warm-started from the draft in `{tc['init_from']}`;"]
+            [f"- warm-started from the draft in `{tc['init_from']}`{_grown(training)};"]
             if tc.get("init_from")
             else []
         ),
@@ -191,6 +191,16 @@ def _loss_text(tc: Dict) -> str:
     return (
         f"{soft} x soft cross-entropy to the teacher's top-K law + "
         f"{_fmt(1 - soft, 2)} x cross-entropy of the written token"
+    )
+
+
+def _grown(training: Dict) -> str:
+    """How a draft grown by layers started, for its warm-start line."""
+    old = training.get("grown_from_layers")
+    return (
+        f" (its target layers {old}; the new layers started as identities)"
+        if old
+        else ""
     )
 
 

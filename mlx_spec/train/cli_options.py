@@ -226,7 +226,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "--init-from",
         metavar="DIR",
         help="Start from this trained drafter of the same kind and shape (a draft: "
-        "the same --layers count; its shared vocabulary rows are kept).",
+        "the same --layers count, or more --layers that hold its layers in order, "
+        "the new ones starting as identities; its shared vocabulary rows are kept).",
     )
     g.add_argument(
         "--rollout-steps",

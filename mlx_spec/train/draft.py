@@ -55,6 +55,7 @@ from ..drafters.distilled import (
     save_draft,
     target_layer_indices,
 )
+from ..drafters.heads import read_head_config
 from .checkpoint import (
     STATE_FILE,
     checkpoint_dir,
@@ -161,22 +162,30 @@ class DraftTrainConfig:
 _RESUME_KEYS = ("draft_vocab", "layers", "batch_tokens", "max_length", "seed", "steps")
 
 
-def warm_start(draft: DistilledDraft, trained: DistilledDraft):
+def warm_start(
+    draft: DistilledDraft,
+    trained: DistilledDraft,
+    layers: Sequence[int] = (),
+    trained_layers: Sequence[int] = (),
+):
     """Copy a trained draft's layers, norm and shared output rows into ``draft``.
 
     Rows of tokens that only ``draft``'s vocabulary holds keep their
-    initialisation (the target's output rows).
+    initialisation (the target's output rows). A draft grown by layers
+    (``layers``, the target indices of ``draft``'s, holding ``trained_layers``
+    in order) takes each trained layer at its index; a new layer starts as an
+    identity (:func:`silence_layer`), so the grown draft starts as the trained one.
 
     Raises:
-        ValueError: The two drafts have different layer counts.
+        ValueError: One line: the layers cannot be matched.
     """
+    position = list(range(len(trained.layers)))
     if len(trained.layers) != len(draft.layers):
-        raise ValueError(
-            f"--init-from holds a draft of {len(trained.layers)} layers; this one has "
-            f"{len(draft.layers)} (pass the same --layers count)."
-        )
+        position = grown_positions(list(layers), list(trained_layers))
+        for j in set(range(len(draft.layers))) - set(position):
+            silence_layer(draft.layers[j])
     body = {
-        k: v.astype(mx.float32)
+        _moved_layer_key(k, position): v.astype(mx.float32)
         for k, v in trained.trainable_state().items()
         if not k.startswith("lm_head.")
     }
@@ -193,6 +202,46 @@ def warm_start(draft: DistilledDraft, trained: DistilledDraft):
         weight[new_rows] = trained.lm_head.weight[old_rows].astype(weight.dtype)
         draft.lm_head.weight = weight
     mx.eval(draft.trainable_state())
+
+
+def grown_positions(layers: List[int], trained_layers: List[int]) -> List[int]:
+    """Where each of ``trained_layers`` sits in ``layers`` (both target indices).
+
+    Raises:
+        ValueError: ``layers`` does not hold ``trained_layers`` in order.
+    """
+    position = [layers.index(i) for i in trained_layers if i in layers]
+    if len(position) != len(trained_layers) or position != sorted(position):
+        raise ValueError(
+            f"--init-from holds a draft of target layers {trained_layers}; --layers "
+            f"{layers} must hold them in order (new layers start as identities)."
+        )
+    return position
+
+
+def silence_layer(layer: nn.Module):
+    """Zero a block's output projections, so that it adds nothing to the residual.
+
+    Raises:
+        ValueError: The block has no ``self_attn.o_proj`` or ``mlp.down_proj``.
+    """
+    names = {"o_proj", "down_proj"}
+    flat = dict(tree_flatten(layer.parameters()))
+    outputs = [k for k in flat if names & set(k.split(".")[:-1])]
+    if not names <= {part for k in outputs for part in k.split(".")}:
+        raise ValueError(
+            "this target's blocks have no o_proj and down_proj to start a new draft "
+            "layer from; pass --layers with as many layers as the --init-from draft."
+        )
+    layer.update(tree_unflatten([(k, mx.zeros_like(flat[k])) for k in outputs]))
+
+
+def _moved_layer_key(name: str, position: Sequence[int]) -> str:
+    """``model.layers.K.rest`` renamed to the layer's position in a grown draft."""
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        parts[2] = str(position[int(parts[2])])
+    return ".".join(parts)
 
 
 # --------------------------------------------------------------------------- #
@@ -400,7 +449,7 @@ class DraftTrainer:
         vocab_size = int(target.args.vocab_size)
         counts = dict(enumerate(token_counts(train, vocab_size).tolist()))
         always = sorted(set(int(t) for t in tokenizer.eos_token_ids))
-        trained = None
+        trained, self.grown_from = None, None
         if config.init_from:
             trained = load_draft(config.init_from, target, like_target=False)
             # A warm start keeps the vocabulary it learned (the most frequent first
@@ -418,7 +467,10 @@ class DraftTrainer:
         self.layers = target_layer_indices(target, config.layers)
         self.draft = build_draft(target, self.token_ids, self.layers)
         if trained is not None:
-            warm_start(self.draft, trained)
+            old = read_head_config(config.init_from)["draft"]["init_layers"]
+            old = target_layer_indices(target, old)
+            warm_start(self.draft, trained, self.layers, old)
+            self.grown_from = old if len(old) != len(self.layers) else None
         if config.rollout_steps > 0:  # packed forwards: per-token rope positions
             prepare_tree_model(self.draft)
             prepare_tree_model(target)
@@ -696,6 +748,7 @@ class DraftTrainer:
             "draft_vocab_coverage": round(self.coverage, 4),
             "final_loss": self.history[-1]["loss"] if self.history else None,
             "evals": self.evals,
+            **({"grown_from_layers": self.grown_from} if self.grown_from else {}),
         }
 
     def save(self, out_dir, extra: Optional[Dict] = None):
