@@ -146,6 +146,12 @@ def preload_blas():
         raise
 
 
+def _prepare(command: str):
+    from mlx_spec.cli.hook import prepare
+
+    return prepare(command)
+
+
 def hooked_main(module, command: str):
     """``module.main`` (mlx-lm's) routed through :mod:`mlx_spec.cli.hook`.
 
@@ -158,13 +164,13 @@ def hooked_main(module, command: str):
     def main(*args, **kwargs):
         module.main = original
         try:
-            from mlx_spec.cli.hook import prepare
+            from mlx_spec_entry import guarded  # Ctrl-C: exit 130 quietly
 
-            run = prepare(command)
+            run = guarded(_prepare, command)
         except Exception as error:  # any failure: plain mlx-lm, one warning
             warn(error)
             return original(*args, **kwargs)
-        return run(original, *args, **kwargs)
+        return guarded(run, original, *args, **kwargs)
 
     main.__wrapped__ = original
     main.__doc__ = original.__doc__

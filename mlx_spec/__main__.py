@@ -2,7 +2,7 @@
 
 import sys
 
-from mlx_spec.cli import main
+from mlx_spec_entry import mlx_spec
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mlx_spec())

@@ -2,8 +2,10 @@
 
 import importlib
 import os
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -30,8 +32,11 @@ SPECULATIVE_FLAGS = (
 )
 
 
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
 def test_console_scripts_point_at_existing_functions():
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    scripts = SCRIPTS
     assert set(scripts) >= {
         "mlx_spec",
         "mlx_spec.generate",
@@ -126,11 +131,50 @@ def _interrupt(*args, **kwargs):
 def test_ctrl_c_in_a_subcommand_exits_130_without_a_traceback(
     capsys, monkeypatch, name
 ):
+    import mlx_spec_entry
+
     monkeypatch.setattr(cli, "_load", lambda entry: _interrupt)
+    monkeypatch.setattr(sys, "argv", ["mlx_spec", name])
     with pytest.raises(SystemExit) as e:
-        cli.main([name])
+        mlx_spec_entry.mlx_spec()
     assert e.value.code == 130
     assert capsys.readouterr().err == "\n"
+
+
+def _console_script(target: str) -> str:
+    """The code pip writes into a console script for ``"module:function"``."""
+    module, function = target.split(":")
+    return f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n"
+
+
+# Seconds after start: Python runs, mlx_spec and mlx-lm are being imported.
+CTRL_C_DELAYS = (0.3, 0.8)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_ctrl_c_while_a_console_script_starts_exits_130_without_a_traceback(name):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    code = _console_script(SCRIPTS[name])
+    interrupted = 0
+    for delay in CTRL_C_DELAYS:
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        time.sleep(delay)
+        running = process.poll() is None  # still starting: the case under test
+        if running:
+            process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        if running:
+            interrupted += 1
+            assert process.returncode == 130, (delay, process.returncode, err)
+            assert "Traceback" not in err and len(err.splitlines()) <= 1, err
+    assert interrupted, "every run ended before Ctrl-C"
 
 
 def test_ctrl_c_during_doctor_exits_130_without_a_traceback(capsys, monkeypatch):

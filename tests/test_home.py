@@ -216,6 +216,7 @@ def test_the_build_ships_the_ui_as_mlx_spec_ui_and_no_top_level_ui(build_lib):
     )
     assert sorted(p.name for p in build_lib.iterdir()) == [
         "mlx_spec",
+        "mlx_spec_entry.py",
         "mlx_spec_hook.pth",
         "mlx_spec_hook.py",
     ]

@@ -349,6 +349,25 @@ def test_an_mlx_lm_without_the_expected_parser_falls_back_with_one_warning(
     assert len(warnings_of(err)) == 1 and "AttributeError" in err
 
 
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("moment", ["while mlx-spec loads", "while it runs"])
+def test_ctrl_c_in_a_hooked_command_exits_130_without_a_traceback(
+    moment, monkeypatch, capsys
+):
+    from mlx_spec.cli import hook
+
+    loads = moment == "while mlx-spec loads"
+    monkeypatch.setattr(hook, "prepare", _interrupt if loads else lambda c: _interrupt)
+    module = types.SimpleNamespace(main=lambda: "plain mlx-lm ran")
+    with pytest.raises(SystemExit) as e:
+        mlx_spec_hook.hooked_main(module, "generate")()
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "\n"
+
+
 @pytest.mark.parametrize(
     "argv, found",
     [

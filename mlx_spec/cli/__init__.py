@@ -3,7 +3,9 @@
 Like the ``mlx_lm`` umbrella, the first argument picks a subcommand whose
 ``main()`` then parses the rest. Each subcommand is also its own console
 script (``mlx_spec.generate``, ``mlx_spec.server``, ...). The flags they
-share live in :mod:`mlx_spec.options`, which the server uses too.
+share live in :mod:`mlx_spec.options`, which the server uses too. The
+console scripts are the light stubs of :mod:`mlx_spec_entry`, where Ctrl-C
+exits 130 quietly.
 """
 
 import importlib
@@ -77,11 +79,7 @@ def main(argv: Optional[List[str]] = None):
         sys.exit(2)
     # Subcommands parse sys.argv; make it look like their own console script.
     sys.argv = [f"mlx_spec {name}", *rest]
-    try:
-        result = _load(SUBCOMMANDS[name])(rest)
-    except KeyboardInterrupt:  # Ctrl-C: quiet, with the shell's 128 + SIGINT
-        print(file=sys.stderr)
-        sys.exit(130)
+    result = _load(SUBCOMMANDS[name])(rest)
     # Console scripts exit with main()'s value: only pass on exit codes.
     return result if isinstance(result, int) else None
 

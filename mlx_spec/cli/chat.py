@@ -232,8 +232,6 @@ def main(argv: Optional[List[str]] = None):
         run(args)
     except (ValueError, FileNotFoundError, OSError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except KeyboardInterrupt:
-        print()
 
 
 if __name__ == "__main__":

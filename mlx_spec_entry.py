@@ -1,0 +1,59 @@
+"""The console entry points of mlx-spec, light enough to catch an early Ctrl-C.
+
+``import mlx_spec`` loads mlx and mlx-lm, which takes seconds, and a console
+script imports its function before calling it. So each function here is a
+stub that imports the real ``main`` inside :func:`guarded`: Ctrl-C at any
+moment, during that import or after it, exits 130 (the shell's 128 + SIGINT)
+with an empty line on stderr and no traceback. The start-up hook of mlx-lm's
+commands (:mod:`mlx_spec_hook`) runs its ``main`` the same way.
+
+This module uses the standard library only, so importing it loads nothing else.
+"""
+
+import importlib
+import sys
+
+INTERRUPTED = 130
+
+
+def guarded(function, *args, **kwargs):
+    """``function(*args, **kwargs)``, where Ctrl-C exits 130 quietly."""
+    try:
+        return function(*args, **kwargs)
+    except KeyboardInterrupt:
+        print(file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED)
+
+
+def _call(entry: str):
+    module, function = entry.split(":")
+    return getattr(importlib.import_module(module), function)()
+
+
+def run(entry: str):
+    """Import ``"module:function"`` and call it with no arguments, guarded."""
+    return guarded(_call, entry)
+
+
+def mlx_spec():
+    return run("mlx_spec.cli:main")
+
+
+def generate():
+    return run("mlx_spec.cli.generate:main")
+
+
+def server():
+    return run("mlx_spec.serve.server:main")
+
+
+def chat():
+    return run("mlx_spec.cli.chat:main")
+
+
+def bench():
+    return run("mlx_spec.cli.bench:bench_main")
+
+
+def doctor():
+    return run("mlx_spec.cli.doctor:main")
