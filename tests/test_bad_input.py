@@ -121,6 +121,7 @@ BAD = [
     # convert
     (["convert", "gguf", "{user}", "--out", "{new}"], "is a folder"),
     (["convert", "gguf", "{missing}", "--out", "{new}"], "GGUF file"),
+    (["convert", "gguf", "{file}", "--out", "{new}"], "not a GGUF file"),
     (["convert", "gguf", "{file}", "--out", "{user}"], "--out"),
     (["convert", "gguf", "{file}"], "--out"),
     (["convert", "hf", "{file}", "--out", "{new}"], "is a file"),

