@@ -4,7 +4,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .home import DEFAULT_TARGET_NAME, build_lock, find_model, models_dir
 
@@ -109,6 +109,29 @@ def check_config_json(file: Path, name: str) -> None:
         raise ValueError(f"{name} has a damaged config.json ({e}); {again}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{name} has a config.json that is not a JSON object; {again}")
+
+
+def read_json_lines_file(path: str, flag: str) -> List[str]:
+    """The text lines of the JSON-lines file ``path``, given as ``flag``.
+
+    Only opens and decodes: each reader parses its own format.
+
+    Raises:
+        ValueError: One line: the file is missing, is a folder or is not UTF-8.
+    """
+    file = Path(path)
+    name = f"{flag} file '{path}'"
+    if not file.is_file():
+        what = "is a folder" if file.is_dir() else "does not exist"
+        raise ValueError(f"{name} {what}; pass a JSON-lines file.")
+    try:
+        return file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{name} is not UTF-8 text (byte {e.start}); save it as UTF-8 JSON lines."
+        ) from None
+    except OSError as e:  # unreadable: permissions, a device
+        raise ValueError(f"{name} cannot be read ({e.strerror}).") from None
 
 
 def check_model_path(path: str, role: str = "model") -> None:

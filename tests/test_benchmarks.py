@@ -848,12 +848,29 @@ def test_a_bad_prompt_file_line_fails_in_one_line(tmp_path, line, message):
     assert "\n" not in str(e.value) and str(path) in str(e.value)
 
 
-def test_a_prompt_file_not_in_utf8_fails_in_one_line(tmp_path):
+@pytest.mark.parametrize("reader", ["bench", "train"])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "does not exist; pass a JSON-lines file."),
+        ("folder", "is a folder; pass a JSON-lines file."),
+        ("not UTF-8", "is not UTF-8 text (byte 31); save it as UTF-8 JSON lines."),
+    ],
+)
+def test_both_prompt_file_readers_refuse_an_unreadable_file_in_the_same_line(
+    tmp_path, reader, case, message
+):
+    from mlx_spec.train import prompts as train_prompts
+
+    read = load_prompt_file if reader == "bench" else train_prompts.load_prompt_file
     path = tmp_path / "p.jsonl"
-    path.write_bytes(b'{"prompt_set": "a", "prompt": "\xff"}\n')
-    with pytest.raises(ValueError, match="not UTF-8 text") as e:
-        load_prompt_file(str(path))
-    assert "\n" not in str(e.value) and str(path) in str(e.value)
+    if case == "folder":
+        path.mkdir()
+    elif case == "not UTF-8":
+        path.write_bytes(b'{"prompt_set": "a", "prompt": "\xff"}\n')
+    with pytest.raises(ValueError) as e:
+        read(str(path))
+    assert str(e.value) == f"--prompts file '{path}' {message}"
 
 
 def test_prompt_file_runs_end_to_end(checkpoints, tmp_path):

@@ -33,8 +33,9 @@ replaces both suites with JSON lines (:func:`load_prompt_file`).
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..loading import read_json_lines_file
 
 CHAT_SETS = ("chat", "code", "editing", "summarize")
 BASE_SETS = ("code_completion", "docstring_to_code", "editing", "free_text")
@@ -481,15 +482,7 @@ def load_prompt_file(path: str) -> List[Prompt]:
     Raises:
         ValueError: One line naming the file, the line and what is wrong.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"--prompts {path}: no such file.")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"--prompts {path}: not UTF-8 text (byte {e.start}); save it as UTF-8."
-        ) from None
+    lines = read_json_lines_file(path, "--prompts")
     prompts: List[Prompt] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

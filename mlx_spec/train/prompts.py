@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import random
 from functools import lru_cache
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..loading import read_json_lines_file
 from .chat_prompts import chat_prompts
 from .prompt import Prompt, split_of
 from .stdlib_prompts import code_prompts, edit_prompts, extract_prompts
@@ -138,17 +138,7 @@ def load_prompt_file(path: str) -> List[Prompt]:
     Raises:
         ValueError: One line naming the file (and the line) and what is wrong.
     """
-    file = Path(path)
-    if not file.is_file():
-        what = "is a folder" if file.is_dir() else "does not exist"
-        raise ValueError(f"--prompts file '{path}' {what}; pass a JSON-lines file.")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"--prompts file '{path}' is not UTF-8 text (byte {e.start}); "
-            "save it as UTF-8 JSON lines."
-        ) from None
+    lines = read_json_lines_file(path, "--prompts")
     prompts = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
