@@ -5,7 +5,8 @@ script imports its function before calling it. So each function here is a
 stub that imports the real ``main`` inside :func:`guarded`: Ctrl-C at any
 moment, during that import or after it, exits 130 (the shell's 128 + SIGINT)
 with an empty line on stderr and no traceback. The start-up hook of mlx-lm's
-commands (:mod:`mlx_spec_hook`) runs its ``main`` the same way.
+commands (:mod:`mlx_spec_hook`) runs its ``main`` the same way, and exits
+so on Ctrl-C while mlx-lm is imported, before that ``main`` runs.
 
 This module uses the standard library only, so importing it loads nothing else.
 """
@@ -16,13 +17,21 @@ import sys
 INTERRUPTED = 130
 
 
+def interrupted(*signal_args):
+    """Exit as Ctrl-C does here: an empty line on stderr, code 130.
+
+    Also a ``signal.SIGINT`` handler (``signal_args``: signal number, frame).
+    """
+    print(file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED)
+
+
 def guarded(function, *args, **kwargs):
     """``function(*args, **kwargs)``, where Ctrl-C exits 130 quietly."""
     try:
         return function(*args, **kwargs)
     except KeyboardInterrupt:
-        print(file=sys.stderr, flush=True)
-        sys.exit(INTERRUPTED)
+        interrupted()
 
 
 def _call(entry: str):

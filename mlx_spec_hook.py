@@ -9,7 +9,8 @@ umbrella, ``python -m mlx_lm ...``) that asks for speculation (``--speculative``
 ``--draft-model``) or for help. Only then does it load OpenBLAS (before mlx
 is imported, as ``import mlx_spec`` does) and put a one-shot import hook on
 ``sys.meta_path`` that wraps the command module's ``main``; the wrapped
-``main`` hands the command to :mod:`mlx_spec.cli.hook`. Any other process
+``main`` hands the command to :mod:`mlx_spec.cli.hook`. From then on, Ctrl-C
+exits 130 without a traceback (:mod:`mlx_spec_entry`). Any other process
 is left alone, and so is an mlx-lm command without those flags.
 
 ``MLX_SPEC_DISABLE=1`` turns the hook off. If the hook fails (for example
@@ -18,6 +19,7 @@ mlx-lm runs unchanged. This module uses the standard library only.
 """
 
 import os
+import signal
 import sys
 
 DISABLE_ENV = "MLX_SPEC_DISABLE"
@@ -146,6 +148,12 @@ def preload_blas():
         raise
 
 
+def _interrupted(signum, frame):
+    from mlx_spec_entry import interrupted
+
+    interrupted()
+
+
 def _prepare(command: str):
     from mlx_spec.cli.hook import prepare
 
@@ -163,6 +171,8 @@ def hooked_main(module, command: str):
 
     def main(*args, **kwargs):
         module.main = original
+        if signal.getsignal(signal.SIGINT) is _interrupted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             from mlx_spec_entry import guarded  # Ctrl-C: exit 130 quietly
 
@@ -269,6 +279,9 @@ def install(argv=None, orig_argv=None):
         preload_blas()
         finder = CommandFinder(command, direct)
         sys.meta_path.insert(0, finder)
+        # Until the hooked main runs (mlx-lm is imported first), Ctrl-C exits 130.
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupted)
         return finder
     except Exception as error:
         warn(error)

@@ -349,6 +349,13 @@ def test_an_mlx_lm_without_the_expected_parser_falls_back_with_one_warning(
     assert len(warnings_of(err)) == 1 and "AttributeError" in err
 
 
+def test_ctrl_c_while_a_hooked_command_starts_exits_130_without_a_traceback():
+    from test_cli import assert_ctrl_c_while_starting_exits_130
+
+    argv = [BIN / "mlx_lm.generate", "--speculative", "lookup", "--help"]
+    assert_ctrl_c_while_starting_exits_130([str(a) for a in argv])
+
+
 def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
