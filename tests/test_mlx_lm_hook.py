@@ -516,6 +516,7 @@ SOURCES = (
     "pyproject.toml",
     "setup.py",
     "mlx_spec_hook.py",
+    "mlx_spec_entry.py",
     "README.md",
     "mlx_spec",
     "ui",
@@ -558,19 +559,26 @@ def test_pip_install_into_a_fresh_venv_hooks_mlx_lm(models, plain, tmp_path):
     installed = run([*pip, "--no-deps", "--no-build-isolation", "--no-index", src])
     assert installed.returncode == 0, installed.stderr
     assert (site / mlx_spec_hook.PTH_NAME).read_text() == mlx_spec_hook.PTH_LINE
-    # Run outside the checkout, so that only the installed copy can be imported.
-    where = "import mlx_spec, mlx_spec_hook; print(mlx_spec.__file__, mlx_spec_hook.__file__)"
-    files = run([python, "-c", where], cwd=tmp_path).stdout.split()
+    # Run outside the checkout and its PYTHONPATH: only the installed copy counts.
+    alone = {"PYTHONPATH": ""}
+    modules = ("mlx_spec", "mlx_spec_hook", "mlx_spec_entry")
+    where = f"import {', '.join(modules)}; print({', '.join(m + '.__file__' for m in modules)})"
+    files = run([python, "-c", where], alone, cwd=tmp_path).stdout.split()
     assert [Path(f).relative_to(site).parts[0] for f in files] == [
         "mlx_spec",
         "mlx_spec_hook.py",
+        "mlx_spec_entry.py",
     ]
+    import mlx_spec
+
+    version = run([venv / "bin" / "mlx_spec", "--version"], alone, cwd=tmp_path)
+    assert version.stdout == f"{mlx_spec.__version__}\n", version.stderr
     argv = [python, "-m", "mlx_lm", "generate", "--model", target, *GENERATE_ARGS]
-    hooked = run([*argv, "--speculative", "lookup"], cwd=tmp_path)
+    hooked = run([*argv, "--speculative", "lookup"], alone, cwd=tmp_path)
     assert hooked.returncode == 0, hooked.stderr
     assert generated_text(hooked.stdout) == plain[1]
     assert stats_line(hooked.stdout).startswith("Speculation: lookup")
-    quiet = run([*argv, "--verbose", "False"], cwd=tmp_path)
+    quiet = run([*argv, "--verbose", "False"], alone, cwd=tmp_path)
     assert quiet.stdout == plain[0]
 
 
