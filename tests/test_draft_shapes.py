@@ -340,4 +340,4 @@ def test_a_missing_prompts_file_is_one_line(study, checkpoints, capsys):
         S.main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nope.jsonl" in err[0] and "no such file" in err[0]
+    assert len(err) == 1 and "nope.jsonl" in err[0] and "does not exist" in err[0]
