@@ -22,7 +22,12 @@ def interrupted(*signal_args):
 
     Also a ``signal.SIGINT`` handler (``signal_args``: signal number, frame).
     """
-    print(file=sys.stderr, flush=True)
+    exit_interrupted("")
+
+
+def exit_interrupted(line: str):
+    """Exit 130 (the shell's 128 + SIGINT) with ``line`` on stderr."""
+    print(line, file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED)
 
 

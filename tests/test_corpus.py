@@ -897,6 +897,23 @@ def test_the_sweep_records_speed_by_batch_size_and_grow_uses_the_fastest(
     assert "| 3 |" in (folder / "README.md").read_text()
 
 
+def test_ctrl_c_while_growing_exits_130_in_one_line(
+    checkpoints, tmp_path, monkeypatch, capsys
+):
+    class Pressed(G.Grower):
+        def grow(self, jobs, tokens=None):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(G, "Grower", Pressed)
+    argv = ["--model", str(checkpoints["llama"]), "--out", str(tmp_path / "c")]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        corpus_main(["grow", *argv, "--self-instruct", "0", "--tokens", "5"])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "mlx_spec corpus: interrupted; the shards written are kept."
+
+
 def test_bad_batch_sizes_stop_in_one_line(capsys):
     with pytest.raises(SystemExit):
         corpus_main(["sweep", "--model", "m", "--out", "o", "--batch-sizes", "8,x"])

@@ -252,7 +252,9 @@ def test_a_rerun_leaving_training_options_out_keeps_the_checkpoints(
     assert "other steps" in text and "\n" not in text, text
 
 
-def test_ctrl_c_during_training_pauses_in_one_line(trained, tmp_path, monkeypatch):
+def test_ctrl_c_during_training_pauses_in_one_line(
+    trained, tmp_path, monkeypatch, capsys
+):
     out, argv = trained
     real = D.DraftTrainer.train_step
 
@@ -265,9 +267,11 @@ def test_ctrl_c_during_training_pauses_in_one_line(trained, tmp_path, monkeypatc
     monkeypatch.setattr(D.DraftTrainer, "train_step", pressed_during_step_2)
     paused = tmp_path / "d"
     argv = [str(paused) if word == str(out) else word for word in argv]
+    capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main([*argv, "--data", str(out / "data")])
-    text = str(e.value.code)
+    assert e.value.code == 130  # as any command stopped by Ctrl-C
+    text = capsys.readouterr().err.strip().splitlines()[-1]
     assert text.startswith("mlx_spec train-draft: paused after step 2 ("), text
     assert text.endswith("run the same command again to go on.") and "\n" not in text
     assert (paused / "checkpoints" / "state.json").exists()

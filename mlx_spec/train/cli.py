@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from mlx_spec_entry import exit_interrupted
+
 from ..features import FINAL
 from . import draft as D
 from . import head_command as H
@@ -232,11 +234,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:  # an unusable path, a full disk
         sys.exit(f"mlx_spec train-draft: error: {e}")
     except TrainingPaused as paused:
-        sys.exit(
+        exit_interrupted(
             f"mlx_spec train-draft: paused after step {paused.step} (checkpoint in "
             f"{paused.path}); run the same command again to go on."
         )
     except KeyboardInterrupt:
-        sys.exit(
+        exit_interrupted(
             "mlx_spec train-draft: interrupted; run the same command again to resume."
         )

@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from mlx_spec_entry import exit_interrupted
+
 from ..options import one_line_errors
 from ..outdir import OutDirError, check_out_dir, check_outside
 from . import corpus_grow as G
@@ -455,4 +457,4 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:
         sys.exit(f"mlx_spec corpus: error: {e}")
     except KeyboardInterrupt:
-        sys.exit("mlx_spec corpus: interrupted; the shards written are kept.")
+        exit_interrupted("mlx_spec corpus: interrupted; the shards written are kept.")
