@@ -323,6 +323,8 @@ def test_bad_options_fail_before_anything_loads(trained, tmp_path, monkeypatch, 
             "--feature-layers must be comma-separated integers",
         ),
         (["--lr", "-1"], "--lr=-1.0 is out of range"),
+        (["--grown-lr", "nan"], "--grown-lr=nan is out of range"),
+        (["--grown-lr", "1e-3"], "--grown-lr is for the layers a draft adds"),
         (["--kind", "medusa", "--num-heads", "0"], "--num-heads is out of range"),
         (["--kind", "eagle", "--window", "4"], "--window is out of range"),
         (
@@ -379,6 +381,9 @@ def test_a_draft_card_trained_on_a_corpus_names_it_and_its_warm_start():
     grown = model_card(config, "mlx_spec train-draft", None)
     line = "warm-started from the draft in `models/old` (its target layers [0, 29];"
     assert f"{line} the new layers started as identities);" in grown
+    config["training"]["config"]["grown_lr"] = 0.0008
+    grown = model_card(config, "mlx_spec train-draft", None)
+    assert "started as identities and trained at peak learning rate 0.0008);" in grown
     # Nothing of a run that wrote its own completions is claimed.
     data_section = text.split("## Data")[1].split("## Training")[0]
     for words in ("built-in prompts", "None", "generation took"):

@@ -448,6 +448,41 @@ def test_a_draft_grown_by_layers_starts_as_the_trained_one_and_trains_them(
     assert "\n" not in str(e.value)
 
 
+def test_grown_layers_train_at_their_own_rate_and_resume(
+    target, data, trained, tmp_path
+):
+    """The added layer trains at ``grown_lr``, the kept one at ``lr``; a
+    checkpoint holds both optimizers' states, and a resumed run goes on alike."""
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    config = _config(layers=[0, 1], init_from=str(trained), lr=1e-7, grown_lr=1e-2)
+
+    def trainer():
+        return D.DraftTrainer(model, tokenizer, train, heldout, config)
+
+    grower = trainer()
+    assert grower.new_layers == [0]
+    before = dict(grower.draft.trainable_state())
+    for _ in range(3):
+        grower.train_step()
+    after = grower.draft.trainable_state()
+
+    def moved(prefix):
+        return max(
+            mx.abs(after[k] - before[k]).max().item() for k in after if k.startswith(prefix)
+        )
+
+    assert moved("model.layers.1.") < 1e-5  # the trained layer: lr 1e-7
+    assert moved("model.layers.0.") > 1e-3  # the new layer: grown_lr 1e-2
+    grower.save_checkpoint(tmp_path)
+    resumed = trainer()
+    assert resumed.load_checkpoint(tmp_path) and resumed.step == grower.step
+    for one in (grower, resumed):
+        one.train_step()
+    for name, value in grower.draft.trainable_state().items():
+        assert mx.allclose(resumed.draft.trainable_state()[name], value).item(), name
+
+
 def test_train_draft_resumes_after_an_interruption(target, data, tmp_path, monkeypatch):
     model, tokenizer = target
     train, heldout, _, _ = data

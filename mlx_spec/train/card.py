@@ -197,11 +197,11 @@ def _loss_text(tc: Dict) -> str:
 def _grown(training: Dict) -> str:
     """How a draft grown by layers started, for its warm-start line."""
     old = training.get("grown_from_layers")
-    return (
-        f" (its target layers {old}; the new layers started as identities)"
-        if old
-        else ""
-    )
+    if not old:
+        return ""
+    lr = training.get("config", {}).get("grown_lr")
+    at = f" and trained at peak learning rate {lr}" if lr else ""
+    return f" (its target layers {old}; the new layers started as identities{at})"
 
 
 def _origin_lines(config: Dict, line: str) -> List[str]:

@@ -230,6 +230,13 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         "the new ones starting as identities; its shared vocabulary rows are kept).",
     )
     g.add_argument(
+        "--grown-lr",
+        type=float,
+        help="Draft: peak learning rate of the layers that --layers adds to the "
+        "--init-from draft; they start as identities, so they train at a "
+        f"from-scratch rate (default: {D.DEFAULT_LR}).",
+    )
+    g.add_argument(
         "--rollout-steps",
         type=int,
         metavar="K",
@@ -366,8 +373,14 @@ def check_args(args):
     check_corpus_select(args)
     if args.prompts:  # read now: a bad line stops the run before the model loads
         load_prompt_file(args.prompts)
-    if args.lr is not None and not 0 < args.lr < math.inf:
-        raise ValueError(f"--lr={args.lr} is out of range: a number > 0.")
+    for flag, lr in (("--lr", args.lr), ("--grown-lr", args.grown_lr)):
+        if lr is not None and not 0 < lr < math.inf:
+            raise ValueError(f"{flag}={lr} is out of range: a number > 0.")
+    if args.grown_lr is not None and not (args.kind == "draft" and args.init_from):
+        raise ValueError(
+            "--grown-lr is for the layers a draft adds to its --init-from draft; "
+            "pass --kind draft --init-from DIR with more --layers, or leave it out."
+        )
     if Path(args.model).expanduser().is_dir():
         for flag, folder in (("--out", args.out), ("--data", args.data)):
             if folder is not None:
@@ -533,6 +546,7 @@ def draft_config(args, layers: List[int]) -> "D.DraftTrainConfig":
         seed=args.seed,
         compile=not args.no_compile,
         init_from=args.init_from or "",
+        grown_lr=_or(args.grown_lr, D.DEFAULT_LR),
         rollout_steps=_or(args.rollout_steps, D.DEFAULT_ROLLOUT_STEPS),
         rollout_share=_or(args.rollout_share, D.DEFAULT_ROLLOUT_SHARE),
         rollout_temp=_or(args.rollout_temp, D.DEFAULT_ROLLOUT_TEMP),
@@ -566,6 +580,7 @@ RESUMED_OPTIONS = (
     "train_steps",
     "num_heads",
     "init_from",
+    "grown_lr",
     "rollout_steps",
     "rollout_share",
     "rollout_temp",
@@ -665,6 +680,8 @@ def resume_options(args, argv: List[str], model) -> List[str]:
             continue  # gone since; the checkpoint holds the weights anyway
         if name == "heldout_tokens" and (value is None or not args.corpus):
             continue  # a run without a corpus: its data differ anyway
+        if name == "grown_lr" and not args.init_from:
+            continue  # no layers to grow
         text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         setattr(args, name, text if isinstance(value, list) else value)
         # One word: a value such as "-1,5" would read as an option.

@@ -121,7 +121,10 @@ class DraftTrainConfig:
         seed: Seed of the data order.
         compile: ``mx.compile`` the training step.
         init_from: A trained draft directory to start from instead of the
-          target's layers (same layer count; shared vocabulary rows copied).
+          target's layers (its layers, and optionally new ones; shared
+          vocabulary rows copied).
+        grown_lr: Peak learning rate of the layers a warm start adds (they
+          start as identities, so they need a from-scratch rate).
         rollout_steps: Tokens the draft writes from its own law on a rollout
           step, whose positions then train on the target's law there
           (:mod:`.rollout`); ``0``: teacher forcing only.
@@ -151,6 +154,7 @@ class DraftTrainConfig:
     seed: int = 0
     compile: bool = True
     init_from: str = ""
+    grown_lr: float = DEFAULT_LR
     rollout_steps: int = DEFAULT_ROLLOUT_STEPS
     rollout_share: float = DEFAULT_ROLLOUT_SHARE
     rollout_temp: float = DEFAULT_ROLLOUT_TEMP
@@ -217,6 +221,34 @@ def grown_positions(layers: List[int], trained_layers: List[int]) -> List[int]:
             f"{layers} must hold them in order (new layers start as identities)."
         )
     return position
+
+
+def peak_schedule(peak: float, warmup: int, steps: int):
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to 10%."""
+    return optim.join_schedules(
+        [
+            optim.linear_schedule(peak * 0.01, peak, warmup),
+            optim.cosine_decay(peak, max(steps - warmup, 1), peak * 0.1),
+        ],
+        [warmup],
+    )
+
+
+def draft_optimizer(config: "DraftTrainConfig", new_layers: Sequence[int]):
+    """AdamW at ``config.lr``; layers at ``new_layers`` (positions in the
+    draft, added by a warm start) at ``config.grown_lr`` instead."""
+
+    def adamw(peak: float):
+        schedule = peak_schedule(peak, config.warmup, config.steps)
+        return optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+
+    if not new_layers:
+        return adamw(config.lr)
+    prefixes = tuple(f"model.layers.{i}." for i in new_layers)
+    return optim.MultiOptimizer(
+        [adamw(config.grown_lr), adamw(config.lr)],
+        [lambda path, _: path.startswith(prefixes)],
+    )
 
 
 def silence_layer(layer: nn.Module):
@@ -450,6 +482,7 @@ class DraftTrainer:
         counts = dict(enumerate(token_counts(train, vocab_size).tolist()))
         always = sorted(set(int(t) for t in tokenizer.eos_token_ids))
         trained, self.grown_from = None, None
+        self.new_layers: List[int] = []  # positions of layers a warm start adds
         if config.init_from:
             trained = load_draft(config.init_from, target, like_target=False)
             # A warm start keeps the vocabulary it learned (the most frequent first
@@ -471,6 +504,8 @@ class DraftTrainer:
             old = target_layer_indices(target, old)
             warm_start(self.draft, trained, self.layers, old)
             self.grown_from = old if len(old) != len(self.layers) else None
+            kept = grown_positions(self.layers, old)
+            self.new_layers = [i for i in range(len(self.layers)) if i not in kept]
         if config.rollout_steps > 0:  # packed forwards: per-token rope positions
             prepare_tree_model(self.draft)
             prepare_tree_model(target)
@@ -480,15 +515,7 @@ class DraftTrainer:
         self.heldout_batches = plan_batches(
             [len(t) for t in heldout.tokens], config.batch_tokens, config.max_length
         )
-        steps_after = max(config.steps - config.warmup, 1)
-        self.schedule = optim.join_schedules(
-            [
-                optim.linear_schedule(config.lr * 0.01, config.lr, config.warmup),
-                optim.cosine_decay(config.lr, steps_after, config.lr * 0.1),
-            ],
-            [config.warmup],
-        )
-        self.optimizer = optim.AdamW(learning_rate=self.schedule, weight_decay=0.0)
+        self.optimizer = draft_optimizer(config, self.new_layers)
         self.optimizer.init(self.draft.trainable_parameters())
         self.step = 0
         self.start_step = 0  # the step this run started from (after a resume)
