@@ -146,7 +146,16 @@ def test_the_prompt_stream_is_fixed_and_splits_by_source():
     again = prompt_stream(0)
     assert [p.text for p in stream[:300]] == [p.text for p in again[:300]]
     families = {p.prompt_set for p in stream}
-    assert {"long", "polyglot", "json", "rewrite", "chat", "code", "advice"} <= families
+    assert {
+        "long",
+        "polyglot",
+        "json",
+        "rewrite",
+        "chat",
+        "code",
+        "advice",
+        "tasks",
+    } <= families
     hashes = [prompt_hash(p.messages) for p in stream]
     assert len(set(hashes)) == len(hashes)
     heldout = [p for p in stream if split_of(p.source) == "heldout"]
@@ -193,24 +202,46 @@ def test_no_heldout_advice_situation_trains():
     assert [j.heldout for j in jobs] == [p.source in heldout for p in advice]
 
 
-def test_advice_prompts_are_neither_other_families_nor_benchmark_prompts():
+def _share_no_passage_with_the_judges(family: str):
+    """No prompt of ``family`` is another family's, nor shares a request or a
+    passage of 40 characters with the benchmark suites or heldout.jsonl."""
     from pathlib import Path
 
     from mlx_spec.bench.prompts import load_prompt_file, prompt_suite
 
-    advice = {" ".join(p.text.lower().split()) for p in family_prompts("advice")}
+    mine = {" ".join(p.text.lower().split()) for p in family_prompts(family)}
     for name in DEFAULT_SHARES:
-        if name != "advice":
-            assert not advice & {p.text.lower() for p in family_prompts(name)}, name
+        if name != family:
+            assert not mine & {p.text.lower() for p in family_prompts(name)}, name
     heldout = Path(__file__).resolve().parent.parent / "benchmarks" / "heldout.jsonl"
     judges = prompt_suite(chat=True) + prompt_suite(chat=False)
     judges += load_prompt_file(str(heldout))
     for judge in judges:
         theirs = " ".join(judge.user_text().lower().split())
-        # No shared request, nor a shared passage of 40 characters or more.
         pieces = {theirs[i : i + 40] for i in range(0, max(len(theirs) - 40, 1), 20)}
-        clashes = sum(any(piece in t for piece in pieces) for t in advice)
+        clashes = sum(any(piece in t for piece in pieces) for t in mine)
         assert not clashes, (judge.name, clashes)
+
+
+def test_advice_prompts_are_neither_other_families_nor_benchmark_prompts():
+    _share_no_passage_with_the_judges("advice")
+
+
+def test_the_tasks_family_asks_for_everyday_code_in_many_languages():
+    tasks = family_prompts("tasks")
+    texts = [p.text for p in tasks]
+    assert len(tasks) >= 900  # 904
+    assert len(set(texts)) == len(texts)
+    assert all(p.prompt_set == "tasks" for p in tasks)
+    assert not any("{" in t or "}" in t or "  " in t for t in texts)
+    assert {"Python", "JavaScript", "Go", "Rust", "SQL", "Bash"} <= {
+        w.strip("?,.") for t in texts for w in t.split()
+    }
+    # A held-out task is held out in every language it is asked in.
+    heldout = {p.source for p in tasks if split_of(p.source) == "heldout"}
+    assert 0.02 < len(heldout) / len({p.source for p in tasks}) < 0.15
+    assert is_code_family("tasks") and "tasks" not in CHAT_FAMILIES
+    _share_no_passage_with_the_judges("tasks")
 
 
 def test_the_card_says_what_each_family_asks(tmp_path):

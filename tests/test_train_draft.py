@@ -469,7 +469,9 @@ def test_grown_layers_train_at_their_own_rate_and_resume(
 
     def moved(prefix):
         return max(
-            mx.abs(after[k] - before[k]).max().item() for k in after if k.startswith(prefix)
+            mx.abs(after[k] - before[k]).max().item()
+            for k in after
+            if k.startswith(prefix)
         )
 
     assert moved("model.layers.1.") < 1e-5  # the trained layer: lr 1e-7

@@ -10,6 +10,8 @@ On top of the four built-in sets, the corpus adds:
   (:mod:`mlx_spec.train.advice_prompts`);
 - ``polyglot``: code in other languages, from stdlib function summaries, and
   stdlib functions translated from Python;
+- ``tasks``: everyday programming requests in many languages, SQL, regular
+  expressions and the shell (:mod:`mlx_spec.train.task_prompts`);
 - ``json``: structured output and extraction as JSON;
 - ``rewrite``: rewriting passages (tone, length, word swaps);
 - ``multiturn``: a follow-up request to one of the corpus's own completed
@@ -34,14 +36,16 @@ from .chat_prompts import AUDIENCES, TOPICS, first_upper
 from .prompt import Prompt, dedupe, split_of, user_prompt
 from .prompts import builtin_prompts
 from .stdlib_prompts import doc_passage, stdlib_items
+from .task_prompts import task_prompts
 
 # Share of each family in the stream (multiturn and self come on top, see grow).
 DEFAULT_SHARES = {
     "chat": 0.10,
     "advice": 0.18,
     "long": 0.06,
-    "code": 0.12,
-    "polyglot": 0.14,
+    "code": 0.06,
+    "polyglot": 0.08,
+    "tasks": 0.12,
     "editing": 0.10,
     "summarize": 0.08,
     "json": 0.12,
@@ -57,6 +61,7 @@ FAMILY_NOTES = {
     "long": "requests for long answers: guides, essays, plans",
     "code": "Python functions from stdlib summaries",
     "polyglot": "code in other languages",
+    "tasks": "everyday programming requests, SQL, regexes and the shell",
     "editing": "edits of stdlib functions",
     "summarize": "summaries and extraction from stdlib docs",
     "json": "structured output as JSON",
@@ -280,6 +285,7 @@ _FAMILIES = {
     "polyglot": lru_cache(maxsize=1)(_polyglot_prompts),
     "json": lru_cache(maxsize=1)(_json_prompts),
     "rewrite": lru_cache(maxsize=1)(_rewrite_prompts),
+    "tasks": lru_cache(maxsize=1)(task_prompts),
 }
 
 
@@ -351,7 +357,7 @@ def turn_suffix(tokenizer) -> Tuple[str, str]:
 
 
 def is_code_family(prompt_set: str) -> bool:
-    return prompt_set in ("code", "polyglot", "editing")
+    return prompt_set in ("code", "polyglot", "editing", "tasks")
 
 
 def source_split(source: str) -> bool:
