@@ -258,8 +258,11 @@ def test_the_command_reports_every_draft_vocabulary_and_gamma(
     assert sorted(report["verify"]) == ["1", "2", "3"]
     best = report["best"]["speed_flat"]
     assert "Best here" in printed and f"V = {best['vocab']}" in printed
-    # One row per (draft, V), then one per (draft, V, γ).
-    assert printed.count("| d1 |") == 2 + 4 and printed.count("| d2 |") == 2 + 4
+    # One row per (draft, V), per (draft, V, set) by position (all and chat),
+    # then one per (draft, V, γ).
+    rows = 2 + 2 * 2 + 4
+    assert printed.count("| d1 |") == rows and printed.count("| d2 |") == rows
+    assert "| d1 | 100 | chat | " in printed and "α at 256+" in printed
     assert sorted(report["verify_spread"]) == ["1", "2", "3"]
 
 
@@ -271,6 +274,43 @@ def test_alpha_by_set_pools_the_matches_of_each_prompt_set():
     ]
     by_set = S.alpha_by_set(matches, ["chat", "code", "chat"])
     assert by_set == {"chat": pytest.approx(2 / 6), "code": 1.0}
+
+
+def test_alpha_by_band_splits_each_completion_by_position():
+    matches = [np.array([1, 1, 0, 0, 1], bool), np.array([0, 1, 1], bool)]
+    bands = S.alpha_by_band(matches, ["chat", "code"], (0, 2, 4))
+    assert bands["chat"] == [1.0, 0.0, 1.0]
+    assert bands["code"] == [0.5, 1.0, None]
+    assert bands["all"] == [pytest.approx(3 / 4), pytest.approx(1 / 3), 1.0]
+
+
+def test_sets_follow_the_greedy_completions_that_were_matched(study, target):
+    """Sampled and empty completions have no matches: each match array's set
+    is its own sequence's, not the next one's in batch order."""
+    from mlx_spec.train.completions import Completions
+
+    rng = np.random.default_rng(1)
+    data = Completions()
+    for temp, name, completion in ((0.7, "json", 6), (0, "code", 6), (0, "chat", 0)):
+        data.tokens.append(rng.integers(3, 200, 5 + completion).astype(np.int32))
+        data.starts.append(5)
+        data.temps.append(temp)
+        data.prompt_sets.append(name)
+        data.law_ids.append(np.zeros((5 + completion, 0), np.int32))
+        data.law_logp.append(np.zeros((5 + completion, 0), np.float16))
+    draft = S.load_draft(str(study["d1"]), target)
+    ids = np.array(draft.lm_head.token_ids)
+    owners = []
+    [m] = greedy_matches(
+        draft, data, [[0, 1, 2]], token_rows(ids, 512), 64, owners=owners
+    )
+    assert owners == [1] and [len(x) for x in m] == [6]
+    report = S.shape_study(
+        target, {"d1": draft}, data, np.ones(512), gammas=(1,), passes=1, context=16
+    )
+    [shape] = report["shapes"]
+    assert shape["alpha_by_set"] == {"code": pytest.approx(S.greedy_alpha(m))}
+    assert list(shape["alpha_by_band"]) == ["all", "code"]
 
 
 def test_prompts_measure_on_the_targets_greedy_completions_by_set(

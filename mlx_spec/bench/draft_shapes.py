@@ -57,6 +57,8 @@ DEFAULT_GAMMAS = tuple(range(1, 9))
 DEFAULT_PASSES = 15
 DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_PROMPT_TOKENS = 128
+# Completion positions where the bands of α by position start.
+POSITION_BANDS = (0, 32, 64, 128, 256)
 # Where a forward is bound by reading weights, verifying this many tokens
 # costs about one 1-token forward (benchmarks/README.md, "What carries across hardware").
 FLAT_VERIFY_WIDTH = 9
@@ -146,6 +148,26 @@ def alpha_by_set(
     for m, name in zip(matches, sets):
         grouped.setdefault(name, []).append(m)
     return {name: greedy_alpha(ms) for name, ms in sorted(grouped.items())}
+
+
+def alpha_by_band(
+    matches: Sequence[np.ndarray], sets: Sequence[str], starts: Sequence[int]
+) -> Dict[str, List[Optional[float]]]:
+    """Greedy α per prompt set (and ``all``) by completion position band.
+
+    ``matches[i]`` ``(n,)`` belongs to set ``sets[i]``; band ``b`` holds the
+    completion positions ``starts[b]`` up to the next start (the last band
+    has no end). ``None`` where a set has no position in a band.
+    """
+    ends = [*starts[1:], None]
+    out: Dict[str, List[Optional[float]]] = {}
+    for name in dict.fromkeys(["all", *sorted(set(sets))]):
+        mine = [m for m, s in zip(matches, sets) if name in ("all", s)]
+        out[name] = [
+            greedy_alpha(parts) if sum(map(len, parts)) else None
+            for parts in ([m[a:b] for m in mine] for a, b in zip(starts, ends))
+        ]
+    return out
 
 
 def greedy_completion_tokens(data) -> np.ndarray:
@@ -364,12 +386,6 @@ def shape_study(
     say = progress or (lambda line: None)
     batches = heldout_batches(heldout, batch_tokens, max_length)
     written = greedy_completion_tokens(heldout)
-    # greedy_matches returns one array per sequence, in batch order.
-    sets = (
-        [heldout.prompt_sets[i] for b in batches for i in b]
-        if heldout.prompt_sets
-        else []
-    )
     shapes, steps, matches = [], {}, {}
     for name, draft in drafts.items():
         ids = np.array(draft.lm_head.token_ids)
@@ -380,7 +396,11 @@ def shape_study(
         ]
         say(f"held-out matches of {name} at V = {sizes}")
         to_draft = token_rows(ids, len(counts))
-        found = greedy_matches(draft, heldout, batches, to_draft, max_length, subsets)
+        owners: List[int] = []  # the held-out sequence of each match array
+        found = greedy_matches(
+            draft, heldout, batches, to_draft, max_length, subsets, owners
+        )
+        sets = [heldout.prompt_sets[i] for i in owners] if heldout.prompt_sets else []
         for v, rows, m in zip(sizes, subsets, found):
             key = f"{name}:V{v}"
             kept = ids if rows is None else ids[rows]
@@ -393,6 +413,9 @@ def shape_study(
                     "coverage": coverage(kept, written),
                     "alpha": greedy_alpha(m),
                     "alpha_by_set": alpha_by_set(m, sets) if sets else {},
+                    "alpha_by_band": alpha_by_band(
+                        m, sets or ["all"] * len(m), POSITION_BANDS
+                    ),
                 }
             )
             steps[key] = SubsetStep(draft, rows)
@@ -493,6 +516,21 @@ def markdown(report: Dict) -> str:
             alphas = [s["alpha_by_set"].get(n) for n in names]
             lines.append(
                 f"| {s['draft']} | {s['vocab']} | "
+                + " | ".join("–" if a is None else f"{a:.3f}" for a in alphas)
+                + " |"
+            )
+    # Acceptance by where in the completion a token stands.
+    bands = [f"{a}-{b - 1}" for a, b in zip(POSITION_BANDS, POSITION_BANDS[1:])]
+    bands.append(f"{POSITION_BANDS[-1]}+")
+    lines += [
+        "",
+        "| draft | V | prompt set | " + " | ".join(f"α at {b}" for b in bands) + " |",
+        "|---|---|---|" + "---|" * len(bands),
+    ]
+    for s in report["shapes"]:
+        for name, alphas in s["alpha_by_band"].items():
+            lines.append(
+                f"| {s['draft']} | {s['vocab']} | {name} | "
                 + " | ".join("–" if a is None else f"{a:.3f}" for a in alphas)
                 + " |"
             )

@@ -415,6 +415,7 @@ def greedy_matches(
     to_draft: np.ndarray,
     max_length: int,
     subsets: Sequence[Optional[np.ndarray]] = (None,),
+    owners: Optional[List[int]] = None,
 ) -> List[List[np.ndarray]]:
     """Teacher-forced greedy matches of ``draft`` on the greedy completions of ``data``.
 
@@ -429,6 +430,8 @@ def greedy_matches(
         max_length: Sequences are cut to this many tokens.
         subsets: Per result, ``(k',)`` rows of the draft vocabulary its
           argmax is taken over, or ``None`` for all of them.
+        owners: A list that receives, in order, the index in ``data`` of
+          each returned completion (sampled and empty ones are skipped).
 
     Returns:
         Per subset, per greedy completion ``(n,)`` bool: the draft's argmax
@@ -454,6 +457,8 @@ def greedy_matches(
             hit = ids[np.array(best)] == batch.target
             parts = np.split(hit[: sum(batch.counts)], cuts)
             matches.extend(m for m in parts if len(m))
+        if owners is not None:
+            owners.extend(i for i, n in zip(index, batch.counts) if n)
     return out
 
 
