@@ -103,18 +103,9 @@ def check_generation_options(
         seed,
         "an integer from 0 to 2**64 - 1",
     )
-    _check(
-        _is_int(prefill_step_size) and 1 <= prefill_step_size <= MAX_INDEX,
-        "prefill_step_size",
-        prefill_step_size,
-        "an integer from 1 to 2**31 - 1",
-    )
-    _check(
-        max_kv_size is None or _is_int(max_kv_size) and 1 <= max_kv_size <= MAX_INDEX,
-        "max_kv_size",
-        max_kv_size,
-        "an integer from 1 to 2**31 - 1",
-    )
+    check_size("prefill_step_size", prefill_step_size)
+    if max_kv_size is not None:
+        check_size("max_kv_size", max_kv_size)
     if kv_bits is None:
         return
     pairs = quantize_support()
@@ -164,6 +155,21 @@ def flag_name(name: str) -> str:
 def _check(ok: bool, name: str, value, allowed: str):
     if not ok:
         raise OptionError(name, value, allowed)
+
+
+def check_size(name: str, value, lowest: int = 1) -> None:
+    """A count or length that mlx indexes with: an integer from ``lowest`` to
+    :data:`MAX_INDEX` (past it, ``std::bad_cast`` or an ``OverflowError``).
+
+    Raises:
+        OptionError: ``NAME=VALUE is out of range: an integer from L to 2**31 - 1.``
+    """
+    _check(
+        _is_int(value) and lowest <= value <= MAX_INDEX,
+        name,
+        value,
+        f"an integer from {lowest} to 2**31 - 1",
+    )
 
 
 def _is_int(value) -> bool:
@@ -306,10 +312,10 @@ class SpecConfig:
             "a number with 0 <= top_p <= 1 (0 and 1 disable it, as in mlx_lm)",
         )
         _check(
-            _is_int(self.top_k) and self.top_k >= 0,
+            _is_int(self.top_k) and 0 <= self.top_k <= MAX_INDEX,
             "top_k",
             self.top_k,
-            "an integer >= 0 (0 disables it)",
+            "an integer from 0 to 2**31 - 1 (0 disables it)",
         )
         _check(
             _is_number(self.min_p) and 0 <= self.min_p <= 1,
@@ -317,12 +323,7 @@ class SpecConfig:
             self.min_p,
             "a number with 0 <= min_p <= 1 (0 disables it)",
         )
-        _check(
-            _is_int(self.min_tokens_to_keep) and self.min_tokens_to_keep >= 1,
-            "min_tokens_to_keep",
-            self.min_tokens_to_keep,
-            "an integer >= 1",
-        )
+        check_size("min_tokens_to_keep", self.min_tokens_to_keep, 1)
         _check(
             _is_int(self.max_tokens) and self.max_tokens >= 1,
             "max_tokens",

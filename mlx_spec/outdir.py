@@ -46,7 +46,7 @@ def check_out_dir(
     Raises:
         OutDirError: ``out`` is a file, or a non-empty folder (one line).
     """
-    out = Path(out)
+    out = Path(check_named(out, flag))
     if out.exists() and not out.is_dir():
         raise OutDirError(f"{flag} {out} is a file; pass a directory.")
     if out.is_dir() and not force and any(out.iterdir()):
@@ -56,6 +56,38 @@ def check_out_dir(
                 "or empty folder, or pass --force to replace it."
             )
     return out
+
+
+def check_named(path: PathLike, flag: str) -> PathLike:
+    """Refuse an empty path (``Path("")`` is the working folder).
+
+    Returns:
+        ``path`` itself.
+
+    Raises:
+        OutDirError: ``--out is empty; name a folder.``
+    """
+    if not str(path).strip():
+        raise OutDirError(f"{flag} is empty; name a folder.")
+    return path
+
+
+def check_out_file(path: PathLike, flag: str) -> Path:
+    """Refuse an output file path that cannot be written: a folder, or one in
+    a folder that does not exist (checked before the work, not after it).
+
+    Returns:
+        ``path`` as a ``Path``, ``~`` expanded.
+
+    Raises:
+        OutDirError: One line naming the flag and the path.
+    """
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise OutDirError(f"{flag} {path} is a folder; pass a file path.")
+    if not file.parent.is_dir():
+        raise OutDirError(f"{flag} {path}: the folder {file.parent} does not exist.")
+    return file
 
 
 def check_outside(out: PathLike, folder: PathLike, *, flag: str, what: str) -> None:

@@ -73,7 +73,9 @@ def spec_config(
 
 
 def check_generation_args(args: argparse.Namespace) -> None:
-    """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has.
+    """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has,
+    and the other run flags of mlx_lm's commands (``--extra-eos-token``, the XTC
+    flags, ``--chat-template-config``, ``--adapter-path``), checked before the load.
 
     Raises:
         ValueError: One line naming the flag (``--kv-group-size=0 ...``).
@@ -88,6 +90,10 @@ def check_generation_args(args: argparse.Namespace) -> None:
     except OptionError as e:
         raise e.as_flag() from None
     check_extra_eos_tokens(getattr(args, "extra_eos_token", None) or ())
+    if hasattr(args, "xtc_probability"):
+        check_xtc_args(args)
+    if getattr(args, "chat_template_config", None) is not None:
+        json_object_option(args.chat_template_config, "--chat-template-config")
     adapter_path = getattr(args, "adapter_path", None)
     if adapter_path is not None:  # mlx_lm reads it after the model loads
         check_adapter_dir(adapter_path, f"--adapter-path {adapter_path!r}")

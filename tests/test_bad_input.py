@@ -55,6 +55,8 @@ BAD = [
     (GENERATE + ["--min-p", "-1"], "--min-p=-1"),
     (GENERATE + ["--top-k", "-1"], "--top-k=-1"),
     (GENERATE + ["--min-tokens-to-keep", "0"], "--min-tokens-to-keep=0"),
+    (GENERATE + ["--min-tokens-to-keep", BIG], "--min-tokens-to-keep="),
+    (GENERATE + ["--temp", "1", "--top-k", BIG], "--top-k="),
     (GENERATE + ["--xtc-probability", "nan"], "--xtc-probability=nan"),
     (GENERATE + ["--xtc-probability", "0.5"], "--xtc-probability"),
     (GENERATE + ["--chat-template-config", "-1"], "--chat-template-config"),

@@ -19,6 +19,8 @@ from mlx_spec import SpecConfig
         (dict(top_p=-0.1), "top_p"),
         (dict(top_p=1.5), "top_p"),
         (dict(top_k=-1), "top_k"),
+        (dict(top_k=2**70), "top_k"),  # past int32: std::bad_cast in mlx_lm's sampler
+        (dict(min_tokens_to_keep=2**70), "min_tokens_to_keep"),
         (dict(min_p=1.5), "min_p"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(tree_budget=0), "tree_budget"),

@@ -243,6 +243,10 @@ def test_disable_env_turns_the_hook_off(models):
         (["--draft-model", "/nonexistent/draft"], "/nonexistent/draft"),
         (["--draft-model", "D", "--prompt-cache-file", "c"], "--prompt-cache-file"),
         (["--draft-model", "OTHERTOK"], "tokenizer differs"),
+        # mlx_lm's own flags, checked before the load as mlx_spec generate does
+        (["--speculative", "none", "--temp", "1", "--top-k", str(2**70)], "--top-k="),
+        (["--speculative", "none", "--chat-template-config", "5"], "--chat-template"),
+        (["--speculative", "none", "--xtc-probability", "nan"], "--xtc-probability"),
     ],
 )
 def test_bad_speculative_input_is_a_one_line_error(models, checkpoints, flags, message):

@@ -28,7 +28,7 @@ from ..config import plan_method
 from ..generation import history_kwargs, stream_generate
 from ..loading import default_model_pair, load_pair, skip_unused_draft
 from ..options import add_speculative_options, one_line_errors
-from ..validation import check_xtc_args, spec_config_of_args
+from ..validation import spec_config_of_args
 
 HELP = "commands: q exit, r reset the conversation, h help"
 
@@ -181,7 +181,6 @@ def run(args, out=sys.stdout):
         model_path, default_draft = default_model_pair(args.speculative)
         draft_path = draft_path or default_draft
     config = spec_config_of_args(args, draft_path, max_tokens=args.max_tokens)
-    check_xtc_args(args)
     mx.random.seed(args.seed)
     if args.pipeline:
         raise ValueError(

@@ -27,8 +27,8 @@ from ..loading import (
     skip_unused_draft,
 )
 from ..options import add_speculative_options, one_line_errors
+from ..outdir import check_out_file
 from ..validation import (
-    check_xtc_args,
     extra_eos_token_id,
     json_object_option,
     spec_config_of_args,
@@ -82,10 +82,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args):
-    """The flags of mlx_lm.generate that mlx_spec does not take, and --stats-json."""
-    check_xtc_args(args)
-    if args.chat_template_config is not None:  # before the model loads
-        json_object_option(args.chat_template_config, "--chat-template-config")
+    """The flags of mlx_lm.generate that mlx_spec does not take, and --stats-json
+    (the other flags: :func:`~mlx_spec.validation.spec_config_of_args`)."""
     if args.xtc_probability > 0:
         raise ValueError(
             "--xtc-probability is not supported by mlx_spec; use mlx_lm.generate."
@@ -97,16 +95,7 @@ def _check_args(args):
             "--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate."
         )
     if args.stats_json:  # checked now, not after generating
-        path = Path(args.stats_json).expanduser()
-        folder = path.parent
-        if path.is_dir():
-            raise ValueError(
-                f"--stats-json {args.stats_json} is a folder; pass a file path."
-            )
-        if not folder.is_dir():
-            raise ValueError(
-                f"--stats-json {args.stats_json}: the folder {folder} does not exist."
-            )
+        check_out_file(args.stats_json, "--stats-json")
 
 
 def _build_prompt(args, tokenizer) -> List[int]:
