@@ -227,6 +227,19 @@ def json_object_option(value: Any, flag: str) -> dict:
     return value
 
 
+def check_gammas(gammas, flag: str) -> None:
+    """Each γ of ``gammas`` is a valid ``num_draft_tokens``, named ``flag`` in errors.
+
+    Raises:
+        OptionError: ``--gammas=0 is out of range: ...``.
+    """
+    for g in gammas:
+        try:
+            spec_config(None, DRAFTER_LATER, num_draft_tokens=g)
+        except OptionError as e:
+            raise e.renamed(flag) from None
+
+
 def spec_config_of_args(
     args: argparse.Namespace,
     draft: Any = None,

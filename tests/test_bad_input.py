@@ -216,6 +216,10 @@ BAD = [
     (BENCH + ["--warmup", "-1"], "--warmup=-1"),
     (BENCH + ["--temps", "nan"], "--temp=nan"),
     (BENCH + ["--seed", "-1"], "seed=-1"),
+    (BENCH + ["--methods", "none", "--seed", "-1"], "--seed=-1"),  # mx.random.seed
+    (BENCH + ["--methods", "none", "--seed", BIG], "--seed="),
+    (BENCH[:-1] + [EMPTY], "--out is empty"),  # wrote into the working folder
+    (BENCH + ["--cost-curves-from", "{file}"], "--cost-curves-from {file} is not"),
     (BENCH + ["--methods", "bogus"], "bogus"),
     (BENCH + ["--prompts", "{missing}"], "--prompts"),
     (BENCH + ["--prompt-sets", "bogus"], "bogus"),
@@ -244,9 +248,14 @@ BAD_SHAPES = [
     (SHAPES + ["--drafts", "{missing}"], "--drafts: '{missing}' does not exist"),
     (SHAPES + ["--drafts", "{user}"], "--drafts: '{user}' holds no distilled draft"),
     (SHAPES + ["--drafts", "{draft}", "--vocabs", "101"], "--vocabs 101"),
-    (SHAPES + ["--drafts", "{draft}", "--vocabs", "0"], "--vocabs must be >= 1"),
-    (SHAPES + ["--drafts", "{draft}", "--gammas", "0"], "--gammas must be >= 1"),
-    (SHAPES + ["--drafts", "{draft}", "--passes", "0"], "--passes must be >= 1"),
+    (SHAPES + ["--drafts", "{draft}", "--vocabs", "0"], "--vocabs=0 is out of range"),
+    (SHAPES + ["--drafts", "{draft}", "--gammas", "0"], "--gammas=0 is out of range"),
+    (SHAPES + ["--drafts", "{draft}", "--passes", "0"], "--passes=0 is out of range"),
+    (SHAPES + ["--drafts", "{draft}", "--context", BIG], "--context="),
+    (SHAPES + ["--drafts", "{draft}", "--cache", "{file}"], "--cache {file} is a"),
+    # written after the study: a folder was an IsADirectoryError then
+    (SHAPES + ["--drafts", "{draft}", "--out", "{user}"], "--out {user} is a"),
+    (SHAPES + ["--drafts", "{draft}", "--json", "{user}"], "--json {user} is a"),
     (SHAPES + ["--drafts", "{draft}"], "--corpus: '{user}' holds no corpus"),
 ]
 # python -m mlx_spec.bench.STUDY (study, flags, text the error line must hold);

@@ -34,9 +34,9 @@ from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
 from mlx_spec.drafters.self_spec import SelfDrafter
 from mlx_spec.loading import load_model
 from mlx_spec.options import one_line_errors
-from mlx_spec.validation import DRAFTER_LATER, spec_config
+from mlx_spec.validation import DRAFTER_LATER, check_gammas, spec_config
 
-from .options import check_gammas, check_run_lengths
+from .options import check_run_lengths
 from .prompts import encode, has_chat_template, prompt_suite
 
 DEFAULT_GAMMAS = (2, 4, 8)

@@ -691,10 +691,12 @@ def read_draft_shape(path: str) -> Dict[str, int]:
 def check_args(args) -> Tuple[Dict[str, Dict[str, int]], Optional[List[Prompt]]]:
     """One-line ``ValueError`` for a bad option; the drafts' shapes by name and
     the ``--prompts`` file's prompts (``None`` without ``--prompts``)."""
-    from ..config import MAX_DRAFT_TOKENS
+    from ..config import check_size
+    from ..outdir import check_out_dir, check_out_file
+    from ..validation import check_gammas
 
+    check_gammas(args.gammas, "--gammas")
     for flag, values, low in (
-        ("--gammas", args.gammas, 1),
         ("--vocabs", args.vocabs, 1),
         ("--context", [args.context], 1),
         ("--passes", [args.passes], 1),
@@ -702,17 +704,13 @@ def check_args(args) -> Tuple[Dict[str, Dict[str, int]], Optional[List[Prompt]]]
         ("--heldout-tokens", [args.heldout_tokens], 1),
         ("--prompt-tokens", [args.prompt_tokens], 1),
     ):
-        bad = [v for v in values if v < low]
-        if bad:
-            raise ValueError(f"{flag} must be >= {low}, got {bad[0]}.")
-    if max(args.gammas) > MAX_DRAFT_TOKENS:
-        raise ValueError(
-            f"--gammas must be <= {MAX_DRAFT_TOKENS}, got {max(args.gammas)}."
-        )
-    for flag in ("out", "json"):
-        path = getattr(args, flag)
-        if path is not None and not Path(path).expanduser().parent.is_dir():
-            raise ValueError(f"--{flag}: the folder of '{path}' does not exist.")
+        for value in values:  # mlx sizes are 32-bit: 2**70 was a TypeError
+            check_size(flag, value, low)
+    for flag in ("out", "json"):  # written at the end: checked now
+        if getattr(args, flag):
+            check_out_file(getattr(args, flag), f"--{flag}")
+    if args.cache:
+        check_out_dir(args.cache, force=True, flag="--cache")
     shapes = {}
     for path in args.drafts:
         shape = read_draft_shape(path)

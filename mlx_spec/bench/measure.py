@@ -426,17 +426,37 @@ def interpolate(widths: Sequence[int], times: Sequence[float], width: float) -> 
     return times[-1]
 
 
-def load_cost_curves(path: str) -> Dict[str, dict]:
-    """Cost curves from a ``cost_curves.json`` or an earlier ``results.json``."""
+def load_cost_curves(path: str, flag: str = "--cost-curves-from") -> Dict[str, dict]:
+    """Cost curves from a ``cost_curves.json`` or an earlier ``results.json``.
+
+    Raises:
+        ValueError: One line naming ``flag`` and ``path``: missing, not UTF-8
+          JSON, or holding no cost curves.
+    """
     import json
     from pathlib import Path
 
-    data = json.loads(Path(path).read_text())
-    curves = data.get("cost_curves", data)
-    if not curves or not all(
-        "widths" in c and "forward_s" in c for c in curves.values()
+    name = f"{flag} {path}"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{name}: no such file.") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name} is not UTF-8 text (byte {e.start}).") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not valid JSON ({e.msg}).") from None
+    except OSError as e:  # a folder, a device
+        raise ValueError(f"{name} cannot be read ({e.strerror}).") from None
+    curves = data.get("cost_curves", data) if isinstance(data, dict) else None
+    if (
+        not isinstance(curves, dict)
+        or not curves
+        or not all(
+            isinstance(c, dict) and "widths" in c and "forward_s" in c
+            for c in curves.values()
+        )
     ):
-        raise ValueError(f"{path} holds no cost curves.")
+        raise ValueError(f"{name} holds no cost curves.")
     return curves
 
 

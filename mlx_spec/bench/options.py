@@ -11,13 +11,14 @@ import json
 import os
 from pathlib import Path
 
-from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, MAX_INDEX, OptionError
+from mlx_spec.config import DEFAULT_NUM_DRAFT_TOKENS, check_size
 from mlx_spec.drafters.registry import METHODS
 from mlx_spec.loading import check_model_path
 from mlx_spec.options import method_option_names, one_line_errors
-from mlx_spec.validation import DRAFTER_LATER, spec_config
+from mlx_spec.outdir import check_named
+from mlx_spec.validation import DRAFTER_LATER, check_gammas, spec_config
 
-from .measure import QWEN2_SHAPES
+from .measure import QWEN2_SHAPES, load_cost_curves
 from .prompts import BASE_SETS, CHAT_SETS
 from .report import RESULTS_JSON, RESULTS_MD, is_results_json
 from .runner import BASELINES, SWEEP_METHODS
@@ -282,35 +283,25 @@ def resolve_settings(args) -> dict:
         ("--warmup", settings["warmup"], 0),
         ("--forward-repeats", settings["forward_repeats"], 1),
     ):
-        if not low <= value <= MAX_INDEX:  # mlx takes 32-bit sizes (2**70: TypeError)
-            raise ValueError(
-                f"{name}={value} is out of range: an integer from {low} to 2**31 - 1."
-            )
-    if args.cost_curves_from and not Path(args.cost_curves_from).is_file():
-        raise ValueError(f"--cost-curves-from {args.cost_curves_from}: no such file.")
+        check_size(name, value, low)  # mlx takes 32-bit sizes (2**70: TypeError)
+    if args.cost_curves_from:  # read now, not after every run
+        load_cost_curves(args.cost_curves_from)
     for head in getattr(args, "head", None) or ():  # before the target loads
         check_model_path(head, "--head")
     # Each run's config is made as it runs; the ranges are checked here, at once.
-    spec_config(None, DRAFTER_LATER, flags=True, num_draft_tokens=args.num_draft_tokens)
+    spec_config(
+        None,
+        DRAFTER_LATER,
+        flags=True,
+        num_draft_tokens=args.num_draft_tokens,
+        seed=args.seed,  # plain mlx_lm runs seed mx.random with it too
+    )
     check_gammas(settings["gamma_sweep"], "--gamma-sweep")
     for temp in settings["temps"]:
         spec_config(None, DRAFTER_LATER, flags=True, temp=temp)
     check_method_options(settings["method_options"])
     check_out(args.out)
     return settings
-
-
-def check_gammas(gammas, flag: str) -> None:
-    """Each γ of ``gammas`` is a valid ``num_draft_tokens``, named ``flag`` in errors.
-
-    Raises:
-        OptionError: ``--gammas=0 is out of range: ...``.
-    """
-    for g in gammas:
-        try:
-            spec_config(None, DRAFTER_LATER, num_draft_tokens=g)
-        except OptionError as e:
-            raise e.renamed(flag) from None
 
 
 def check_run_lengths(max_tokens: int, repeats: int) -> None:
@@ -320,8 +311,7 @@ def check_run_lengths(max_tokens: int, repeats: int) -> None:
         ValueError: Naming the flag and its range.
     """
     spec_config(None, DRAFTER_LATER, flags=True, max_tokens=max_tokens)
-    if not 1 <= repeats <= MAX_INDEX:
-        raise OptionError("--repeats", repeats, "an integer from 1 to 2**31 - 1")
+    check_size("--repeats", repeats)
 
 
 def check_method_options(options: dict):
@@ -341,7 +331,7 @@ def check_method_options(options: dict):
 
 def check_out(out: str):
     """``--out`` must be a directory, or one that can be made in a writable one."""
-    path = Path(out).expanduser().absolute()
+    path = Path(check_named(out, "--out")).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {out} is a file; pass a directory.")
     existing = next(p for p in (path, *path.parents) if p.exists())

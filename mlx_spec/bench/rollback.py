@@ -46,8 +46,9 @@ from mlx_spec.caches import CacheRollback, capture, leaf_caches
 from mlx_spec.engine import speculative_events
 from mlx_spec.options import one_line_errors
 from mlx_spec.testing import PROMPTS, ROLLBACK_ARCHITECTURES, test_checkpoints
+from mlx_spec.validation import check_gammas
 
-from .options import check_gammas, check_run_lengths
+from .options import check_run_lengths
 
 DEFAULT_GAMMA = 4
 DEFAULT_MAX_TOKENS = 64
