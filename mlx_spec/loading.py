@@ -122,7 +122,10 @@ def read_json_lines_file(path: str, flag: str) -> List[str]:
     file = Path(path)
     name = f"{flag} file '{path}'"
     if not file.is_file():
-        what = "is a folder" if file.is_dir() else "does not exist"
+        if file.is_dir():
+            what = "is a folder"
+        else:  # a FIFO or a device exists, and reads block or end at once
+            what = "is not a regular file" if file.exists() else "does not exist"
         raise ValueError(f"{name} {what}; pass a JSON-lines file.")
     try:
         return file.read_text(encoding="utf-8").splitlines()

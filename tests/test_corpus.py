@@ -440,11 +440,11 @@ def test_the_card_reports_tokens_per_cpu_hour_where_shards_kept_it(tmp_path):
         (["grow", "--model", "m", "--out", "o", "--tokens", "0"], "--tokens must be"),
         (
             ["grow", "--model", "m", "--out", "o", "--max-tokens", "0"],
-            "--max-tokens must be at least 1, got 0.",
+            "--max-tokens=0 is out of range: an integer from 1 to 2**31 - 1.",
         ),
         (
             ["sweep", "--model", "m", "--out", "o", "--max-tokens", "0"],
-            "--max-tokens must be at least 1, got 0.",
+            "--max-tokens=0 is out of range: an integer from 1 to 2**31 - 1.",
         ),
         (
             ["grow", "--model", "m", "--out", "o", "--shard-minutes", "0"],

@@ -105,11 +105,18 @@ def test_rerun_resumes_without_regenerating_or_retraining(trained, capsys):
         (["--sampled-share", "2"], "--sampled-share"),
         (["--prompts", "nope.jsonl"], "does not exist"),
         (["--prompts", "{folder}"], "is a folder"),
+        (["--prompts", "/dev/null"], "is not a regular file"),  # was "does not exist"
         (["--prompts", "{not_utf8}"], "is not UTF-8 text"),
         (["--prompts", "{bad_messages}"], ":1: 'messages' must be a non-empty list"),
         (["--init-from", "nope"], "--init-from directory 'nope' does not exist"),
-        (["--self-instruct", "-1"], "--self-instruct must be at least 0"),
-        (["--rollout-steps", "-2"], "--rollout-steps must be at least 0"),
+        (
+            ["--self-instruct", "-1"],
+            "--self-instruct=-1 is out of range: an integer from 0",
+        ),
+        (
+            ["--rollout-steps", "-2"],
+            "--rollout-steps=-2 is out of range: an integer from 0",
+        ),
         (
             ["--rollout-steps", "3", "--rollout-share", "0"],
             "--rollout-share must be more than 0 and at most 1, got 0.0",

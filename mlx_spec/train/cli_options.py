@@ -9,10 +9,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List
 
-from ..config import MAX_INDEX, MAX_SEED, OptionError, flag_name
+from ..config import MAX_SEED, OptionError, check_size, flag_name
 from ..features import FINAL, feature_owner
 from ..options import one_line_errors
 from ..outdir import check_out_dir, check_outside
+from ..validation import check_gammas
 from . import completions as C
 from . import draft as D
 from . import head_command as H
@@ -307,6 +308,7 @@ def int_list(text: str, name: str) -> List[int]:
 
 # Integer flags and their lowest value (the highest: what mlx indexes with).
 INT_LOWEST = {
+    "self_instruct": 0,
     "num_prompts": 1,
     "max_tokens": 1,
     "gen_batch": 1,
@@ -319,6 +321,8 @@ INT_LOWEST = {
     "eval_every": 1,  # 0 was a ZeroDivisionError at the first step
     "eval_prompts": 1,
     "eval_max_tokens": 1,
+    "corpus_tokens": 1,
+    "rollout_steps": 0,
 }
 # Float flags that must be finite and at least 0.
 NON_NEGATIVE = ("sampled_temp", "prompt_weight", "feature_weight")
@@ -328,16 +332,19 @@ def check_numbers(args) -> None:
     """Every number flag in its range (``ValueError`` naming the flag)."""
     for name, lowest in INT_LOWEST.items():
         value = getattr(args, name, None)
-        if value is not None and not lowest <= value <= MAX_INDEX:
-            raise OptionError(
-                flag_name(name), value, f"an integer from {lowest} to 2**31 - 1"
-            )
+        if value is not None:
+            check_size(flag_name(name), value, lowest)
     for name in NON_NEGATIVE:
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < math.inf:
             raise OptionError(flag_name(name), value, "a finite number >= 0")
     if not 0 <= args.seed <= MAX_SEED:
         raise OptionError("--seed", args.seed, "an integer from 0 to 2**64 - 1")
+    # Measured after training: a bad γ was refused only then (2**70: a traceback).
+    gammas = int_list(args.eval_gammas, "eval-gammas")
+    if not gammas:
+        raise ValueError("--eval-gammas is empty; pass draft lengths such as 1,2,4.")
+    check_gammas(gammas, "--eval-gammas")
 
 
 def check_args(args):
@@ -352,8 +359,6 @@ def check_args(args):
         raise ValueError("--feature-weight must be at least 0.")
     check_rollout_args(args)
     check_labels(args)
-    if args.self_instruct < 0:
-        raise ValueError("--self-instruct must be at least 0.")
     if args.init_from and not Path(args.init_from).is_dir():
         raise ValueError(f"--init-from directory '{args.init_from}' does not exist.")
     if args.corpus:
@@ -368,8 +373,6 @@ def check_args(args):
             "--heldout-tokens needs --corpus (without it, --heldout-prompts sets "
             "the held-out prompts)."
         )
-    if args.corpus_tokens is not None and args.corpus_tokens < 1:
-        raise ValueError("--corpus-tokens must be at least 1.")
     check_corpus_select(args)
     if args.prompts:  # read now: a bad line stops the run before the model loads
         load_prompt_file(args.prompts)
@@ -390,6 +393,10 @@ def check_args(args):
                 args.cache, args.model, flag="--cache", what="the target model"
             )
     check_out_dir(args.out, force=args.force, ours=is_train_draft_folder)
+    if args.data:  # completions of earlier runs are shared, a user's files are not
+        check_out_dir(args.data, force=args.force, flag="--data", ours=is_data_folder)
+    if args.cache:  # a folder of derived data, shared by runs
+        check_out_dir(args.cache, force=True, flag="--cache")
     if args.init_from:
         check_init_from(args.init_from, args.kind)
     # Head options are checked before any model or data loads.
@@ -464,10 +471,6 @@ def check_rollout_args(args):
     if given and args.kind != "draft":
         flag = given[0].replace("_", "-")
         raise ValueError(f"--{flag} is for --kind draft (a head has its own unroll).")
-    if args.rollout_steps is not None and args.rollout_steps < 0:
-        raise ValueError(
-            f"--rollout-steps must be at least 0 (0: no rollout), got {args.rollout_steps}."
-        )
     if args.rollout_share is not None and not 0 < args.rollout_share <= 1:
         raise ValueError(
             f"--rollout-share must be more than 0 and at most 1, got {args.rollout_share}."
@@ -484,15 +487,19 @@ def check_rollout_args(args):
         )
 
 
+def is_data_folder(data: Path) -> bool:
+    """Whether ``data`` holds completions train-draft wrote (extended in place)."""
+    return any(
+        (data / name).is_file()
+        for name in ("train.json", "heldout.json", SELECTION_FILE)
+    )
+
+
 def is_train_draft_folder(out: Path) -> bool:
     """Whether ``out`` holds a run of train-draft (resumed in place, not refused)."""
     from ..loading import drafter_dir_kind
 
-    data = out / "data"
-    made = any(
-        (data / name).is_file()
-        for name in ("train.json", "heldout.json", SELECTION_FILE)
-    )
+    made = is_data_folder(out / "data")
     return made or checkpoint_dir(out) is not None or drafter_dir_kind(out) is not None
 
 

@@ -24,8 +24,9 @@ from typing import Dict, List, Optional
 
 from mlx_spec_entry import exit_interrupted
 
+from ..config import check_size
 from ..options import one_line_errors
-from ..outdir import OutDirError, check_out_dir, check_outside
+from ..outdir import check_named, check_out_dir, check_outside
 from . import corpus_grow as G
 from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
 from .corpus_prompts import FAMILY_NOTES
@@ -51,9 +52,8 @@ def add_max_tokens(parser: argparse.ArgumentParser):
 
 
 def check_max_tokens(args):
-    """``--max-tokens`` is at least 1 (``ValueError`` naming it)."""
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}.")
+    """``--max-tokens`` is a size from 1 to 2**31 - 1 (``ValueError`` naming it)."""
+    check_size("--max-tokens", args.max_tokens)
 
 
 def setup_arg_parser() -> argparse.ArgumentParser:
@@ -147,17 +147,14 @@ def _log(message: str):
 
 
 def _check(args):
-    for name in ("tokens", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(
-                f"--{name.replace('_', '-')} must be at least 1, got {value}."
-            )
+    if args.tokens is not None and args.tokens < 1:
+        raise ValueError(f"--tokens must be at least 1, got {args.tokens}.")
+    if args.batch_size is not None:  # rows of one batch: an mlx size
+        check_size("--batch-size", args.batch_size)
     check_max_tokens(args)
     if not 0 < args.shard_minutes < math.inf:
         raise ValueError(f"--shard-minutes must be positive, got {args.shard_minutes}.")
-    if args.self_instruct < 0:
-        raise ValueError(f"--self-instruct must be >= 0, got {args.self_instruct}.")
+    check_size("--self-instruct", args.self_instruct, 0)
     if not 0 <= args.own_share < 1:
         raise ValueError(f"--own-share must be in [0, 1), got {args.own_share}.")
     if args.cap_mb is not None and not 0 < args.cap_mb < math.inf:
@@ -176,8 +173,7 @@ def check_out(args) -> None:
     Raises:
         OutDirError: One line naming the folder.
     """
-    if not args.out.strip():
-        raise OutDirError("--out is empty; name the corpus folder.")
+    check_named(args.out, "--out")
     if Path(args.model).expanduser().is_dir():
         check_outside(args.out, args.model, flag="--out", what="the target model")
     check_out_dir(args.out, force=args.force, ours=_is_corpus_folder)
@@ -271,8 +267,10 @@ def sweep(args) -> int:
         raise ValueError(
             f"--batch-sizes must be comma-separated integers, got '{args.batch_sizes}'."
         ) from None
-    if not sizes or min(sizes) < 1:
+    if not sizes:
         raise ValueError("--batch-sizes must list sizes of at least 1.")
+    for size in sizes:
+        check_size("--batch-sizes", size)
     if not 0 < args.seconds < math.inf:
         raise ValueError(f"--seconds must be positive, got {args.seconds}.")
     if not 0 <= args.warmup < math.inf:

@@ -29,6 +29,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from ..config import MAX_INDEX
 from ..features import FINAL, eagle3_blocks, feature_owner
 from . import eagle as eagle_train
 from .card import head_card
@@ -203,8 +204,12 @@ def head_config(args, kind: str, num_layers: Optional[int] = None) -> HeadTrainC
     )
     checks = [
         (config.steps >= 1, "steps", "an integer >= 1"),
-        (config.batch_size >= 1, "batch-size", "an integer >= 1"),
-        (config.window >= 8, "window", "an integer >= 8"),
+        (
+            1 <= config.batch_size <= MAX_INDEX,
+            "batch-size",
+            "an integer from 1 to 2**31 - 1",
+        ),
+        (8 <= config.window <= MAX_INDEX, "window", "an integer from 8 to 2**31 - 1"),
         (config.draft_vocab >= 0, "draft-vocab", "0 or a positive integer"),
         (config.eval_every >= 1, "eval-every", "an integer >= 1"),
         (1 <= config.train_steps <= 8, "train-steps", "an integer from 1 to 8"),
