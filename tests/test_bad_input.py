@@ -127,10 +127,11 @@ BAD = [
     (["convert", "gguf", "{file}", "--out", "{user}"], "--out"),
     (["convert", "gguf", "{file}"], "--out"),
     (["convert", "hf", "{file}", "--out", "{new}"], "is a file"),
-    (["convert", "hf", "{user}", "--out", "{user}"], "--out"),
-    (["convert", "hf", "{user}", "--out", "{new}", "--q-bits", "0"], "--q-bits=0"),
+    (["convert", "hf", "{user}", "--out", "{missing}/x"], "holds no model"),
+    (["convert", "hf", "{llama}", "--out", "{user}"], "--out"),
+    (["convert", "hf", "{llama}", "--out", "{new}", "--q-bits", "0"], "--q-bits=0"),
     (
-        ["convert", "hf", "{user}", "--out", "{new}", "--q-group-size", "7"],
+        ["convert", "hf", "{llama}", "--out", "{new}", "--q-group-size", "7"],
         "--q-group-size=7",
     ),
     (["convert", "gguf", "{file}", "--out", "{new}", "--bogus"], "--bogus"),
@@ -254,6 +255,14 @@ BAD = [
     # export
     (["export", "--head", "{missing}", "--model", "{llama}", "--out", "{new}"], "head"),
     (["export", "--head", "{user}", "--model", "{llama}", "--out", "{user}"], "--out"),
+    (
+        ["export", "--head", "{user}", "--model", "{llama}", "--out", EMPTY],
+        "--out is empty",
+    ),
+    (
+        ["export", "--head", "{user}", "--model", "{llama}", "--out", "{missing}/x"],
+        "holds no head",
+    ),
     # doctor
     (["doctor", "--size", "0"], "--size=0"),
     (["doctor", "--size", BIG], "--size="),
@@ -408,6 +417,7 @@ def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
     target = _listing(places["llama"])
     argv = [_fill(a, places) for a in argv]
     _assert_one_line_exit_2(argv, _fill(field, places), capsys)
+    assert not Path(places["missing"]).exists()  # no folder made for a refused run
     assert _listing(places["user"]) == ["notes.txt"]
     assert _listing(places["llama"]) == target
     assert (Path(places["theirs"]) / "results.json").read_text() == '{"mine": 1}'

@@ -57,13 +57,14 @@ def verifier_name(args) -> Optional[str]:
 def main(argv: Optional[List[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    from ..drafters.published.export import export_eagle3
+    from ..drafters.published.export import eagle3_head_config, export_eagle3
     from ..loading import load_model
     from ..outdir import check_out_dir, check_outside, staged_dir
 
     try:
         check_out_dir(args.out, force=args.force)
         check_outside(args.out, args.head, flag="--out", what="the head")
+        eagle3_head_config(args.head)  # before the target loads and --out is made
         model, _ = load_model(args.model)
         with staged_dir(args.out) as staged:
             export_eagle3(args.head, model, staged, verifier=verifier_name(args))

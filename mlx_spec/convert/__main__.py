@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..config import OptionError, quantize_support
+from ..loading import check_model_path
 from ..options import one_line_errors
 from ..outdir import OutDirError, check_out_dir
 from .gguf import DTYPES, ConversionError, convert_gguf, default_dtype, read_stamp
@@ -126,10 +127,11 @@ def check_quantization(bits: Optional[int], group_size: Optional[int]) -> None:
 
 
 def check_paths(args) -> None:
-    """Refuse a missing source or an ``--out`` whose files would be lost.
+    """Refuse a missing source or an ``--out`` whose files would be lost,
+    before anything is written (``--out``'s parent folders included).
 
     Raises:
-        OutDirError: One line naming the bad path.
+        ValueError: One line naming the bad path (``OutDirError`` for ``--out``).
     """
     if args.command == "gguf":
         source = Path(args.path)
@@ -137,9 +139,8 @@ def check_paths(args) -> None:
             raise OutDirError(f"{source} is a folder; pass the .gguf file.")
         if not source.is_file():
             raise OutDirError(f"GGUF file '{source}' does not exist.")
-    if args.command == "hf":
-        if Path(args.path).is_file():
-            raise OutDirError(f"{args.path} is a file; pass the checkpoint folder.")
+    if args.command == "hf":  # before --out's folder is made
+        check_model_path(args.path, "checkpoint")
         check_quantization(args.q_bits, args.q_group_size)
     # A folder holding an earlier conversion record is ours to update.
     ours = (lambda out: read_stamp(out) is not None) if args.command != "hf" else None

@@ -132,6 +132,30 @@ def save_speculators_eagle3(
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def eagle3_head_config(path) -> dict:
+    """The config of the ``--kind eagle3`` head directory ``path``, read before
+    the target loads.
+
+    Raises:
+        ValueError: One line: no head there, or a head of another architecture.
+    """
+    from ..heads import head_architecture, read_head_config
+
+    config = read_head_config(path)
+    if config is None:
+        raise ValueError(
+            f"'{path}' holds no head written by mlx_spec train-draft (no config.json "
+            "with mlx_spec_head)."
+        )
+    architecture = head_architecture(config)
+    if architecture != "eagle3":
+        raise ValueError(
+            f"the {architecture} head in '{path}' is not EAGLE-3-shaped, so it has no "
+            "speculators form; train one with mlx_spec train-draft --kind eagle3."
+        )
+    return config
+
+
 def export_eagle3(path, target: nn.Module, out, *, verifier: Optional[str] = None):
     """Write the ``--kind eagle3`` head directory ``path`` as a speculators folder ``out``.
 
@@ -152,20 +176,9 @@ def export_eagle3(path, target: nn.Module, out, *, verifier: Optional[str] = Non
     from ...features import embed
     from ...fingerprint import fingerprint_mismatch
     from ..heads import WEIGHTS_FILE as HEAD_WEIGHTS
-    from ..heads import args_of_record, head_architecture, read_head_config
+    from ..heads import args_of_record
 
-    config = read_head_config(path)
-    if config is None:
-        raise ValueError(
-            f"'{path}' holds no head written by mlx_spec train-draft (no config.json "
-            "with mlx_spec_head)."
-        )
-    architecture = head_architecture(config)
-    if architecture != "eagle3":
-        raise ValueError(
-            f"the {architecture} head in '{path}' is not EAGLE-3-shaped, so it has no "
-            "speculators form; train one with mlx_spec train-draft --kind eagle3."
-        )
+    config = eagle3_head_config(path)
     reason = fingerprint_mismatch(config.get("target", {}), target)
     if reason is not None:
         raise ValueError(
