@@ -448,3 +448,23 @@ def test_a_corpus_folder_without_a_corpus_says_how_to_grow_one(tmp_path, capsys)
     assert exit_info.value.code == 2 and "\n" not in err
     assert f"--corpus '{tmp_path}' holds no corpus (no corpus.json)" in err
     assert f"mlx_spec corpus grow --model MODEL --out {tmp_path}" in err
+
+
+@pytest.mark.parametrize(
+    "kind, ok", [("draft", False), ("eagle", True), ("medusa", True)]
+)
+def test_draft_vocab_0_keeps_a_heads_whole_vocabulary(kind, ok):
+    """0 is a head's whole vocabulary (its help says so); a draft needs rows."""
+    from mlx_spec.config import OptionError
+    from mlx_spec.train.cli_options import check_numbers
+
+    argv = ["--model", "m", "--out", "o", "--kind", kind, "--draft-vocab", "0"]
+    args = setup_arg_parser().parse_args(argv)
+    if ok:
+        check_numbers(args)
+    else:
+        with pytest.raises(OptionError, match="--draft-vocab=0"):
+            check_numbers(args)
+    args.draft_vocab = -1
+    with pytest.raises(OptionError, match="--draft-vocab=-1"):
+        check_numbers(args)

@@ -188,7 +188,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--draft-vocab",
         type=int,
-        help=f"Tokens the drafter may propose (draft: {D.DEFAULT_DRAFT_VOCAB}).",
+        help=f"Tokens the drafter may propose (draft: {D.DEFAULT_DRAFT_VOCAB}; "
+        f"heads: {H.DEFAULT_DRAFT_VOCAB}, 0 for the whole vocabulary).",
     )
     g.add_argument(
         "--layers",
@@ -332,6 +333,8 @@ def check_numbers(args) -> None:
     """Every number flag in its range (``ValueError`` naming the flag)."""
     for name, lowest in INT_LOWEST.items():
         value = getattr(args, name, None)
+        if name == "draft_vocab" and args.kind != "draft":
+            lowest = 0  # a head's 0 keeps the whole vocabulary
         if value is not None:
             check_size(flag_name(name), value, lowest)
     for name in NON_NEGATIVE:
