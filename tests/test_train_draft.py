@@ -477,12 +477,30 @@ def test_grown_layers_train_at_their_own_rate_and_resume(
     assert moved("model.layers.1.") < 1e-5  # the trained layer: lr 1e-7
     assert moved("model.layers.0.") > 1e-3  # the new layer: grown_lr 1e-2
     grower.save_checkpoint(tmp_path)
-    resumed = trainer()
-    assert resumed.load_checkpoint(tmp_path) and resumed.step == grower.step
-    for one in (grower, resumed):
-        one.train_step()
-    for name, value in grower.draft.trainable_state().items():
-        assert mx.allclose(resumed.draft.trainable_state()[name], value).item(), name
+    # Resumed as it was started, and with its --init-from gone since.
+    gone = replace(config, init_from="")
+    for resumed in (trainer(), D.DraftTrainer(model, tokenizer, train, heldout, gone)):
+        assert resumed.load_checkpoint(tmp_path) and resumed.step == grower.step
+        assert resumed.new_layers == [0]
+        mine = dict(tree_flatten(resumed.optimizer.state))
+        theirs = dict(tree_flatten(grower.optimizer.state))
+        assert mine.keys() == theirs.keys()
+        for name, value in theirs.items():
+            assert mx.array_equal(mine[name], value).item(), name
+        resumed.train_step()  # the restored state fits its optimizers
+
+
+def test_a_warm_start_may_move_its_layers_without_growing(target, data, trained):
+    """The same layer count at other target layers: copied by position, none new."""
+    model, tokenizer = target
+    train, heldout, _, _ = data
+    config = _config(layers=[0], init_from=str(trained))
+    moved = D.DraftTrainer(model, tokenizer, train, heldout, config)
+    assert moved.new_layers == [] and moved.grown_from is None
+    old = distilled.load_draft(str(trained), model, like_target=False)
+    mine, theirs = moved.draft.trainable_state(), old.trainable_state()
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert mx.array_equal(mine[name], theirs[name]).item()
 
 
 def test_train_draft_resumes_after_an_interruption(target, data, tmp_path, monkeypatch):

@@ -437,6 +437,7 @@ def shape_study(
     return {
         "heldout_sequences": len(next(iter(matches.values()), [])),
         "heldout_tokens": int(len(written)),
+        "position_bands": list(POSITION_BANDS),  # where each alpha_by_band entry starts
         "context": context,
         "passes": passes,
         "verify": costs["verify"],

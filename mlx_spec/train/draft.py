@@ -75,6 +75,7 @@ from .rollout import (
     rollout_cuts,
     target_laws_at,
 )
+from .schedule import peak_schedule
 
 # The shipped draft's recipe: about an hour on a 2-core CPU (float32).
 DEFAULT_STEPS = 1000
@@ -171,7 +172,7 @@ def warm_start(
     trained: DistilledDraft,
     layers: Sequence[int] = (),
     trained_layers: Sequence[int] = (),
-):
+) -> List[int]:
     """Copy a trained draft's layers, norm and shared output rows into ``draft``.
 
     Rows of tokens that only ``draft``'s vocabulary holds keep their
@@ -179,6 +180,9 @@ def warm_start(
     (``layers``, the target indices of ``draft``'s, holding ``trained_layers``
     in order) takes each trained layer at its index; a new layer starts as an
     identity (:func:`silence_layer`), so the grown draft starts as the trained one.
+
+    Returns:
+        The position in ``draft`` of each trained layer.
 
     Raises:
         ValueError: One line: the layers cannot be matched.
@@ -206,6 +210,7 @@ def warm_start(
         weight[new_rows] = trained.lm_head.weight[old_rows].astype(weight.dtype)
         draft.lm_head.weight = weight
     mx.eval(draft.trainable_state())
+    return position
 
 
 def grown_positions(layers: List[int], trained_layers: List[int]) -> List[int]:
@@ -221,17 +226,6 @@ def grown_positions(layers: List[int], trained_layers: List[int]) -> List[int]:
             f"{layers} must hold them in order (new layers start as identities)."
         )
     return position
-
-
-def peak_schedule(peak: float, warmup: int, steps: int):
-    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to 10%."""
-    return optim.join_schedules(
-        [
-            optim.linear_schedule(peak * 0.01, peak, warmup),
-            optim.cosine_decay(peak, max(steps - warmup, 1), peak * 0.1),
-        ],
-        [warmup],
-    )
 
 
 def draft_optimizer(config: "DraftTrainConfig", new_layers: Sequence[int]):
@@ -507,9 +501,8 @@ class DraftTrainer:
         if trained is not None:
             old = read_head_config(config.init_from)["draft"]["init_layers"]
             old = target_layer_indices(target, old)
-            warm_start(self.draft, trained, self.layers, old)
+            kept = warm_start(self.draft, trained, self.layers, old)
             self.grown_from = old if len(old) != len(self.layers) else None
-            kept = grown_positions(self.layers, old)
             self.new_layers = [i for i in range(len(self.layers)) if i not in kept]
         if config.rollout_steps > 0:  # packed forwards: per-token rope positions
             prepare_tree_model(self.draft)
@@ -734,6 +727,7 @@ class DraftTrainer:
             "evals": self.evals,
             "config": asdict(self.config),
             "token_ids_sha": _digest(self.token_ids),
+            "new_layers": self.new_layers,
         }
         return write_checkpoint(out_dir, tensors, meta)
 
@@ -754,6 +748,11 @@ class DraftTrainer:
             )
         weights = mx.load(str(path / "draft.safetensors"))
         self.draft.load_weights(list(weights.items()), strict=False)
+        # The layers the run grew, as its optimizers hold them (even if its
+        # --init-from is gone since; none before the checkpoint recorded them).
+        if meta.get("new_layers", []) != self.new_layers:
+            self.new_layers = meta.get("new_layers", [])
+            self.optimizer = draft_optimizer(self.config, self.new_layers)
         state = mx.load(str(path / "optimizer.safetensors"))
         self.optimizer.state = tree_unflatten(list(state.items()))
         self.step = meta["step"]

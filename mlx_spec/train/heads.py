@@ -48,6 +48,7 @@ from .checkpoint import (
 )
 from .head_data import HeadData, coverage, draft_vocabulary, token_counts, token_rows
 from .precision import compute_dtype, computing_in
+from .schedule import peak_schedule
 
 # Defaults of HeadTrainConfig used as a library; train-draft's per-kind
 # defaults are the shipped heads' recipes (head_command.DEFAULT_STEPS, ...).
@@ -221,16 +222,8 @@ class HeadTrainer:
         mx.eval(self.head.parameters())
         self.embed_fn = lambda tokens: mx.stop_gradient(embed(model, tokens))
         self.dtype = compute_dtype(config.precision)
-        self.schedule = optim.join_schedules(
-            [
-                optim.linear_schedule(config.lr * 0.01, config.lr, 100),
-                optim.cosine_decay(
-                    config.lr, max(config.steps - 100, 1), config.lr * 0.05
-                ),
-            ],
-            [100],
-        )
-        self.optimizer = optim.AdamW(learning_rate=self.schedule, weight_decay=0.0)
+        schedule = peak_schedule(config.lr, 100, config.steps, floor=0.05)
+        self.optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
         self.step = 0
         self.rng = np.random.default_rng(config.seed)
         self.history: List[Dict] = []
