@@ -324,7 +324,11 @@ INT_LOWEST = {
     "eval_max_tokens": 1,
     "corpus_tokens": 1,
     "rollout_steps": 0,
+    "batch_size": 1,
+    "window": 8,
 }
+# Head flags with a small range of their own: (lowest, highest).
+INT_RANGES = {"train_steps": (1, 8), "num_heads": (1, 8)}
 # Float flags that must be finite and at least 0.
 NON_NEGATIVE = ("sampled_temp", "prompt_weight", "feature_weight")
 
@@ -337,6 +341,12 @@ def check_numbers(args) -> None:
             lowest = 0  # a head's 0 keeps the whole vocabulary
         if value is not None:
             check_size(flag_name(name), value, lowest)
+    for name, (lowest, highest) in INT_RANGES.items():
+        value = getattr(args, name, None)
+        if value is not None and not lowest <= value <= highest:
+            raise OptionError(
+                flag_name(name), value, f"an integer from {lowest} to {highest}"
+            )
     for name in NON_NEGATIVE:
         value = getattr(args, name, None)
         if value is not None and not 0 <= value < math.inf:
@@ -356,8 +366,6 @@ def check_args(args):
         raise ValueError("--sampled-share must be between 0 and 1.")
     if args.soft_weight is not None and not 0 <= args.soft_weight <= 1:
         raise ValueError("--soft-weight must be between 0 and 1.")
-    if args.prompt_weight < 0:
-        raise ValueError("--prompt-weight must be at least 0.")
     if args.feature_weight is not None and args.feature_weight < 0:
         raise ValueError("--feature-weight must be at least 0.")
     check_rollout_args(args)
