@@ -155,14 +155,19 @@ def alpha_by_band(
 ) -> Dict[str, List[Optional[float]]]:
     """Greedy α per prompt set (and ``all``) by completion position band.
 
-    ``matches[i]`` ``(n,)`` belongs to set ``sets[i]``; band ``b`` holds the
+    ``matches[i]`` ``(n,)`` belongs to set ``sets[i]`` (``sets`` may be
+    empty: ``all`` only); band ``b`` holds the
     completion positions ``starts[b]`` up to the next start (the last band
     has no end). ``None`` where a set has no position in a band.
     """
     ends = [*starts[1:], None]
     out: Dict[str, List[Optional[float]]] = {}
-    for name in dict.fromkeys(["all", *sorted(set(sets))]):
-        mine = [m for m, s in zip(matches, sets) if name in ("all", s)]
+    for name in ["all", *sorted(set(sets))]:
+        mine = (
+            matches
+            if name == "all"
+            else [m for m, s in zip(matches, sets) if s == name]
+        )
         out[name] = [
             greedy_alpha(parts) if sum(map(len, parts)) else None
             for parts in ([m[a:b] for m in mine] for a, b in zip(starts, ends))
@@ -413,9 +418,7 @@ def shape_study(
                     "coverage": coverage(kept, written),
                     "alpha": greedy_alpha(m),
                     "alpha_by_set": alpha_by_set(m, sets) if sets else {},
-                    "alpha_by_band": alpha_by_band(
-                        m, sets or ["all"] * len(m), POSITION_BANDS
-                    ),
+                    "alpha_by_band": alpha_by_band(m, sets, POSITION_BANDS),
                 }
             )
             steps[key] = SubsetStep(draft, rows)
@@ -471,6 +474,11 @@ def _x(value: Optional[float]) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
 
+def _alphas(values: Sequence[Optional[float]]) -> str:
+    """Table cells of acceptances (``–`` where there is none)."""
+    return " | ".join("–" if a is None else f"{a:.3f}" for a in values)
+
+
 def markdown(report: Dict) -> str:
     """The study as markdown: verification costs, one row per (draft, V) with
     its best γ per speed column, one row per (draft, V, γ), and the best of all."""
@@ -515,11 +523,7 @@ def markdown(report: Dict) -> str:
         ]
         for s in by_set:
             alphas = [s["alpha_by_set"].get(n) for n in names]
-            lines.append(
-                f"| {s['draft']} | {s['vocab']} | "
-                + " | ".join("–" if a is None else f"{a:.3f}" for a in alphas)
-                + " |"
-            )
+            lines.append(f"| {s['draft']} | {s['vocab']} | {_alphas(alphas)} |")
     # Acceptance by where in the completion a token stands.
     bands = [f"{a}-{b - 1}" for a, b in zip(POSITION_BANDS, POSITION_BANDS[1:])]
     bands.append(f"{POSITION_BANDS[-1]}+")
@@ -531,9 +535,7 @@ def markdown(report: Dict) -> str:
     for s in report["shapes"]:
         for name, alphas in s["alpha_by_band"].items():
             lines.append(
-                f"| {s['draft']} | {s['vocab']} | {name} | "
-                + " | ".join("–" if a is None else f"{a:.3f}" for a in alphas)
-                + " |"
+                f"| {s['draft']} | {s['vocab']} | {name} | {_alphas(alphas)} |"
             )
     lines += [
         "",
