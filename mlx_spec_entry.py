@@ -12,17 +12,26 @@ This module uses the standard library only, so importing it loads nothing else.
 """
 
 import importlib
+import os
+import signal
 import sys
 
 INTERRUPTED = 130
 
 
-def interrupted(*signal_args):
-    """Exit as Ctrl-C does here: an empty line on stderr, code 130.
-
-    Also a ``signal.SIGINT`` handler (``signal_args``: signal number, frame).
-    """
+def interrupted():
+    """Exit as Ctrl-C does here: an empty line on stderr, code 130."""
     exit_interrupted("")
+
+
+def quit_now(signum=None, frame=None):
+    """A ``SIGINT`` handler for while modules import: exit 130 at once.
+
+    An exception raised by a handler can land in an import lock's callback,
+    where Python prints it as ignored and goes on.
+    """
+    print(file=sys.stderr, flush=True)
+    os._exit(INTERRUPTED)
 
 
 def exit_interrupted(line: str):
@@ -41,7 +50,12 @@ def guarded(function, *args, **kwargs):
 
 def _call(entry: str):
     module, function = entry.split(":")
-    return getattr(importlib.import_module(module), function)()
+    previous = signal.signal(signal.SIGINT, quit_now)
+    try:
+        main = getattr(importlib.import_module(module), function)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return main()
 
 
 def run(entry: str):

@@ -149,9 +149,9 @@ def preload_blas():
 
 
 def _interrupted(signum, frame):
-    from mlx_spec_entry import interrupted
+    from mlx_spec_entry import quit_now
 
-    interrupted()
+    quit_now()
 
 
 def _prepare(command: str):
