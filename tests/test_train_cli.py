@@ -16,6 +16,7 @@ from mlx_spec.train import completions as C
 from mlx_spec.train import draft as D
 from mlx_spec.train import head_command as H
 from mlx_spec.train.cli import main, setup_arg_parser
+from mlx_spec.train.cli_options import check_grown_lr
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 TINY = [
@@ -333,6 +334,10 @@ def test_bad_options_fail_before_anything_loads(trained, tmp_path, monkeypatch, 
         (["--grown-lr", "nan"], "--grown-lr=nan is out of range"),
         (["--grown-lr", "1e-3"], "--grown-lr is for the layers a draft adds"),
         (
+            ["--init-from", str(out), "--grown-lr", "1e-3"],
+            "--layers -1 adds none (1 layers; that draft has 1); pass more --layers",
+        ),
+        (
             ["--kind", "medusa", "--num-heads", "0"],
             "--num-heads=0 is out of range: an integer from 1 to 8",
         ),
@@ -351,6 +356,14 @@ def test_bad_options_fail_before_anything_loads(trained, tmp_path, monkeypatch, 
     moved = [str(afile) if word == str(out) else word for word in argv]
     text = _error(moved, capsys)
     assert f"--out {afile} is a file; pass a directory." in text
+
+
+def test_grown_lr_is_taken_when_layers_grow_the_warm_started_draft(trained, tmp_path):
+    """The check that refuses --grown-lr without new layers lets a grown draft by."""
+    out, argv = trained
+    moved = [str(tmp_path / "grown") if word == str(out) else word for word in argv]
+    grown = [*moved, "--init-from", str(out), "--grown-lr", "1e-3", "--layers", "0,-1"]
+    check_grown_lr(setup_arg_parser().parse_args(grown))  # no error
 
 
 def test_a_feature_layer_the_target_lacks_fails_in_one_line(

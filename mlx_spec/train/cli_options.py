@@ -390,11 +390,6 @@ def check_args(args):
     for flag, lr in (("--lr", args.lr), ("--grown-lr", args.grown_lr)):
         if lr is not None and not 0 < lr < math.inf:
             raise ValueError(f"{flag}={lr} is out of range: a number > 0.")
-    if args.grown_lr is not None and not (args.kind == "draft" and args.init_from):
-        raise ValueError(
-            "--grown-lr is for the layers a draft adds to its --init-from draft; "
-            "pass --kind draft --init-from DIR with more --layers, or leave it out."
-        )
     if Path(args.model).expanduser().is_dir():
         for flag, folder in (("--out", args.out), ("--data", args.data)):
             if folder is not None:
@@ -410,6 +405,7 @@ def check_args(args):
         check_out_dir(args.cache, force=True, flag="--cache")
     if args.init_from:
         check_init_from(args.init_from, args.kind)
+    check_grown_lr(args)
     # Head options are checked before any model or data loads.
     if args.kind == "draft" and args.feature_layers is not None:
         raise ValueError(
@@ -525,6 +521,28 @@ def check_init_from(path: str, kind: str):
         raise ValueError(
             f"--init-from {path} holds {what}; pass a directory that "
             f"`mlx_spec train-draft --kind {kind}` wrote."
+        )
+
+
+def check_grown_lr(args):
+    """``--grown-lr`` only with a draft that ``--layers`` grows from its ``--init-from``
+    draft (its other layers train at ``--lr``); else one-line ``ValueError``."""
+    if args.grown_lr is None:
+        return
+    if not (args.kind == "draft" and args.init_from):
+        raise ValueError(
+            "--grown-lr is for the layers a draft adds to its --init-from draft; "
+            "pass --kind draft --init-from DIR with more --layers, or leave it out."
+        )
+    from ..drafters.heads import read_head_config
+
+    trained = read_head_config(args.init_from)["draft"]["init_layers"]
+    layers = int_list(args.layers, "layers")
+    if len(layers) <= len(trained):
+        raise ValueError(
+            f"--grown-lr is for the layers --layers adds to the --init-from draft, and "
+            f"--layers {args.layers} adds none ({len(layers)} layers; that draft has "
+            f"{len(trained)}); pass more --layers, or leave --grown-lr out."
         )
 
 
