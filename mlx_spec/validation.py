@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from .config import OptionError, SpecConfig, check_generation_options, resolve_method
 from .drafters.fit import check_drafter, drafter_kind
-from .loading import check_adapter_dir, check_draft_path
+from .loading import check_adapter_dir, check_draft_path, check_model_path
 from .options import method_options
 
 # SpecConfig fields that commands read from flags of the same name. Not among
@@ -75,7 +75,8 @@ def spec_config(
 def check_generation_args(args: argparse.Namespace) -> None:
     """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has,
     and the other run flags of mlx_lm's commands (``--extra-eos-token``, the XTC
-    flags, ``--chat-template-config``, ``--adapter-path``), checked before the load.
+    flags, ``--chat-template-config``, ``--adapter-path``, whether ``--draft-model``
+    can hold a model), checked before the target loads.
 
     Raises:
         ValueError: One line naming the flag (``--kv-group-size=0 ...``).
@@ -97,6 +98,9 @@ def check_generation_args(args: argparse.Namespace) -> None:
     adapter_path = getattr(args, "adapter_path", None)
     if adapter_path is not None:  # mlx_lm reads it after the model loads
         check_adapter_dir(adapter_path, f"--adapter-path {adapter_path!r}")
+    draft_path = getattr(args, "draft_model", None)
+    if draft_path is not None:  # its drafter is checked against the target once loaded
+        check_model_path(draft_path, "draft model")
 
 
 EOS_TOKEN_FORM = "pass a token as the tokenizer spells it, or its id"

@@ -423,6 +423,29 @@ def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
     assert (Path(places["theirs"]) / "results.json").read_text() == '{"mine": 1}'
 
 
+@pytest.mark.parametrize("command", [GENERATE, CHAT, SERVER], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "draft, field",
+    [
+        ("{missing}", "draft model path '{missing}' does not exist"),
+        ("{file}", "draft model path '{file}' is a file"),
+        ("{user}", "draft model path '{user}' holds no model"),
+    ],
+)
+def test_a_bad_draft_model_path_is_refused_before_the_target_loads(
+    places, no_serving, deadline, capsys, monkeypatch, command, draft, field
+):
+    import mlx_lm
+
+    def load(*args, **kwargs):
+        raise AssertionError("the target loaded before --draft-model was checked")
+
+    monkeypatch.setattr(mlx_lm, "load", load)
+    monkeypatch.setattr(sys, "stdin", open("/dev/null"))
+    argv = [_fill(a, places) for a in [*command, "--draft-model", draft]]
+    _assert_one_line_exit_2(argv, _fill(field, places), capsys)
+
+
 @pytest.mark.parametrize(
     "argv, field", BAD_SHAPES, ids=[" ".join(b[0][-2:]) for b in BAD_SHAPES]
 )

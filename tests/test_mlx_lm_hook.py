@@ -241,7 +241,7 @@ def test_disable_env_turns_the_hook_off(models):
             "ngram_min",
         ),
         (["--draft-model", "/nonexistent/draft"], "/nonexistent/draft"),
-        (["--draft-model", "D", "--prompt-cache-file", "c"], "--prompt-cache-file"),
+        (["--draft-model", "DRAFT", "--prompt-cache-file", "c"], "--prompt-cache-file"),
         (["--draft-model", "OTHERTOK"], "tokenizer differs"),
         # mlx_lm's own flags, checked before the load as mlx_spec generate does
         (["--speculative", "none", "--temp", "1", "--top-k", str(2**70)], "--top-k="),
@@ -250,10 +250,9 @@ def test_disable_env_turns_the_hook_off(models):
     ],
 )
 def test_bad_speculative_input_is_a_one_line_error(models, checkpoints, flags, message):
-    target, _ = models
-    flags = [
-        str(checkpoints["llama-othertok"]) if f == "OTHERTOK" else f for f in flags
-    ]
+    target, draft = models
+    named = {"OTHERTOK": str(checkpoints["llama-othertok"]), "DRAFT": draft}
+    flags = [named.get(f, f) for f in flags]
     result = run([BIN / "mlx_lm.generate", "--model", target, *GENERATE_ARGS, *flags])
     assert_usage_error(result, message)
 
