@@ -908,6 +908,29 @@ def test_prompt_file_runs_end_to_end(checkpoints, tmp_path):
     assert {r["method"] for r in results["rows"]} == {"mlx_lm", "lookup"}
 
 
+def test_cost_curves_are_read_once_before_the_run(checkpoints, tmp_path, monkeypatch):
+    """The file of --cost-curves-from is read at start only: a file that changes
+    during the run does not fail it at its end."""
+    curves = {"small": {"widths": [1, 8], "forward_s": [0.01, 0.02], "params": 1}}
+    given = tmp_path / "curves.json"
+    given.write_text(json.dumps({"cost_curves": curves}))
+    load_pair = bench.load_pair
+
+    def load_and_overwrite(*args, **kwargs):
+        given.write_text("{}")  # no cost curves in it any more
+        return load_pair(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "load_pair", load_and_overwrite)
+    out = tmp_path / "out"
+    bench.main(
+        ["--model", str(checkpoints["llama"]), "--cost-curves-from", str(given)]
+        + ["--methods", "mlx_lm", "--temps", "0", "--max-tokens", "2", *ONE_RUN]
+        + ["--quick", "--no-profile", "--out", str(out)]
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["cost_curves"] == curves
+
+
 def _strings(value, depth=0):
     """Every string inside nested lists, tuples, dicts and simple objects."""
     if depth > 6:

@@ -18,7 +18,7 @@ from mlx_spec.options import method_option_names, one_line_errors
 from mlx_spec.outdir import check_named
 from mlx_spec.validation import DRAFTER_LATER, check_gammas, spec_config
 
-from .measure import QWEN2_SHAPES, load_cost_curves
+from .measure import QWEN2_SHAPES
 from .prompts import BASE_SETS, CHAT_SETS
 from .report import RESULTS_JSON, RESULTS_MD, is_results_json
 from .runner import BASELINES, SWEEP_METHODS
@@ -284,8 +284,6 @@ def resolve_settings(args) -> dict:
         ("--forward-repeats", settings["forward_repeats"], 1),
     ):
         check_size(name, value, low)  # mlx takes 32-bit sizes (2**70: TypeError)
-    if args.cost_curves_from:  # read now, not after every run
-        load_cost_curves(args.cost_curves_from)
     for head in getattr(args, "head", None) or ():  # before the target loads
         check_model_path(head, "--head")
     # Each run's config is made as it runs; the ranges are checked here, at once.

@@ -446,6 +446,11 @@ def benchmark(args) -> dict:
     """Run the benchmark described by parsed ``args``; return the results dict."""
     started = time.perf_counter()
     settings = resolve_settings(args)
+    # Read once, before anything loads: a bad file fails at once, and one
+    # changed or gone during the run is not read again at its end.
+    given_curves = (
+        load_cost_curves(args.cost_curves_from) if args.cost_curves_from else {}
+    )
     method_draft_paths = _parse_method_drafts(args.method_draft)
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
@@ -535,10 +540,8 @@ def benchmark(args) -> dict:
         pair_ratio = costs.draft(1) / costs.target(1)
     fits = {name: timer.fit(name) for name in bare}
 
-    curves, projections = {}, []
-    if args.cost_curves_from:
-        curves = load_cost_curves(args.cost_curves_from)
-    elif args.cost_curves:
+    curves, projections = given_curves, []
+    if not args.cost_curves_from and args.cost_curves:
         shapes = {k: QWEN2_SHAPES[k] for k in args.cost_shapes}
         curves = cost_curves(shapes, context=context, progress=progress.note)
     if curves:
