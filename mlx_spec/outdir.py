@@ -91,12 +91,12 @@ def check_out_file(path: PathLike, flag: str) -> Path:
 
 
 def check_outside(out: PathLike, folder: PathLike, *, flag: str, what: str) -> None:
-    """Refuse an output folder equal to, or inside, ``folder``.
+    """Refuse an output folder equal to, or inside, ``folder`` (or empty).
 
     Raises:
         OutDirError: One line naming both folders.
     """
-    out_path, inner = Path(out).resolve(), Path(folder).resolve()
+    out_path, inner = Path(check_named(out, flag)).resolve(), Path(folder).resolve()
     if out_path == inner or inner in out_path.parents:
         raise OutDirError(
             f"{flag} {out} is inside {what} {folder}; writing there would change "

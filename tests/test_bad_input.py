@@ -423,6 +423,17 @@ def test_a_bad_invocation_exits_2_in_one_line_naming_the_field(
     assert (Path(places["theirs"]) / "results.json").read_text() == '{"mine": 1}'
 
 
+@pytest.mark.parametrize("command", [TRAIN, GROW], ids=lambda c: " ".join(c[:2]))
+def test_an_empty_out_is_named_so_from_inside_the_target_folder(
+    places, deadline, capsys, monkeypatch, command
+):
+    """``--out ""`` is the working folder: from inside the target's folder it is
+    refused as empty, not as "inside the target model"."""
+    monkeypatch.chdir(places["llama"])
+    argv = [_fill(a, places) for a in [*command, "--out", EMPTY]]
+    _assert_one_line_exit_2(argv, "--out is empty; name a folder.", capsys)
+
+
 @pytest.mark.parametrize("command", [GENERATE, CHAT, SERVER], ids=lambda c: c[0])
 @pytest.mark.parametrize(
     "draft, field",

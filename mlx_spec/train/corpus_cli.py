@@ -26,7 +26,7 @@ from mlx_spec_entry import exit_interrupted
 
 from ..config import check_size
 from ..options import one_line_errors
-from ..outdir import check_named, check_out_dir, check_outside
+from ..outdir import check_out_dir, check_outside
 from . import corpus_grow as G
 from .corpus import DEFAULT_CAP_BYTES, Corpus, CorpusFull
 from .corpus_prompts import FAMILY_NOTES
@@ -173,7 +173,6 @@ def check_out(args) -> None:
     Raises:
         OutDirError: One line naming the folder.
     """
-    check_named(args.out, "--out")
     if Path(args.model).expanduser().is_dir():
         check_outside(args.out, args.model, flag="--out", what="the target model")
     check_out_dir(args.out, force=args.force, ours=_is_corpus_folder)
