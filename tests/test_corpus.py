@@ -800,7 +800,14 @@ def test_one_prefill_stores_a_superset_that_serves_a_draft_and_a_head(
 @pytest.mark.parametrize(
     "kind, measures",
     [
-        ("eagle", ("tokens_per_round", "conditional_by_depth")),
+        (
+            "eagle",
+            ("tokens_per_round", "conditional_by_depth", "tree_tokens_per_round"),
+        ),
+        (
+            "medusa",
+            ("tokens_per_round", "conditional_by_depth", "tree_tokens_per_round"),
+        ),
         ("draft", ("alpha", "best_tokens_per_forward")),
     ],
 )
@@ -838,6 +845,9 @@ def test_a_drafter_trained_on_the_corpus_warm_starts_and_keeps_its_learning_curv
     card = (second / "README.md").read_text()
     point = f"| {curve[1]['corpus_tokens']} | {curve[1]['heldout_tokens']} |"
     assert "Learning curve" in card and point in card  # the held-out size beside it
+    if kind != "draft":  # heads: chain and tree τ on the held-out split
+        assert "| τ (chain) |" in card and "| τ (tree) |" in card
+        assert "per round of a static tree of 24 nodes fitted to them" in card
     assert "first held-out sequences in shard order" in card
     # Each run's shards are on its point and card: the first ones, then all.
     assert (

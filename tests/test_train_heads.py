@@ -27,8 +27,8 @@ from mlx_spec.train.head_command import (
     run_head_training,
 )
 from mlx_spec.train.head_data import teacher_data
-from mlx_spec.train.heads import HeadTrainConfig, HeadTrainer, train_head
-from mlx_spec.train.medusa import calibrated_choices
+from mlx_spec.train.heads import EVAL_DEPTH, HeadTrainConfig, HeadTrainer, train_head
+from mlx_spec.train.rounds import calibrated_choices, tree_depths
 
 VOCAB = 8
 
@@ -115,6 +115,64 @@ def test_training_raises_held_out_acceptance_and_resumes(tiny, sequences, tmp_pa
     ]
     assert out == greedy_continuation(tiny, prompt, 30)[0]
     assert stats.tokens_per_target_forward > 1.5
+
+
+def test_held_out_ranks_are_where_each_unrolled_step_puts_the_targets_token(
+    tiny, sequences
+):
+    """EAGLE's held-out ranks order each step's draft logits as argmax does;
+    the chain is their zero prefix, and a tree that is that chain has its τ."""
+    config = HeadTrainConfig(kind="eagle", draft_vocab=0, heldout=4, tree_size=12)
+    data = teacher_data(tiny, sequences, [5] * len(sequences))
+    trainer = HeadTrainer(tiny, data, config)
+    batch = eagle_train.make_batch(
+        data, trainer.eval_index, trainer.to_draft, 1 << 30, np.random.default_rng(0)
+    )
+    depth = 3
+    ranks = eagle_train.step_ranks(
+        trainer.head, trainer.embed_fn, trainer.logits_fn(), batch, depth
+    )
+    outs = eagle_train.unrolled_outputs(
+        trainer.head, trainer.embed_fn, trainer.logits_fn(), batch, depth
+    )
+    logits = np.stack([np.array(l) for _, l in outs], axis=-2)  # (B, Q, depth, V)
+    top, valid = np.array(batch.teacher_top)[:, 1:], batch.valid_np[:, 1:]
+    expected = []
+    for b, j in zip(*np.nonzero(valid)):
+        row = []
+        for s in range(depth):
+            q = j + s
+            if q >= valid.shape[1] or not valid[b, q]:
+                row.append(-1)
+                continue
+            order = np.argsort(-logits[b, q, s], kind="stable").tolist()
+            row.append(order.index(top[b, q]))
+        expected.append(row)
+    assert ranks.tolist() == expected and (ranks > 0).any()
+    summary = trainer.evaluate()
+    assert summary["tree_nodes"] == 12 and len(summary["tree_choices"]) == 12
+    chain = [(0,) * s for s in range(1, EVAL_DEPTH + 1)]
+    all_ranks = eagle_train.step_ranks(
+        trainer.head, trainer.embed_fn, trainer.logits_fn(), batch, EVAL_DEPTH
+    )
+    tau = 1 + tree_depths(all_ranks, chain).mean()
+    assert summary["tokens_per_round"] == pytest.approx(tau, abs=1e-4)
+
+
+def test_a_static_tree_accepts_the_longest_prefix_of_ranks_that_is_a_node():
+    choices = [(0,), (1,), (0, 0), (0, 2), (1, 0), (0, 0, 0)]
+    ranks = np.array(
+        [
+            [0, 0, 0],  # the chain of argmaxes: all 3
+            [1, 0, 5],  # second candidate, then its first child: 2
+            [0, 2, 0],  # (0, 2) has no child in the tree: 2
+            [0, 1, 0],  # (0, 1) is not a node: 1
+            [2, 0, 0],  # (2,) is not a node: 0
+            [0, 0, -1],  # the sequence ends after 2 drafts: 2
+            [10, 0, 0],  # past the ranked candidates: 0
+        ]
+    )
+    assert tree_depths(ranks, choices).tolist() == [3, 2, 2, 1, 0, 2, 0]
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])

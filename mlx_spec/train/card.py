@@ -349,7 +349,9 @@ def head_card(config: Dict, command: str) -> str:
         *_origin_lines(config, "- The chain of warm starts began with `{}`."),
         f"- Final loss: {'n/a' if loss is None else loss}.",
         f"- Held-out greedy acceptance by depth: {last.get('accept_by_depth')}, "
-        f"tokens per chain round: {last.get('tokens_per_round')}.",
+        f"tokens per chain round: {last.get('tokens_per_round')}"
+        + _tree_text(last)
+        + ".",
         "",
         "Held-out acceptance during training (step: tokens per chain round):",
         "",
@@ -372,7 +374,8 @@ _CURVE_COLUMNS = (
     ("accept_by_depth", "acceptance by depth"),
     ("conditional_by_depth", "conditional by depth"),
     ("tokens_per_round", "τ (chain)"),
-    ("tree_tokens_per_round", "tokens per tree round"),
+    ("tree_nodes", "tree nodes"),
+    ("tree_tokens_per_round", "τ (tree)"),
 )
 
 
@@ -456,6 +459,17 @@ def _architecture_lines(head: Dict) -> List[str]:
         f"{head.get('train_steps')} steps unrolled). `mlx_spec export` writes it "
         "in speculators' format, which vLLM and SGLang load.",
     ]
+
+
+def _tree_text(last: Dict) -> str:
+    """The card's words on the held-out τ of a static tree (none if not measured;
+    Medusa heads older than ``tree_nodes`` estimated it assuming independent heads)."""
+    if "tree_nodes" not in last:
+        return ""
+    return (
+        f", per round of a static tree of {last['tree_nodes']} nodes fitted to them: "
+        f"{last['tree_tokens_per_round']}"
+    )
 
 
 def _head_reads(head: Dict) -> str:

@@ -24,7 +24,7 @@ with the tokens shifted by one and weighs the steps ``0.8**(s - 1)``.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -32,6 +32,7 @@ import numpy as np
 
 from ..features import FINAL
 from .head_data import HeadData
+from .rounds import TOP_RANKS
 
 STEP_DECAY = 0.8
 DEFAULT_TRAIN_STEPS = 3  # unrolled draft steps in training
@@ -241,57 +242,47 @@ def eagle_loss(
     return total / weights, mx.stack(accs)
 
 
-def chain_acceptance(
-    head, embed_fn, logits_fn: LogitsFn, draft_ids: mx.array, batch: Batch, depth: int
+def step_ranks(
+    head, embed_fn, logits_fn: LogitsFn, batch: Batch, depth: int
 ) -> np.ndarray:
-    """Greedy chain acceptance from every round start ``j`` of a batch.
+    """Rank of the target's token among each draft's candidates, from every round start.
 
     Draft ``s`` of a round whose last true pair is ``j`` is the unrolled
-    step-``s`` output at ``q = j + s - 1``; it is accepted while every draft
-    so far equals the target's top token.
+    step-``s`` output at ``q = j + s - 1``: what the head drafts there when
+    drafts ``1..s-1`` were the target's tokens (see :mod:`.rounds`).
 
     Returns:
-        ``(N, depth)`` bool: for each valid round start, whether drafts
-        ``1..s`` were all accepted.
+        ``(N, depth)`` int for each valid round start: the rank (0 = the
+        head's argmax; ties go to the lower draft index, as ``argmax`` does)
+        of the target's top token among step ``s``'s draft logits,
+        ``TOP_RANKS`` past them or outside the draft vocabulary, ``-1`` past
+        the supervised positions.
     """
     outs = unrolled_outputs(head, embed_fn, logits_fn, batch, depth)
-    hits = []
-    for g, logits in outs:
-        draft = draft_ids[logits.argmax(-1)]
-        hits.append(draft == batch.teacher_top[:, 1:])
-    hits = np.array(mx.stack(hits, axis=-1))  # (B, Q, depth)
+    true = batch.teacher_ids[:, 1:, 0]  # (B, Q) draft index of the target's top token
+    index = mx.arange(outs[0][1].shape[-1])
+    ranks = []
+    for _, logits in outs:
+        t = mx.take_along_axis(logits, mx.maximum(true, 0)[..., None], axis=-1)
+        ahead = (logits > t) | ((logits == t) & (index < true[..., None]))
+        rank = mx.minimum(ahead.sum(-1), TOP_RANKS)
+        ranks.append(mx.where(true >= 0, rank, TOP_RANKS))
+    ranks = np.array(mx.stack(ranks, axis=-1)).astype(np.int64)  # (B, Q, depth)
     valid = np.array(batch.valid[:, 1:])
-    B, Q, _ = hits.shape
+    B, Q, _ = ranks.shape
     rows = []
     for b in range(B):
         for j in range(Q):
             if not valid[b, j]:
                 continue
-            run = np.zeros(depth, bool)
-            ok = True
+            row = np.full(depth, -1, np.int64)
             for s in range(depth):
                 q = j + s
-                ok = ok and q < Q and valid[b, q] and bool(hits[b, q, s])
-                run[s] = ok
-            rows.append(run)
-    return np.array(rows, bool).reshape(-1, depth)
+                if q < Q and valid[b, q]:
+                    row[s] = ranks[b, q, s]
+            rows.append(row)
+    return np.array(rows, np.int64).reshape(-1, depth)
 
 
 def final_only(layers: Sequence[int]) -> bool:
     return list(layers) == [FINAL]
-
-
-def summarize_acceptance(runs: np.ndarray) -> Dict[str, object]:
-    """Acceptance by depth and tokens per round of a greedy chain, from ``runs``."""
-    if runs.size == 0:
-        return {"rounds": 0, "accept_by_depth": [], "tokens_per_round": 1.0}
-    by_depth = runs.mean(axis=0)
-    # P(depth d accepted | depth d - 1 accepted): what each extra step adds.
-    reached = np.concatenate([[1.0], by_depth[:-1]])
-    conditional = np.where(reached > 0, by_depth / np.maximum(reached, 1e-12), 0.0)
-    return {
-        "rounds": int(runs.shape[0]),
-        "accept_by_depth": [round(float(a), 4) for a in by_depth],
-        "conditional_by_depth": [round(float(a), 4) for a in conditional],
-        "tokens_per_round": round(1.0 + float(runs.sum(axis=1).mean()), 4),
-    }

@@ -13,7 +13,8 @@ sees when drafting (see :mod:`mlx_spec.train.eagle`, EAGLE-3-shaped heads
 too), so a chain from
 round start ``j`` accepts ``s`` tokens iff its first ``s`` drafts equal the
 target's greedy tokens; for Medusa, iff heads ``1..s`` put the target's
-token first.
+token first. From the same ranks comes the τ of a static tree of
+``tree_size`` nodes (see :mod:`mlx_spec.train.rounds`).
 """
 
 import json
@@ -40,6 +41,7 @@ from ..features import embed, feature_owner, output_layer
 from ..fingerprint import model_fingerprint
 from . import eagle as eagle_train
 from . import medusa as medusa_train
+from . import rounds
 from .checkpoint import (
     STATE_FILE,
     checkpoint_dir,
@@ -89,7 +91,8 @@ class HeadTrainConfig:
         precision: Compute dtype of the training forwards (see
           :mod:`mlx_spec.train.precision`); weights stay float32.
         num_heads: Medusa: heads (tokens predicted ahead).
-        tree_size: Medusa: nodes of the calibrated static tree.
+        tree_size: Nodes of the static tree calibrated on the held-out
+          evaluation: the τ (tree) it reports, and a Medusa head's stored tree.
         init_from: A trained head directory of the same kind and shape to
           start from (its draft vocabulary may differ: the rows are the
           target's frozen output rows).
@@ -301,21 +304,16 @@ class HeadTrainer:
         if not self.eval_index:
             return {}
         rng_state = self.rng.bit_generator.state
-        runs, ranks = [], []
+        ranks = []
         for i in range(0, len(self.eval_index), self.config.batch_size):
             index = self.eval_index[i : i + self.config.batch_size]
             batch = eagle_train.make_batch(
                 self.data, index, self.to_draft, 1 << 30, np.random.default_rng(0)
             )
             if self.config.kind in ("eagle", "eagle3"):
-                runs.append(
-                    eagle_train.chain_acceptance(
-                        self.head,
-                        self.embed_fn,
-                        self.logits_fn(),
-                        self.draft_ids_mx,
-                        batch,
-                        EVAL_DEPTH,
+                ranks.append(
+                    eagle_train.step_ranks(
+                        self.head, self.embed_fn, self.logits_fn(), batch, EVAL_DEPTH
                     )
                 )
             else:
@@ -325,18 +323,7 @@ class HeadTrainer:
                     )
                 )
         self.rng.bit_generator.state = rng_state
-        if self.config.kind in ("eagle", "eagle3"):
-            summary = eagle_train.summarize_acceptance(np.concatenate(runs))
-        else:
-            all_ranks = np.concatenate(ranks)
-            summary = medusa_train.summarize_ranks(all_ranks)
-            acc = medusa_train.rank_accuracy(all_ranks)
-            choices = medusa_train.calibrated_choices(acc, self.config.tree_size)
-            summary["rank_accuracy"] = np.round(acc, 4).tolist()
-            summary["tree_choices"] = [list(c) for c in choices]
-            summary["tree_tokens_per_round"] = round(
-                1.0 + medusa_train.expected_tree_tokens(acc, choices), 4
-            )
+        summary = rounds.summarize(np.concatenate(ranks), self.config.tree_size)
         summary["step"] = self.step
         self.evals.append(summary)
         return summary

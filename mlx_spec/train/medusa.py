@@ -1,4 +1,4 @@
-"""Training Medusa heads, and the static tree their accuracies suggest.
+"""Training Medusa heads, and the ranks their held-out acceptance is read from.
 
 Head ``k`` reads the target's final feature ``f_q`` (which chose token
 ``x_{q+1}``) and should predict ``x_{q+1+k}``: its loss is the
@@ -6,15 +6,13 @@ cross-entropy against the target's own law at position ``q + k``
 (self-distillation, as Medusa-2 does), over the draft vocabulary.
 """
 
-import heapq
-from typing import Dict, List, Tuple
+from typing import Tuple
 
 import mlx.core as mx
 import numpy as np
 
 from .eagle import Batch, _cross_entropy
-
-TOP_RANKS = 10  # ranks per head whose accuracy is measured (tree calibration)
+from .rounds import TOP_RANKS
 
 
 def head_logits(heads, vocab_weight: mx.array, features: mx.array) -> mx.array:
@@ -89,59 +87,3 @@ def rank_hits(heads, vocab_weight, draft_ids: mx.array, batch: Batch) -> np.ndar
                 ranks.append(int(where[0]) if where.size else R)
             rows.append(ranks)
     return np.array(rows, np.int64).reshape(-1, K)
-
-
-def chain_runs(ranks: np.ndarray) -> np.ndarray:
-    """``(N, K)`` bool: heads ``1..k`` all had the target's token first."""
-    hit = ranks == 0
-    return np.cumprod(hit, axis=1).astype(bool)
-
-
-def rank_accuracy(ranks: np.ndarray) -> np.ndarray:
-    """``(K, TOP_RANKS)``: how often head ``k``'s rank-``r`` token is the target's."""
-    K = ranks.shape[1]
-    acc = np.zeros((K, TOP_RANKS))
-    for k in range(K):
-        col = ranks[:, k]
-        col = col[col >= 0]
-        if col.size:
-            for r in range(TOP_RANKS):
-                acc[k, r] = float((col == r).mean())
-    return acc
-
-
-def calibrated_choices(acc: np.ndarray, size: int) -> List[Tuple[int, ...]]:
-    """The ``size`` index paths of highest ``prod_l acc[l, c_l]`` (Medusa's trees).
-
-    A path's value never exceeds its parent's, so taking the best paths
-    one by one (a best-first search) keeps every prefix in the tree.
-    """
-    K, R = acc.shape
-    heap = [(-acc[0, r], (r,)) for r in range(R)]
-    heapq.heapify(heap)
-    chosen = []
-    while heap and len(chosen) < size:
-        value, path = heapq.heappop(heap)
-        chosen.append(path)
-        if len(path) < K:
-            for r in range(R):
-                heapq.heappush(heap, (value * acc[len(path), r], path + (r,)))
-    return sorted(chosen, key=lambda p: (len(p), p))
-
-
-def expected_tree_tokens(acc: np.ndarray, choices: List[Tuple[int, ...]]) -> float:
-    """Expected accepted tokens per round of a static tree, heads assumed independent."""
-    return float(sum(np.prod([acc[l, c] for l, c in enumerate(p)]) for p in choices))
-
-
-def summarize_ranks(ranks: np.ndarray) -> Dict[str, object]:
-    runs = chain_runs(ranks) if ranks.size else np.zeros((0, 1), bool)
-    return {
-        "rounds": int(ranks.shape[0]),
-        "accept_by_depth": (
-            [round(float(a), 4) for a in runs.mean(axis=0)] if ranks.size else []
-        ),
-        "tokens_per_round": (
-            round(1.0 + float(runs.sum(axis=1).mean()), 4) if ranks.size else 1.0
-        ),
-    }

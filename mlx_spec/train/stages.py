@@ -253,12 +253,16 @@ def learning_point(kind: str, record: Dict, last_eval: Dict, steps: int) -> Dict
         "labels": record.get("labels", "laws"),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
     }
-    names = {
-        "draft": ("alpha", "best_tokens_per_forward", "best_gamma"),
-        "eagle": ("accept_by_depth", "conditional_by_depth", "tokens_per_round"),
-        "eagle3": ("accept_by_depth", "conditional_by_depth", "tokens_per_round"),
-        "medusa": ("tree_tokens_per_round",),
-    }[kind]
+    heads = (
+        "accept_by_depth",
+        "conditional_by_depth",
+        "tokens_per_round",
+        "tree_nodes",
+        "tree_tokens_per_round",
+    )
+    names = {"draft": ("alpha", "best_tokens_per_forward", "best_gamma")}.get(
+        kind, heads
+    )
     point.update({n: last_eval[n] for n in names if n in last_eval})
     return point
 
