@@ -7,7 +7,8 @@ number of processes, or ``pipeline()`` (stages); the drafter is replicated,
 and every rank takes part in each verification forward. The ranks stay in
 step because every input to a decision is the same on all of them: the
 target's logits (all-reduced), the random state (seeded alike), and the
-measured round costs (rank 0's, broadcast). Only rank 0 prints.
+measured round costs (rank 0's, broadcast). Only rank 0 prints, and an
+error is said once for the group (:func:`exit_in_one_line`).
 """
 
 import contextlib
@@ -23,6 +24,10 @@ import mlx.core as mx
 
 # The collectives a sharded forward runs; a benchmark may slow each down.
 COLLECTIVES = ("all_sum", "all_gather", "send", "recv", "recv_like")
+# How long a rank other than 0 waits before it says an error (see _exit_from_rank0).
+OTHERS_WAIT_S = 10.0
+# What the ring backend says when a collective's peer has gone.
+LOST_PEER = "connection to a peer was lost"
 
 
 def _point_mlx_at_open_mpi():
@@ -37,14 +42,31 @@ def _point_mlx_at_open_mpi():
             os.environ["MLX_MPI_LIBNAME"] = name
 
 
-def _exit_from_rank0(rank: int, code: int, line: str):
-    """Exit ``code`` with ``line`` on stderr, said by rank 0 alone: every rank meets the
-    same error, and the others wait so that rank 0's line is the one shown."""
+def _exit_from_rank0(rank: int, code: int, line: str, grouped: bool = False):
+    """Exit ``code`` with ``line`` on stderr, said once for the group.
+
+    Every rank usually meets the same error: rank 0 says it at once, and
+    mlx.launch or mpirun stops the others while they wait. A rank that meets
+    an error alone (a model missing on its Mac) says it after the wait,
+    naming itself. A process of a ``grouped`` run leaves at once, without
+    MPI's finalize: mpirun then stops the others (as mlx.launch does anyway),
+    which would otherwise wait for it in a collective.
+    """
     if rank != 0:
-        time.sleep(2.0)  # before mlx.launch or mpirun stops the group
-    else:
-        print(line, file=sys.stderr)
+        time.sleep(OTHERS_WAIT_S)
+        line = f"rank {rank}: {line}"
+    print(line, file=sys.stderr)
+    if grouped:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another process
+    of the group stopped."""
+    return isinstance(error, RuntimeError) and LOST_PEER in str(error)
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,9 +100,26 @@ def rank0_prints():
         sys.stdout = open(os.devnull, "w")
 
 
-def exit_in_one_line(parser, error: Exception):
-    """Exit 2 with ``error`` on one line, said by rank 0 alone."""
-    _exit_from_rank0(rank(), 2, f"{parser.prog}: error: {error}")
+def exit_in_one_line(parser, error, code: int = 2):
+    """Exit ``code`` with ``error`` on one line, said once for the group (1
+    when another process of the group stopped, which said why, if it could)."""
+    if peer_lost(error):
+        error, code = f"another process of the group stopped ({error}).", 1
+    grouped = sharded_group() is not None
+    _exit_from_rank0(rank(), code, f"{parser.prog}: error: {error}", grouped)
+
+
+@contextlib.contextmanager
+def errors_in_one_line(parser, errors: tuple) -> Iterator[None]:
+    """Turn ``errors`` and a lost process of the group into :func:`exit_in_one_line`."""
+    try:
+        yield
+    except errors as e:
+        exit_in_one_line(parser, e)
+    except RuntimeError as e:
+        if not peer_lost(e):
+            raise
+        exit_in_one_line(parser, e)
 
 
 def from_rank0(value: float, group) -> float:
@@ -210,8 +249,13 @@ def load_sharded(
             # Each rank reads every weight (as sharded_load would): the local
             # path below then checks how the heads split.
             local = download(path)
-        except Exception as e:
-            raise ValueError(f"could not load a sharded model '{path}': {e}") from None
+        except Exception as e:  # hub errors are long; keep the first line
+            first = (
+                str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            )
+            raise ValueError(
+                f"could not load a sharded model '{path}': {first}"
+            ) from None
     model, config = load_model(local, lazy=True, strict=False)
     if pipeline:
         if not hasattr(getattr(model, "model", None), "pipeline"):

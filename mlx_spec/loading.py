@@ -197,6 +197,16 @@ def load_model(path: str, role: str = "model", **kwargs):
     return loaded
 
 
+def load_sharded_model(path: str, **kwargs):
+    """:func:`mlx_spec.distributed.load_sharded` with :func:`load_model`'s
+    one-line ``ValueError`` for a bad path."""
+    from .distributed import load_sharded
+
+    check_model_path(path)
+    check_not_a_drafter(path, "model")
+    return load_sharded(path, **kwargs)
+
+
 def drafter_dir_kind(path: Optional[str]) -> Optional[str]:
     """The kind (``draft``, ``eagle``, ``medusa``, ``dflash``) of the drafter a
     ``train-draft`` directory or a published drafter folder ``path`` holds, else

@@ -13,6 +13,7 @@ drafts another length runs other collectives, and the group stalls.
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -48,16 +49,16 @@ BACKENDS = [
 ]
 
 
-def _launcher(backend: str) -> list:
-    """The argv prefix that starts 2 ranks with ``backend`` (ring or mpi).
+def _launcher(backend: str, python: str = sys.executable) -> list:
+    """The argv prefix that starts 2 ranks of ``python`` with ``backend`` (ring or mpi).
 
     MPI goes through Open MPI's mpirun: mlx.launch's MPI path passes it an
     option that Open MPI 4 (Debian 12's) rejects.
     """
     if backend == "ring":
-        return [str(LAUNCH), "--backend", "ring", "-n", "2", "--python", sys.executable]
+        return [str(LAUNCH), "--backend", "ring", "-n", "2", "--python", python]
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", "-q", "-np", "2", *root, sys.executable]
+    return ["mpirun", "-q", "-np", "2", *root, python]
 
 
 @contextlib.contextmanager
@@ -76,17 +77,18 @@ def open_stdin():
         os.close(write)
 
 
-def _launch(command, timeout=TIMEOUT, backend="ring"):
+def _launch(command, timeout=TIMEOUT, backend="ring", python=sys.executable, cwd=None):
     """Run ``command`` on 2 ranks; kill the whole group if it overruns."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     with open_stdin() as stdin:
         proc = subprocess.Popen(
-            _launcher(backend) + command,
+            _launcher(backend, python) + command,
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
         try:
@@ -241,6 +243,40 @@ def test_sharded_generate_prints_once_and_refuses_in_one_line(checkpoints, backe
     assert "Traceback" not in out
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_error_on_one_rank_alone_is_said_by_it_and_stops_the_group(
+    checkpoints, tmp_path, backend
+):
+    # Rank 1 starts in another folder, where the relative model path is
+    # missing: as on a Mac that lacks the model. It says so, naming itself,
+    # and the group stops (rank 0 was left waiting in the load's collective;
+    # under the ring it may say that the group stopped).
+    (tmp_path / "llama").symlink_to(checkpoints["llama"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "${MLX_RANK:-$OMPI_COMM_WORLD_RANK}" = 1 ]; then '
+        f"cd {shlex.quote(str(elsewhere))}; fi\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    python.chmod(0o755)
+    command = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "4"]
+    command += ["--model", "./llama", "--ignore-chat-template"]
+    _, out = _launch(
+        command, timeout=120, backend=backend, python=str(python), cwd=tmp_path
+    )
+    errors = [line for line in out.splitlines() if "error:" in line]
+    said = "rank 1: mlx_spec.generate: error: model path './llama' does not exist."
+    # And rank 0's line, unless mlx.launch stopped it first (in either order:
+    # mlx.launch relays each rank's output on its own).
+    stopped = "mlx_spec.generate: error: another process of the group stopped"
+    assert said in errors, out
+    assert all(e.startswith(stopped) for e in errors if e != said), out
+    assert len(errors) <= 2 and "Traceback" not in out
+
+
 class _Group:
     def __init__(self, size):
         self._size = size
@@ -265,13 +301,34 @@ def test_a_hub_model_whose_heads_do_not_divide_gets_its_mlp_split(
         raise AssertionError("mlx-lm would split the heads unevenly")
 
     monkeypatch.setattr(mlx_lm.utils, "sharded_load", sharded_load)
-    monkeypatch.setattr(mlx_lm_private, "download", lambda repo: checkpoints[repo])
+    fetch = lambda repo: checkpoints[repo.removeprefix("org/")]  # noqa: E731
+    monkeypatch.setattr(mlx_lm_private, "download", fetch)
     monkeypatch.setattr(distributed, "sharded_group", lambda: _Group(2))
     monkeypatch.setattr(mx.distributed, "all_sum", lambda x, **kwargs: x)
-    model, _ = distributed.load_sharded("llama-3heads")
+    model, _ = distributed.load_sharded("org/llama-3heads")
     layer = model.layers[0]
     assert type(layer.mlp.down_proj).__name__ == "ShardedToAllLinear"
     assert type(layer.self_attn.q_proj).__name__ == "Linear"
+
+
+def test_a_sharded_load_names_a_bad_path_in_one_line(checkpoints, monkeypatch):
+    from mlx_spec import distributed, mlx_lm_private
+    from mlx_spec.loading import load_sharded_model
+
+    monkeypatch.setattr(distributed, "sharded_group", lambda: _Group(2))
+    with pytest.raises(ValueError, match=r"^model path '/no/such' does not exist"):
+        load_sharded_model("/no/such")
+    with pytest.raises(ValueError, match="is a file"):
+        load_sharded_model(str(checkpoints["llama"] / "config.json"))
+
+    def download(repo):
+        raise OSError("Got: ConnectError\nAn error happened while trying ...")
+
+    monkeypatch.setattr(mlx_lm_private, "download", download)
+    with pytest.raises(ValueError) as error:
+        load_sharded_model("org/model")
+    said = "could not load a sharded model 'org/model': Got: ConnectError"
+    assert str(error.value) == said
 
 
 def test_mlp_split_refuses_a_width_or_a_model_it_cannot_split(load_model):

@@ -19,7 +19,7 @@ import mlx_lm
 import pytest
 from serving import post
 from test_server import _free_port
-from test_sharded import open_stdin
+from test_sharded import _launch, open_stdin
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 SERVER = Path(sys.executable).with_name("mlx_spec.server")
@@ -126,6 +126,16 @@ def test_a_rank_that_dies_ends_the_whole_group(group):
     while _alive(min(ranks)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _alive(min(ranks)), "rank 0 outlived its group"
+
+
+def test_a_flag_the_sharded_server_refuses_is_said_once(pair_flags):
+    command = [str(SERVER), *pair_flags, "--kv-bits", "4", "--port", str(_free_port())]
+    _, out = _launch(command, timeout=120)
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert errors == [
+        "mlx_spec.server: error: a sharded server batches every request, and "
+        "quantized KV caches are not batched; drop --kv-bits."
+    ], out
 
 
 def test_concurrent_sharded_requests_equal_plain_mlx_lm(shared_group, load_model):

@@ -24,14 +24,13 @@ from typing import Dict, List
 from ..distributed import (
     barrier,
     collective_delay,
-    exit_in_one_line,
-    load_sharded,
+    errors_in_one_line,
     rank,
     rank0_prints,
     sharded_group,
 )
 from ..generation import stream_generate
-from ..loading import default_model_pair, load_draft
+from ..loading import default_model_pair, load_draft, load_sharded_model
 from .prompts import encode, prompt_suite
 
 DEFAULT_DELAYS_MS = (0.0, 0.3, 1.0)
@@ -117,7 +116,7 @@ def _run(model, tokenizer, drafter, method, prompt, max_tokens) -> Dict:
 def measure(args) -> List[Dict]:
     """One row per (delay, method): pooled tokens/s and tokens per target forward."""
     model_path = args.model or _default_pair("none")[0]
-    model, tokenizer = load_sharded(model_path, pipeline=args.pipeline)
+    model, tokenizer = load_sharded_model(model_path, pipeline=args.pipeline)
     methods = ["none"] + [m for m in args.methods if m != "none"]
     drafters = _drafters(methods, args.draft_model, model, tokenizer)
     prompts = [
@@ -219,11 +218,9 @@ def main(argv=None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
     rank0_prints()
-    try:
+    with errors_in_one_line(parser, (ValueError,)):
         group = sharded_group()
         rows = measure(args)
-    except ValueError as e:
-        exit_in_one_line(parser, e)
     if rank() == 0:
         out = Path(args.out).expanduser()
         out.mkdir(parents=True, exist_ok=True)

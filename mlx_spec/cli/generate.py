@@ -13,8 +13,7 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 from ..chat_text import repair_text
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 from ..distributed import (
-    exit_in_one_line,
-    load_sharded,
+    errors_in_one_line,
     rank0_prints,
     sharded_group,
     shared_seed,
@@ -23,6 +22,7 @@ from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
     default_model_pair,
     load_model,
+    load_sharded_model,
     resolve_draft,
     skip_unused_draft,
 )
@@ -149,7 +149,7 @@ def run(args) -> str:
     if sharded:
         if args.adapter_path:
             raise ValueError("--adapter-path is not supported on a sharded target.")
-        model, tokenizer = load_sharded(
+        model, tokenizer = load_sharded_model(
             model_path,
             pipeline=args.pipeline,
             tokenizer_config={"trust_remote_code": args.trust_remote_code},
@@ -203,9 +203,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rank0_prints()  # a sharded run: rank 0 prints for all
     try:
-        run(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        exit_in_one_line(parser, e)
+        with errors_in_one_line(parser, (ValueError, FileNotFoundError, OSError)):
+            run(args)
     except KeyboardInterrupt:
         parser.exit(130, "\n")
 

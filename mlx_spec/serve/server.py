@@ -51,8 +51,13 @@ from mlx_lm.models.cache import LRUPromptCache
 
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
-from ..distributed import load_sharded, rank, sharded_group
-from ..loading import draft_source, load_draft, load_model
+from ..distributed import (
+    errors_in_one_line,
+    exit_in_one_line,
+    rank,
+    sharded_group,
+)
+from ..loading import draft_source, load_draft, load_model, load_sharded_model
 from ..mtp import load_mtp
 from ..validation import check_chat_template_syntax
 from .cli import check_port, host_warning, resolve_model_args, setup_arg_parser
@@ -65,7 +70,7 @@ class SpecModelProvider(lm_server.ModelProvider):
     """mlx_lm's provider with one-line load errors and a checked draft.
 
     Under ``mlx.launch`` the target is sharded tensor-parallel over the
-    processes (:func:`mlx_spec.distributed.load_sharded`) and the draft
+    processes (:func:`mlx_spec.loading.load_sharded_model`) and the draft
     model is whole on every rank; a ``--pipeline`` load is mlx_lm's and
     serves one request at a time, without a draft. A draft whose tokenizer
     differs from the target's is refused (``ValueError``) rather than
@@ -93,7 +98,7 @@ class SpecModelProvider(lm_server.ModelProvider):
         gc.collect()
         mx.clear_cache()
         if self.is_distributed:
-            model, tokenizer = load_sharded(
+            model, tokenizer = load_sharded_model(
                 model_path, tokenizer_config=lm_private.tokenizer_config(self)
             )
             config = None
@@ -289,24 +294,23 @@ def main(argv: Optional[List[str]] = None):
         level=getattr(logging, args.log_level.upper()) if rank() == 0 else "WARNING",
         format="%(asctime)s - %(levelname)s - %(message)s",
     )
-    try:
+    # Sharded, each error is said once for the group (rank 0's, or a rank's own).
+    with errors_in_one_line(parser, (ValueError, OSError)):
         check_port(args.port)
         server = SpecServer(args)
-    except (ValueError, OSError) as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
     try:
         server.wait_ready()
     except (RuntimeError, TimeoutError) as e:
         server.stop()
-        parser.exit(1, f"{parser.prog}: error: {e}\n")
-    warning = host_warning(args.host)
-    if warning is not None:
-        logging.warning(warning)
+        exit_in_one_line(parser, e, code=1)
     if rank() == 0:
+        warning = host_warning(args.host)
+        if warning is not None:
+            logging.warning(warning)
         logging.info(server.describe())
     server.serve_forever()
     if server.failed:
-        parser.exit(1, f"{parser.prog}: error: generation failed; see the log.\n")
+        exit_in_one_line(parser, "generation failed; see the log.", code=1)
 
 
 if __name__ == "__main__":
