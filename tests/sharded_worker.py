@@ -2,7 +2,8 @@
 
 ``--jobs FILE`` holds ``{name: job}``; each job loads its target sharded
 (``model``, ``draft_model``, ``pipeline``) and decodes the same prompt with
-each of its ``methods`` (at ``temp``, seeded by ``seed``). Every rank writes
+each of its ``methods`` (at ``temp``, seeded by ``seed``, with any other
+``options`` of ``stream_generate``). Every rank writes
 ``{name: {method: results}}`` to ``OUT/rank<r>.json``; the tests compare the
 ranks with each other and with unsharded decoding. One process group runs
 them all: a rank's start-up (imports, the ring) costs as much as the decodes.
@@ -48,6 +49,7 @@ def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
             speculative=method,
             max_tokens=max_tokens,
             temp=job.get("temp", 0.0),
+            **job.get("options", {}),
         )
         tokens = [r.token for r in stream]
         results[method] = {

@@ -140,7 +140,10 @@ EVERY_METHOD = [
 # a draft step priced against each rank's own share made the ranks draft
 # different lengths and stall.
 PIPELINE_METHODS = ["none", "draft", "tree", "lookup", "auto", "draft", "none", "draft"]
-SAMPLED_METHODS = ["draft", "eagle-chain"]
+# qwen3_next's recurrent layers verify trees as chains; qwen2's stages attend
+# through the tree mask, and a tree of fixed size branches on this prompt.
+FIXED_TREE = dict(options=dict(adaptive=False))
+SAMPLED_METHODS = ["draft", "tree", "eagle-chain"]
 SAMPLED = dict(temp=1.0, seed=3)
 
 
@@ -162,6 +165,7 @@ def sharded(checkpoints, tmp_path_factory):
         "llama": job("llama", EVERY_METHOD),
         "llama-3heads": job("llama-3heads", EVERY_METHOD),
         "pipeline": job("qwen3_next", PIPELINE_METHODS, pipeline=True),
+        "pipeline-tree": job("qwen2", ["tree", "eagle"], pipeline=True, **FIXED_TREE),
         "sampled": job("llama", SAMPLED_METHODS, **SAMPLED),
     }
     return _ranks(jobs, tmp_path_factory.mktemp("sharded"))
@@ -198,12 +202,26 @@ def test_pipeline_stages_greedy_equal_plain_mlx_lm(sharded, load_model):
     _assert_ranks_decided_alike(ranks, PIPELINE_METHODS)
 
 
+def test_pipeline_stages_verify_a_tree_through_its_mask_on_every_stage(
+    sharded, load_model
+):
+    ranks = sharded["pipeline-tree"]
+    expected = _plain(load_model("qwen2")[0])
+    for results in ranks:
+        for method in ("tree", "eagle"):
+            assert results[method]["tokens"] == expected, method
+    _assert_ranks_decided_alike(ranks, ["tree", "eagle"])
+    # Trees of 16 nodes: a stage attending causally instead changes the output.
+    assert set(ranks[0]["tree"]["drafted_per_round"]) == {16}
+
+
 def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(sharded, load_model):
     ranks = sharded["sampled"]
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
     for method in SAMPLED_METHODS:
-        drafter = random_head("eagle", model, seed=1) if method != "draft" else draft
+        eagle = method.startswith("eagle")
+        drafter = random_head("eagle", model, seed=1) if eagle else draft
         mx.random.seed(SAMPLED["seed"])
         stream = stream_generate(
             model,
@@ -411,6 +429,27 @@ def test_sharded_table_gives_each_method_its_ratio_and_tokens_per_forward():
     text = table(rows, 2, pipeline=False)
     assert "| `draft` | 0.90 (1.50) | 1.30 (1.50) |" in text
     assert "2 processes, tensor parallel" in text
+
+
+def test_sharded_plot_draws_a_line_per_method_against_the_delay(tmp_path, monkeypatch):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from mlx_spec.bench.sharded import plot
+
+    rows = [
+        {"delay_ms": d, "method": m, "x_plain": x}
+        for d, m, x in [(1.0, "none", 1.0), (0.0, "none", 1.0)]
+        + [(0.0, "draft", 0.9), (1.0, "draft", 1.3)]
+    ]
+    figures, save = [], plt.Figure.savefig
+    monkeypatch.setattr(
+        plt.Figure,
+        "savefig",
+        lambda fig, *a, **k: figures.append(fig) or save(fig, *a, **k),
+    )
+    plot(rows, tmp_path / "sharded.png")
+    assert (tmp_path / "sharded.png").stat().st_size > 0
+    lines = {l.get_label(): l.get_xydata().tolist() for l in figures[0].axes[0].lines}
+    assert lines == {"none": [[0, 1], [1, 1]], "draft": [[0, 0.9], [1, 1.3]]}
 
 
 def test_a_method_with_no_drafter_to_find_stops_in_one_line(monkeypatch):
