@@ -243,9 +243,11 @@ def load_sharded(
     if not local.is_dir():
         try:
             if pipeline:
-                return sharded_load(
+                model, tokenizer = sharded_load(
                     path, group, None, tokenizer_config=tokenizer_config
                 )
+                list_every_block(model, group)
+                return model, tokenizer
             # Each rank reads every weight (as sharded_load would): the local
             # path below then checks how the heads split.
             local = download(path)
@@ -272,10 +274,26 @@ def load_sharded(
     tokenizer = load_tokenizer(
         local, tokenizer_config or {}, eos_token_ids=config.get("eos_token_id")
     )
-    # Every rank has loaded before the first forward.
-    with mx.stream(mx.cpu):
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+    if pipeline:
+        list_every_block(model, group)  # and every rank has loaded
+    else:  # every rank has loaded before the first forward
+        with mx.stream(mx.cpu):
+            mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
     return model, tokenizer
+
+
+def list_every_block(model, group):
+    """List all blocks on each pipeline stage, ``None`` for those another
+    stage holds (mlx-lm lists those before a stage's own only).
+
+    A head's feature layers (EAGLE-3's low, middle and high blocks) then name
+    the same blocks on every rank. Counting the stages' blocks waits for every rank.
+    """
+    inner = model.model
+    held = float(len(inner.pipeline_layers))
+    with mx.stream(mx.cpu):
+        count = int(mx.distributed.all_sum(mx.array(held), group=group).item())
+    inner.layers += [None] * (count - len(inner.layers))
 
 
 @contextlib.contextmanager

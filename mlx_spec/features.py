@@ -20,6 +20,10 @@ Feature layers, as ``int``:
 Any mlx-lm model that keeps its blocks in ``model.model.layers`` and its
 final norm in ``model.model.norm`` works (llama, mistral, qwen2, qwen3,
 gemma, phi3 and most others).
+
+On mlx-lm's pipeline stages each process runs some of the blocks: it gives
+the features of those it holds, zeros for the others, and one ``all_sum``
+gives every process the same features (the final state is the same on all).
 """
 
 from contextlib import contextmanager
@@ -111,6 +115,15 @@ def embed(model: nn.Module, tokens: mx.array) -> mx.array:
     return feature_owner(model).embed_tokens(tokens)
 
 
+def pipeline_stage(model: nn.Module) -> Optional[range]:
+    """The blocks this process runs when ``model`` is in mlx-lm's pipeline
+    stages (``PipelineMixin``), else ``None``."""
+    owner = feature_owner(model)
+    if getattr(owner, "pipeline_size", 1) <= 1:
+        return None
+    return range(owner.start_idx, owner.end_idx)
+
+
 class _Tap:
     """Records the output of the wrapped module; everything else delegates."""
 
@@ -140,6 +153,11 @@ class FeatureCapture:
         self.model = model
         self.layers = check_feature_layers(model, layers)
         self._records: List[List[mx.array]] = [[] for _ in self.layers]
+        # Pipeline stages: the blocks held here; the final state, which every
+        # stage computes, gives the shape of the blocks held elsewhere.
+        blocks = [i for i in self.layers if i != FINAL]
+        self._stage = pipeline_stage(model) if blocks else None
+        self._final = dict(zip(self.layers, self._records)).get(FINAL, [])
 
     @contextmanager
     def capturing(self) -> Iterator["FeatureCapture"]:
@@ -148,11 +166,11 @@ class FeatureCapture:
         norm, blocks = owner.norm, owner.layers
         taps = dict(zip(self.layers, self._records))
         try:
-            if FINAL in taps:
-                owner.norm = _Tap(norm, taps[FINAL])
+            if FINAL in taps or self._stage is not None:
+                owner.norm = _Tap(norm, self._final)
             if any(i != FINAL for i in taps):
                 owner.layers = [
-                    _Tap(block, taps[i]) if i in taps else block
+                    _Tap(block, taps[i]) if i in taps and block is not None else block
                     for i, block in enumerate(blocks)
                 ]
             yield self
@@ -168,12 +186,40 @@ class FeatureCapture:
             batch of one); with ``batched``, ``(B, T, F)``. ``F`` is the sum
             of the layers' widths.
         """
+        if self._stage is not None:
+            return self._take_shared(batched)
         if not self._records[0]:
             return None
+        return self._fuse(self._records, batched)
+
+    def _take_shared(self, batched: bool) -> Optional[mx.array]:
+        """:meth:`take` on pipeline stages: this stage's blocks, zeros for the
+        others' (and for the final state but on stage 0), summed over stages."""
+        final = list(self._final)
+        if not final:
+            return None
+        rank = feature_owner(self.model).pipeline_rank
+        records = [
+            (
+                record
+                if i in self._stage or (i == FINAL and rank == 0)
+                else [mx.zeros_like(f) for f in final]
+            )
+            for i, record in zip(self.layers, self._records)
+        ]
+        features = self._fuse(records, batched)
+        self._final.clear()
+        # After the forwards' own all_gather, on every stage: one order of collectives.
+        return mx.distributed.all_sum(mx.depends(features, final))
+
+    def _fuse(self, records: List[List[mx.array]], batched: bool) -> mx.array:
+        """The records' rows concatenated: positions in order, layers side by
+        side; clears the records."""
         parts = []
-        for record in self._records:
+        for record in records:
             rows = record if batched else [r.reshape(-1, r.shape[-1]) for r in record]
             parts.append(rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=-2))
+        for record in self._records:
             record.clear()
         return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
 

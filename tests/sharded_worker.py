@@ -1,7 +1,8 @@
 """One rank of sharded runs (started by mlx.launch from tests/test_sharded.py).
 
 ``--jobs FILE`` holds ``{name: job}``; each job loads its target sharded
-(``model``, ``draft_model``, ``pipeline``) and decodes the same prompt with
+(``model``, ``draft_model``, ``pipeline``, the ``head`` kind of its EAGLE
+methods) and decodes the same prompt with
 each of its ``methods`` (at ``temp``, seeded by ``seed``, with any other
 ``options`` of ``stream_generate``). Every rank writes
 ``{name: {method: results}}`` to ``OUT/rank<r>.json``; the tests compare the
@@ -35,7 +36,7 @@ def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
     for method in job["methods"]:
         drafter = draft
         if method.startswith("eagle"):
-            drafter = random_head("eagle", model, seed=1)
+            drafter = random_head(job.get("head", "eagle"), model, seed=1)
         elif method in ("lookup", "self", "none"):
             drafter = None
         seed = shared_seed(job.get("seed"))

@@ -145,6 +145,9 @@ PIPELINE_METHODS = ["none", "draft", "tree", "lookup", "auto", "draft", "none", 
 FIXED_TREE = dict(options=dict(adaptive=False))
 SAMPLED_METHODS = ["draft", "tree", "eagle-chain"]
 SAMPLED = dict(temp=1.0, seed=3)
+# An EAGLE-3 head reads blocks 0 and 1 of qwen2, one on each stage.
+EAGLE3_METHODS = ["eagle", "eagle-chain"]
+EAGLE3 = dict(pipeline=True, head="eagle3")
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +170,8 @@ def sharded(checkpoints, tmp_path_factory):
         "pipeline": job("qwen3_next", PIPELINE_METHODS, pipeline=True),
         "pipeline-tree": job("qwen2", ["tree", "eagle"], pipeline=True, **FIXED_TREE),
         "sampled": job("llama", SAMPLED_METHODS, **SAMPLED),
+        "pipeline-eagle3": job("qwen2", EAGLE3_METHODS, **EAGLE3),
+        "pipeline-eagle3-sampled": job("qwen2", ["eagle-chain"], **EAGLE3, **SAMPLED),
     }
     return _ranks(jobs, tmp_path_factory.mktemp("sharded"))
 
@@ -213,6 +218,40 @@ def test_pipeline_stages_verify_a_tree_through_its_mask_on_every_stage(
     _assert_ranks_decided_alike(ranks, ["tree", "eagle"])
     # Trees of 16 nodes: a stage attending causally instead changes the output.
     assert set(ranks[0]["tree"]["drafted_per_round"]) == {16}
+
+
+def _unsharded_eagle3(model, tokenizer, method, **options) -> list:
+    """Tokens of ``method`` with the workers' EAGLE-3 head on the unsharded target."""
+    head = random_head("eagle3", model, seed=1)
+    if "seed" in options:
+        mx.random.seed(options.pop("seed"))
+    stream = stream_generate(
+        model,
+        tokenizer,
+        PROMPT,
+        draft_model=head,
+        speculative=method,
+        max_tokens=MAX_TOKENS,
+        **options,
+    )
+    return [r.token for r in stream]
+
+
+def test_pipeline_stages_give_an_eagle3_head_every_stage_s_blocks(sharded, load_model):
+    # Each stage holds one of the head's blocks; reading only its own, the
+    # ranks drafted apart and the group stalled.
+    model, tokenizer = load_model("qwen2")
+    expected = _plain(model)
+    ranks = sharded["pipeline-eagle3"]
+    for results in ranks:
+        for method in EAGLE3_METHODS:
+            assert results[method]["tokens"] == expected, method
+    _assert_ranks_decided_alike(ranks, EAGLE3_METHODS)
+    # Sampled chains, whose draws change when either block's features do: the
+    # stages' fused features are the unsharded target's.
+    ranks = sharded["pipeline-eagle3-sampled"]
+    drawn = _unsharded_eagle3(model, tokenizer, "eagle-chain", **SAMPLED)
+    assert [r["eagle-chain"]["tokens"] for r in ranks] == [drawn, drawn]
 
 
 def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(sharded, load_model):
