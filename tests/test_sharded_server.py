@@ -1,5 +1,6 @@
 """mlx_spec.server on a target sharded over two processes (mlx.launch, ring
-backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps.
+backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps (or,
+in pipeline stages, each request it serves alone).
 
 Concurrent greedy requests of several methods must equal unsharded plain
 mlx-lm; a request the sharded server cannot batch gets a 400 and the group
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import mlx_lm
 import pytest
-from serving import post
+from serving import open_stream, post
 from test_server import _free_port
 from test_sharded import _launch, open_stdin
 
@@ -220,3 +221,51 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_pipeline_server_speculates_and_equals_plain_mlx_lm(
+    checkpoints, load_model, tmp_path
+):
+    # Each request runs alone on every stage, in lockstep, as
+    # mlx_spec.generate --pipeline runs it.
+    flags = ["--model", str(checkpoints["qwen2"]), "--pipeline"]
+    flags += ["--draft-model", str(checkpoints["qwen2-near"])]
+    model, tokenizer = load_model("qwen2")
+    with open_stdin() as stdin:
+        group = _Group(tmp_path, stdin, *flags, "--log-level", "CRITICAL")
+        try:
+            group.wait_ready()
+            # A sampled request first: the stages must draw alike to stay in step.
+            for prompt, method, temperature in [
+                (PROMPTS[0], "draft", 1.0),
+                (PROMPTS[0], "draft", 0.0),
+                (PROMPTS[1], "lookup", 0.0),
+            ]:
+                # Drafts of a fixed length: the adaptive control may find
+                # that a draft as large as the target does not pay here.
+                body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "adaptive": False}
+                body.update(speculative=method, temperature=temperature)
+                status, answer = post(group, body, timeout=TIMEOUT)
+                assert status == 200, (answer, group.output())
+                if temperature > 0:
+                    continue
+                ids = tokenizer.encode(prompt)
+                plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
+                assert answer["choices"][0]["text"] == plain, method
+                stats = answer["speculative_stats"]
+                assert stats["method"] == method
+                if method == "draft":
+                    assert stats["tokens_per_target_forward"] > 1, stats
+            # A client that hangs up mid-answer: every stage stops it, and
+            # the next answer is still plain mlx-lm's.
+            body = {"prompt": PROMPTS[2], "max_tokens": 4000, "speculative": "draft"}
+            open_stream(group, body).close()
+            body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
+            status, answer = post(group, body, timeout=TIMEOUT)
+            plain = mlx_lm.generate(
+                model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
+            )
+            assert status == 200 and answer["choices"][0]["text"] == plain
+            assert group.proc.poll() is None
+        finally:
+            group.kill()

@@ -12,6 +12,10 @@ target's all-reduced logits, a shared seed), so every rank runs the same
 batch steps and so the same collectives. Every request is batched there
 (the single-sequence engine times its rounds per rank); one that cannot be
 gets a 400, and an error in a step ends the group.
+
+In ``--pipeline`` stages every rank serves each request alone, in lockstep,
+with the single-sequence engine (as ``mlx_spec.generate --pipeline``): the
+ranks share its round costs, a seed, and rank 0's hang-ups.
 """
 
 import dataclasses
@@ -119,7 +123,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     def _generate(self):
         provider = self.model_provider
         provider.load_default()
-        if self._sharded:  # every rank samples alike
+        if lm_private.is_distributed(self):  # every rank samples alike
             mx.random.seed(shared_seed(None))
         pending = deque()  # requests in arrival order
         while not lm_private.stopping(self):

@@ -69,10 +69,10 @@ from .scheduler import SpecResponseGenerator
 class SpecModelProvider(lm_server.ModelProvider):
     """mlx_lm's provider with one-line load errors and a checked draft.
 
-    Under ``mlx.launch`` the target is sharded tensor-parallel over the
-    processes (:func:`mlx_spec.loading.load_sharded_model`) and the draft
-    model is whole on every rank; a ``--pipeline`` load is mlx_lm's and
-    serves one request at a time, without a draft. A draft whose tokenizer
+    Under ``mlx.launch`` the target is sharded over the processes,
+    tensor-parallel or in ``--pipeline`` stages
+    (:func:`mlx_spec.loading.load_sharded_model`), and the draft model is
+    whole on every rank. A draft whose tokenizer
     differs from the target's is refused (``ValueError``) rather than
     merely warned about, and so is a ``--chat-template`` that the loaded
     tokenizer cannot compile.
@@ -85,10 +85,6 @@ class SpecModelProvider(lm_server.ModelProvider):
             check_chat_template_syntax(self.tokenizer, template, "--chat-template")
 
     def _load_models(self, model_path, adapter_path=None, draft_model_path=None):
-        if self.is_distributed and self.cli_args.pipeline:
-            super()._load(model_path, adapter_path, draft_model_path)
-            self.is_batchable = False
-            return
         if self.is_distributed and adapter_path is not None:
             raise ValueError(
                 "a sharded server takes no adapters; drop --adapter-path or "
@@ -99,7 +95,9 @@ class SpecModelProvider(lm_server.ModelProvider):
         mx.clear_cache()
         if self.is_distributed:
             model, tokenizer = load_sharded_model(
-                model_path, tokenizer_config=lm_private.tokenizer_config(self)
+                model_path,
+                pipeline=self.cli_args.pipeline,
+                tokenizer_config=lm_private.tokenizer_config(self),
             )
             config = None
         else:

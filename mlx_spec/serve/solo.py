@@ -10,6 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
+from ..distributed import from_rank0, sharded_group
 from ..generation import history_kwargs, stream_generate
 from ..limits import GenerationCancelled, check_context
 from ..sampling import make_sampler, top_p_or_off
@@ -186,9 +187,14 @@ class SoloRun:
         self.keepalive.start()
 
     def _stopped(self) -> bool:
-        """Whether the client left (its context was stopped, or it hung up)."""
+        """Whether the client left (its context was stopped, or it hung up).
+
+        Sharded (pipeline stages), rank 0's client: every rank stops alike.
+        """
         ctx = getattr(self, "ctx", None)
-        return ctx is not None and client_left(ctx, self.request)
+        left = ctx is not None and client_left(ctx, self.request)
+        group = sharded_group() if lm_private.is_distributed(self.owner) else None
+        return bool(from_rank0(float(left), group))
 
     @property
     def sent(self) -> int:
