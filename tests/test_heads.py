@@ -499,6 +499,18 @@ def test_a_head_next_to_a_quantized_target_takes_its_quantization(quantized_head
             assert stats.accepted_tokens > 0, (kind, method)
 
 
+def test_a_pipeline_stage_takes_the_quantization_of_the_blocks_it_holds():
+    """A pipeline stage lists the blocks another stage holds as ``None``
+    (block 0 on the last stage): a head still quantizes as the held blocks."""
+    from mlx_spec.drafters.storage import block_quantization
+
+    stage = tiny_llama(VOCAB, num_layers=2)
+    nn.quantize(stage, group_size=32, bits=4)
+    whole = block_quantization(stage)
+    stage.model.layers[0] = None
+    assert whole is not None and block_quantization(stage) == whole
+
+
 @pytest.mark.parametrize(
     "method, kind",
     [("eagle-chain", "eagle"), ("eagle-chain", "eagle3"), ("medusa", "medusa")],

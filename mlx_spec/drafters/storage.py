@@ -44,8 +44,10 @@ def quantization_of(layer: nn.Module) -> Optional[Quantization]:
 
 
 def block_quantization(target: nn.Module) -> Optional[Quantization]:
-    """How the linear layers of the target's first block are quantized, if they are."""
-    for _, module in feature_owner(target).layers[0].named_modules():
+    """How the linear layers of the target's first held block are quantized, if
+    they are (a pipeline stage lists the blocks of other stages as ``None``)."""
+    block = next(b for b in feature_owner(target).layers if b is not None)
+    for _, module in block.named_modules():
         if isinstance(module, nn.QuantizedLinear):
             return quantization_of(module)
     return None
