@@ -207,6 +207,43 @@ def load_sharded_model(path: str, **kwargs):
     return load_sharded(path, **kwargs)
 
 
+def load_target(
+    path: str,
+    *,
+    pipeline: bool = False,
+    adapter_path: Optional[str] = None,
+    tokenizer_config: Optional[dict] = None,
+    **kwargs,
+):
+    """The target: sharded over the processes of an ``mlx.launch`` run (in
+    pipeline stages with ``pipeline``), else :func:`load_model` with ``kwargs``.
+
+    Returns:
+        ``(model, tokenizer)``.
+    """
+    from .distributed import sharded_group
+
+    if sharded_group() is not None:
+        if adapter_path:
+            raise ValueError("--adapter-path is not supported on a sharded target.")
+        return load_sharded_model(
+            path, pipeline=pipeline, tokenizer_config=tokenizer_config
+        )
+    if pipeline:
+        raise ValueError(
+            "--pipeline shards the target over several processes; start them "
+            "with mlx.launch (for example mlx.launch --backend ring -n 2 -- "
+            "mlx_spec.generate --pipeline ...)."
+        )
+    return load_model(
+        path,
+        "model",
+        adapter_path=adapter_path,
+        tokenizer_config=tokenizer_config,
+        **kwargs,
+    )
+
+
 def drafter_dir_kind(path: Optional[str]) -> Optional[str]:
     """The kind (``draft``, ``eagle``, ``medusa``, ``dflash``) of the drafter a
     ``train-draft`` directory or a published drafter folder ``path`` holds, else

@@ -12,17 +12,11 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..chat_text import repair_text
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS
-from ..distributed import (
-    errors_in_one_line,
-    rank0_prints,
-    sharded_group,
-    shared_seed,
-)
+from ..distributed import errors_in_one_line, rank0_prints, shared_seed
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
     default_model_pair,
-    load_model,
-    load_sharded_model,
+    load_target,
     resolve_draft,
     skip_unused_draft,
 )
@@ -142,32 +136,16 @@ def run(args) -> str:
         draft_path = draft_path or default_draft
     config = spec_config_of_args(args, draft_path, max_tokens=args.max_tokens)
     draft_path = skip_unused_draft(config.method, draft_path)
-    sharded = sharded_group() is not None
     seed = shared_seed(args.seed)  # ranks draw alike
     if seed is not None:
         mx.random.seed(seed)
-    if sharded:
-        if args.adapter_path:
-            raise ValueError("--adapter-path is not supported on a sharded target.")
-        model, tokenizer = load_sharded_model(
-            model_path,
-            pipeline=args.pipeline,
-            tokenizer_config={"trust_remote_code": args.trust_remote_code},
-        )
-    elif args.pipeline:
-        raise ValueError(
-            "--pipeline shards the target over several processes; start them "
-            "with mlx.launch (for example mlx.launch --backend ring -n 2 -- "
-            "mlx_spec.generate --pipeline ...)."
-        )
-    else:
-        model, tokenizer = load_model(
-            model_path,
-            "model",
-            adapter_path=args.adapter_path,
-            tokenizer_config={"trust_remote_code": args.trust_remote_code},
-            model_config={"quantize_activations": args.quantize_activations},
-        )
+    model, tokenizer = load_target(
+        model_path,
+        pipeline=args.pipeline,
+        adapter_path=args.adapter_path,
+        tokenizer_config={"trust_remote_code": args.trust_remote_code},
+        model_config={"quantize_activations": args.quantize_activations},
+    )
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(str(extra_eos_token_id(tokenizer, eos_token)))
     draft_model = resolve_draft(
