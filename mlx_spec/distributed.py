@@ -135,6 +135,26 @@ def from_rank0(value: float, group) -> float:
         return mx.distributed.all_sum(mx.array(mine, mx.float32), group=group).item()
 
 
+def text_from_rank0(text: Optional[str], group) -> Optional[str]:
+    """``text`` as rank 0 has it (``None`` too), on every rank of ``group``.
+
+    Its length goes first (-1 for ``None``), then its UTF-8 bytes; lone
+    surrogates (invalid UTF-8 typed in) pass through as they are.
+    """
+    if group is None:
+        return text
+    from mlx_lm.generate import generation_stream
+
+    data = b"" if text is None else text.encode("utf-8", "surrogatepass")
+    length = int(from_rank0(-1.0 if text is None else float(len(data)), group))
+    if length < 0:
+        return None
+    mine = list(data) if group.rank() == 0 else [0] * length
+    with mx.stream(generation_stream):  # as from_rank0, in the forwards' order
+        summed = mx.distributed.all_sum(mx.array(mine, mx.int32), group=group)
+        return bytes(summed.tolist()).decode("utf-8", "surrogatepass")
+
+
 def barrier():
     """Wait until every rank of the sharded run gets here (a no-op unsharded)."""
     from_rank0(0.0, sharded_group())

@@ -11,8 +11,10 @@ drafts another length runs other collectives, and the group stalls.
 """
 
 import contextlib
+import io
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -511,4 +513,70 @@ def test_mpirun_without_a_loadable_libmpi_stops_in_one_line(checkpoints, monkeyp
     assert code != 0, out
     said = [line for line in out.splitlines() if "could not open Open MPI" in line]
     assert len(said) == 1, out  # rank 0 alone says it
+    assert "Traceback" not in out
+
+
+CHAT_LINES = ["Write a parser.", "Now a lexer."]
+CHAT_REPLY = re.compile(r">> (.*?)\n\[Speculation: draft", re.S)
+
+
+def _rank0_reads(tmp_path, lines) -> Path:
+    """A python for the launcher whose rank 0 alone reads ``lines`` (then the
+    end of input); the other rank's stdin is empty."""
+    text = tmp_path / "lines.txt"
+    text.write_text("".join(line + "\n" for line in lines))
+    python = tmp_path / "python"
+    py = shlex.quote(sys.executable)
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "${MLX_RANK:-$OMPI_COMM_WORLD_RANK}" = 0 ]; then '
+        f'exec {py} "$@" < {shlex.quote(str(text))}; fi\n'
+        f'exec {py} "$@" < /dev/null\n'
+    )
+    python.chmod(0o755)
+    return python
+
+
+def _chat_replies(model, tokenizer, draft, flags) -> list:
+    """The replies of an unsharded in-process chat to CHAT_LINES, checked
+    against plain mlx-lm greedy over the same conversation."""
+    from mlx_lm import stream_generate as mlx_lm_stream_generate
+
+    from mlx_spec.cli.chat import Chat, setup_arg_parser
+
+    args = setup_arg_parser().parse_args(flags)
+    chat = Chat(model, tokenizer, draft, args, io.StringIO())
+    replies, history = [], []
+    for line in CHAT_LINES:
+        history += chat._prompt(line)
+        reply = chat.reply(line)
+        steps = mlx_lm_stream_generate(model, tokenizer, history, max_tokens=8)
+        assert reply.tokens == [r.token for r in steps]
+        history += reply.tokens
+        replies.append(reply.text)
+    return replies
+
+
+def _newlines(text: str) -> str:
+    """``text`` as a pipe read in text mode gives it (universal newlines)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+@pytest.mark.parametrize(
+    "target, pipeline", [("llama", []), ("qwen3_next", ["--pipeline"])]
+)
+def test_sharded_chat_reads_on_rank_0_and_replies_once_as_unsharded(
+    checkpoints, load_model, tmp_path, target, pipeline
+):
+    flags = ["--model", str(checkpoints[target]), "--speculative", "draft"]
+    flags += ["--draft-model", str(checkpoints[f"{target}-near"]), "--max-tokens", "8"]
+    python = _rank0_reads(tmp_path, CHAT_LINES)
+    command = ["-m", "mlx_spec.cli.chat", *flags, *pipeline]
+    code, out = _launch(command, timeout=120, python=str(python), cwd=tmp_path)
+    assert code == 0, out[-3000:]
+    model, tokenizer = load_model(target)
+    expected = _chat_replies(model, tokenizer, load_model(f"{target}-near")[0], flags)
+    expected = [_newlines(reply) for reply in expected]
+    assert CHAT_REPLY.findall(out) == expected, out[-3000:]  # once each, rank 0's
+    assert out.count("[Speculation: ") == 2 and out.count("bye") == 1, out[-3000:]
     assert "Traceback" not in out

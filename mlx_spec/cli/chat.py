@@ -5,6 +5,10 @@ the speculative options. The prompt cache of both models is kept across
 turns, so each turn only prefills its new tokens, and a statistics line
 follows every reply.
 
+Under ``mlx.launch`` the target is sharded as ``mlx_spec.generate`` shards
+it: rank 0 reads each line and shares it, every rank generates alike, and
+rank 0 alone prints.
+
 Models without a chat template (such as the default pair, a code
 completion model) run in plain continuation mode: each input is appended
 to the text so far and the model continues it.
@@ -24,9 +28,23 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
 from ..chat_text import repair_text
-from ..config import plan_method
+from ..config import plan_method, resolve_method
+from ..distributed import (
+    errors_in_one_line,
+    rank,
+    rank0_prints,
+    sharded_group,
+    shared_seed,
+    text_from_rank0,
+)
 from ..generation import history_kwargs, stream_generate
-from ..loading import default_model_pair, load_pair, skip_unused_draft
+from ..loading import (
+    check_draft_path,
+    default_model_pair,
+    load_target,
+    resolve_draft,
+    skip_unused_draft,
+)
 from ..options import add_speculative_options, one_line_errors
 from ..validation import spec_config_of_args
 
@@ -169,30 +187,36 @@ class Chat:
 
 
 def _read(prompt: str) -> Optional[str]:
-    try:
-        return input(prompt)
-    except EOFError:
-        return None
+    """The next line rank 0 reads (``None`` at the end of input), on every rank."""
+    line = None
+    if rank() == 0:
+        try:
+            line = input(prompt)
+        except EOFError:
+            pass
+    return text_from_rank0(line, sharded_group())
 
 
-def run(args, out=sys.stdout):
+def run(args, out=None):
+    out = sys.stdout if out is None else out  # rank0_prints may have replaced it
     model_path, draft_path = args.model, args.draft_model
     if model_path is None:
         model_path, default_draft = default_model_pair(args.speculative)
         draft_path = draft_path or default_draft
     config = spec_config_of_args(args, draft_path, max_tokens=args.max_tokens)
-    mx.random.seed(args.seed)
-    if args.pipeline:
-        raise ValueError(
-            "--pipeline (distributed inference) is not supported by mlx_spec.chat."
-        )
+    seed = shared_seed(args.seed)  # ranks draw alike
+    if seed is not None:
+        mx.random.seed(seed)
     draft_path = skip_unused_draft(config.method, draft_path)  # after the checks
-    model, tokenizer, draft_model = load_pair(
+    check_draft_path(resolve_method(args.speculative), draft_path)  # before loading
+    model, tokenizer = load_target(
         model_path,
-        draft_path,
-        args.speculative,
+        pipeline=args.pipeline,
         adapter_path=args.adapter_path,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
+    )
+    draft_model = resolve_draft(
+        args.speculative, model_path, draft_path, model, tokenizer
     )
     chat = Chat(model, tokenizer, draft_model, args, out, config)
     out.write(f"[model {model_path}]\n")
@@ -227,10 +251,9 @@ def run(args, out=sys.stdout):
 def main(argv: Optional[List[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    try:
+    rank0_prints()  # a sharded run: rank 0 prints for all
+    with errors_in_one_line(parser, (ValueError, FileNotFoundError, OSError)):
         run(args)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
 
 
 if __name__ == "__main__":
