@@ -402,8 +402,9 @@ def load_pair(
     method: Optional[str] = None,
     **kwargs,
 ):
-    """Load a target and the draft ``method`` runs with (see :func:`resolve_draft`)."""
+    """Load a target (:func:`load_target`, sharded under ``mlx.launch``) and the
+    draft ``method`` runs with (see :func:`resolve_draft`)."""
     check_draft_path(resolve_method(method), draft_path)  # before the target loads
-    model, tokenizer = load_model(model_path, "model", **kwargs)
+    model, tokenizer = load_target(model_path, **kwargs)
     draft_model = resolve_draft(method, model_path, draft_path, model, tokenizer)
     return model, tokenizer, draft_model

@@ -28,7 +28,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
 from ..chat_text import repair_text
-from ..config import plan_method, resolve_method
+from ..config import plan_method
 from ..distributed import (
     errors_in_one_line,
     rank,
@@ -38,13 +38,7 @@ from ..distributed import (
     text_from_rank0,
 )
 from ..generation import history_kwargs, stream_generate
-from ..loading import (
-    check_draft_path,
-    default_model_pair,
-    load_target,
-    resolve_draft,
-    skip_unused_draft,
-)
+from ..loading import default_model_pair, load_pair, skip_unused_draft
 from ..options import add_speculative_options, one_line_errors
 from ..validation import spec_config_of_args
 
@@ -208,15 +202,13 @@ def run(args, out=None):
     if seed is not None:
         mx.random.seed(seed)
     draft_path = skip_unused_draft(config.method, draft_path)  # after the checks
-    check_draft_path(resolve_method(args.speculative), draft_path)  # before loading
-    model, tokenizer = load_target(
+    model, tokenizer, draft_model = load_pair(
         model_path,
+        draft_path,
+        args.speculative,
         pipeline=args.pipeline,
         adapter_path=args.adapter_path,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
-    )
-    draft_model = resolve_draft(
-        args.speculative, model_path, draft_path, model, tokenizer
     )
     chat = Chat(model, tokenizer, draft_model, args, out, config)
     out.write(f"[model {model_path}]\n")
