@@ -23,7 +23,7 @@ from test_server import adapters, request_root  # noqa: F401  (fixtures)
 from mlx_spec.limits import context_window
 from mlx_spec.serve import server as server_module
 from mlx_spec.serve.cli import host_warning, setup_arg_parser
-from mlx_spec.serve.server import SpecServer
+from mlx_spec.serve.server import SpecServer, check_sharded_flags
 from mlx_spec.testing import PROMPTS
 
 MAX_TOKENS = 16
@@ -271,3 +271,15 @@ def test_a_sharded_server_refuses_flags_that_would_not_batch(
     with pytest.raises(ValueError) as e:
         SpecServer(setup_arg_parser().parse_args(argv))
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_pipeline_server_refuses_a_prompt_cache_byte_limit(monkeypatch):
+    """Each stage holds its own layers' caches: a byte limit could evict
+    different prompts on each. Flags that stop batching stay (those requests
+    run alone on every stage)."""
+    monkeypatch.setattr(server_module, "sharded_group", lambda: object())
+    parse = setup_arg_parser().parse_args
+    with pytest.raises(ValueError) as e:
+        check_sharded_flags(parse(["--pipeline", "--prompt-cache-bytes", "1G"]))
+    assert "drop --prompt-cache-bytes" in str(e.value), str(e.value)
+    check_sharded_flags(parse(["--pipeline", "--no-batching", "--kv-bits", "4"]))

@@ -141,9 +141,21 @@ class SpecModelProvider(lm_server.ModelProvider):
 
 
 def check_sharded_flags(args: argparse.Namespace):
-    """A one-line ``ValueError`` for flags a sharded (tensor-parallel) server
-    cannot honour: it batches every request."""
-    if sharded_group() is None or args.pipeline:
+    """A one-line ``ValueError`` for flags a sharded server cannot honour.
+
+    Tensor-parallel, it batches every request. In pipeline stages each rank
+    holds its own layers' caches, so a byte limit would evict different
+    prompts on each rank and the ranks would leave lockstep.
+    """
+    if sharded_group() is None:
+        return
+    if args.pipeline:
+        if getattr(args, "prompt_cache_bytes", None) is not None:
+            raise ValueError(
+                "--pipeline stages each hold their own layers' caches, so a byte "
+                "limit could keep different prompts on each; drop "
+                "--prompt-cache-bytes (--prompt-cache-size applies)."
+            )
         return
     if not getattr(args, "batching", True):
         raise ValueError("a sharded server batches every request; drop --no-batching.")
