@@ -1,9 +1,10 @@
 """mlx_spec.server on a target sharded over two processes (mlx.launch, ring
-backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps (or,
+backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps (and,
 in pipeline stages, each request it serves alone).
 
 Concurrent greedy requests of several methods must equal unsharded plain
-mlx-lm; a request the sharded server cannot batch gets a 400 and the group
+mlx-lm, tensor-parallel and in pipeline stages; a request the tensor-parallel
+server cannot batch gets a 400 (pipeline stages serve it alone) and the group
 goes on; an error in a rank ends the whole group.
 """
 
@@ -109,6 +110,30 @@ def shared_group(pair_flags, tmp_path_factory):
     yield from _serving(pair_flags, tmp_path_factory.mktemp("group"))
 
 
+@pytest.fixture(scope="module")
+def pipeline_group(checkpoints, tmp_path_factory):
+    """Two pipeline stages of qwen2 (mlx-lm has none for llama) drafting with
+    its near draft, shared as ``shared_group`` is."""
+    flags = ["--model", str(checkpoints["qwen2"]), "--pipeline"]
+    flags += ["--draft-model", str(checkpoints["qwen2-near"])]
+    yield from _serving(flags, tmp_path_factory.mktemp("pipeline"))
+
+
+def _together(group, bodies) -> list:
+    """``(status, answer)`` of each of ``bodies``, posted at once."""
+    results = [None] * len(bodies)
+
+    def ask(i):
+        results[i] = post(group, bodies[i], timeout=TIMEOUT)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=TIMEOUT)
+    return results
+
+
 def test_a_rank_that_dies_ends_the_whole_group(group):
     group.wait_ready()
     ranks = subprocess.run(
@@ -147,22 +172,12 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(shared_group, load_model
         for p in PROMPTS
     }
     group.wait_ready()
-    results = {}
-
-    def ask(prompt, method):
-        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "speculative": method}
-        results[prompt] = post(group, body, timeout=TIMEOUT)
-
+    bodies = [
+        {"prompt": p, "max_tokens": MAX_TOKENS, "speculative": m}
+        for p, m in zip(PROMPTS, METHODS)
+    ]
     for _ in range(2):  # the second wave reuses the prompt cache on both ranks
-        threads = [
-            threading.Thread(target=ask, args=(p, m)) for p, m in zip(PROMPTS, METHODS)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=TIMEOUT)
-        for prompt in PROMPTS:
-            status, body = results[prompt]
+        for prompt, (status, body) in zip(PROMPTS, _together(group, bodies)):
             assert status == 200, (body, group.output())
             assert body["choices"][0]["text"] == references[prompt]
             assert body["speculative_stats"]["batched"] is True
@@ -188,25 +203,14 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
     model, tokenizer = load_model("llama")
     group.wait_ready()
     results = []
-
-    def ask(prompt, method, temperature):
-        body = {
-            "prompt": prompt,
-            "max_tokens": MAX_TOKENS,
-            "temperature": temperature,
-            "speculative": method,
-        }
-        results.append((prompt, temperature, post(group, body, timeout=TIMEOUT)))
-
     for temperature in (1.0, 0.0):
-        threads = [
-            threading.Thread(target=ask, args=(p, m, temperature))
+        bodies = [
+            {"prompt": p, "max_tokens": MAX_TOKENS, "speculative": m}
+            | {"temperature": temperature}
             for p, m in zip(PROMPTS, METHODS)
         ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=TIMEOUT)
+        answers = _together(group, bodies)
+        results += [(p, temperature, a) for p, a in zip(PROMPTS, answers)]
     assert [status for _, _, (status, _) in results] == [200] * 6, group.output()
     for prompt, temperature, (_, body) in results:
         if temperature == 0.0:
@@ -224,48 +228,92 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_pipeline_server_speculates_and_equals_plain_mlx_lm(
-    checkpoints, load_model, tmp_path
+    pipeline_group, load_model
 ):
-    # Each request runs alone on every stage, in lockstep, as
-    # mlx_spec.generate --pipeline runs it.
-    flags = ["--model", str(checkpoints["qwen2"]), "--pipeline"]
-    flags += ["--draft-model", str(checkpoints["qwen2-near"])]
+    # A request to an idle server runs alone, on every stage in lockstep, as
+    # mlx_spec.generate --pipeline runs it; so does one the batch cannot take.
+    group = pipeline_group
     model, tokenizer = load_model("qwen2")
-    with open_stdin() as stdin:
-        group = _Group(tmp_path, stdin, *flags, "--log-level", "CRITICAL")
-        try:
-            group.wait_ready()
-            # A sampled request first: the stages must draw alike to stay in step.
-            for prompt, method, temperature in [
-                (PROMPTS[0], "draft", 1.0),
-                (PROMPTS[0], "draft", 0.0),
-                (PROMPTS[1], "lookup", 0.0),
-            ]:
-                # Drafts of a fixed length: the adaptive control may find
-                # that a draft as large as the target does not pay here.
-                body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "adaptive": False}
-                body.update(speculative=method, temperature=temperature)
-                status, answer = post(group, body, timeout=TIMEOUT)
-                assert status == 200, (answer, group.output())
-                if temperature > 0:
-                    continue
-                ids = tokenizer.encode(prompt)
-                plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
-                assert answer["choices"][0]["text"] == plain, method
-                stats = answer["speculative_stats"]
-                assert stats["method"] == method
-                if method == "draft":
-                    assert stats["tokens_per_target_forward"] > 1, stats
-            # A client that hangs up mid-answer: every stage stops it, and
-            # the next answer is still plain mlx-lm's.
-            body = {"prompt": PROMPTS[2], "max_tokens": 4000, "speculative": "draft"}
-            open_stream(group, body).close()
-            body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
-            status, answer = post(group, body, timeout=TIMEOUT)
-            plain = mlx_lm.generate(
-                model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
-            )
-            assert status == 200 and answer["choices"][0]["text"] == plain
-            assert group.proc.poll() is None
-        finally:
-            group.kill()
+    group.wait_ready()
+    # A sampled request first: the stages must draw alike to stay in step.
+    for prompt, method, temperature in [
+        (PROMPTS[0], "draft", 1.0),
+        (PROMPTS[0], "draft", 0.0),
+        (PROMPTS[1], "lookup", 0.0),
+        (PROMPTS[2], "tree", 0.0),
+    ]:
+        # Drafts of a fixed length: the adaptive control may find that a
+        # draft as large as the target does not pay here.
+        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "adaptive": False}
+        body.update(speculative=method, temperature=temperature)
+        status, answer = post(group, body, timeout=TIMEOUT)
+        assert status == 200, (answer, group.output())
+        if temperature > 0:
+            continue
+        ids = tokenizer.encode(prompt)
+        plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
+        assert answer["choices"][0]["text"] == plain, method
+        stats = answer["speculative_stats"]
+        assert stats["method"] == method
+        if method != "lookup":  # lookup drafts from the index in the batch
+            assert stats["batched"] is False, stats
+            assert stats["tokens_per_target_forward"] > 1, stats
+    # A client that hangs up mid-answer: every stage stops it, and the next
+    # answer is still plain mlx-lm's.
+    body = {"prompt": PROMPTS[2], "max_tokens": 4000, "speculative": "draft"}
+    open_stream(group, body).close()
+    body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
+    status, answer = post(group, body, timeout=TIMEOUT)
+    plain = mlx_lm.generate(
+        model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
+    )
+    assert status == 200 and answer["choices"][0]["text"] == plain
+    assert group.proc.poll() is None
+
+
+def test_concurrent_pipeline_requests_are_batched_and_equal_plain_mlx_lm(
+    pipeline_group, load_model
+):
+    """Requests that arrive while others decode join their batch on every
+    stage: a sampled wave, a client that hangs up mid-batch, then a greedy
+    wave whose answers are still plain mlx-lm's (the stages stayed in step)."""
+    group = pipeline_group
+    model, tokenizer = load_model("qwen2")
+    group.wait_ready()
+
+    def bodies(temperature):
+        # Fixed draft lengths, as above: the batch drafts every round.
+        return [
+            {"prompt": p, "max_tokens": MAX_TOKENS, "speculative": m}
+            | {"temperature": temperature, "adaptive": False}
+            for p, m in zip(PROMPTS, METHODS)
+        ]
+
+    long = {"max_tokens": 4000, "speculative": "draft"}
+    leaving = open_stream(group, {"prompt": PROMPTS[2], **long})
+    staying = open_stream(group, {"prompt": PROMPTS[0], **long})  # batched with it
+    try:
+        sampled = _together(group, bodies(1.0))
+        assert [status for status, _ in sampled] == [200] * 3, group.output()
+        assert all(a["speculative_stats"]["batched"] is True for _, a in sampled)
+        leaving.close()  # the batch goes on with `staying` and the greedy wave
+        greedy = _together(group, bodies(0.0))
+    finally:
+        leaving.close()
+        staying.close()
+    for prompt, method, (status, answer) in zip(PROMPTS, METHODS, greedy):
+        assert status == 200, (answer, group.output())
+        ids = tokenizer.encode(prompt)
+        plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
+        assert answer["choices"][0]["text"] == plain, method
+        stats = answer["speculative_stats"]
+        assert stats["batched"] is True and stats["mean_batch_size"] > 1, stats
+        if method == "draft":
+            assert stats["tokens_per_target_forward"] > 1, stats
+    body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
+    status, answer = post(group, body, timeout=TIMEOUT)
+    plain = mlx_lm.generate(
+        model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
+    )
+    assert status == 200 and answer["choices"][0]["text"] == plain
+    assert group.proc.poll() is None

@@ -4,18 +4,17 @@ Batchable requests decode together in a :class:`SpecBatchGenerator`; a
 request that arrives at an idle server runs alone (:class:`SoloRun`) until
 another arrives, and the others run alone once the batch has drained.
 
-Sharded (under ``mlx.launch``, tensor-parallel), rank 0 takes the HTTP
-requests and every rank runs this loop in lockstep: rank 0 shares each
-request and each step's hang-ups (mlx_lm's ``all_sum`` of pickled bytes),
-and every decision after that depends only on shared data (requests, the
-target's all-reduced logits, a shared seed), so every rank runs the same
-batch steps and so the same collectives. Every request is batched there
-(the single-sequence engine times its rounds per rank); one that cannot be
-gets a 400, and an error in a step ends the group.
-
-In ``--pipeline`` stages every rank serves each request alone, in lockstep,
-with the single-sequence engine (as ``mlx_spec.generate --pipeline``): the
-ranks share its round costs, a seed, and rank 0's hang-ups.
+Sharded (under ``mlx.launch``), rank 0 takes the HTTP requests and every
+rank runs this loop in lockstep: rank 0 shares each request and each
+step's hang-ups (mlx_lm's ``all_sum`` of pickled bytes), and every decision
+after that depends only on shared data (requests, the target's logits, which
+every rank gets whole, a shared seed), so every rank runs the same batch
+steps and so the same collectives; an error in a step ends the group.
+Tensor-parallel, every request is batched (one that cannot be gets a 400).
+In ``--pipeline`` stages requests are scheduled as on one machine: the
+single-sequence engine runs in lockstep there too (rank 0's round costs and
+hang-ups, as ``mlx_spec.generate --pipeline``), so a request the batch
+cannot take (a tree, a hybrid model's recurrent caches) runs alone instead.
 """
 
 import dataclasses
@@ -54,7 +53,7 @@ from .solo import (
 
 # Why a batchable request ran on the single-sequence engine.
 ALONE_NOTE = "no other request was running (single-sequence engine)"
-# A sharded server's answer to a request it cannot batch (then why).
+# A tensor-parallel server's answer to a request it cannot batch (then why).
 SHARDED_NOTE = "a sharded server batches every request, and this one cannot be: "
 
 
@@ -105,9 +104,14 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     # The generation thread
 
     @property
-    def _sharded(self) -> bool:
-        """Tensor-parallel over several processes (``--pipeline`` runs alone)."""
-        return lm_private.is_distributed(self) and not self.cli_args.pipeline
+    def _lockstep(self) -> bool:
+        """Several processes run this loop in step (under ``mlx.launch``)."""
+        return lm_private.is_distributed(self)
+
+    @property
+    def _batches_all(self) -> bool:
+        """Tensor-parallel: every request is batched, none runs alone."""
+        return self._lockstep and not self.cli_args.pipeline
 
     def _share_request(self, request):
         """mlx_lm's, without the client's connection (rank 0 keeps its own)."""
@@ -123,7 +127,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
     def _generate(self):
         provider = self.model_provider
         provider.load_default()
-        if lm_private.is_distributed(self):  # every rank samples alike
+        if self._lockstep:  # every rank samples alike
             mx.random.seed(shared_seed(None))
         pending = deque()  # requests in arrival order
         while not lm_private.stopping(self):
@@ -142,7 +146,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                     pending.popleft()
                     self._fail(rqueue, request, e)
                     continue
-                if reason is not None and self._sharded:
+                if reason is not None and self._batches_all:
                     pending.popleft()
                     self._fail(rqueue, request, RequestError(SHARDED_NOTE + reason))
                     continue
@@ -152,7 +156,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                         self._busy
                         or pending
                         or self._drafts_from_index(request)
-                        or self._sharded
+                        or self._batches_all
                     )
                     self._admit(rqueue, request, args, key, alone)
                     continue
@@ -204,8 +208,6 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         cli = self.cli_args
         if not getattr(cli, "batching", True):
             return "batching is off (--no-batching)"
-        if lm_private.is_distributed(self) and not self._sharded:
-            return "a --pipeline server runs one request at a time"
         if cli.kv_bits is not None:
             return "quantized KV caches (--kv-bits) are not batched"
         if key != self.model_provider.model_key:
@@ -412,7 +414,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         """Drop disconnected clients, run one batch step, send what it made."""
         batch = self._batch
         gone = [u for u, c in self._clients.items() if client_left(c.ctx, c.request)]
-        if self._sharded:  # rank 0's clients
+        if self._lockstep:  # rank 0's clients
             gone = lm_private.share_object(self, gone) or []
         for uid in gone:
             client = self._clients[uid]
@@ -423,7 +425,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             logging.exception("batch step failed")
             self._fail_all(e)
             self._batch, self._batch_key = None, None
-            if self._sharded:  # the ranks may differ now: end the group
+            if self._lockstep:  # the ranks may differ now: end the group
                 raise
             return
         for out in outputs:
@@ -476,7 +478,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             if finish_reason is not None:
                 return True
             # Sharded, a hang-up is seen at the next step, on every rank.
-            if not self._sharded and client_left(client.ctx, client.request):
+            if not self._lockstep and client_left(client.ctx, client.request):
                 return True
         return False
 
