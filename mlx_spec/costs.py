@@ -76,15 +76,22 @@ def weight_bytes(model) -> int:
 
 
 def target_bytes(target) -> int:
-    """:func:`weight_bytes` of a target, alike on every rank when it is sharded.
+    """Bytes one forward of a target reads, alike on every rank when it is sharded.
 
-    Each rank holds its own share of a sharded target (pipeline stages differ
-    in size); a draft step priced against it would make the ranks choose
-    different draft lengths, so every rank takes rank 0's.
+    Tensor-parallel ranks read their shares at once, so a forward costs rank
+    0's share; pipeline stages run one after another, so it costs every
+    stage's blocks and the rest (embedding, norm, head) once. Every rank
+    takes the same figure, or they would choose different draft lengths.
     """
-    from .distributed import from_rank0, sharded_group
+    from .distributed import from_rank0, sharded_group, summed_over_ranks
 
-    return int(from_rank0(float(weight_bytes(target)), sharded_group()))
+    group = sharded_group()
+    own = float(weight_bytes(target))
+    inner = getattr(target, "model", None)  # mlx-lm's PipelineMixin, if staged
+    if group is None or getattr(inner, "pipeline_size", 1) <= 1:
+        return int(from_rank0(own, group))
+    blocks = float(sum(weight_bytes(block) for block in inner.pipeline_layers))
+    return int(summed_over_ranks(blocks, group) + from_rank0(own - blocks, group))
 
 
 def model_step_cost(draft_model, target_model) -> float:

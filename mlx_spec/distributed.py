@@ -122,17 +122,23 @@ def errors_in_one_line(parser, errors: tuple) -> Iterator[None]:
         exit_in_one_line(parser, e)
 
 
-def from_rank0(value: float, group) -> float:
-    """``value`` as rank 0 has it, on every rank of ``group`` (as is for ``None``)."""
+def summed_over_ranks(value: float, group) -> float:
+    """The sum of every rank's ``value`` in ``group`` (as is for ``None``)."""
     if group is None:
         return value
     from mlx_lm.generate import generation_stream
 
-    mine = value if group.rank() == 0 else 0.0
     # On the forwards' stream, after any forward still queued there (plain
     # decoding queues its next step): every rank runs its collectives in one order.
     with mx.stream(generation_stream):
-        return mx.distributed.all_sum(mx.array(mine, mx.float32), group=group).item()
+        return mx.distributed.all_sum(mx.array(value, mx.float32), group=group).item()
+
+
+def from_rank0(value: float, group) -> float:
+    """``value`` as rank 0 has it, on every rank of ``group`` (as is for ``None``)."""
+    if group is None:
+        return value
+    return summed_over_ranks(value if group.rank() == 0 else 0.0, group)
 
 
 def text_from_rank0(text: Optional[str], group) -> Optional[str]:

@@ -20,6 +20,7 @@ import mlx_spec  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 
 from mlx_spec import stream_generate
+from mlx_spec.costs import target_bytes, weight_bytes
 from mlx_spec.distributed import load_sharded, sharded_group, shared_seed
 from mlx_spec.drafters.heads import random_head
 from mlx_spec.loading import load_draft
@@ -61,6 +62,9 @@ def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
             "drafted_per_round": stream.stats.drafted_per_round,
             "cost_model": stream.stats.cost_model,
         }
+    # What a draft step is priced against, and this rank's own share.
+    results["target_bytes"] = target_bytes(model)
+    results["own_bytes"] = weight_bytes(model)
     if not pipeline:
         layer = model.layers[0]
         results["split"] = {

@@ -27,6 +27,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlx_spec import stream_generate
+from mlx_spec.costs import weight_bytes
 from mlx_spec.drafters.heads import random_head
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -195,6 +196,10 @@ def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
         assert results["split"] == split
         for method in EVERY_METHOD:
             assert results[method]["tokens"] == expected, method
+    # Ranks read their shares at once: a forward costs rank 0's share.
+    assert ranks[0]["target_bytes"] == ranks[1]["target_bytes"]
+    assert ranks[0]["target_bytes"] == pytest.approx(ranks[0]["own_bytes"])
+    assert ranks[0]["own_bytes"] < weight_bytes(load_model(target)[0])
     _assert_ranks_decided_alike(ranks, EVERY_METHOD)
     # Speculation ran: the draft took fewer target forwards than tokens.
     assert ranks[0]["draft"]["rounds"] < MAX_TOKENS
@@ -214,6 +219,10 @@ def test_pipeline_stages_verify_a_tree_through_its_mask_on_every_stage(
 ):
     ranks = sharded["pipeline-tree"]
     expected = _plain(load_model("qwen2")[0])
+    # Stages run one after another: a forward reads the whole target once.
+    whole = weight_bytes(load_model("qwen2")[0])
+    assert [r["target_bytes"] for r in ranks] == pytest.approx([whole, whole])
+    assert all(r["own_bytes"] < whole for r in ranks)
     for results in ranks:
         for method in ("tree", "eagle"):
             assert results[method]["tokens"] == expected, method
