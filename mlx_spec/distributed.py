@@ -141,6 +141,16 @@ def from_rank0(value: float, group) -> float:
     return summed_over_ranks(value if group.rank() == 0 else 0.0, group)
 
 
+def flag_from_rank0(flag: bool, group) -> bool:
+    """Whether rank 0 has ``flag`` set, on every rank of ``group`` (as is for ``None``).
+
+    Polled where every rank polls alike (as a stream's ``should_stop``), it
+    makes every rank act on an event rank 0 alone sees at the same point: a
+    server's client hanging up, Ctrl-C in chat.
+    """
+    return bool(from_rank0(float(flag), group))
+
+
 def text_from_rank0(text: Optional[str], group) -> Optional[str]:
     """``text`` as rank 0 has it (``None`` too), on every rank of ``group``.
 

@@ -5,6 +5,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -237,3 +238,75 @@ def test_later_turns_pass_the_cached_conversation_as_history(pair, monkeypatch):
     assert len(chat.history) == chat.cached_tokens
     chat.reset()
     assert chat.history == []
+
+
+class CtrlCAt(io.StringIO):
+    """A chat's output that sends this process SIGINT as the chat writes its
+    ``k``-th piece (the ``k``-th token of the first reply)."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k, self.pieces = k, 0
+
+    def write(self, text):
+        self.pieces += 1
+        if self.pieces == self.k:
+            signal.raise_signal(signal.SIGINT)
+        return super().write(text)
+
+
+def _greedy(pair, history) -> list:
+    model, tokenizer, _ = pair
+    steps = mlx_lm.stream_generate(model, tokenizer, history, max_tokens=8)
+    return [r.token for r in steps]
+
+
+def test_ctrl_c_stops_a_reply_and_the_next_turn_goes_on_from_its_tokens(pair):
+    model, tokenizer, draft = pair
+    args = setup_arg_parser().parse_args(["--max-tokens", "8"])
+    out = CtrlCAt(3)
+    chat = Chat(model, tokenizer, draft, args, out)
+    history = chat._prompt("Write a parser.")
+    first = chat.reply("Write a parser.")
+    assert len(first.tokens) == 3
+    assert "\n[interrupted after 3 tokens]\n" in out.getvalue()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    history += first.tokens + chat._prompt("Now a lexer.")
+    assert chat.reply("Now a lexer.").tokens == _greedy(pair, history)
+
+
+def test_ctrl_c_in_the_prompt_drops_the_turn(pair, monkeypatch):
+    from mlx_spec.cli.chat import CtrlC
+
+    chat, out = _chat(pair)
+    history = chat._prompt("Write a parser.")
+    history += chat.reply("Write a parser.").tokens
+    cached = chat.cached_tokens
+    stop = CtrlC.stop
+
+    def ctrl_c_first(self):  # the stream asks first after the prompt's prefill
+        signal.raise_signal(signal.SIGINT)
+        return stop(self)
+
+    monkeypatch.setattr(CtrlC, "stop", ctrl_c_first)
+    assert chat.reply("Tell me a long story.").tokens == []
+    assert "[interrupted in the prompt; this turn is dropped]" in out.getvalue()
+    assert chat.cached_tokens == cached
+    monkeypatch.setattr(CtrlC, "stop", stop)
+    history += chat._prompt("Now a lexer.")
+    assert chat.reply("Now a lexer.").tokens == _greedy(pair, history)
+
+
+def test_ctrl_c_at_the_prompt_ends_the_chat(checkpoints, monkeypatch):
+    from mlx_spec.cli import chat as chat_module
+
+    def ctrl_c(prompt=""):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", ctrl_c)
+    args = setup_arg_parser().parse_args(
+        ["--model", str(checkpoints["llama"]), "--speculative", "none"]
+    )
+    out = io.StringIO()
+    chat_module.run(args, out)
+    assert out.getvalue().endswith("bye\n")

@@ -15,11 +15,13 @@ import io
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -589,3 +591,140 @@ def test_sharded_chat_reads_on_rank_0_and_replies_once_as_unsharded(
     assert CHAT_REPLY.findall(out) == expected, out[-3000:]  # once each, rank 0's
     assert out.count("[Speculation: ") == 2 and out.count("bye") == 1, out[-3000:]
     assert "Traceback" not in out
+
+
+# Per target, a first line whose greedy reply runs beyond CTRL_C_MAX_TOKENS
+# before any end of sequence, so that Ctrl-C lands in it; then a second line.
+CTRL_C_LINES = {
+    "llama": ["Write a compiler in C.", "Now a lexer."],
+    "qwen3_next": ["a b c d", "Now a lexer."],
+}
+CTRL_C_MAX_TOKENS = 300
+CTRL_C_FLAGS = ["--speculative", "draft", "--max-tokens", str(CTRL_C_MAX_TOKENS)]
+
+
+class Session:
+    """A launched group driven line by line through the launcher's pipes;
+    rank 0's pid is read from ``pid0``, which the launcher's python writes."""
+
+    def __init__(self, command, tmp_path, timeout=60):
+        python = tmp_path / "python"
+        pids = shlex.quote(str(tmp_path))
+        python.write_text(
+            "#!/bin/sh\n"
+            f'echo $$ > {pids}/pid"${{MLX_RANK:-$OMPI_COMM_WORLD_RANK}}"\n'
+            f'exec {shlex.quote(sys.executable)} "$@"\n'
+        )
+        python.chmod(0o755)
+        self.process = subprocess.Popen(
+            _launcher("ring", str(python)) + command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+            start_new_session=True,
+        )
+        self.pid0 = tmp_path / "pid0"
+        self.timeout = timeout
+        self.output = ""  # all read so far
+        self.seen = 0  # where the next expect starts
+
+    def expect(self, pattern: str) -> re.Match:
+        """The first match of ``pattern`` after the last one, read as it comes."""
+        deadline = time.monotonic() + self.timeout
+        regex = re.compile(pattern, re.S)
+        stdout = self.process.stdout.fileno()
+        while True:
+            match = regex.search(self.output, self.seen)
+            if match:
+                self.seen = match.end()
+                return match
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([stdout], [], [], max(remaining, 0))
+            data = os.read(stdout, 65536) if ready else b""
+            if not data:
+                self.kill()
+                why = "timed out" if remaining <= 0 or not ready else "output ended"
+                pytest.fail(f"{why} waiting for {pattern!r}:\n{self.output[-3000:]}")
+            self.output += _newlines(data.decode(errors="replace"))
+
+    def send(self, line: str):
+        self.process.stdin.write((line + "\n").encode())
+        self.process.stdin.flush()
+
+    def ctrl_c_rank0(self):
+        """SIGINT to rank 0 alone, as a Mac's terminal sends it to its own process."""
+        os.kill(int(self.pid0.read_text()), signal.SIGINT)
+
+    def wait(self) -> int:
+        try:
+            code = self.process.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the group did not exit:\n{self.output[-3000:]}")
+        self.output += _newlines(self.process.stdout.read().decode(errors="replace"))
+        return code
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def _interrupted_chat(model, tokenizer, draft, lines, k: int) -> str:
+    """The second reply of an unsharded in-process chat whose first reply
+    Ctrl-C stopped after ``k`` tokens, checked against plain mlx-lm greedy
+    over the same conversation (the ``k`` tokens kept)."""
+    from mlx_lm import stream_generate as mlx_lm_stream_generate
+    from test_chat import CtrlCAt
+
+    from mlx_spec.cli.chat import Chat, setup_arg_parser
+
+    args = setup_arg_parser().parse_args(CTRL_C_FLAGS)
+    chat = Chat(model, tokenizer, draft, args, CtrlCAt(k))
+    history = chat._prompt(lines[0])
+    first = chat.reply(lines[0])
+    assert len(first.tokens) == k
+    history += first.tokens + chat._prompt(lines[1])
+    second = chat.reply(lines[1])
+    steps = mlx_lm_stream_generate(
+        model, tokenizer, history, max_tokens=CTRL_C_MAX_TOKENS
+    )
+    assert second.tokens == [r.token for r in steps]
+    return second.text
+
+
+# The ring only: mpirun passes rank 0's output on in larger pieces, so a
+# reply is seen under way only once it may be over.
+@pytest.mark.parametrize(
+    "target, pipeline", [("llama", []), ("qwen3_next", ["--pipeline"])]
+)
+def test_ctrl_c_on_rank_0_alone_stops_every_rank_at_one_token_and_chat_goes_on(
+    checkpoints, load_model, tmp_path, target, pipeline
+):
+    # Only rank 0 gets SIGINT, as on Macs whose other ranks started over ssh.
+    lines = CTRL_C_LINES[target]
+    flags = ["--model", str(checkpoints[target]), *CTRL_C_FLAGS, *pipeline]
+    flags += ["--draft-model", str(checkpoints[f"{target}-near"])]
+    session = Session(["-m", "mlx_spec.cli.chat", *flags], tmp_path)
+    try:
+        session.expect(r"\[commands: .*?\]\n>> ")
+        session.send(lines[0])
+        session.expect(r".{40}")  # the reply is under way
+        session.ctrl_c_rank0()
+        k = int(session.expect(r"\n\[interrupted after (\d+) tokens\]\n").group(1))
+        session.expect(r"\[Speculation: .*?\]\n>> ")
+        session.send(lines[1])
+        second = session.expect(r"(.*?)\n\[Speculation: .*?\]\n>> ").group(1)
+        session.ctrl_c_rank0()  # at the prompt: the chat ends on every rank
+        session.expect(r"\nbye\n")
+        code = session.wait()
+    finally:
+        session.kill()
+    out = session.output
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    assert 0 < k < CTRL_C_MAX_TOKENS
+    assert out.count("[Speculation: ") == 2 and out.count("bye") == 1, out[-3000:]
+    model, tokenizer = load_model(target)
+    draft = load_model(f"{target}-near")[0]
+    expected = _interrupted_chat(model, tokenizer, draft, lines, k)
+    assert second == _newlines(expected)

@@ -44,9 +44,9 @@ def claim(prompt_cache: Optional[List[Any]]) -> None:
     """
     if not prompt_cache:
         return
-    leaves = leaf_caches(prompt_cache)
-    if any(_spoiled.get(id(c)) is c for c in leaves):
+    if spoiled(prompt_cache):
         raise ValueError(SPOILED)
+    leaves = leaf_caches(prompt_cache)
     earlier = {}
     for c in leaves:
         owner = _owners.get(id(c))
@@ -71,6 +71,11 @@ def own(prompt_cache: Optional[List[Any]], owner: Any) -> None:
     weakref.finalize(owner, _threads.pop, id(owner), None)
     for c in leaves:
         _owners[id(c)] = owner
+
+
+def spoiled(prompt_cache: Optional[List[Any]]) -> bool:
+    """Whether a cancelled prefill left ``prompt_cache`` part-filled (:func:`spoil`)."""
+    return any(_spoiled.get(id(c)) is c for c in leaf_caches(prompt_cache or []))
 
 
 def spoil(prompt_cache: Optional[List[Any]]) -> None:

@@ -7,7 +7,8 @@ follows every reply.
 
 Under ``mlx.launch`` the target is sharded as ``mlx_spec.generate`` shards
 it: rank 0 reads each line and shares it, every rank generates alike, and
-rank 0 alone prints.
+rank 0 alone prints. Ctrl-C, which rank 0 alone hears, stops a reply on
+every rank after the same token; at the prompt it ends the chat.
 
 Models without a chat template (such as the default pair, a code
 completion model) run in plain continuation mode: each input is appended
@@ -19,6 +20,7 @@ from .._blas import ensure_fast_blas
 ensure_fast_blas()
 
 import argparse
+import signal
 import sys
 from typing import Any, List, NamedTuple, Optional
 
@@ -27,10 +29,12 @@ from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
+from ..caches.owners import spoiled
 from ..chat_text import repair_text
 from ..config import plan_method
 from ..distributed import (
     errors_in_one_line,
+    flag_from_rank0,
     rank,
     rank0_prints,
     sharded_group,
@@ -38,6 +42,7 @@ from ..distributed import (
     text_from_rank0,
 )
 from ..generation import history_kwargs, stream_generate
+from ..limits import GenerationCancelled
 from ..loading import default_model_pair, load_pair, skip_unused_draft
 from ..options import add_speculative_options, one_line_errors
 from ..validation import spec_config_of_args
@@ -81,6 +86,47 @@ class Reply(NamedTuple):
     text: str
     tokens: List[int]
     stats: Any
+
+
+class CtrlC:
+    """Ctrl-C during a reply, heard by rank 0 and acted on by every rank alike.
+
+    Within ``with``, SIGINT sets :attr:`pressed` instead of raising.
+    :meth:`stop` is the reply's ``should_stop``: each time the stream asks
+    (after each prefill chunk and each token) it shares rank 0's
+    :attr:`pressed` with every rank, as the server shares a client's hang-up,
+    so all stop after the same token. Where SIGINT is ignored (every rank
+    but 0 of a sharded chat) or outside the main thread, SIGINT is left alone.
+    """
+
+    def __init__(self):
+        self.pressed = False
+        self._previous = None
+        self._installed = False
+
+    def _press(self, signum, frame):
+        self.pressed = True
+
+    def __enter__(self):
+        self.pressed = False
+        try:
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self._previous = signal.signal(signal.SIGINT, self._press)
+                self._installed = True
+        except ValueError:  # not the main thread
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        if self._installed:
+            # None: a handler not set from Python, which cannot be put back.
+            previous = signal.SIG_DFL if self._previous is None else self._previous
+            signal.signal(signal.SIGINT, previous)
+            self._installed = False
+        return False
+
+    def stop(self) -> bool:
+        return flag_from_rank0(self.pressed, sharded_group())
 
 
 class Chat:
@@ -140,7 +186,15 @@ class Chat:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def reply(self, query: str):
-        """Stream the reply to ``query`` to ``out`` and return it as a :class:`Reply`."""
+        """Stream the reply to ``query`` to ``out`` and return it as a :class:`Reply`.
+
+        Ctrl-C stops it (:class:`CtrlC`): the conversation keeps the tokens
+        replied so far, or, stopped in the prompt, drops the turn.
+        """
+        with CtrlC() as ctrl_c:
+            return self._reply(query, ctrl_c.stop)
+
+    def _reply(self, query: str, should_stop) -> Reply:
         prompt = self._prompt(query)
         cached = self.cached_tokens
         stream = stream_generate(
@@ -152,6 +206,7 @@ class Chat:
             sampler=self.sampler,
             prompt_cache=self.cache,
             prefill_step_size=self.args.prefill_step_size,
+            should_stop=should_stop,
             **history_kwargs(stream_generate, self.history),
         )
         interrupted = False
@@ -162,16 +217,19 @@ class Chat:
                 tokens.append(response.token)
                 self.out.write(response.text)
                 self.out.flush()
-        except KeyboardInterrupt:
+        except GenerationCancelled:  # every rank stops here alike
             interrupted = True
         finally:
-            stream.close()
-        self.history += list(prompt) + tokens
-        self.turns += 1
+            stream.close()  # the caches hold the prompt and the tokens replied
         stats = stream.stats
         self.out.write("\n")
+        if interrupted and not tokens:
+            self._drop_turn()
+            return Reply(text, tokens, stats)
+        self.history += list(prompt) + tokens
+        self.turns += 1
         if interrupted:
-            self.out.write("[interrupted]\n")
+            self.out.write(f"[interrupted after {len(tokens)} tokens]\n")
         self.out.write(
             f"[{stats.summary()} | prompt {len(prompt)} new tokens, {cached} cached | "
             f"{stats.generated_tokens} tokens at {stats.generation_tps:.1f} tok/s]\n"
@@ -179,15 +237,31 @@ class Chat:
         self.out.flush()
         return Reply(text, tokens, stats)
 
+    def _drop_turn(self):
+        """Forget a turn stopped in its prompt: the caches went back to the
+        turns before, or, where they cannot, the conversation starts anew."""
+        if spoiled(self.cache):
+            self.reset()
+            self.out.write(
+                "[interrupted in the prompt; the conversation is reset, as its "
+                "cache cannot go back]\n"
+            )
+        else:
+            self.out.write("[interrupted in the prompt; this turn is dropped]\n")
+        self.out.flush()
+
 
 def _read(prompt: str) -> Optional[str]:
-    """The next line rank 0 reads (``None`` at the end of input), on every rank."""
+    """The next line rank 0 reads, on every rank: ``None`` at the end of input
+    or on Ctrl-C, which end the chat."""
     line = None
     if rank() == 0:
         try:
             line = input(prompt)
         except EOFError:
             pass
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
     return text_from_rank0(line, sharded_group())
 
 
@@ -244,6 +318,8 @@ def main(argv: Optional[List[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
     rank0_prints()  # a sharded run: rank 0 prints for all
+    if rank() != 0:  # and hears Ctrl-C for all (CtrlC)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     with errors_in_one_line(parser, (ValueError, FileNotFoundError, OSError)):
         run(args)
 

@@ -10,7 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
-from ..distributed import from_rank0, sharded_group
+from ..distributed import flag_from_rank0, sharded_group
 from ..generation import history_kwargs, stream_generate
 from ..limits import GenerationCancelled, check_context
 from ..sampling import make_sampler, top_p_or_off
@@ -194,7 +194,7 @@ class SoloRun:
         ctx = getattr(self, "ctx", None)
         left = ctx is not None and client_left(ctx, self.request)
         group = sharded_group() if lm_private.is_distributed(self.owner) else None
-        return bool(from_rank0(float(left), group))
+        return flag_from_rank0(left, group)
 
     @property
     def sent(self) -> int:
