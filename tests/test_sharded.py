@@ -573,17 +573,20 @@ def _newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "target, pipeline", [("llama", []), ("qwen3_next", ["--pipeline"])]
 )
 def test_sharded_chat_reads_on_rank_0_and_replies_once_as_unsharded(
-    checkpoints, load_model, tmp_path, target, pipeline
+    checkpoints, load_model, tmp_path, target, pipeline, backend
 ):
     flags = ["--model", str(checkpoints[target]), "--speculative", "draft"]
     flags += ["--draft-model", str(checkpoints[f"{target}-near"]), "--max-tokens", "8"]
     python = _rank0_reads(tmp_path, CHAT_LINES)
     command = ["-m", "mlx_spec.cli.chat", *flags, *pipeline]
-    code, out = _launch(command, timeout=120, python=str(python), cwd=tmp_path)
+    code, out = _launch(
+        command, timeout=120, backend=backend, python=str(python), cwd=tmp_path
+    )
     assert code == 0, out[-3000:]
     model, tokenizer = load_model(target)
     expected = _chat_replies(model, tokenizer, load_model(f"{target}-near")[0], flags)
