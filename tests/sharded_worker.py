@@ -4,7 +4,7 @@
 (``model``, ``draft_model``, ``pipeline``, the ``head`` kind of its EAGLE
 methods) and decodes the same prompt with
 each of its ``methods`` (at ``temp``, seeded by ``seed``, with any other
-``options`` of ``stream_generate``). Every rank writes
+``options`` of ``stream_generate``), up to its own ``max_tokens`` if it has one. Every rank writes
 ``{name: {method: results}}`` to ``OUT/rank<r>.json``; the tests compare the
 ranks with each other and with unsharded decoding. One process group runs
 them all: a rank's start-up (imports, the ring) costs as much as the decodes.
@@ -49,7 +49,7 @@ def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
             prompt,
             draft_model=drafter,
             speculative=method,
-            max_tokens=max_tokens,
+            max_tokens=job.get("max_tokens", max_tokens),
             temp=job.get("temp", 0.0),
             **job.get("options", {}),
         )

@@ -19,13 +19,16 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
+from law_checks import CHI2_9_999, stream_statistics
 from mlx_lm.generate import generate_step
 
 from mlx_spec import stream_generate
@@ -61,9 +64,25 @@ def _launcher(backend: str, python: str = sys.executable) -> list:
     option that Open MPI 4 (Debian 12's) rejects.
     """
     if backend == "ring":
-        return [str(LAUNCH), "--backend", "ring", "-n", "2", "--python", python]
+        ring = [str(LAUNCH), "--backend", "ring", "-n", "2"]
+        return ring + ["--starting-port", str(_ring_port()), "--python", python]
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     return ["mpirun", "-q", "-np", "2", *root, python]
+
+
+def _ring_port() -> int:
+    """A port free with the next (one per rank) for a ring group: groups that
+    run at once (parallel test files) would all listen on mlx.launch's default."""
+    while True:
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+        return port
 
 
 @contextlib.contextmanager
@@ -150,6 +169,8 @@ PIPELINE_METHODS = ["none", "draft", "tree", "lookup", "auto", "draft", "none", 
 FIXED_TREE = dict(options=dict(adaptive=False))
 SAMPLED_METHODS = ["draft", "tree", "eagle-chain"]
 SAMPLED = dict(temp=1.0, seed=3)
+# Long sampled streams whose every token is checked against the target's law.
+LAW = dict(temp=1.0, seed=5, max_tokens=160)
 # An EAGLE-3 head reads blocks 0 and 1 of qwen2, one on each stage.
 EAGLE3_METHODS = ["eagle", "eagle-chain"]
 EAGLE3 = dict(pipeline=True, head="eagle3")
@@ -177,6 +198,8 @@ def sharded(checkpoints, tmp_path_factory):
         "sampled": job("llama", SAMPLED_METHODS, **SAMPLED),
         "pipeline-eagle3": job("qwen2", EAGLE3_METHODS, **EAGLE3),
         "pipeline-eagle3-sampled": job("qwen2", ["eagle-chain"], **EAGLE3, **SAMPLED),
+        "law": job("llama", SAMPLED_METHODS, **LAW),
+        "pipeline-law": job("qwen2", SAMPLED_METHODS, pipeline=True, **LAW),
     }
     return _ranks(jobs, tmp_path_factory.mktemp("sharded"))
 
@@ -287,6 +310,30 @@ def test_sampled_sharded_run_draws_what_the_unsharded_engine_draws(sharded, load
         expected = [r.token for r in stream]
         assert ranks[0][method]["tokens"] == expected, method
         assert ranks[1][method]["tokens"] == expected, method
+
+
+@pytest.mark.parametrize("name, target", [("law", "llama"), ("pipeline-law", "qwen2")])
+def test_sampled_sharded_streams_follow_the_target_law(
+    sharded, load_model, name, target
+):
+    """The law tests, run sharded: every token of a long sampled stream follows
+    the unsharded target's exact law given its prefix (randomized PIT,
+    chi-square with 10 bins), tensor-parallel and in pipeline stages."""
+    model, _ = load_model(target)
+    ranks = sharded[name]
+    laws, tokens, rounds = [], [], 0
+    for method in SAMPLED_METHODS:
+        out = ranks[0][method]["tokens"]
+        assert ranks[1][method]["tokens"] == out, method
+        rounds += ranks[0][method]["rounds"]
+        logits = model(mx.array([PROMPT + out[:-1]]))[0, len(PROMPT) - 1 :]
+        laws.append(np.array(mx.softmax(logits / LAW["temp"], axis=-1), np.float64))
+        tokens += out
+    # The streams end at an end-of-sequence token: they are pooled.
+    assert len(tokens) > LAW["max_tokens"]
+    assert rounds < len(tokens)  # drafts were accepted
+    chi2, z = stream_statistics(np.concatenate(laws), np.array(tokens))
+    assert chi2 < CHI2_9_999 and abs(z) < 4, (chi2, z)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -21,7 +21,7 @@ import mlx_lm
 import pytest
 from serving import open_stream, post
 from test_server import _free_port
-from test_sharded import _launch, open_stdin
+from test_sharded import _launch, _launcher, open_stdin
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 SERVER = Path(sys.executable).with_name("mlx_spec.server")
@@ -45,8 +45,7 @@ class _Group:
     def __init__(self, tmp_path, stdin, *args):
         self.port = _free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-        argv = [str(LAUNCH), "--backend", "ring", "-n", "2"]
-        argv += ["--python", sys.executable, str(SERVER), *args]
+        argv = _launcher("ring") + [str(SERVER), *args]
         argv += ["--port", str(self.port), "--max-tokens", str(MAX_TOKENS)]
         self.log = open(tmp_path / "group.log", "w+")
         self.proc = subprocess.Popen(
