@@ -117,11 +117,12 @@ def embed(model: nn.Module, tokens: mx.array) -> mx.array:
 
 def pipeline_stage(model: nn.Module) -> Optional[range]:
     """The blocks this process runs when ``model`` is in mlx-lm's pipeline
-    stages (``PipelineMixin``), else ``None``."""
-    owner = feature_owner(model)
-    if getattr(owner, "pipeline_size", 1) <= 1:
+    stages (``PipelineMixin``, on ``model.model``), else ``None``: any model
+    may ask, whatever its layout."""
+    inner = getattr(model, "model", None)
+    if getattr(inner, "pipeline_size", 1) <= 1:
         return None
-    return range(owner.start_idx, owner.end_idx)
+    return range(inner.start_idx, inner.end_idx)
 
 
 class _Tap:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from .config import OptionError, SpecConfig, check_generation_options, resolve_method
 from .drafters.fit import check_drafter, drafter_kind
+from .drafters.self_spec import ON_PIPELINE_STAGES
 from .loading import check_adapter_dir, check_draft_path, check_model_path
 from .options import method_options
 
@@ -76,7 +77,8 @@ def check_generation_args(args: argparse.Namespace) -> None:
     """:func:`~mlx_spec.config.check_generation_options` on the flags ``args`` has,
     and the other run flags of mlx_lm's commands (``--extra-eos-token``, the XTC
     flags, ``--chat-template-config``, ``--adapter-path``, whether ``--draft-model``
-    can hold a model), checked before the target loads.
+    can hold a model, ``self`` on ``--pipeline`` stages), checked before the
+    target loads.
 
     Raises:
         ValueError: One line naming the flag (``--kv-group-size=0 ...``).
@@ -101,6 +103,9 @@ def check_generation_args(args: argparse.Namespace) -> None:
     draft_path = getattr(args, "draft_model", None)
     if draft_path is not None:  # its drafter is checked against the target once loaded
         check_model_path(draft_path, "draft model")
+    method = resolve_method(getattr(args, "speculative", None))
+    if getattr(args, "pipeline", False) and method == "self":  # before the load
+        raise ValueError(ON_PIPELINE_STAGES)
 
 
 EOS_TOKEN_FORM = "pass a token as the tokenizer spells it, or its id"

@@ -1,11 +1,12 @@
 """One rank of sharded runs (started by mlx.launch from tests/test_sharded.py).
 
 ``--jobs FILE`` holds ``{name: job}``; each job loads its target sharded
-(``model``, ``draft_model``, ``pipeline``, the ``head`` kind of its EAGLE
-methods) and decodes the same prompt with
-each of its ``methods`` (at ``temp``, seeded by ``seed``, with any other
-``options`` of ``stream_generate``), up to its own ``max_tokens`` if it has one. Every rank writes
-``{name: {method: results}}`` to ``OUT/rank<r>.json``; the tests compare the
+(``model``, ``draft_model`` if any, ``pipeline``, the ``head`` kind of its
+EAGLE methods) and decodes the same prompt with each of its ``methods`` (at
+``temp``, seeded by ``seed``, with any other ``options`` of
+``stream_generate``), up to its own ``max_tokens`` if it has one. Every rank
+writes ``{name: {method: results}}`` to ``OUT/rank<r>.json`` (``{"error":
+line}`` for a method refused with a ``ValueError``); the tests compare the
 ranks with each other and with unsharded decoding. One process group runs
 them all: a rank's start-up (imports, the ring) costs as much as the decodes.
 """
@@ -43,17 +44,21 @@ def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
         seed = shared_seed(job.get("seed"))
         if seed is not None:
             mx.random.seed(seed)
-        stream = stream_generate(
-            model,
-            tokenizer,
-            prompt,
-            draft_model=drafter,
-            speculative=method,
-            max_tokens=job.get("max_tokens", max_tokens),
-            temp=job.get("temp", 0.0),
-            **job.get("options", {}),
-        )
-        tokens = [r.token for r in stream]
+        try:
+            stream = stream_generate(
+                model,
+                tokenizer,
+                prompt,
+                draft_model=drafter,
+                speculative=method,
+                max_tokens=job.get("max_tokens", max_tokens),
+                temp=job.get("temp", 0.0),
+                **job.get("options", {}),
+            )
+            tokens = [r.token for r in stream]
+        except ValueError as e:  # a refusal, met alike by every rank
+            results[method] = {"error": str(e)}
+            continue
         results[method] = {
             "tokens": tokens,
             "rounds": stream.stats.rounds,

@@ -88,6 +88,7 @@ BAD = [
     (GENERATE + ["--adapter-path", "{missing}"], "--adapter-path"),
     (GENERATE + ["--adapter-path", "{user}"], "--adapter-path"),
     (GENERATE + ["--adapter-path", EMPTY], "--adapter-path"),
+    (GENERATE + ["--pipeline", "--speculative", "self"], "self does not run on --pip"),
     # chat
     (CHAT + ["--seed", "-1"], "--seed=-1"),
     (CHAT + ["--max-kv-size", "0"], "--max-kv-size=0"),
@@ -98,6 +99,7 @@ BAD = [
     (CHAT + ["--num-draft-tokens", "65"], "--num-draft-tokens=65"),
     (CHAT + ["--speculative", "bogus"], "--speculative"),
     (CHAT + ["--adapter-path", "{missing}"], "--adapter-path"),
+    (CHAT + ["--pipeline", "--speculative", "self"], "self does not run on --pipeline"),
     # server flags, checked at start
     (SERVER + ["--prompt-cache-size", "-1"], "--prompt-cache-size=-1"),
     (SERVER + ["--prompt-cache-bytes", "lots"], "--prompt-cache-bytes"),

@@ -14,6 +14,7 @@ from mlx_spec.drafters.base import Proposal, RoundState
 from mlx_spec.drafters.registry import FACTORIES as DRAFTER_FACTORIES
 from mlx_spec.drafters.self_spec import (
     CHECK_ROUNDS,
+    ON_PIPELINE_STAGES,
     SelfDrafter,
     _masked_forward_ready,
     agreement,
@@ -432,6 +433,32 @@ def test_bad_knobs_get_one_line_errors(load_model, deep):
         self_tokens(one_layer, [1, 2, 3], 4)
     with pytest.raises(ValueError, match="keeps no draft cache"):
         self_tokens(model, [1, 2, 3], 4, prompt_cache=make_prompt_cache(model) * 2)
+
+
+class _Stage:
+    """Rank 0 of 2 pipeline stages, for mlx-lm's ``pipeline()``."""
+
+    def rank(self):
+        return 0
+
+    def size(self):
+        return 2
+
+
+def test_a_pipeline_stage_refuses_self_and_auto_drafts_without_it(tmp_path):
+    # Stage 0 of a 4-block qwen2 holds blocks 2 and 3, stage 1 blocks 0 and 1:
+    # each would search its own blocks alone, and auto built a self arm there.
+    from mlx_spec.drafters.auto import make_auto_drafter
+
+    path = make_checkpoint(tmp_path / "q", "qwen2", num_layers=4, seed=3)
+    model, _ = mlx_lm.load(str(path))
+    model.model.pipeline(_Stage())
+    target = CachedModel(model, None, KVSettings(), "target model")
+    with pytest.raises(ValueError) as error:
+        SelfDrafter(target, 512)
+    assert str(error.value) == ON_PIPELINE_STAGES
+    auto = make_auto_drafter(SpecConfig(method="auto"), target, None, None, None, 512)
+    assert set(auto.arms) == {"lookup"}
 
 
 def test_quantized_kv_cache_greedy_identity(tmp_path, always_draft):

@@ -164,6 +164,10 @@ EVERY_METHOD = [
 # a draft step priced against each rank's own share made the ranks draft
 # different lengths and stall.
 PIPELINE_METHODS = ["none", "draft", "tree", "lookup", "auto", "draft", "none", "draft"]
+# Without a draft: auto drafts by lookup alone on pipeline stages, and self,
+# which chooses among all the target's blocks, is refused on every rank (and
+# the group goes on in step).
+PIPELINE_DRAFTLESS = ["auto", "self", "auto"]
 # qwen3_next's recurrent layers verify trees as chains; qwen2's stages attend
 # through the tree mask, and a tree of fixed size branches on this prompt.
 FIXED_TREE = dict(options=dict(adaptive=False))
@@ -181,11 +185,10 @@ def sharded(checkpoints, tmp_path_factory):
     """The decodes of the tests below, by name, from one launch: a launch's
     start-up (imports on two ranks, the ring) is most of its time."""
 
-    def job(target, methods, **options):
-        draft = str(checkpoints[f"{target}-near"])
+    def job(target, methods, draft=True, **options):
         return dict(
             model=str(checkpoints[target]),
-            draft_model=draft,
+            draft_model=str(checkpoints[f"{target}-near"]) if draft else None,
             methods=methods,
             **options,
         )
@@ -194,6 +197,9 @@ def sharded(checkpoints, tmp_path_factory):
         "llama": job("llama", EVERY_METHOD),
         "llama-3heads": job("llama-3heads", EVERY_METHOD),
         "pipeline": job("qwen3_next", PIPELINE_METHODS, pipeline=True),
+        "pipeline-draftless": job(
+            "qwen3_next", PIPELINE_DRAFTLESS, draft=False, pipeline=True
+        ),
         "pipeline-tree": job("qwen2", ["tree", "eagle"], pipeline=True, **FIXED_TREE),
         "sampled": job("llama", SAMPLED_METHODS, **SAMPLED),
         "pipeline-eagle3": job("qwen2", EAGLE3_METHODS, **EAGLE3),
@@ -237,6 +243,19 @@ def test_pipeline_stages_greedy_equal_plain_mlx_lm(sharded, load_model):
         for method in PIPELINE_METHODS:
             assert results[method]["tokens"] == expected, method
     _assert_ranks_decided_alike(ranks, PIPELINE_METHODS)
+
+
+def test_pipeline_stages_run_auto_without_a_draft_and_refuse_self(sharded, load_model):
+    # qwen3_next's 3 blocks: rank 0 holds 2, rank 1 one. Rank 0 alone built a
+    # self arm for auto, on its own blocks, and the group stalled.
+    from mlx_spec.drafters.self_spec import ON_PIPELINE_STAGES
+
+    ranks = sharded["pipeline-draftless"]
+    expected = _plain(load_model("qwen3_next")[0])
+    for results in ranks:
+        assert results["auto"]["tokens"] == expected
+        assert results["self"] == {"error": ON_PIPELINE_STAGES}
+    _assert_ranks_decided_alike(ranks, ["auto"])
 
 
 def test_pipeline_stages_verify_a_tree_through_its_mask_on_every_stage(

@@ -364,12 +364,12 @@ def make_auto_drafter(config, target: CachedModel, draft_model, cache, kv, vocab
         lookup.chain_only()
         arms["lookup"] = lookup
     else:
-        from .self_spec import make_self_drafter
+        from .self_spec import make_self_drafter, self_unsupported
 
         arms["lookup"] = make_lookup_drafter(
             config, target, None, cache, kv, vocab_size
         )
-        if len(target.model.layers) >= 2:
+        if self_unsupported(target.model) is None:  # not on pipeline stages
             arms["self"] = make_self_drafter(
                 config, target, None, cache, kv, vocab_size
             )

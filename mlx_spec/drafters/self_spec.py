@@ -57,6 +57,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..caches import copy_states, model_type, needs_journal, set_states
 from ..costs import best_gamma, weight_bytes
+from ..features import pipeline_stage
 from .base import (
     Proposal,
     RoundState,
@@ -67,6 +68,12 @@ from .base import (
 
 # Prompt tokens the layer search looks at (the last ones).
 DEFAULT_SEARCH_TOKENS = 64
+# Self-speculation chooses among all the target's blocks; a stage holds some.
+ON_PIPELINE_STAGES = (
+    "--speculative self does not run on --pipeline stages (each process holds "
+    "only some of the blocks it would choose among); use --speculative lookup "
+    "or a draft model, or drop --pipeline to shard the target tensor-parallel."
+)
 # Positions (the last of the window) at which a skip set's agreement is measured.
 EVAL_POSITIONS = 12
 # At most this fraction of the blocks is skipped.
@@ -120,6 +127,23 @@ def running_layers(model: nn.Module, layers: Sequence):
         yield
     finally:
         owner.layers = original
+
+
+def self_unsupported(model: nn.Module) -> Optional[str]:
+    """Why self-speculation cannot run on ``model``, or ``None`` if it can.
+
+    Pipeline stages are refused alike on every rank: each stage's
+    ``model.layers`` holds its own blocks alone, and their counts differ.
+    """
+    if pipeline_stage(model) is not None:
+        return ON_PIPELINE_STAGES
+    num_layers = len(model.layers)
+    if num_layers < 2:
+        return (
+            "--speculative self needs a model with at least 2 layers; "
+            f"this one has {num_layers}."
+        )
+    return None
 
 
 def layer_costs(model: nn.Module) -> Tuple[List[int], int]:
@@ -568,13 +592,10 @@ class SelfDrafter:
         self.vocab_size = vocab_size
         self.gammas = tuple(gammas)
         self.search_tokens = search_tokens
-        num_layers = len(target.model.layers)
+        reason = self_unsupported(target.model)
+        if reason is not None:
+            raise ValueError(reason)
         layer_owner(target.model)
-        if num_layers < 2:
-            raise ValueError(
-                "--speculative self needs a model with at least 2 layers; "
-                f"this one has {num_layers}."
-            )
         self.search: Dict = {}
         self.layer_costs = layer_costs(target.model)
         self.realized = [0, 0, 0]
