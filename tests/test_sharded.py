@@ -24,8 +24,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
+import mlx_lm
 import numpy as np
 import pytest
 from law_checks import CHI2_9_999, stream_statistics
@@ -356,21 +358,39 @@ def test_sampled_sharded_streams_follow_the_target_law(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sharded_generate_prints_once_and_refuses_in_one_line(checkpoints, backend):
-    common = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "8"]
+def test_sharded_generate_prints_once_and_refuses_in_one_line(
+    checkpoints, load_model, tmp_path, backend
+):
+    common = ["-m", "mlx_spec.cli.generate", "--max-tokens", "8"]
     common += ["--ignore-chat-template"]
+    # Rank 0 alone reads --prompt - (mpirun gives the others an empty stdin)
+    # and writes --stats-json: rank 1 runs in another folder.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    python = _rank0_reads(tmp_path, CHAT_LINES[:1], others_in=elsewhere)
     code, out = _launch(
         common
+        + ["--prompt", "-", "--stats-json", "stats.json"]
         + ["--model", str(checkpoints["llama"]), "--speculative", "draft"]
         + ["--draft-model", str(checkpoints["llama-near"])],
         backend=backend,
+        python=str(python),
+        cwd=tmp_path,
     )
     assert code == 0, out
     assert out.count("Speculation: draft") == 1  # rank 0 alone prints
+    model, tokenizer = load_model("llama")
+    prompt = tokenizer.encode(CHAT_LINES[0] + "\n")
+    expected = mlx_lm.generate(model, tokenizer, prompt, max_tokens=8)
+    assert f"==========\n{_newlines(expected)}\n==========" in out, out
+    assert f"Prompt: {len(prompt)} tokens" in out
+    assert json.loads((tmp_path / "stats.json").read_text())["method"] == "draft"
+    assert not (elsewhere / "stats.json").exists()
 
     # mlx-lm has no pipeline stages for llama: one line from rank 0 and the
     # group stops (mlx.launch itself exits 0 whatever the ranks do).
-    command = common + ["--model", str(checkpoints["llama"]), "--pipeline"]
+    command = common + ["--prompt", "hello", "--pipeline"]
+    command += ["--model", str(checkpoints["llama"])]
     code, out = _launch(command, backend=backend)
     if backend == "mpi":
         assert code == 2, out  # mpirun passes the ranks' exit code on
@@ -597,18 +617,20 @@ CHAT_LINES = ["Write a parser.", "Now a lexer."]
 CHAT_REPLY = re.compile(r">> (.*?)\n\[Speculation: draft", re.S)
 
 
-def _rank0_reads(tmp_path, lines) -> Path:
+def _rank0_reads(tmp_path, lines, others_in: Optional[Path] = None) -> Path:
     """A python for the launcher whose rank 0 alone reads ``lines`` (then the
-    end of input); the other rank's stdin is empty."""
+    end of input); the other rank's stdin is empty, and it starts in the
+    folder ``others_in`` if given."""
     text = tmp_path / "lines.txt"
     text.write_text("".join(line + "\n" for line in lines))
     python = tmp_path / "python"
     py = shlex.quote(sys.executable)
+    cd = f"cd {shlex.quote(str(others_in))}\n" if others_in else ""
     python.write_text(
         "#!/bin/sh\n"
         'if [ "${MLX_RANK:-$OMPI_COMM_WORLD_RANK}" = 0 ]; then '
         f'exec {py} "$@" < {shlex.quote(str(text))}; fi\n'
-        f'exec {py} "$@" < /dev/null\n'
+        f'{cd}exec {py} "$@" < /dev/null\n'
     )
     python.chmod(0o755)
     return python

@@ -12,7 +12,14 @@ from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
 from ..chat_text import repair_text
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS
-from ..distributed import errors_in_one_line, rank0_prints, shared_seed
+from ..distributed import (
+    errors_in_one_line,
+    rank,
+    rank0_prints,
+    sharded_group,
+    shared_seed,
+    text_from_rank0,
+)
 from ..generation import DEFAULT_MAX_TOKENS, collect_text, stream_generate
 from ..loading import (
     default_model_pair,
@@ -88,15 +95,19 @@ def _check_args(args):
         raise ValueError(
             "--prompt-cache-file is not supported by mlx_spec yet; use mlx_lm.generate."
         )
-    if args.stats_json:  # checked now, not after generating
+    if args.stats_json and rank() == 0:  # checked now, not after generating
         check_out_file(args.stats_json, "--stats-json")
+
+
+def _read_stdin() -> str:
+    raw = getattr(sys.stdin, "buffer", None)  # bytes: bad UTF-8 becomes U+FFFD
+    return raw.read().decode("utf-8", "replace") if raw else sys.stdin.read()
 
 
 def _build_prompt(args, tokenizer) -> List[int]:
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
-    if prompt == "-":
-        raw = getattr(sys.stdin, "buffer", None)  # bytes: bad UTF-8 becomes U+FFFD
-        prompt = raw.read().decode("utf-8", "replace") if raw else sys.stdin.read()
+    if prompt == "-":  # rank 0's stdin, on every rank of a sharded run
+        prompt = text_from_rank0(_read_stdin() if rank() == 0 else "", sharded_group())
     prompt = repair_text(prompt)  # invalid UTF-8 in argv arrives as surrogates
     if not prompt:
         raise ValueError(
@@ -167,7 +178,7 @@ def run(args) -> str:
     text = collect_text(stream, args.verbose)
     if not args.verbose:
         print(text)
-    if args.stats_json:
+    if args.stats_json and rank() == 0:  # one file for the group
         try:
             with open(Path(args.stats_json).expanduser(), "w") as f:
                 json.dump(stream.stats.as_dict(), f, indent=2)
