@@ -173,6 +173,7 @@ PIPELINE_DRAFTLESS = ["auto", "self", "auto"]
 # qwen3_next's recurrent layers verify trees as chains; qwen2's stages attend
 # through the tree mask, and a tree of fixed size branches on this prompt.
 FIXED_TREE = dict(options=dict(adaptive=False))
+TREE_METHODS = ["tree", "eagle"]
 SAMPLED_METHODS = ["draft", "tree", "eagle-chain"]
 SAMPLED = dict(temp=1.0, seed=3)
 # Long sampled streams whose every token is checked against the target's law.
@@ -198,11 +199,12 @@ def sharded(checkpoints, tmp_path_factory):
     jobs = {
         "llama": job("llama", EVERY_METHOD),
         "llama-3heads": job("llama-3heads", EVERY_METHOD),
+        "llama-tree": job("llama", TREE_METHODS, **FIXED_TREE),
         "pipeline": job("qwen3_next", PIPELINE_METHODS, pipeline=True),
         "pipeline-draftless": job(
             "qwen3_next", PIPELINE_DRAFTLESS, draft=False, pipeline=True
         ),
-        "pipeline-tree": job("qwen2", ["tree", "eagle"], pipeline=True, **FIXED_TREE),
+        "pipeline-tree": job("qwen2", TREE_METHODS, pipeline=True, **FIXED_TREE),
         "sampled": job("llama", SAMPLED_METHODS, **SAMPLED),
         "pipeline-eagle3": job("qwen2", EAGLE3_METHODS, **EAGLE3),
         "pipeline-eagle3-sampled": job("qwen2", ["eagle-chain"], **EAGLE3, **SAMPLED),
@@ -260,21 +262,33 @@ def test_pipeline_stages_run_auto_without_a_draft_and_refuse_self(sharded, load_
     _assert_ranks_decided_alike(ranks, ["auto"])
 
 
+def _assert_trees_verified_through_their_mask(ranks, model):
+    """Each rank's fixed trees gave plain greedy output. The trees have 16
+    nodes, and attending causally instead changes the tree method's output
+    (llama and qwen2 on PROMPT, unsharded)."""
+    expected = _plain(model)
+    for results in ranks:
+        for method in TREE_METHODS:
+            assert results[method]["tokens"] == expected, method
+    _assert_ranks_decided_alike(ranks, TREE_METHODS)
+    assert set(ranks[0]["tree"]["drafted_per_round"]) == {16}
+
+
+def test_tensor_parallel_shards_verify_a_tree_through_its_mask(sharded, load_model):
+    _assert_trees_verified_through_their_mask(
+        sharded["llama-tree"], load_model("llama")[0]
+    )
+
+
 def test_pipeline_stages_verify_a_tree_through_its_mask_on_every_stage(
     sharded, load_model
 ):
     ranks = sharded["pipeline-tree"]
-    expected = _plain(load_model("qwen2")[0])
     # Stages run one after another: a forward reads the whole target once.
     whole = weight_bytes(load_model("qwen2")[0])
     assert [r["target_bytes"] for r in ranks] == pytest.approx([whole, whole])
     assert all(r["own_bytes"] < whole for r in ranks)
-    for results in ranks:
-        for method in ("tree", "eagle"):
-            assert results[method]["tokens"] == expected, method
-    _assert_ranks_decided_alike(ranks, ["tree", "eagle"])
-    # Trees of 16 nodes: a stage attending causally instead changes the output.
-    assert set(ranks[0]["tree"]["drafted_per_round"]) == {16}
+    _assert_trees_verified_through_their_mask(ranks, load_model("qwen2")[0])
 
 
 def _unsharded_eagle3(model, tokenizer, method, **options) -> list:
