@@ -255,22 +255,23 @@ def test_adapter_path_serves_the_adapted_model_greedy(checkpoints, adapters):
         served.stop()
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--no-batching"], "drop --no-batching"),
-        (["--kv-bits", "4"], "drop --kv-bits"),
-    ],
-)
-def test_a_sharded_server_refuses_flags_that_would_not_batch(
-    checkpoints, monkeypatch, flags, message
+def test_a_sharded_server_refuses_models_named_by_requests(
+    checkpoints, monkeypatch, tmp_path
 ):
-    """Sharded, every request must batch: these would refuse every request."""
+    """Each rank would load a request's model from its own disk, and one that
+    lacks it would leave the others waiting in the sharded load. Flags that
+    stop batching stay: those requests run alone on every rank."""
     monkeypatch.setattr(server_module, "sharded_group", lambda: object())
-    argv = ["--model", str(checkpoints["llama"]), "--port", "0", *flags]
-    with pytest.raises(ValueError) as e:
-        SpecServer(setup_arg_parser().parse_args(argv))
-    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    argv = ["--model", str(checkpoints["llama"]), "--port", "0"]
+    flags = ["--allow-request-models", str(tmp_path)]
+    for pipeline in ([], ["--pipeline"]):
+        with pytest.raises(ValueError) as e:
+            SpecServer(setup_arg_parser().parse_args(argv + pipeline + flags))
+        message = str(e.value)
+        assert "drop --allow-request-models" in message and "\n" not in message
+    check_sharded_flags(
+        setup_arg_parser().parse_args(["--no-batching", "--kv-bits", "4"])
+    )
 
 
 def test_a_pipeline_server_refuses_a_prompt_cache_byte_limit(monkeypatch):

@@ -1,11 +1,11 @@
 """mlx_spec.server on a target sharded over two processes (mlx.launch, ring
-backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps (and,
-in pipeline stages, each request it serves alone).
+backend, localhost): rank 0 serves HTTP, rank 1 follows its batch steps and
+each request it serves alone.
 
 Concurrent greedy requests of several methods must equal unsharded plain
-mlx-lm, tensor-parallel and in pipeline stages; a request the tensor-parallel
-server cannot batch gets a 400 (pipeline stages serve it alone) and the group
-goes on; an error in a rank ends the whole group.
+mlx-lm, tensor-parallel and in pipeline stages; a request the batch cannot
+take (a tree, a head) runs alone on every rank and the group goes on; an
+error in a rank ends the whole group.
 """
 
 import os
@@ -22,6 +22,9 @@ import pytest
 from serving import open_stream, post
 from test_server import _free_port
 from test_sharded import _launch, _launcher, open_stdin
+
+from mlx_spec.drafters.heads import random_head, save_head
+from mlx_spec.fingerprint import model_fingerprint
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 SERVER = Path(sys.executable).with_name("mlx_spec.server")
@@ -110,6 +113,18 @@ def shared_group(pair_flags, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def head_group(checkpoints, load_model, tmp_path_factory):
+    """Two tensor-parallel ranks of llama drafting with a random EAGLE head
+    (a head drafts for one request at a time: every request runs alone)."""
+    model, _ = load_model("llama")
+    head = tmp_path_factory.mktemp("head") / "eagle"
+    module = random_head("eagle", model, seed=1).module
+    save_head(head, "eagle", module, target_fingerprint=model_fingerprint(model))
+    flags = ["--model", str(checkpoints["llama"]), "--draft-model", str(head)]
+    yield from _serving(flags, tmp_path_factory.mktemp("heads"))
+
+
+@pytest.fixture(scope="module")
 def pipeline_group(checkpoints, tmp_path_factory):
     """Two pipeline stages of qwen2 (mlx-lm has none for llama) drafting with
     its near draft, shared as ``shared_group`` is."""
@@ -153,40 +168,54 @@ def test_a_rank_that_dies_ends_the_whole_group(group):
     assert not _alive(min(ranks)), "rank 0 outlived its group"
 
 
-def test_a_flag_the_sharded_server_refuses_is_said_once(pair_flags):
-    command = [str(SERVER), *pair_flags, "--kv-bits", "4", "--port", str(_free_port())]
-    _, out = _launch(command, timeout=120)
+def test_a_sharded_server_refuses_models_named_by_requests_once(pair_flags, tmp_path):
+    # Each rank would load a request's model from its own disk: one without
+    # it would fail while the others wait in the sharded load.
+    command = [str(SERVER), *pair_flags, "--allow-request-models", str(tmp_path)]
+    _, out = _launch(command + ["--port", str(_free_port())], timeout=120)
     errors = [line for line in out.splitlines() if "error:" in line]
     assert errors == [
-        "mlx_spec.server: error: a sharded server batches every request, and "
-        "quantized KV caches are not batched; drop --kv-bits."
+        "mlx_spec.server: error: a sharded server serves the models it was "
+        "started with (a model missing on one machine would stall the group); "
+        "drop --allow-request-models, or start another group for another model."
     ], out
+
+
+def _plain_text(load_model, name, prompt) -> str:
+    model, tokenizer = load_model(name)
+    ids = tokenizer.encode(prompt)
+    return mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
 
 
 def test_concurrent_sharded_requests_equal_plain_mlx_lm(shared_group, load_model):
     group = shared_group
-    model, tokenizer = load_model("llama")
-    references = {
-        p: mlx_lm.generate(model, tokenizer, tokenizer.encode(p), max_tokens=MAX_TOKENS)
-        for p in PROMPTS
-    }
+    references = {p: _plain_text(load_model, "llama", p) for p in PROMPTS}
     group.wait_ready()
+    # Requests the batch cannot take run alone on every rank, with the
+    # adaptive control on rank 0's round costs (else the ranks drafted
+    # different lengths and the group stalled).
+    for prompt, method in [(PROMPTS[0], "tree"), (PROMPTS[2], "self")]:
+        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "speculative": method}
+        status, answer = post(group, body, timeout=TIMEOUT)
+        assert status == 200, (answer, group.output())
+        assert answer["choices"][0]["text"] == references[prompt], method
+        stats = answer["speculative_stats"]
+        assert stats["method"] == method and stats["batched"] is False, stats
+    # Requests that arrive while another decodes join its batch on every rank.
+    long = {"prompt": PROMPTS[1], "max_tokens": 4000, "speculative": "draft"}
+    staying = open_stream(group, long)
     bodies = [
         {"prompt": p, "max_tokens": MAX_TOKENS, "speculative": m}
         for p, m in zip(PROMPTS, METHODS)
     ]
-    for _ in range(2):  # the second wave reuses the prompt cache on both ranks
-        for prompt, (status, body) in zip(PROMPTS, _together(group, bodies)):
-            assert status == 200, (body, group.output())
-            assert body["choices"][0]["text"] == references[prompt]
-            assert body["speculative_stats"]["batched"] is True
-    # A request the batch cannot take is refused; the ranks stay in step.
-    status, body = post(
-        group,
-        {"prompt": PROMPTS[0], "max_tokens": 4, "speculative": "tree"},
-        timeout=TIMEOUT,
-    )
-    assert status == 400 and "sharded server batches every request" in body["error"]
+    try:
+        for _ in range(2):  # the second wave reuses the prompt cache on both ranks
+            for prompt, (status, body) in zip(PROMPTS, _together(group, bodies)):
+                assert status == 200, (body, group.output())
+                assert body["choices"][0]["text"] == references[prompt]
+                assert body["speculative_stats"]["batched"] is True
+    finally:
+        staying.close()
     status, body = post(
         group, {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}, timeout=TIMEOUT
     )
@@ -199,7 +228,6 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
     greedy answers after them are still plain mlx-lm's. (That every rank
     draws the same tokens is not checked here: rank 1's answers go nowhere.)"""
     group = shared_group
-    model, tokenizer = load_model("llama")
     group.wait_ready()
     results = []
     for temperature in (1.0, 0.0):
@@ -213,9 +241,26 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
     assert [status for _, _, (status, _) in results] == [200] * 6, group.output()
     for prompt, temperature, (_, body) in results:
         if temperature == 0.0:
-            ids = tokenizer.encode(prompt)
-            plain = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS)
-            assert body["choices"][0]["text"] == plain
+            assert body["choices"][0]["text"] == _plain_text(load_model, "llama", prompt)
+
+
+def test_a_sharded_server_with_a_head_serves_its_methods(head_group, load_model):
+    """A head drafts for one request at a time: requests that come together
+    run one after another, alone on every rank, each plain mlx-lm's greedy text."""
+    group = head_group
+    group.wait_ready()
+    bodies = [
+        {"prompt": p, "max_tokens": MAX_TOKENS, "speculative": m}
+        for p, m in zip(PROMPTS, ("eagle", "eagle-chain", "none"))
+    ]
+    for prompt, body, (status, answer) in zip(
+        PROMPTS, bodies, _together(group, bodies)
+    ):
+        assert status == 200, (answer, group.output())
+        assert answer["choices"][0]["text"] == _plain_text(load_model, "llama", prompt)
+        stats = answer["speculative_stats"]
+        assert stats["method"] == body["speculative"] and stats["batched"] is False
+    assert group.proc.poll() is None
 
 
 def _alive(pid: int) -> bool:

@@ -70,7 +70,8 @@ def setup_arg_parser() -> argparse.ArgumentParser:
         metavar="ROOT",
         help="Let requests load models, drafts and adapters (the model, "
         "draft_model and adapters fields) from folders under ROOT; by default a "
-        "request may only name what the server was started with.",
+        "request may only name what the server was started with (always, "
+        "sharded).",
     )
     limits.add_argument(
         "--max-tokens-limit",

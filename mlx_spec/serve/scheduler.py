@@ -4,17 +4,15 @@ Batchable requests decode together in a :class:`SpecBatchGenerator`; a
 request that arrives at an idle server runs alone (:class:`SoloRun`) until
 another arrives, and the others run alone once the batch has drained.
 
-Sharded (under ``mlx.launch``), rank 0 takes the HTTP requests and every
-rank runs this loop in lockstep: rank 0 shares each request and each
-step's hang-ups (mlx_lm's ``all_sum`` of pickled bytes), and every decision
-after that depends only on shared data (requests, the target's logits, which
-every rank gets whole, a shared seed), so every rank runs the same batch
-steps and so the same collectives; an error in a step ends the group.
-Tensor-parallel, every request is batched (one that cannot be gets a 400).
-In ``--pipeline`` stages requests are scheduled as on one machine: the
-single-sequence engine runs in lockstep there too (rank 0's round costs and
-hang-ups, as ``mlx_spec.generate --pipeline``), so a request the batch
-cannot take (a tree, a hybrid model's recurrent caches) runs alone instead.
+Sharded (under ``mlx.launch``, tensor-parallel or ``--pipeline`` stages),
+rank 0 takes the HTTP requests and every rank runs this loop in lockstep:
+rank 0 shares each request and each step's hang-ups (mlx_lm's ``all_sum``
+of pickled bytes), and every decision after that depends only on shared data
+(requests, the target's logits, which every rank gets whole, a shared seed,
+rank 0's round costs for the single-sequence engine's adaptive control), so
+every rank runs the same steps and so the same collectives; an error in a
+step ends the group. Requests are scheduled as on one machine: one the batch
+cannot take (a tree, a head, a hybrid model's recurrent caches) runs alone.
 """
 
 import dataclasses
@@ -53,8 +51,6 @@ from .solo import (
 
 # Why a batchable request ran on the single-sequence engine.
 ALONE_NOTE = "no other request was running (single-sequence engine)"
-# A tensor-parallel server's answer to a request it cannot batch (then why).
-SHARDED_NOTE = "a sharded server batches every request, and this one cannot be: "
 
 
 @dataclass
@@ -108,11 +104,6 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         """Several processes run this loop in step (under ``mlx.launch``)."""
         return lm_private.is_distributed(self)
 
-    @property
-    def _batches_all(self) -> bool:
-        """Tensor-parallel: every request is batched, none runs alone."""
-        return self._lockstep and not self.cli_args.pipeline
-
     def _share_request(self, request):
         """mlx_lm's, without the client's connection (rank 0 keeps its own)."""
         if not lm_private.is_distributed(self):
@@ -146,17 +137,10 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                     pending.popleft()
                     self._fail(rqueue, request, e)
                     continue
-                if reason is not None and self._batches_all:
-                    pending.popleft()
-                    self._fail(rqueue, request, RequestError(SHARDED_NOTE + reason))
-                    continue
                 if reason is None and (not self._busy or key == self._batch_key):
                     pending.popleft()
                     alone = not (
-                        self._busy
-                        or pending
-                        or self._drafts_from_index(request)
-                        or self._batches_all
+                        self._busy or pending or self._drafts_from_index(request)
                     )
                     self._admit(rqueue, request, args, key, alone)
                     continue

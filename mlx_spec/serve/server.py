@@ -143,26 +143,25 @@ class SpecModelProvider(lm_server.ModelProvider):
 def check_sharded_flags(args: argparse.Namespace):
     """A one-line ``ValueError`` for flags a sharded server cannot honour.
 
-    Tensor-parallel, it batches every request. In pipeline stages each rank
-    holds its own layers' caches, so a byte limit would evict different
-    prompts on each rank and the ranks would leave lockstep.
+    Each rank loads a request's model from its own disk, so one that lacks
+    it would fail while the others wait in the sharded load: requests keep
+    the models the group started with. In pipeline stages each rank holds
+    its own layers' caches, so a byte limit would evict different prompts on
+    each rank and the ranks would leave lockstep.
     """
     if sharded_group() is None:
         return
-    if args.pipeline:
-        if getattr(args, "prompt_cache_bytes", None) is not None:
-            raise ValueError(
-                "--pipeline stages each hold their own layers' caches, so a byte "
-                "limit could keep different prompts on each; drop "
-                "--prompt-cache-bytes (--prompt-cache-size applies)."
-            )
-        return
-    if not getattr(args, "batching", True):
-        raise ValueError("a sharded server batches every request; drop --no-batching.")
-    if args.kv_bits is not None:
+    if getattr(args, "allow_request_models", None):
         raise ValueError(
-            "a sharded server batches every request, and quantized KV caches "
-            "are not batched; drop --kv-bits."
+            "a sharded server serves the models it was started with (a model "
+            "missing on one machine would stall the group); drop "
+            "--allow-request-models, or start another group for another model."
+        )
+    if args.pipeline and getattr(args, "prompt_cache_bytes", None) is not None:
+        raise ValueError(
+            "--pipeline stages each hold their own layers' caches, so a byte "
+            "limit could keep different prompts on each; drop "
+            "--prompt-cache-bytes (--prompt-cache-size applies)."
         )
 
 
