@@ -4,11 +4,14 @@ each request it serves alone.
 
 Concurrent greedy requests of several methods must equal unsharded plain
 mlx-lm, tensor-parallel and in pipeline stages; a request the batch cannot
-take (a tree, a head) runs alone on every rank and the group goes on; an
-error in a rank ends the whole group.
+take (a tree, a head) runs alone on every rank and the group goes on; every
+rank sends the same tokens (sampled too); an error in a rank ends the whole
+group.
 """
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,8 +20,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import mlx.core as mx
 import mlx_lm
 import pytest
+from mlx_lm.generate import generate_step
 from serving import open_stream, post
 from test_server import _free_port
 from test_sharded import _launch, _launcher, open_stdin
@@ -31,6 +36,8 @@ SERVER = Path(sys.executable).with_name("mlx_spec.server")
 PROMPTS = ("def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n")
 METHODS = ("draft", "lookup", "none")
 MAX_TOKENS = 16
+# The server's DEBUG line for each request it finished, on every rank.
+SENT = re.compile(r"rank (\d+) sent \d+ tokens: (\[[\d, ]*\])")
 TIMEOUT = 400
 
 pytestmark = [
@@ -69,6 +76,22 @@ class _Group:
         self.log.seek(0)
         return self.log.read()[-3000:]
 
+    def sent_tokens(self, count: int) -> list:
+        """Each rank's ``[tokens of each request]``, in the order sent, once
+        rank 0 has logged ``count`` requests and rank 1 as many (DEBUG)."""
+        deadline = time.monotonic() + 60
+        while True:
+            self.log.flush()
+            self.log.seek(0)
+            ranks = [[], []]
+            for rank, tokens in SENT.findall(self.log.read()):
+                ranks[int(rank)].append(tokens)
+            if len(ranks[0]) >= count and len(ranks[1]) == len(ranks[0]):
+                return ranks
+            if time.monotonic() > deadline:
+                pytest.fail(f"the ranks logged {ranks}:\n{self.output()}")
+            time.sleep(0.5)
+
     def wait_ready(self):
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
@@ -91,9 +114,9 @@ class _Group:
         self.log.close()
 
 
-def _serving(pair_flags, log_dir):
+def _serving(pair_flags, log_dir, log_level="CRITICAL"):
     with open_stdin() as stdin:
-        group = _Group(log_dir, stdin, *pair_flags, "--log-level", "CRITICAL")
+        group = _Group(log_dir, stdin, *pair_flags, "--log-level", log_level)
         yield group
         group.kill()
 
@@ -108,8 +131,9 @@ def group(pair_flags, tmp_path):
 def shared_group(pair_flags, tmp_path_factory):
     """One group for the tests that only send it requests (its start-up, two
     ranks importing mlx-lm, is most of a test's time); it serves them in turn.
-    An idle group keeps a core busy (mlx.launch polls), so they come last."""
-    yield from _serving(pair_flags, tmp_path_factory.mktemp("group"))
+    An idle group keeps a core busy (mlx.launch polls), so they come last.
+    Every rank logs each request's tokens (DEBUG)."""
+    yield from _serving(pair_flags, tmp_path_factory.mktemp("group"), "DEBUG")
 
 
 @pytest.fixture(scope="module")
@@ -224,11 +248,12 @@ def test_concurrent_sharded_requests_equal_plain_mlx_lm(shared_group, load_model
 
 
 def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
-    """Sampled rows of several methods are answered by the group, and the
-    greedy answers after them are still plain mlx-lm's. (That every rank
-    draws the same tokens is not checked here: rank 1's answers go nowhere.)"""
+    """Every rank sends the same tokens for sampled rows of several methods
+    (each rank samples its own, from a shared seed), and the greedy answers
+    after them are still plain mlx-lm's."""
     group = shared_group
     group.wait_ready()
+    logged = len(group.sent_tokens(0)[0])  # by the tests before
     results = []
     for temperature in (1.0, 0.0):
         bodies = [
@@ -241,7 +266,25 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
     assert [status for _, _, (status, _) in results] == [200] * 6, group.output()
     for prompt, temperature, (_, body) in results:
         if temperature == 0.0:
-            assert body["choices"][0]["text"] == _plain_text(load_model, "llama", prompt)
+            assert body["choices"][0]["text"] == _plain_text(
+                load_model, "llama", prompt
+            )
+    first, second = group.sent_tokens(logged + len(results))
+    assert first == second
+    # The lines are the answers' tokens: the last three, the greedy wave's.
+    model, tokenizer = load_model("llama")
+    plain = [_plain_ids(model, tokenizer, p) for p in PROMPTS]
+    assert sorted(json.loads(tokens) for tokens in first[-3:]) == sorted(plain)
+
+
+def _plain_ids(model, tokenizer, prompt) -> list:
+    """Plain mlx-lm's greedy tokens, to its first end-of-sequence token."""
+    steps = generate_step(mx.array(tokenizer.encode(prompt)), model)
+    ids = []
+    for token, _ in steps:
+        ids.append(int(token))
+        if len(ids) == MAX_TOKENS or ids[-1] in tokenizer.eos_token_ids:
+            return ids
 
 
 def test_a_sharded_server_with_a_head_serves_its_methods(head_group, load_model):

@@ -19,7 +19,7 @@ import dataclasses
 import gc
 import logging
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Optional
 
 import mlx.core as mx
@@ -46,6 +46,7 @@ from .solo import (
     SoloRun,
     check_request_context,
     client_left,
+    log_sent_tokens,
     request_sampler,
 )
 
@@ -66,6 +67,7 @@ class _BatchClient:
     matcher: Any
     sent: int = 0  # tokens sent
     before: int = 0  # of which sent before the request joined the batch
+    tokens: list = field(default_factory=list)  # the tokens sent
 
 
 class SpecResponseGenerator(lm_server.ResponseGenerator):
@@ -385,6 +387,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             state["matcher"],
             sent=run.sent,
             before=run.sent,
+            tokens=tokens[len(run.prompt) :],
         )
 
     def _batch_nbytes(self) -> int:
@@ -459,6 +462,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                 )
             )
             client.sent += 1
+            client.tokens.append(token)
             if finish_reason is not None:
                 return True
             # Sharded, a hang-up is seen at the next step, on every rank.
@@ -478,6 +482,7 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         client = self._clients.pop(uid, None)
         if client is None:
             return
+        log_sent_tokens(client.tokens)
         if cached is not None:
             cache, tokens = cached
             if cache is not None and tokens:

@@ -299,8 +299,11 @@ class SpecServer:
 def main(argv: Optional[List[str]] = None):
     parser = setup_arg_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(  # only rank 0 logs below warnings
-        level=getattr(logging, args.log_level.upper()) if rank() == 0 else "WARNING",
+    # Only rank 0 logs below warnings, but at DEBUG every rank logs (each
+    # request's tokens, to compare the ranks).
+    level = args.log_level.upper()
+    logging.basicConfig(
+        level=level if rank() == 0 or level == "DEBUG" else "WARNING",
         format="%(asctime)s - %(levelname)s - %(message)s",
     )
     # Sharded, each error is said once for the group (rank 0's, or a rank's own).

@@ -1,6 +1,7 @@
 """A request that ``mlx_spec.server`` serves alone, with
 :func:`mlx_spec.stream_generate`, and the keepalives of its prefill."""
 
+import logging
 import threading
 from dataclasses import replace
 
@@ -10,7 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
-from ..distributed import flag_from_rank0, sharded_group
+from ..distributed import flag_from_rank0, rank, sharded_group
 from ..generation import history_kwargs, stream_generate
 from ..limits import GenerationCancelled, check_context
 from ..sampling import make_sampler, top_p_or_off
@@ -44,6 +45,13 @@ def check_request_context(model, prompt_tokens: int, max_tokens: int):
         check_context(model, prompt_tokens, max_tokens)
     except ValueError as e:
         raise RequestError(str(e)) from None
+
+
+def log_sent_tokens(tokens):
+    """At DEBUG, a finished request's tokens, on every rank: sharded, the
+    ranks' lines must be the same (they decode in lockstep)."""
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.debug("rank %d sent %d tokens: %s", rank(), len(tokens), tokens)
 
 
 def request_sampler(args, tokenizer):
@@ -246,6 +254,7 @@ class SoloRun:
         self.done = True
         owner = self.owner
         owner.prompt_cache.insert_cache(self.cache_model, self.tokens, self.cache)
+        log_sent_tokens(self.tokens[len(self.prompt) :])
         if owner.index is not None and not getattr(self.request, "isolation", False):
             owner.index.add(self.tokens[self.cached :])
         self.rqueue.put(None)  # last: a finished response is already indexed
