@@ -306,6 +306,17 @@ def test_a_sharded_server_with_a_head_serves_its_methods(head_group, load_model)
     assert group.proc.poll() is None
 
 
+def _answers_as_plain_and_stays_up(group, model, tokenizer):
+    """A request alone still gets plain mlx-lm's answer: the ranks are in step."""
+    body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
+    status, answer = post(group, body, timeout=TIMEOUT)
+    plain = mlx_lm.generate(
+        model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
+    )
+    assert status == 200 and answer["choices"][0]["text"] == plain
+    assert group.proc.poll() is None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -349,13 +360,7 @@ def test_a_pipeline_server_speculates_and_equals_plain_mlx_lm(
     # answer is still plain mlx-lm's.
     body = {"prompt": PROMPTS[2], "max_tokens": 4000, "speculative": "draft"}
     open_stream(group, body).close()
-    body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
-    status, answer = post(group, body, timeout=TIMEOUT)
-    plain = mlx_lm.generate(
-        model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
-    )
-    assert status == 200 and answer["choices"][0]["text"] == plain
-    assert group.proc.poll() is None
+    _answers_as_plain_and_stays_up(group, model, tokenizer)
 
 
 def test_concurrent_pipeline_requests_are_batched_and_equal_plain_mlx_lm(
@@ -397,10 +402,4 @@ def test_concurrent_pipeline_requests_are_batched_and_equal_plain_mlx_lm(
         assert stats["batched"] is True and stats["mean_batch_size"] > 1, stats
         if method == "draft":
             assert stats["tokens_per_target_forward"] > 1, stats
-    body = {"prompt": PROMPTS[1], "max_tokens": MAX_TOKENS}
-    status, answer = post(group, body, timeout=TIMEOUT)
-    plain = mlx_lm.generate(
-        model, tokenizer, tokenizer.encode(PROMPTS[1]), max_tokens=MAX_TOKENS
-    )
-    assert status == 200 and answer["choices"][0]["text"] == plain
-    assert group.proc.poll() is None
+    _answers_as_plain_and_stays_up(group, model, tokenizer)

@@ -42,6 +42,7 @@ from ..distributed import (
     text_from_rank0,
 )
 from ..generation import history_kwargs, stream_generate
+from ..interrupts import SigintCaught
 from ..limits import GenerationCancelled
 from ..loading import default_model_pair, load_pair, skip_unused_draft
 from ..options import add_speculative_options, one_line_errors
@@ -88,7 +89,7 @@ class Reply(NamedTuple):
     stats: Any
 
 
-class CtrlC:
+class CtrlC(SigintCaught):
     """Ctrl-C during a reply, heard by rank 0 and acted on by every rank alike.
 
     Within ``with``, SIGINT sets :attr:`pressed` instead of raising.
@@ -100,30 +101,15 @@ class CtrlC:
     """
 
     def __init__(self):
+        super().__init__()
         self.pressed = False
-        self._previous = None
-        self._installed = False
 
-    def _press(self, signum, frame):
+    def caught(self):
         self.pressed = True
 
     def __enter__(self):
         self.pressed = False
-        try:
-            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-                self._previous = signal.signal(signal.SIGINT, self._press)
-                self._installed = True
-        except ValueError:  # not the main thread
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        if self._installed:
-            # None: a handler not set from Python, which cannot be put back.
-            previous = signal.SIG_DFL if self._previous is None else self._previous
-            signal.signal(signal.SIGINT, previous)
-            self._installed = False
-        return False
+        return super().__enter__()
 
     def stop(self) -> bool:
         return flag_from_rank0(self.pressed, sharded_group())

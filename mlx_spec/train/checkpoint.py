@@ -13,13 +13,14 @@ no step. A second Ctrl-C stops at once, as Ctrl-C usually does.
 
 import json
 import shutil
-import signal
 import sys
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import mlx.core as mx
 import numpy as np
+
+from ..interrupts import SigintCaught
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "state.json"
@@ -99,7 +100,7 @@ def checkpoint_or_pause(trainer, out_dir, pause: "PauseOnInterrupt", due: bool):
         raise TrainingPaused(trainer.step, path)
 
 
-class PauseOnInterrupt:
+class PauseOnInterrupt(SigintCaught):
     """Within ``with``, the first SIGINT sets :attr:`requested` instead of raising.
 
     The loop checks ``requested`` after each step. A second SIGINT raises
@@ -111,33 +112,15 @@ class PauseOnInterrupt:
     def __init__(
         self, message: str = "pausing after this step (Ctrl-C again to stop now)"
     ):
+        super().__init__()
         self.message = message
         self.requested = False
-        self._installed = False
-        self._previous = None
 
-    def _handle(self, signum, frame):
+    def caught(self):
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
         print(f"\n{self.message}", file=sys.stderr, flush=True)
-
-    def __enter__(self):
-        try:
-            previous = signal.getsignal(signal.SIGINT)
-            if previous is not signal.SIG_IGN:
-                self._previous = signal.signal(signal.SIGINT, self._handle)
-                self._installed = True
-        except ValueError:  # not the main thread
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        if self._installed:
-            # None: a handler not set from Python, which cannot be put back.
-            previous = signal.SIG_DFL if self._previous is None else self._previous
-            signal.signal(signal.SIGINT, previous)
-        return False
 
 
 def train_steps(
