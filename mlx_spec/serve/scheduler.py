@@ -65,9 +65,12 @@ class _BatchClient:
     cache_model: Any
     detokenizer: Any
     matcher: Any
-    sent: int = 0  # tokens sent
-    before: int = 0  # of which sent before the request joined the batch
+    before: int = 0  # tokens sent before the request joined the batch
     tokens: list = field(default_factory=list)  # the tokens sent
+
+    @property
+    def sent(self) -> int:
+        return len(self.tokens)
 
 
 class SpecResponseGenerator(lm_server.ResponseGenerator):
@@ -385,7 +388,6 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             run.cache_model,
             state["detokenizer"],
             state["matcher"],
-            sent=run.sent,
             before=run.sent,
             tokens=tokens[len(run.prompt) :],
         )
@@ -461,7 +463,6 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
                     top,
                 )
             )
-            client.sent += 1
             client.tokens.append(token)
             if finish_reason is not None:
                 return True
