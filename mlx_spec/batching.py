@@ -128,8 +128,14 @@ def batch_generate(
     keep = (return_prompt_caches, return_logprobs)
     if reason is None:
         params = configs[0].sampling_params
+        # A seeded sampled batch is planned by the fixed model, as alone.
+        timed = seed is None or params.greedy
         gen = SpecBatchGenerator(
-            model, drafter, prefill_step_size=prefill_step_size, max_batch=max_batch
+            model,
+            drafter,
+            prefill_step_size=prefill_step_size,
+            max_batch=max_batch,
+            timed=timed,
         )
         rows, stats = _batched(gen, tokenizer, ids, configs, params, verbose, keep)
     else:

@@ -43,6 +43,18 @@ def chain_round_costs(
     ]
 
 
+def fixed_batch_price(step_cost: float):
+    """The fixed model as a price of continuous-batching rounds, with the
+    signature of :meth:`MeasuredCosts.batch_round_time`."""
+
+    def price(arm, steps: int, rows: int, width: int, draft_rows: int = 1) -> float:
+        return static_round_cost(
+            step_cost, steps, width, rows=rows, draft_rows=draft_rows
+        )
+
+    return price
+
+
 def chain_tokens(alpha: float, gamma: int) -> float:
     """Expected tokens of a round verifying ``gamma`` drafts: ``sum alpha**i``."""
     return sum(alpha**i for i in range(gamma + 1))
@@ -300,6 +312,32 @@ class MeasuredCosts:
         times = theta[0] + theta[1] * gammas + theta[j] * per_token * gammas
         times[1:] += theta[j + 1]
         return times.tolist()
+
+    def batch_round_time(
+        self, arm: Optional[str], steps: int, rows: int, width: int, draft_rows: int = 1
+    ) -> float:
+        """Expected cost of a continuous-batching round: ``steps`` draft
+        forwards of ``draft_rows`` rows each by ``arm`` (``None``: a plain
+        round), then one verify of ``rows`` rows of ``width`` tokens.
+
+        A batch round is observed as one round verifying ``rows * width``
+        tokens whose draft forwards read ``draft_rows - 1`` tokens each
+        beyond one (``caught_up``), so both are priced by what one sequence's
+        rounds measure too.
+        """
+        total = rows * width
+        if arm is None or width <= 1:
+            return self.verify_time(total)
+        self.add_arm(arm)
+        theta = self._coefficients()
+        j = self._column(arm)
+        read = steps * max(draft_rows - 1, 0)
+        return float(
+            self.verify_time(total)
+            + theta[j] * steps
+            + theta[j + 1]
+            + theta[j + 2] * read
+        )
 
     def report(self) -> dict:
         """The fitted model in 1-token target forwards (``step_s`` in the

@@ -10,7 +10,13 @@ from typing import List, Optional, Sequence, Tuple
 
 from .adaptive import AdaptiveController, expected_tokens
 from .config import SpecConfig
-from .costs import VERIFY_SLOPE, MeasuredCosts, best_gamma, static_round_cost
+from .costs import (
+    VERIFY_SLOPE,
+    MeasuredCosts,
+    best_gamma,
+    fixed_batch_price,
+    static_round_cost,
+)
 from .distributed import from_rank0, sharded_group
 
 # An adaptive tree's first budget; its controller grows it where that pays.
@@ -310,15 +316,16 @@ def batch_width(
     max_width: int,
     *,
     draft_batch: Optional[int] = None,
+    price=None,
 ) -> int:
     """The draft width ``K`` of a continuous-batching round (0: a plain round).
 
     Every row pays for the widest row: the verify forward holds ``B * (K + 1)``
     tokens, and ``K`` draft steps run when ``draft_rows`` rows draft with the
     draft model, each step a forward of the whole draft batch. ``K``
-    maximises the batch's expected tokens over the round's modelled cost
-    (:func:`~mlx_spec.costs.static_round_cost`), so one row's long match does
-    not widen a batch whose other rows would gain nothing.
+    maximises the batch's expected tokens over the round's cost, so one
+    row's long match does not widen a batch whose other rows would gain
+    nothing.
 
     Args:
         rows: ``(acceptance, available)`` per row: its arm's conditional
@@ -329,10 +336,16 @@ def batch_width(
         max_width: The largest ``K`` to consider.
         draft_batch: Rows each draft step computes (rows that do not draft
           this round catch up or idle in it). Default: ``draft_rows``.
+        price: A round's cost, ``(arm, steps, rows, width, draft_rows) ->
+          cost`` (:meth:`~mlx_spec.costs.MeasuredCosts.batch_round_time`).
+          Default: the fixed model at ``step_cost``
+          (:func:`~mlx_spec.costs.fixed_batch_price`).
     """
     best, best_rate = 0, 0.0
     for K in range(max_width + 1):
-        rate = round_rate(rows, draft_rows, step_cost, K, draft_batch=draft_batch)
+        rate = round_rate(
+            rows, draft_rows, step_cost, K, draft_batch=draft_batch, price=price
+        )
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = K, rate
     return best
@@ -345,15 +358,13 @@ def round_rate(
     width: int,
     *,
     draft_batch: Optional[int] = None,
+    price=None,
 ) -> float:
-    """A batch round's expected tokens over its modelled cost (see :func:`batch_width`)."""
+    """A batch round's expected tokens over its cost (see :func:`batch_width`)."""
     computed = draft_rows if draft_batch is None else max(draft_batch, draft_rows)
     tokens = sum(expected_tokens(acc[: min(width, n)])[-1] for acc, n in rows)
-    cost = static_round_cost(
-        step_cost,
-        width if draft_rows else 0,
-        width + 1,
-        rows=len(rows),
-        draft_rows=computed,
-    )
-    return tokens / cost
+    price = price or fixed_batch_price(step_cost)
+    arm = ("draft" if draft_rows else "lookup") if width else None
+    steps = width if draft_rows else 0
+    cost = price(arm, steps, len(rows), width + 1, computed)
+    return tokens / max(cost, 1e-12)

@@ -22,7 +22,12 @@ from mlx_spec.acceptance import (
     rejection_accept,
 )
 from mlx_spec.config import SpecConfig
-from mlx_spec.costs import best_gamma, chain_round_costs
+from mlx_spec.costs import (
+    MeasuredCosts,
+    best_gamma,
+    chain_round_costs,
+    fixed_batch_price,
+)
 from mlx_spec.planner import RoundPlanner, batch_width, chain_controller, round_rate
 from mlx_spec.sampling import SamplingParams
 from mlx_spec.serve.batch import (
@@ -368,7 +373,7 @@ def test_batched_rejection_emits_tokens_with_the_target_law():
 
 def _row(method, step=0.05, **config):
     spec = SeqSpec([1], SpecConfig(method=method, num_draft_tokens=6, **config))
-    return Row(0, spec, method != "lookup", SpecStats(), step)
+    return Row(0, spec, method != "lookup", SpecStats(), step, fixed_batch_price(step))
 
 
 def test_a_batch_row_adapts_as_the_single_sequence_planner_does():
@@ -454,6 +459,68 @@ def test_one_rows_match_does_not_widen_a_batch_that_gains_nothing_else():
     assert batch_width(everyone, 8, 0.1, 6) > 0
     # A costlier draft step shortens the round.
     assert batch_width(everyone, 8, 1.0, 6) <= batch_width(everyone, 8, 0.1, 6)
+
+
+def test_measured_batch_costs_start_at_the_fixed_model_and_learn_the_clock():
+    """Before any round the measured price of a batch round is the fixed
+    model's; fed rounds timed by another law (verifying a token costs half a
+    forward, a draft step a fifth), it prices by that law instead."""
+    fixed = fixed_batch_price(0.1)
+    costs = MeasuredCosts({"draft": 0.1, "lookup": 0.0})
+    for arm, steps, rows, width, draft_rows in [
+        ("draft", 2, 8, 3, 8),
+        ("draft", 4, 1, 5, 1),
+        ("lookup", 0, 4, 3, 1),
+        (None, 0, 8, 1, 1),
+    ]:
+        got = costs.batch_round_time(arm, steps, rows, width, draft_rows)
+        assert got == pytest.approx(fixed(arm, steps, rows, width, draft_rows))
+
+    def truth(steps, rows, width, draft_rows):  # seconds
+        return 0.05 * (1 + 0.5 * (rows * width - 1) + 0.2 * steps * draft_rows)
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rows, steps = int(rng.integers(1, 9)), int(rng.integers(0, 5))
+        width = steps + 1 if steps else int(rng.integers(1, 3))
+        arm = ("draft" if steps else "lookup") if width > 1 else None
+        read = rows * steps
+        costs.observe(
+            arm, steps, rows * width, truth(steps, rows, width, rows), read - steps
+        )
+    for steps, rows in ((0, 8), (3, 8), (2, 2)):
+        width = steps + 1
+        arm = "draft" if steps else None
+        want = truth(steps, rows, width, rows)
+        got = costs.batch_round_time(arm, steps, rows, width, rows)
+        assert got == pytest.approx(want, rel=0.05)
+
+
+def test_a_batch_that_measures_dear_verification_stops_drafting():
+    """Rows whose drafts the fixed model finds worth verifying run plain
+    rounds once the batch's rounds show that verifying costs more (each
+    extra token 60% of a forward), and keep drafting where it is cheap
+    (10%, the fixed model's slope)."""
+
+    def rows():
+        seqs = [_row("draft") for _ in range(8)]
+        for s in seqs:
+            s.price = planner.price
+            s.arm, s.size, s.batch = "draft", 3, 8
+            for r in range(30):
+                s.record(int(r % 3 != 1))  # 2 in 3 first drafts accepted
+            s.controller("draft").explore = 0.0
+        return seqs
+
+    planner = RowPlanner(0.05, None, timed=False)
+    assert planner.plan(rows(), 8) > 0
+    for slope, drafts in ((0.6, False), (0.1, True)):
+        planner = RowPlanner(0.05, None, timed=True)
+        for width in (1, 2, 3, 1, 4) * 10:
+            steps = width - 1
+            seconds = 0.1 * (1 + slope * (8 * width - 1) + 0.05 * steps)
+            planner.observe(8, steps, width, 8 * steps, seconds)
+        assert (planner.plan(rows(), 8) > 0) == drafts, slope
 
 
 def test_draft_steps_are_priced_for_every_row_of_the_draft_batch():
@@ -589,7 +656,8 @@ def test_a_batch_row_keeps_out_lookup_matches_that_keep_failing():
     """As single-sequence lookup does (MatchRates): a match length whose
     first token keeps being rejected is kept out, and probed now and then."""
     config = SpecConfig(method="lookup", adaptive=False, max_tokens=200)
-    row = Row(0, SeqSpec([5, 6, 7, 5, 6, 7, 5, 6], config), False, SpecStats(), 0.0)
+    spec = SeqSpec([5, 6, 7, 5, 6, 7, 5, 6], config)
+    row = Row(0, spec, False, SpecStats(), 0.0, fixed_batch_price(0.0))
     planner = RowPlanner(0.0, None)
     drafted = []
     for _ in range(48):

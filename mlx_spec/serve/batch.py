@@ -87,6 +87,8 @@ class SpecBatchGenerator:
         index: The cross-request index shared by lookup and ``auto``.
         prefill_step_size: Prompt tokens per prefill chunk.
         max_batch: Most sequences decoding together.
+        timed: Plan rounds by their measured wall time; ``False`` plans by
+          the fixed cost model, so a seeded sampled batch gives the same text.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class SpecBatchGenerator:
         index: Optional[CrossRequestIndex] = None,
         prefill_step_size: int = 512,
         max_batch: int = DEFAULT_MAX_BATCH,
+        timed: bool = True,
     ):
         self.model = model
         self.draft_model = draft_model
@@ -118,7 +121,7 @@ class SpecBatchGenerator:
         self.target = RaggedBatch(self.num_target_caches, 0)
         self.draft: Optional[RaggedBatch] = None
         self.rounds = 0
-        self.planner = RowPlanner(self.draft_step_cost, index)
+        self.planner = RowPlanner(self.draft_step_cost, index, timed)
 
     # ------------------------------------------------------------------ #
     # Requests
@@ -144,7 +147,8 @@ class SpecBatchGenerator:
         stats.method = spec.method
         stats.num_draft_tokens = spec.config.num_draft_tokens
         stats.prompt_tokens = stats.prompt_tokens or len(spec.prompt)
-        seq = Row(self._uid, spec, uses_draft, stats, self.draft_step_cost)
+        price = self.planner.price
+        seq = Row(self._uid, spec, uses_draft, stats, self.draft_step_cost, price)
         self._uid += 1
         seq.single = self._initial_cache(spec, uses_draft)
         held = spec.cached if spec.cache is not None else 0
@@ -360,7 +364,8 @@ class SpecBatchGenerator:
         drafts; the others only catch up on pending tokens.
 
         Returns:
-            ``(tokens (Bd, G), laws (Bd, G, V) or None)`` in draft-batch order.
+            ``(tokens (Bd, G), laws (Bd, G, V) or None)`` in draft-batch
+            order, and the tokens its forwards read.
         """
         rows = self.drafting
         plans = {s.uid: s for s in seqs}
@@ -404,20 +409,21 @@ class SpecBatchGenerator:
                 self.draft.commit(1, [1 if a else 0 for a in active])
         for s, n in zip(rows, fed):
             s.draft_len += n
+        read = len(rows) * (width + steps - 1)
         drafts = mx.stack(tokens, axis=1).astype(mx.uint32)
         if laws[0] is None:
-            return drafts, None
+            return drafts, None, read
         laws = mx.stack(laws, axis=1)  # (Bd, G, C)
-        return drafts, laws if subset is None else subset.widen(laws)
+        return drafts, laws if subset is None else subset.widen(laws), read
 
     def _round(self) -> List[SeqOutput]:
         seqs = self.active
         B = len(seqs)
         tic = time.perf_counter()
         steps = self.planner.plan(seqs, len(self.drafting))
-        drafts_dev, draft_laws = None, None
+        drafts_dev, draft_laws, read = None, None, 0
         if steps > 0:
-            drafts_dev, draft_laws = self._draft(seqs, steps)
+            drafts_dev, draft_laws, read = self._draft(seqs, steps)
         width = 1 + max(s.size for s in seqs)
         K = width - 1
         host = np.zeros((B, width), np.uint32)
@@ -469,7 +475,9 @@ class SpecBatchGenerator:
         self.rounds += 1
         if self.rounds % 256 == 0:
             mx.clear_cache()
-        return self._emit(seqs, values, lps, logprobs, tic)
+        outputs = self._emit(seqs, values, lps, logprobs, tic)
+        self.planner.observe(B, steps, width, read, time.perf_counter() - tic)
+        return outputs
 
     def _accept(self, seqs, logprobs, drafts, sizes, draft_laws, draft_index):
         """Per-row ``(num_accepted, next_token)``, each law group vectorised."""

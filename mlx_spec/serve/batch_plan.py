@@ -2,7 +2,10 @@
 then the round's width for the whole batch.
 
 A row's γ comes from its arm's controller, the single-sequence engine's
-(:func:`mlx_spec.planner.chain_controller`), priced for its batch; the
+(:func:`mlx_spec.planner.chain_controller`), priced for its batch: by the
+batch's measured round times, fitted as the single-sequence engine fits
+its own (:class:`~mlx_spec.costs.MeasuredCosts`), or by the fixed model
+where a seeded sampled batch must not depend on the clock. The
 width, from :func:`mlx_spec.planner.batch_width` over every row's
 acceptance; whether a lookup match is worth proposing, from the row's
 :class:`~mlx_spec.drafters.lookup.MatchRates` as single-sequence lookup and
@@ -14,6 +17,8 @@ and a periodic round that measures drafts left unverified.
 
 from typing import List, Optional, Tuple
 
+from ..costs import MeasuredCosts, fixed_batch_price
+from ..distributed import from_rank0, sharded_group
 from ..drafters.ngram import extend_periodic
 from ..planner import batch_width, round_rate
 from .index import CrossRequestIndex
@@ -31,12 +36,35 @@ class RowPlanner:
     Args:
         draft_step_cost: One draft-model step, in 1-token target forwards.
         index: The cross-request index lookup rows also match against.
+        timed: Price rounds by their measured wall time (else the fixed model).
     """
 
-    def __init__(self, draft_step_cost: float, index: Optional[CrossRequestIndex]):
+    def __init__(
+        self,
+        draft_step_cost: float,
+        index: Optional[CrossRequestIndex],
+        timed: bool = True,
+    ):
         self.draft_step_cost = draft_step_cost
         self.index = index
         self.idle = 0  # plain rounds in a row that had drafts on offer
+        self.timed = timed
+        self.costs = MeasuredCosts({"draft": draft_step_cost, "lookup": 0.0})
+        # (arm, steps, rows, width, draft_rows) -> a round's cost.
+        self.price = (
+            self.costs.batch_round_time if timed else fixed_batch_price(draft_step_cost)
+        )
+        self.group = sharded_group()  # sharded: every rank prices with rank 0's times
+
+    def observe(self, rows: int, steps: int, width: int, read: int, seconds: float):
+        """Record a round of ``rows`` rows verifying ``width`` tokens each after
+        ``steps`` draft forwards that read ``read`` tokens in all."""
+        if not self.timed:
+            return
+        seconds = from_rank0(seconds, self.group)
+        arm = ("draft" if steps else "lookup") if width > 1 else None
+        caught_up = max(read - steps, 0)
+        self.costs.observe(arm, steps, rows * width, seconds, caught_up)
 
     def plan(self, seqs: List[Row], draft_batch: int) -> int:
         """Choose each row's arm and drafts for this round; return the draft steps.
@@ -99,14 +127,14 @@ class RowPlanner:
         model = [s.arm == "draft" for s in seqs]
         step, draft_rows = self.draft_step_cost, sum(model)
         # Each draft step is a forward of every row of the draft batch.
-        computed = dict(draft_batch=draft_batch)
+        computed = dict(draft_batch=draft_batch, price=self.price)
         width = batch_width(rows, draft_rows, step, widest, **computed)
         fixed = any(m and not s.config.adaptive for m, s in zip(model, seqs))
         if not draft_rows or fixed:  # fixed draft lengths are kept
             return width, False
         rest = [([], 0) if m else row for row, m in zip(rows, model)]
-        narrow = batch_width(rest, 0, step, widest)
-        alone = round_rate(rest, 0, step, narrow)
+        narrow = batch_width(rest, 0, step, widest, price=self.price)
+        alone = round_rate(rest, 0, step, narrow, price=self.price)
         if alone > round_rate(rows, draft_rows, step, width, **computed):
             return narrow, True
         return width, False

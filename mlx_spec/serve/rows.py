@@ -10,7 +10,6 @@ import mlx.core as mx
 
 from ..adaptive import AdaptiveController
 from ..config import SpecConfig
-from ..costs import chain_round_costs, static_round_cost
 from ..drafters.lookup import MatchRates
 from ..drafters.ngram import NGramIndex
 from ..planner import chain_controller
@@ -85,7 +84,9 @@ class SeqOutput:
 class Row:
     """A request's state inside the batch."""
 
-    def __init__(self, uid, spec: SeqSpec, uses_draft, stats: SpecStats, draft_step):
+    def __init__(
+        self, uid, spec: SeqSpec, uses_draft, stats: SpecStats, draft_step, price
+    ):
         self.uid = uid
         self.spec = spec
         self.config = spec.config
@@ -108,6 +109,7 @@ class Row:
         self.rates = MatchRates()  # lookup's first-token acceptance by match length
         self.match = 0  # this round's lookup match length
         self.draft_step = draft_step  # a draft-model step, in target forwards
+        self.price = price  # a batch round's cost (RowPlanner.price)
         self.batch = 1  # rows in its current round
         self.started = 0.0
         self.batch_rows = 0  # sum of batch sizes over its rounds
@@ -122,28 +124,33 @@ class Row:
 
     def controller(self, arm: str) -> AdaptiveController:
         """The arm's controller, made as the single-sequence planner makes
-        one, priced by the fixed cost model for this row's batch. No arm
+        one, priced as its batch's rounds are (:meth:`round_cost`). No arm
         pauses by itself (γ >= 1): plain rounds are the batch's choice (its
         width, or draft-model rows sitting out), as they are ``auto``'s alone."""
         if arm not in self.controllers:
             step = self.draft_step if arm == "draft" else 0.0
             alone = self.spec.method != "auto"
             controller = chain_controller(self.config, step, pauses=False, alone=alone)
-            controller.pricer = lambda most: chain_round_costs(
-                step, most, rows=self.batch
-            )
+            controller.pricer = lambda most: [
+                self.round_cost(arm, gamma) for gamma in range(most + 1)
+            ]
             self.controllers[arm] = controller
         return self.controllers[arm]
 
+    def round_cost(self, arm: str, gamma: int) -> float:
+        """A round of its batch where every row verifies ``gamma`` drafts of
+        ``arm`` (0: a plain round)."""
+        steps = gamma if arm == "draft" else 0
+        return self.price(arm if gamma else None, steps, self.batch, gamma + 1)
+
     def record(self, accepted: int):
-        """Feed this round's outcome to its arm's controller, with the round's
-        modelled cost, as the single-sequence planner records a sampled round."""
+        """Feed this round's outcome to its arm's controller, with its
+        expected cost (the pricer, not the clock, sets its γ)."""
         if self.arm is None:
             return  # a plain round tells the arms nothing
         if self.arm == "lookup":
             self.rates.observe(self.match, accepted, self.size)
-        step = self.draft_step if self.arm == "draft" else 0.0
-        cost = static_round_cost(step, self.size, self.size + 1, rows=self.batch)
+        cost = self.round_cost(self.arm, self.size)
         self.controller(self.arm).update(self.size, accepted, 0.0, cost, draft_steps=0)
 
 
