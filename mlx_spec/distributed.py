@@ -28,6 +28,9 @@ COLLECTIVES = ("all_sum", "all_gather", "send", "recv", "recv_like")
 OTHERS_WAIT_S = 10.0
 # What the ring backend says when a collective's peer has gone.
 LOST_PEER = "connection to a peer was lost"
+# Sharded, what rank 0 alone hears (a stop, a new request) is shared, by a
+# collective that syncs, once in this many tokens: alike on every rank.
+POLL_TOKENS = 8
 
 
 def _point_mlx_at_open_mpi():
@@ -144,11 +147,17 @@ def from_rank0(value: float, group) -> float:
 def flag_from_rank0(flag: bool, group) -> bool:
     """Whether rank 0 has ``flag`` set, on every rank of ``group`` (as is for ``None``).
 
-    Polled where every rank polls alike (as a stream's ``should_stop``), it
-    makes every rank act on an event rank 0 alone sees at the same point: a
-    server's client hanging up, Ctrl-C in chat.
+    Polled where every rank polls alike (as a stream's ``should_stop``, see
+    :func:`tokens_per_poll`), it makes every rank act on an event rank 0
+    alone sees at the same point: a server's client hanging up, Ctrl-C in chat.
     """
     return bool(from_rank0(float(flag), group))
+
+
+def tokens_per_poll() -> int:
+    """Tokens between two polls of rank 0's events (a stream's ``should_stop``,
+    a server's new requests): 1, or sharded :data:`POLL_TOKENS`."""
+    return 1 if sharded_group() is None else POLL_TOKENS
 
 
 def text_from_rank0(text: Optional[str], group) -> Optional[str]:

@@ -31,6 +31,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .caches.owners import claim, own, spoil
 from .chat_text import repair_text
 from .config import DEFAULT_NUM_DRAFT_TOKENS, SpecConfig, check_generation_options
+from .distributed import tokens_per_poll
 from .engine import TARGET, speculative_events
 from .limits import GenerationCancelled, stopping_progress
 from .loading import tokenizer_size
@@ -168,8 +169,10 @@ def stream_generate(
           turns of a conversation), so prompt lookup can match them too.
         prompt_progress_callback: ``f(processed, total)`` called as the
           prompt is processed, as in mlx_lm.
-        should_stop: Polled after each prefill chunk and before each token
-          is yielded; once it returns true the stream raises
+        should_stop: Polled after each prefill chunk and each token yielded
+          (sharded, where it must be a collective, after every
+          :data:`~mlx_spec.distributed.POLL_TOKENS`-th token only); once
+          it returns true the stream raises
           :class:`~mlx_spec.limits.GenerationCancelled` (a server passes
           "the client left"). ``prompt_cache`` then holds the prompt and the
           tokens yielded; stopped during the prompt, what it held before
@@ -315,6 +318,7 @@ def _drop_prompt(prompt_cache, before: Optional[int]) -> None:
 def _responses(events, tokenizer, prompt_size, max_tokens, stats, model, should_stop):
     """Turn token events into responses, as mlx_lm's ``stream_generate`` does."""
     detokenizer = tokenizer.detokenizer
+    every = tokens_per_poll()
     with wired_limit(model, [generation_stream]):
         try:
             event = None
@@ -327,7 +331,8 @@ def _responses(events, tokenizer, prompt_size, max_tokens, stats, model, should_
                 yield _response(
                     detokenizer.last_segment, event, stats, prompt_size, None
                 )
-                if should_stop is not None and should_stop():
+                polls = should_stop is not None and (n + 1) % every == 0
+                if polls and should_stop():
                     raise GenerationCancelled(f"stopped after {n + 1} tokens")
             if event is None:
                 return

@@ -35,6 +35,7 @@ from mlx_lm.generate import generate_step
 
 from mlx_spec import stream_generate
 from mlx_spec.costs import weight_bytes
+from mlx_spec.distributed import POLL_TOKENS
 from mlx_spec.drafters.heads import random_head
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
@@ -827,7 +828,7 @@ def test_ctrl_c_on_rank_0_alone_stops_every_rank_at_one_token_and_chat_goes_on(
         session.kill()
     out = session.output
     assert code == 0 and "Traceback" not in out, out[-3000:]
-    assert 0 < k < CTRL_C_MAX_TOKENS
+    assert 0 < k < CTRL_C_MAX_TOKENS and k % POLL_TOKENS == 0  # polled there
     assert out.count("[Speculation: ") == 2 and out.count("bye") == 1, out[-3000:]
     model, tokenizer = load_model(target)
     draft = load_model(f"{target}-near")[0]

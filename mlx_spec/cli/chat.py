@@ -94,9 +94,9 @@ class CtrlC(SigintCaught):
 
     Within ``with``, SIGINT sets :attr:`pressed` instead of raising.
     :meth:`stop` is the reply's ``should_stop``: each time the stream asks
-    (after each prefill chunk and each token) it shares rank 0's
-    :attr:`pressed` with every rank, as the server shares a client's hang-up,
-    so all stop after the same token. Where SIGINT is ignored (every rank
+    (after each prefill chunk and each token, sharded each 8th) it shares
+    rank 0's :attr:`pressed` with every rank, as the server shares a client's
+    hang-up, so all stop after the same token. Where SIGINT is ignored (every rank
     but 0 of a sharded chat) or outside the main thread, SIGINT is left alone.
     """
 
