@@ -197,7 +197,7 @@ class SoloRun:
     def _stopped(self) -> bool:
         """Whether the client left (its context was stopped, or it hung up).
 
-        Sharded (pipeline stages), rank 0's client: every rank stops alike.
+        Sharded, rank 0's client, polled by the stream: every rank stops alike.
         """
         ctx = getattr(self, "ctx", None)
         left = ctx is not None and client_left(ctx, self.request)
@@ -230,7 +230,7 @@ class SoloRun:
                 )
             )
             self.tokens.append(gen.token)
-            if self._stopped() or finish_reason is not None:
+            if finish_reason is not None:  # the stream stops for a client that left
                 return self._close()
             return False
         except GenerationCancelled:  # the client left
