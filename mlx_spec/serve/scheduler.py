@@ -28,7 +28,7 @@ import mlx_lm.server as lm_server
 from .. import mlx_lm_private as lm_private
 from ..chat_text import LiteralText
 from ..config import plan_method
-from ..distributed import shared_seed
+from ..distributed import shared_seed, tokens_per_poll
 from ..loading import tokenizer_size
 from ..stats import SpecStats
 from .batch import BATCH_METHODS, SeqSpec, SpecBatchGenerator
@@ -127,9 +127,11 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
             mx.random.seed(shared_seed(None))
         pending = deque()  # requests in arrival order
         while not lm_private.stopping(self):
-            request = lm_private.next_request(
-                self, timeout=None if self._busy or pending else 0.1
-            )
+            request = None
+            if self._hears_requests:
+                request = lm_private.next_request(
+                    self, timeout=None if self._busy or pending else 0.1
+                )
             while request is not None:
                 pending.append(request)
                 request = lm_private.next_request(self)
@@ -165,6 +167,14 @@ class SpecResponseGenerator(lm_server.ResponseGenerator):
         provider.reset()
         del self.prompt_cache
         gc.collect()
+
+    @property
+    def _hears_requests(self) -> bool:
+        """Whether this turn takes new requests: while one runs alone, sharded,
+        once in POLL_TOKENS of its tokens (each take is a collective, and they
+        wait for it anyway)."""
+        solo = self._solo
+        return solo is None or solo.sent % tokens_per_poll() == 0
 
     def _drafts_from_index(self, request) -> bool:
         """Whether a request would draft from the cross-request index.
