@@ -277,9 +277,10 @@ def test_sampled_sharded_rows_keep_the_ranks_in_step(shared_group, load_model):
     assert sorted(json.loads(tokens) for tokens in first[-3:]) == sorted(plain)
 
 
-def _plain_ids(model, tokenizer, prompt) -> list:
-    """Plain mlx-lm's greedy tokens, to its first end-of-sequence token."""
-    steps = generate_step(mx.array(tokenizer.encode(prompt)), model)
+def _plain_ids(model, tokenizer, prompt, **kv) -> list:
+    """Plain mlx-lm's greedy tokens, to its first end-of-sequence token
+    (``kv``: its KV-cache quantisation)."""
+    steps = generate_step(mx.array(tokenizer.encode(prompt)), model, **kv)
     ids = []
     for token, _ in steps:
         ids.append(int(token))
@@ -403,3 +404,67 @@ def test_concurrent_pipeline_requests_are_batched_and_equal_plain_mlx_lm(
         if method == "draft":
             assert stats["tokens_per_target_forward"] > 1, stats
     _answers_as_plain_and_stays_up(group, model, tokenizer)
+
+
+# Flags under which every request runs alone, and the KV-cache quantisation of
+# the plain mlx-lm decoding each greedy answer must equal.
+ALONE = {
+    "--no-batching": (["--no-batching"], {}),
+    "--kv-bits": (
+        ["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "0"],
+        dict(kv_bits=4, kv_group_size=32, quantized_kv_start=0),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def wide_pair(checkpoints, tmp_path_factory):
+    """A llama whose heads quantise in groups of 32 (the test llama's are 16
+    wide), with the test tokenizer, and its near draft."""
+    from mlx_spec.testing import make_checkpoint
+
+    root = tmp_path_factory.mktemp("wide")
+    tokenizer = checkpoints["llama"]
+    target = make_checkpoint(
+        root / "llama", "llama", hidden_size=128, seed=5, tokenizer=tokenizer
+    )
+    draft = make_checkpoint(root / "near", "llama", base=target, noise=0.05)
+    return target, draft
+
+
+@pytest.fixture
+def alone_group(option, wide_pair, tmp_path):
+    target, draft = wide_pair
+    flags = ["--model", str(target), "--draft-model", str(draft), *ALONE[option][0]]
+    yield from _serving(flags, tmp_path, "DEBUG")
+
+
+@pytest.mark.parametrize("option", list(ALONE))
+def test_a_sharded_server_serves_alone_under_its_option_as_plain_mlx_lm(
+    option, alone_group, wide_pair
+):
+    """Requests that come together run one after another, alone on every
+    rank; each greedy answer is plain mlx-lm's with the same KV cache
+    (quantised by --kv-bits, which changes the answers here), and every rank
+    sends the same tokens."""
+    group, kv = alone_group, ALONE[option][1]
+    model, tokenizer = mlx_lm.load(str(wide_pair[0]))
+    plain = [_plain_ids(model, tokenizer, p, **kv) for p in PROMPTS]
+    if kv:
+        assert plain != [_plain_ids(model, tokenizer, p) for p in PROMPTS]
+    group.wait_ready()
+    bodies = [
+        {"prompt": p, "max_tokens": MAX_TOKENS, "speculative": m}
+        for p, m in zip(PROMPTS, METHODS)
+    ]
+    for prompt, (status, answer) in zip(PROMPTS, _together(group, bodies)):
+        assert status == 200, (answer, group.output())
+        ids = tokenizer.encode(prompt)
+        text = mlx_lm.generate(model, tokenizer, ids, max_tokens=MAX_TOKENS, **kv)
+        assert answer["choices"][0]["text"] == text
+        stats = answer["speculative_stats"]
+        assert stats["batched"] is False and option in stats["batch_note"], stats
+    first, second = group.sent_tokens(len(PROMPTS))
+    assert first == second
+    assert sorted(json.loads(tokens) for tokens in first) == sorted(plain)
+    assert group.proc.poll() is None
