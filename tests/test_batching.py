@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mlx_spec
+from mlx_spec import batching
 
 PROMPTS = (
     "def fibonacci(n):",
@@ -126,10 +127,22 @@ def _plain_from(model, tokenizer, ids, cache, n):
     return [r.token for r in steps]
 
 
-def test_sampled_rows_repeat_with_a_seed_and_report_the_targets_logprobs(load_model):
+def test_sampled_rows_repeat_with_a_seed_and_report_the_targets_logprobs(
+    load_model, monkeypatch
+):
+    """A seeded sampled batch is planned by the fixed cost model, not the
+    clock, so it repeats; its logprobs are the target's."""
     model, tokenizer = load_model("llama")
     draft, _ = load_model("llama-near")
     prompts = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    made = []
+    original = batching.SpecBatchGenerator
+
+    def generator(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(batching, "SpecBatchGenerator", generator)
     runs = [
         mlx_spec.batch_generate(
             model,
@@ -146,6 +159,8 @@ def test_sampled_rows_repeat_with_a_seed_and_report_the_targets_logprobs(load_mo
         for _ in range(2)
     ]
     assert runs[0].token_ids == runs[1].token_ids
+    assert len(made) == 2 and all(not gen.planner.timed for gen in made)
+    assert all(gen.planner.costs.rounds == 0 and gen.rounds for gen in made)
     for ids, tokens, logprobs in zip(prompts, runs[0].token_ids, runs[0].logprobs):
         logits = model(mx.array([ids + tokens]))[0, len(ids) - 1 : -1]
         law = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -108,6 +108,10 @@ def test_batched_greedy_requests_joining_and_leaving_equal_plain_mlx_lm(load_mod
         ref = _reference(model, tokenizer, PROMPTS[i], lengths[i])
         assert outputs[uid]["tokens"] == ref, (methods[i], PROMPTS[i])
         assert outputs[uid]["finish"] in ("stop", "length")
+    # Every round's wall time reached the batch's cost model.
+    costs = gen.planner.costs
+    assert costs.rounds == gen.rounds and costs.forwards.get("draft", 0) > 0
+    assert costs.report()["step_s"] < 10.0
 
 
 def test_removing_a_row_mid_stream_leaves_the_others_exact(load_model):
