@@ -207,33 +207,67 @@ def load_sharded_model(path: str, **kwargs):
     return load_sharded(path, **kwargs)
 
 
+def check_sharding_options(
+    sharded: bool,
+    *,
+    pipeline: bool = False,
+    adapter_path: Optional[str] = None,
+    quantize_activations: bool = False,
+    prog: str = "mlx_spec.generate",
+) -> None:
+    """A one-line ``ValueError`` for a target option that a sharded target
+    refuses (adapters, quantized activations) or that needs one (``pipeline``).
+
+    Args:
+        sharded: Whether this process is one of an ``mlx.launch`` group.
+        prog: The command the ``mlx.launch`` example names.
+    """
+    one_process = "not supported on a sharded target; drop it, or run one process."
+    if sharded and adapter_path:
+        raise ValueError(f"--adapter-path is {one_process}")
+    if sharded and quantize_activations:
+        raise ValueError(f"--quantize-activations is {one_process}")
+    if pipeline and not sharded:
+        raise ValueError(
+            "--pipeline shards the target over several processes; start them "
+            "with mlx.launch (for example mlx.launch --backend ring -n 2 -- "
+            f"{prog} --pipeline ...)."
+        )
+
+
 def load_target(
     path: str,
     *,
     pipeline: bool = False,
     adapter_path: Optional[str] = None,
     tokenizer_config: Optional[dict] = None,
+    prog: str = "mlx_spec.generate",
     **kwargs,
 ):
     """The target: sharded over the processes of an ``mlx.launch`` run (in
     pipeline stages with ``pipeline``), else :func:`load_model` with ``kwargs``.
+
+    Options a sharded target refuses are refused in one line
+    (:func:`check_sharding_options`).
 
     Returns:
         ``(model, tokenizer)``.
     """
     from .distributed import sharded_group
 
-    if sharded_group() is not None:
-        if adapter_path:
-            raise ValueError("--adapter-path is not supported on a sharded target.")
+    sharded = sharded_group() is not None
+    check_sharding_options(
+        sharded,
+        pipeline=pipeline,
+        adapter_path=adapter_path,
+        quantize_activations=bool(
+            (kwargs.get("model_config") or {}).get("quantize_activations")
+        ),
+        prog=prog,
+    )
+    if sharded:
         return load_sharded_model(
             path, pipeline=pipeline, tokenizer_config=tokenizer_config
-        )
-    if pipeline:
-        raise ValueError(
-            "--pipeline shards the target over several processes; start them "
-            "with mlx.launch (for example mlx.launch --backend ring -n 2 -- "
-            "mlx_spec.generate --pipeline ...)."
         )
     return load_model(
         path,
@@ -351,8 +385,19 @@ def skip_unused_draft(
     return None
 
 
+# A sharded target's MTP layer is not sharded with it.
+SHARDED_MTP = (
+    "a sharded target cannot draft with the checkpoint's MTP layer; give a "
+    "--draft-model or another --speculative method (auto drafts without it)."
+)
+
+
 def draft_source(
-    method: Optional[str], model_path: str, draft_path: Optional[str], model
+    method: Optional[str],
+    model_path: str,
+    draft_path: Optional[str],
+    model,
+    sharded: bool = False,
 ) -> Optional[Tuple[str, str]]:
     """What :func:`resolve_draft` reads for ``method``: ``(kind, path)`` or ``None``.
 
@@ -360,19 +405,24 @@ def draft_source(
     for :func:`load_draft`). ``mtp`` reads the MTP layer of ``draft_path``
     (say, the original checkpoint of an mlx-community conversion) or else of
     ``model_path``; ``auto`` (and ``None``) takes the model's own MTP layer
-    when it has one and no draft is given; ``none``, ``lookup`` and ``self``
-    read nothing. Nothing is loaded, so callers may use the result to name a
-    cached drafter.
+    when it has one, no draft is given and the target is not ``sharded``;
+    ``none``, ``lookup`` and ``self`` read nothing. Nothing is loaded, so
+    callers may use the result to name a cached drafter.
+
+    Raises:
+        ValueError: ``mtp`` on a ``sharded`` target (one line).
     """
     from .mtp import has_mtp
 
     if method in DRAFTLESS_METHODS:
         return None
     if method == "mtp":
+        if sharded:
+            raise ValueError(SHARDED_MTP)
         return "mtp", draft_path or model_path
     if draft_path is not None:
         return "draft", draft_path
-    if method in (None, "auto") and has_mtp(model_path, model):
+    if method in (None, "auto") and not sharded and has_mtp(model_path, model):
         return "mtp", model_path
     return None
 
@@ -382,12 +432,14 @@ def resolve_draft(
 ):
     """The draft (a model, a head, or the checkpoint's MTP layer) a method runs with.
 
-    See :func:`draft_source` for which one; ``None`` when the method drafts
-    without one.
+    See :func:`draft_source` for which one (a sharded target's MTP layer is
+    refused); ``None`` when the method drafts without one.
     """
+    from .distributed import sharded_group
     from .mtp import load_mtp
 
-    source = draft_source(method, model_path, draft_path, model)
+    sharded = sharded_group() is not None
+    source = draft_source(method, model_path, draft_path, model, sharded)
     if source is None:
         return None
     kind, path = source

@@ -269,6 +269,7 @@ def run(args, out=None):
         pipeline=args.pipeline,
         adapter_path=args.adapter_path,
         tokenizer_config={"trust_remote_code": args.trust_remote_code},
+        prog="mlx_spec.chat",
     )
     chat = Chat(model, tokenizer, draft_model, args, out, config)
     out.write(f"[model {model_path}]\n")

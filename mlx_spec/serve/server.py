@@ -57,7 +57,13 @@ from ..distributed import (
     rank,
     sharded_group,
 )
-from ..loading import draft_source, load_draft, load_model, load_sharded_model
+from ..loading import (
+    check_sharding_options,
+    draft_source,
+    load_draft,
+    load_model,
+    load_sharded_model,
+)
 from ..mtp import load_mtp
 from ..validation import check_chat_template_syntax
 from .cli import check_port, host_warning, resolve_model_args, setup_arg_parser
@@ -85,11 +91,6 @@ class SpecModelProvider(lm_server.ModelProvider):
             check_chat_template_syntax(self.tokenizer, template, "--chat-template")
 
     def _load_models(self, model_path, adapter_path=None, draft_model_path=None):
-        if self.is_distributed and adapter_path is not None:
-            raise ValueError(
-                "a sharded server takes no adapters; drop --adapter-path or "
-                "run one process."
-            )
         self.reset()
         gc.collect()
         mx.clear_cache()
@@ -113,14 +114,13 @@ class SpecModelProvider(lm_server.ModelProvider):
             tokenizer.chat_template = tokenizer.default_chat_template
         draft_model = None
         source = draft_source(
-            self.cli_args.speculative, model_path, draft_model_path, model
+            self.cli_args.speculative,
+            model_path,
+            draft_model_path,
+            model,
+            self.is_distributed,
         )
         if source is not None and source[0] == "mtp":
-            if self.is_distributed:
-                raise ValueError(
-                    "a sharded server cannot draft with the checkpoint's MTP "
-                    "layer; give a --draft-model or another --speculative method."
-                )
             draft_model = load_mtp(source[1], model)  # a checkpoint's MTP layer
         elif draft_model_path is not None:  # a model, or a head bound to this target
             draft_model = load_draft(
@@ -141,15 +141,24 @@ class SpecModelProvider(lm_server.ModelProvider):
 
 
 def check_sharded_flags(args: argparse.Namespace):
-    """A one-line ``ValueError`` for flags a sharded server cannot honour.
+    """A one-line ``ValueError`` for flags a sharded server cannot honour, and
+    for ``--pipeline`` without ``mlx.launch``
+    (:func:`~mlx_spec.loading.check_sharding_options`).
 
     Each rank loads a request's model from its own disk, so one that lacks
     it would fail while the others wait in the sharded load: requests keep
-    the models the group started with. In pipeline stages each rank holds
-    its own layers' caches, so a byte limit would evict different prompts on
-    each rank and the ranks would leave lockstep.
+    the models the group started with (and so bring no adapters). In pipeline
+    stages each rank holds its own layers' caches, so a byte limit would
+    evict different prompts on each rank and the ranks would leave lockstep.
     """
-    if sharded_group() is None:
+    sharded = sharded_group() is not None
+    check_sharding_options(
+        sharded,
+        pipeline=args.pipeline,
+        adapter_path=getattr(args, "adapter_path", None),
+        prog="mlx_spec.server",
+    )
+    if not sharded:
         return
     if getattr(args, "allow_request_models", None):
         raise ValueError(
