@@ -4,9 +4,11 @@
 (``model``, ``draft_model`` if any, ``pipeline``, the ``head`` kind of its
 EAGLE methods) and decodes the same prompt with each of its ``methods`` (at
 ``temp``, seeded by ``seed``, with any other ``options`` of
-``stream_generate``), up to its own ``max_tokens`` if it has one. Every rank
-writes ``{name: {method: results}}`` to ``OUT/rank<r>.json`` (``{"error":
-line}`` for a method refused with a ``ValueError``); the tests compare the
+``stream_generate``), up to its own ``max_tokens`` if it has one. A job with
+``load`` (``{"method": ..., **options}``) loads as the front ends do, through
+``load_pair``. Every rank writes ``{name: {method: results}}`` to
+``OUT/rank<r>.json`` (``{"error": line}`` for a job or a method refused with
+a ``ValueError``); the tests compare the
 ranks with each other and with unsharded decoding. One process group runs
 them all: a rank's start-up (imports, the ring) costs as much as the decodes.
 """
@@ -24,17 +26,32 @@ from mlx_spec import stream_generate
 from mlx_spec.costs import target_bytes, weight_bytes
 from mlx_spec.distributed import load_sharded, sharded_group, shared_seed
 from mlx_spec.drafters.heads import random_head
-from mlx_spec.loading import load_draft
+from mlx_spec.loading import load_draft, load_pair
+
+
+def load_job(job: dict):
+    """``(model, tokenizer, draft)`` of one job (see the module's docstring)."""
+    pipeline = job.get("pipeline", False)
+    if "load" in job:
+        options = dict(job["load"])
+        method = options.pop("method")
+        draft_path = job.get("draft_model")
+        return load_pair(job["model"], draft_path, method, pipeline=pipeline, **options)
+    model, tokenizer = load_sharded(job["model"], pipeline=pipeline)
+    draft = None
+    if job.get("draft_model"):
+        draft = load_draft(job["draft_model"], model, tokenizer)
+    return model, tokenizer, draft
 
 
 def run_job(job: dict, prompt: list, max_tokens: int) -> dict:
     """``{method: results}`` of one job (see the module's docstring)."""
     pipeline = job.get("pipeline", False)
-    model, tokenizer = load_sharded(job["model"], pipeline=pipeline)
-    draft = None
-    if job.get("draft_model"):
-        draft = load_draft(job["draft_model"], model, tokenizer)
-    results = {}
+    try:
+        model, tokenizer, draft = load_job(job)
+    except ValueError as e:  # a refusal, met alike by every rank
+        return {"error": str(e)}
+    results = {"drafter": None if draft is None else type(draft).__name__}
     for method in job["methods"]:
         drafter = draft
         if method.startswith("eagle"):

@@ -36,7 +36,9 @@ from mlx_lm.generate import generate_step
 from mlx_spec import stream_generate
 from mlx_spec.costs import weight_bytes
 from mlx_spec.distributed import POLL_TOKENS
-from mlx_spec.drafters.heads import random_head
+from mlx_spec.drafters.heads import random_head, save_head
+from mlx_spec.drafters.published.export import random_dflash
+from mlx_spec.fingerprint import model_fingerprint
 
 LAUNCH = Path(sys.executable).with_name("mlx.launch")
 WORKER = Path(__file__).with_name("sharded_worker.py")
@@ -182,21 +184,48 @@ LAW = dict(temp=1.0, seed=5, max_tokens=160)
 # An EAGLE-3 head reads blocks 0 and 1 of qwen2, one on each stage.
 EAGLE3_METHODS = ["eagle", "eagle-chain"]
 EAGLE3 = dict(pipeline=True, head="eagle3")
+# Loaded as the front ends load (load_pair): refused in one line when sharded.
+REFUSED_LOADS = {
+    "mtp": {"method": "mtp"},
+    "adapters": {"method": "none", "adapter_path": "adapters"},
+    "quantized-activations": {
+        "method": "none",
+        "model_config": {"quantize_activations": True},
+    },
+}
+
+
+def _heads(model, out: Path) -> dict:
+    """``{method: path}`` of a random Medusa head and DFlash drafter for ``model``."""
+    module = random_head("medusa", model, seed=1).module
+    fingerprint = model_fingerprint(model)
+    save_head(out / "medusa", "medusa", module, target_fingerprint=fingerprint)
+    return {"medusa": out / "medusa", "dflash": random_dflash(model, out / "dflash")}
 
 
 @pytest.fixture(scope="module")
-def sharded(checkpoints, tmp_path_factory):
+def sharded(checkpoints, load_model, tmp_path_factory):
     """The decodes of the tests below, by name, from one launch: a launch's
     start-up (imports on two ranks, the ring) is most of its time."""
 
     def job(target, methods, draft=True, **options):
+        if draft is True:
+            draft = checkpoints[f"{target}-near"]
         return dict(
             model=str(checkpoints[target]),
-            draft_model=str(checkpoints[f"{target}-near"]) if draft else None,
+            draft_model=str(draft) if draft else None,
             methods=methods,
             **options,
         )
 
+    out = tmp_path_factory.mktemp("sharded")
+    heads = _heads(load_model("llama")[0], out)
+    refused = {
+        f"refused-{name}": job("llama", ["none"], draft=False, load=load)
+        for name, load in REFUSED_LOADS.items()
+    }
+    mtp = dict(model=str(checkpoints["qwen3_next-mtp"]), pipeline=True)
+    refused["refused-mtp"].update(mtp)
     jobs = {
         "llama": job("llama", EVERY_METHOD),
         "llama-3heads": job("llama-3heads", EVERY_METHOD),
@@ -211,8 +240,13 @@ def sharded(checkpoints, tmp_path_factory):
         "pipeline-eagle3-sampled": job("qwen2", ["eagle-chain"], **EAGLE3, **SAMPLED),
         "law": job("llama", SAMPLED_METHODS, **LAW),
         "pipeline-law": job("qwen2", SAMPLED_METHODS, pipeline=True, **LAW),
+        "llama-heads-medusa": job("llama", ["medusa"], draft=heads["medusa"]),
+        "llama-heads-dflash": job("llama", ["dflash"], draft=heads["dflash"]),
+        # auto on a checkpoint with an MTP layer, which a sharded target refuses.
+        "mtp-auto": dict(mtp, methods=["auto"], load={"method": "auto"}),
+        **refused,
     }
-    return _ranks(jobs, tmp_path_factory.mktemp("sharded"))
+    return _ranks(jobs, out)
 
 
 @pytest.mark.parametrize(
@@ -239,6 +273,44 @@ def test_tensor_parallel_greedy_equals_plain_mlx_lm_for_every_method(
     _assert_ranks_decided_alike(ranks, EVERY_METHOD)
     # Speculation ran: the draft took fewer target forwards than tokens.
     assert ranks[0]["draft"]["rounds"] < MAX_TOKENS
+
+
+def test_tensor_parallel_greedy_equals_plain_with_a_medusa_or_dflash_drafter(
+    sharded, load_model
+):
+    expected = _plain(load_model("llama")[0])
+    for method in ("medusa", "dflash"):
+        ranks = sharded[f"llama-heads-{method}"]
+        assert [r[method]["tokens"] for r in ranks] == [expected, expected], method
+        _assert_ranks_decided_alike(ranks, [method])
+
+
+def test_sharded_auto_drafts_without_the_mtp_layer_and_mtp_is_refused(
+    sharded, load_model
+):
+    # The MTP layer is not sharded with the target: auto leaves it, as the
+    # server does, and --speculative mtp is refused on every rank.
+    from mlx_spec.loading import SHARDED_MTP
+
+    expected = _plain(load_model("qwen3_next-mtp")[0])
+    for results in sharded["mtp-auto"]:
+        assert results["drafter"] is None
+        assert results["auto"]["tokens"] == expected
+    assert sharded["refused-mtp"] == [{"error": SHARDED_MTP}] * 2
+
+
+@pytest.mark.parametrize(
+    "name, flag",
+    [
+        ("adapters", "--adapter-path"),
+        ("quantized-activations", "--quantize-activations"),
+    ],
+)
+def test_a_sharded_target_refuses_adapters_and_quantized_activations(
+    sharded, name, flag
+):
+    said = f"{flag} is not supported on a sharded target; drop it, or run one process."
+    assert sharded[f"refused-{name}"] == [{"error": said}] * 2
 
 
 def test_pipeline_stages_greedy_equal_plain_mlx_lm(sharded, load_model):
