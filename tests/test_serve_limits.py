@@ -18,12 +18,12 @@ from serving import (
     slow_forwards,
     start_server,
 )
-from test_server import adapters, request_root  # noqa: F401  (fixtures)
+from test_server import _free_port, adapters, request_root  # noqa: F401  (fixtures)
 
 from mlx_spec.limits import context_window
 from mlx_spec.serve import server as server_module
 from mlx_spec.serve.cli import host_warning, setup_arg_parser
-from mlx_spec.serve.server import SpecServer, check_sharded_flags
+from mlx_spec.serve.server import SpecServer, check_sharded_flags, main
 from mlx_spec.testing import PROMPTS
 
 MAX_TOKENS = 16
@@ -284,3 +284,29 @@ def test_a_pipeline_server_refuses_a_prompt_cache_byte_limit(monkeypatch):
         check_sharded_flags(parse(["--pipeline", "--prompt-cache-bytes", "1G"]))
     assert "drop --prompt-cache-bytes" in str(e.value), str(e.value)
     check_sharded_flags(parse(["--pipeline", "--no-batching", "--kv-bits", "4"]))
+
+
+def test_a_sharded_server_refuses_adapters_in_one_line(monkeypatch):
+    """The rule ``mlx_spec.generate`` follows: adapters are not sharded."""
+    monkeypatch.setattr(server_module, "sharded_group", lambda: object())
+    with pytest.raises(ValueError) as e:
+        check_sharded_flags(setup_arg_parser().parse_args(["--adapter-path", "a"]))
+    said = "--adapter-path is not supported on a sharded target; drop it, or run one process."
+    assert str(e.value) == said
+
+
+def test_pipeline_without_mlx_launch_is_refused_in_one_line(
+    checkpoints, monkeypatch, capsys
+):
+    # Else the server ran unsharded, as if --pipeline were not given.
+    monkeypatch.setattr(SpecServer, "serve_forever", lambda self: self.stop())
+    argv = ["--model", str(checkpoints["llama"]), "--port", str(_free_port())]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv + ["--pipeline"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "mlx_spec.server: error: --pipeline shards the target over several "
+        "processes; start them with mlx.launch (for example mlx.launch --backend "
+        "ring -n 2 -- mlx_spec.server --pipeline ...)."
+    ], err
