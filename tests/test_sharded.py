@@ -493,23 +493,29 @@ def test_an_error_on_one_rank_alone_is_said_by_it_and_stops_the_group(
     # Rank 1 starts in another folder, where the relative model path is
     # missing: as on a Mac that lacks the model. It says so, naming itself,
     # and the group stops (rank 0 was left waiting in the load's collective;
-    # under the ring it may say that the group stopped).
+    # under the ring it may say that the group stopped). Each rank's python
+    # writes its exit code: mlx.launch exits 0 whatever its ranks do.
     (tmp_path / "llama").symlink_to(checkpoints["llama"])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     python = tmp_path / "python"
+    codes = shlex.quote(str(tmp_path))
     python.write_text(
         "#!/bin/sh\n"
-        'if [ "${MLX_RANK:-$OMPI_COMM_WORLD_RANK}" = 1 ]; then '
-        f"cd {shlex.quote(str(elsewhere))}; fi\n"
-        f'exec {shlex.quote(sys.executable)} "$@"\n'
+        'rank="${MLX_RANK:-$OMPI_COMM_WORLD_RANK}"\n'
+        f'if [ "$rank" = 1 ]; then cd {shlex.quote(str(elsewhere))}; fi\n'
+        f'{shlex.quote(sys.executable)} "$@"\n'
+        f'code=$?; echo $code > {codes}/code"$rank"; exit $code\n'
     )
     python.chmod(0o755)
     command = ["-m", "mlx_spec.cli.generate", "--prompt", "hello", "--max-tokens", "4"]
     command += ["--model", "./llama", "--ignore-chat-template"]
-    _, out = _launch(
+    code, out = _launch(
         command, timeout=120, backend=backend, python=str(python), cwd=tmp_path
     )
+    assert (tmp_path / "code1").read_text().strip() == "2", out
+    if backend == "mpi":
+        assert code != 0, out  # mpirun passes a rank's exit code on
     errors = [line for line in out.splitlines() if "error:" in line]
     said = "rank 1: mlx_spec.generate: error: model path './llama' does not exist."
     # And rank 0's line, unless mlx.launch stopped it first (in either order:

@@ -39,6 +39,10 @@ MAX_TOKENS = 16
 # The server's DEBUG line for each request it finished, on every rank.
 SENT = re.compile(r"rank (\d+) sent \d+ tokens: (\[[\d, ]*\])")
 TIMEOUT = 400
+# What mlx.launch says of a rank that exits with an error or is killed.
+FAILED_RANK = re.compile(
+    r"Node with rank (\d+) (?:was killed|exited with code -?[1-9])"
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -190,6 +194,9 @@ def test_a_rank_that_dies_ends_the_whole_group(group):
     while _alive(min(ranks)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _alive(min(ranks)), "rank 0 outlived its group"
+    # mlx.launch exits 0 whatever its ranks do, but names each that failed.
+    failed = set(FAILED_RANK.findall(group.output()))
+    assert failed == {"0", "1"}, group.output()
 
 
 def test_a_sharded_server_refuses_models_named_by_requests_once(pair_flags, tmp_path):
