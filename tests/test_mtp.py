@@ -600,3 +600,16 @@ def _post_json(url: str, body: dict) -> dict:
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
+
+
+def test_a_sharded_target_drafts_without_its_mtp_layer(mtp_model):
+    # The rule generate, chat and the server share: the MTP layer is not sharded.
+    from mlx_spec.loading import SHARDED_MTP, draft_source
+
+    path, model, _ = mtp_model("qwen3_next")
+    path = str(path)
+    assert draft_source("auto", path, None, model) == ("mtp", path)
+    assert draft_source("auto", path, None, model, sharded=True) is None
+    with pytest.raises(ValueError) as error:
+        draft_source("mtp", path, None, model, sharded=True)
+    assert str(error.value) == SHARDED_MTP
