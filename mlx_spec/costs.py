@@ -32,17 +32,6 @@ def static_round_cost(
     return draft + 1.0 + VERIFY_SLOPE * (rows * width - 1)
 
 
-def chain_round_costs(
-    step_cost: float, gamma_max: int, *, rows: int = 1
-) -> List[float]:
-    """Modelled costs of chain rounds drafting ``0..gamma_max`` tokens (0: a
-    plain round), one draft step per token, for one of ``rows`` rows that
-    share the verify forward (so the more rows, the dearer a column)."""
-    return [
-        static_round_cost(step_cost, g, g + 1, rows=rows) for g in range(gamma_max + 1)
-    ]
-
-
 def fixed_batch_price(step_cost: float):
     """The fixed model as a price of continuous-batching rounds, with the
     signature of :meth:`MeasuredCosts.batch_round_time`."""
@@ -325,19 +314,12 @@ class MeasuredCosts:
         beyond one (``caught_up``), so both are priced by what one sequence's
         rounds measure too.
         """
-        total = rows * width
-        if arm is None or width <= 1:
-            return self.verify_time(total)
-        self.add_arm(arm)
-        theta = self._coefficients()
-        j = self._column(arm)
+        drafted = arm is not None and width > 1
+        if drafted:
+            self.add_arm(arm)
         read = steps * max(draft_rows - 1, 0)
-        return float(
-            self.verify_time(total)
-            + theta[j] * steps
-            + theta[j + 1]
-            + theta[j + 2] * read
-        )
+        x = self._features(arm if drafted else None, steps, rows * width, read)
+        return float(x @ self._coefficients())
 
     def report(self) -> dict:
         """The fitted model in 1-token target forwards (``step_s`` in the

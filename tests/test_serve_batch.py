@@ -25,7 +25,6 @@ from mlx_spec.config import SpecConfig
 from mlx_spec.costs import (
     MeasuredCosts,
     best_gamma,
-    chain_round_costs,
     fixed_batch_price,
 )
 from mlx_spec.planner import RoundPlanner, batch_width, chain_controller, round_rate
@@ -443,9 +442,12 @@ def test_drafts_get_shorter_as_the_batch_grows(alpha, step):
     config = SpecConfig(num_draft_tokens=16)
     controller = chain_controller(config, step, pauses=False, acceptance_estimate=alpha)
     controller.explore = 0.0
+    price = fixed_batch_price(step)
     lengths = []
     for rows in (1, 2, 4, 8, 16):
-        controller.pricer = lambda most: chain_round_costs(step, most, rows=rows)
+        controller.pricer = lambda most: [
+            price("draft" if g else None, g, rows, g + 1) for g in range(most + 1)
+        ]
         lengths.append(controller.choose())
     assert lengths[0] == best_gamma(alpha, step, range(1, 17))[0]
     assert lengths == sorted(lengths, reverse=True)
