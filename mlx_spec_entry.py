@@ -6,7 +6,9 @@ stub that imports the real ``main`` inside :func:`guarded`: Ctrl-C at any
 moment, during that import or after it, exits 130 (the shell's 128 + SIGINT)
 with an empty line on stderr and no traceback. The start-up hook of mlx-lm's
 commands (:mod:`mlx_spec_hook`) runs its ``main`` the same way, and exits
-so on Ctrl-C while mlx-lm is imported, before that ``main`` runs.
+so on Ctrl-C while mlx-lm is imported, before that ``main`` runs. Each
+``if __name__ == "__main__":`` block of the package calls its ``main`` through
+:func:`guarded` or :func:`run` too, so ``python -m mlx_spec.X`` stops alike.
 
 This module uses the standard library only, so importing it loads nothing else.
 """

@@ -8,6 +8,8 @@ working as the function.
 import sys
 import types
 
+from mlx_spec_entry import guarded
+
 from .cli.generate import main, setup_arg_parser  # noqa: F401
 from .generation import (  # noqa: F401
     DEFAULT_MAX_TOKENS,
@@ -27,4 +29,4 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -1,13 +1,16 @@
 """The mlx_spec command family: dispatch, --help and doctor."""
 
+import ast
 import importlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import types
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -182,6 +185,94 @@ def assert_ctrl_c_while_starting_exits_130(argv):
 def test_ctrl_c_while_a_console_script_starts_exits_130_without_a_traceback(name):
     code = _console_script(SCRIPTS[name])
     assert_ctrl_c_while_starting_exits_130([sys.executable, "-c", code, "--help"])
+
+
+def _main_blocks(tree: ast.Module) -> List[ast.If]:
+    """The module's top-level ``if __name__ == "__main__":`` blocks."""
+    return [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+        and [type(op) for op in node.test.ops] == [ast.Eq]
+        and isinstance(node.test.comparators[0], ast.Constant)
+        and node.test.comparators[0].value == "__main__"
+    ]
+
+
+# Every module of the installed package that runs as ``python -m``
+# (ui/ installs as mlx_spec.ui), and the checkout's documented harness.
+MAIN_MODULES = sorted(
+    str(path.relative_to(REPO))
+    for path in (
+        *(REPO / "mlx_spec").rglob("*.py"),
+        *(REPO / "ui").rglob("*.py"),
+        REPO / "benchmarks" / "run.py",
+    )
+    if re.search(r"__name__ *== *[\"']__main__[\"']", path.read_text())
+)
+
+
+@pytest.mark.parametrize("path", MAIN_MODULES)
+def test_every_main_block_runs_under_the_ctrl_c_guard(path):
+    """``python -m MODULE`` calls its main through :mod:`mlx_spec_entry`
+    (``guarded``, ``run`` or an entry stub), as the console scripts do."""
+    tree = ast.parse((REPO / path).read_text(), path)
+    blocks = _main_blocks(tree)
+    assert blocks, "a __main__ test this check does not read"
+    entry = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "mlx_spec_entry"
+        for alias in node.names
+    }
+    for block in blocks:
+        for statement in block.body:
+            if isinstance(statement, ast.ImportFrom):
+                continue
+            assert isinstance(statement, ast.Expr), ast.unparse(statement)
+            call = statement.value
+            if ast.unparse(getattr(call, "func", call)) == "sys.exit":
+                call = call.args[0]
+            assert isinstance(call, ast.Call), ast.unparse(statement)
+            assert ast.unparse(call.func) in entry, ast.unparse(statement)
+
+
+def test_main_modules_include_the_documented_commands():
+    assert {
+        "mlx_spec/__main__.py",
+        "mlx_spec/cli/generate.py",
+        "mlx_spec/serve/server.py",
+        "mlx_spec/bench/run.py",
+        "benchmarks/run.py",
+    } <= set(MAIN_MODULES)
+
+
+def test_ctrl_c_in_a_python_m_run_exits_130_without_a_traceback(tmp_path):
+    """``python -m mlx_spec.testing OUT`` (its main builds checkpoints for a
+    while) stopped by Ctrl-C once the build has started."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    argv = [sys.executable, "-m", "mlx_spec.testing", str(tmp_path / "out")]
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        # The build goes into a temporary sibling of OUT: main is running.
+        deadline = time.monotonic() + 120
+        while not any(tmp_path.glob(".out-*")):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the build never started"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, (process.returncode, err)
+    assert "Traceback" not in err and len(err.splitlines()) <= 1, err
 
 
 def test_ctrl_c_during_doctor_exits_130_without_a_traceback(capsys, monkeypatch):

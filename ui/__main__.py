@@ -8,6 +8,8 @@ line how to install it.
 import sys
 from typing import List, Optional
 
+from mlx_spec_entry import guarded
+
 INSTALL_HINT = "the UI needs gradio; install it with: pip install 'mlx-spec[ui]'"
 
 
@@ -30,4 +32,4 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -35,6 +35,7 @@ from mlx_spec.loading import (
 )
 from mlx_spec.options import one_line_errors
 from mlx_spec.validation import DRAFTER_LATER, spec_config
+from mlx_spec_entry import guarded
 
 from .handlers import App
 from .layout import launch_kwargs
@@ -230,4 +231,4 @@ def main(argv=None, prog: str = DEFAULT_PROG):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

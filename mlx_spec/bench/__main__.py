@@ -2,7 +2,7 @@
 
 import sys
 
-from ..cli.bench import bench_main
+from mlx_spec_entry import bench
 
 if __name__ == "__main__":
-    sys.exit(bench_main())
+    sys.exit(bench())

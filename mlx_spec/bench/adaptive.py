@@ -60,6 +60,7 @@ from mlx_spec.drafters.heads import static_choices
 from mlx_spec.loading import default_model_pair, load_draft, load_model
 from mlx_spec.options import one_line_errors
 from mlx_spec.planner import make_controller
+from mlx_spec_entry import guarded
 
 from .prompts import encode, has_chat_template, prompt_suite
 from .run import default_heads
@@ -556,4 +557,4 @@ def _verdict(method: str, rows: List[Dict], default: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -38,6 +38,8 @@ from typing import Dict, List, Optional, Sequence
 import mlx.core as mx
 import numpy as np
 
+from mlx_spec_entry import guarded
+
 from ..config import SpecConfig
 from ..drafters.auto import AutoDrafter
 from ..drafters.base import Proposal, RoundState, empty_proposal
@@ -497,4 +499,4 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

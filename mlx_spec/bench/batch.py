@@ -33,6 +33,7 @@ from mlx_spec import batch_generate as spec_batch_generate
 from mlx_spec.loading import default_model_pair, load_draft, load_model
 from mlx_spec.options import one_line_errors
 from mlx_spec.serve.batch import BATCH_METHODS
+from mlx_spec_entry import guarded
 
 from .prompts import encode, has_chat_template, prompt_suite
 
@@ -171,4 +172,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

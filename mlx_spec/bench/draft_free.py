@@ -35,6 +35,7 @@ from mlx_spec.drafters.self_spec import SelfDrafter
 from mlx_spec.loading import load_model
 from mlx_spec.options import one_line_errors
 from mlx_spec.validation import DRAFTER_LATER, check_gammas, spec_config
+from mlx_spec_entry import guarded
 
 from .options import check_run_lengths
 from .prompts import encode, has_chat_template, prompt_suite
@@ -234,4 +235,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -33,6 +33,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import mlx.core as mx
 import numpy as np
 
+from mlx_spec_entry import guarded
+
 from ..drafters.distilled import KIND, draft_vocabulary, load_draft
 from ..drafters.heads import HEAD_KEY, read_head_config
 from ..options import one_line_errors
@@ -805,4 +807,4 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -22,6 +22,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlx_spec_entry import guarded
+
 DEFAULT_CONTEXT = 256
 DEFAULT_FORWARD_REPEATS = 10
 RANDOM_BLOCK = 1 << 20
@@ -495,4 +497,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -47,6 +47,7 @@ from mlx_spec.engine import speculative_events
 from mlx_spec.options import one_line_errors
 from mlx_spec.testing import PROMPTS, ROLLBACK_ARCHITECTURES, test_checkpoints
 from mlx_spec.validation import check_gammas
+from mlx_spec_entry import guarded
 
 from .options import check_run_lengths
 
@@ -278,4 +279,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

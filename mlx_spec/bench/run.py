@@ -65,6 +65,7 @@ from mlx_spec.loading import (
     load_draft,
     load_pair,
 )
+from mlx_spec_entry import guarded
 
 from .goals import check_goals
 from .machine import machine_info, param_count
@@ -628,4 +629,4 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) ->
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

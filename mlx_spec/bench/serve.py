@@ -72,6 +72,7 @@ from mlx_spec.drafters.fit import DRAFT_METHODS
 from mlx_spec.drafters.heads import read_head_config
 from mlx_spec.loading import check_model_path, default_model_pair
 from mlx_spec.options import one_line_errors
+from mlx_spec_entry import guarded
 
 from .machine import machine_info
 from .options import check_out
@@ -250,4 +251,4 @@ def main(argv: Optional[Sequence[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

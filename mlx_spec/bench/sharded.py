@@ -21,6 +21,8 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Dict, List
 
+from mlx_spec_entry import guarded
+
 from ..distributed import (
     barrier,
     collective_delay,
@@ -233,4 +235,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import List, Optional
 
+from mlx_spec_entry import guarded
+
 # Subcommand -> "module:function", imported only when chosen.
 SUBCOMMANDS = {
     "generate": "mlx_spec.cli.generate:main",
@@ -85,4 +87,4 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main))

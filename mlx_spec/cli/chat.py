@@ -29,6 +29,8 @@ from mlx_lm.chat import setup_arg_parser as mlx_lm_chat_parser
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler as mlx_lm_make_sampler
 
+from mlx_spec_entry import guarded
+
 from ..caches.owners import spoiled
 from ..chat_text import repair_text
 from ..config import plan_method
@@ -312,4 +314,4 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -17,6 +17,8 @@ from typing import List, Optional
 
 import mlx.core as mx
 
+from mlx_spec_entry import guarded
+
 from .. import __version__
 from .._blas import _state as _blas_state
 from .._blas import blas_in_use, preload_in_environment
@@ -134,4 +136,4 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

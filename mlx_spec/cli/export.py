@@ -12,6 +12,8 @@ import argparse
 from pathlib import Path
 from typing import List, Optional
 
+from mlx_spec_entry import guarded
+
 from ..options import one_line_errors
 
 FORMATS = ("speculators-eagle3",)
@@ -77,4 +79,4 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

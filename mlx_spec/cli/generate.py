@@ -10,6 +10,8 @@ from typing import List
 import mlx.core as mx
 from mlx_lm.generate import setup_arg_parser as mlx_lm_arg_parser
 
+from mlx_spec_entry import guarded
+
 from ..chat_text import repair_text
 from ..config import DEFAULT_NUM_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 from ..distributed import (
@@ -199,4 +201,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

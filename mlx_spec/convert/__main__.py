@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from mlx_spec_entry import guarded
+
 from ..config import OptionError, quantize_support
 from ..loading import check_model_path
 from ..options import one_line_errors
@@ -203,4 +205,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main))

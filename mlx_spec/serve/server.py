@@ -49,6 +49,8 @@ import mlx.core as mx
 import mlx_lm.server as lm_server
 from mlx_lm.models.cache import LRUPromptCache
 
+from mlx_spec_entry import guarded
+
 from .. import mlx_lm_private as lm_private
 from ..config import plan_method
 from ..distributed import (
@@ -335,4 +337,4 @@ def main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    main()
+    guarded(main)

@@ -1,6 +1,6 @@
 """``python -m mlx_spec.testing OUT_DIR``: write the named checkpoint set."""
 
-from .named_set import main
+from mlx_spec_entry import run
 
 if __name__ == "__main__":
-    main()
+    run("mlx_spec.testing.named_set:main")

@@ -2,7 +2,7 @@
 
 import sys
 
-from mlx_spec.train.cli import main
+from mlx_spec_entry import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run("mlx_spec.train.cli:main"))
