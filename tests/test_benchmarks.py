@@ -775,15 +775,54 @@ def test_goals_report_met_missed_and_not_run():
             assert g["status"] == "not run" and g["measured"] is None, g
 
 
+def test_issue_36_goals_read_auto_per_temperature_and_eagle_on_chat():
+    goals = {g["goal"]: g for g in check_goals(_goal_rows(), main_gamma=4)}
+    mean = goals["greedy: auto ≥ 1.5× mlx_lm (geomean)"]
+    assert (mean["status"], mean["measured"]) == ("missed", 1.1)
+    assert mean["shortfall"] == pytest.approx(1.1 / 1.5)
+    chat = goals["greedy: auto ≥ 1.3× mlx_lm, chat set"]
+    assert (chat["status"], chat["measured"]) == ("missed", 1.1)
+    # The greedy floor reads greedy rows only: auto's 0.9 on code is at temp 0.7.
+    floor = goals["greedy: auto ≥ 1.0× mlx_lm on every prompt set"]
+    assert (floor["status"], floor["measured"]) == ("met", 1.1)
+    assert "0.7" not in floor["detail"]
+    sampled = goals["temp 0.7: auto ≥ 1.3× mlx_lm (geomean)"]
+    assert (sampled["status"], sampled["measured"]) == ("missed", 1.1)
+    tree = goals["eagle: tokens per target forward ≥ 2.5, greedy, chat set"]
+    assert tree["status"] == "not run" and tree["measured"] is None
+    rows = _goal_rows() + [
+        dict(r, method="eagle", tokens_per_target_forward=2.7)
+        for r in _goal_rows()
+        if r["method"] == "draft" and r["temp"] == 0.0
+    ]
+    tree = {g["goal"]: g for g in check_goals(rows, main_gamma=4)}[tree["goal"]]
+    assert (tree["status"], tree["measured"]) == ("met", 2.7)
+
+
+def test_the_goals_heading_names_the_issues_of_its_goals():
+    from mlx_spec.bench.report import _goals
+
+    def heading(issues):
+        goals = [
+            dict(issue=i, goal="g", measured=None, status="not run", detail="")
+            for i in issues
+        ]
+        return _goals({"goals": goals})[1]
+
+    assert heading([17, 16, 36, 16]) == "## Goals (issues 16, 17 and 36)"
+    assert heading([16, 17]) == "## Goals (issues 16 and 17)"
+    assert heading([36]) == "## Goals (issue 36)"
+
+
 def test_goals_are_in_the_results_and_the_report(quick_results):
     out, results = quick_results
     goals = results["goals"]
-    assert {g["issue"] for g in goals} == {16, 17}
+    assert {g["issue"] for g in goals} == {16, 17, 36}
     assert all(g["status"] in ("met", "missed", "not run") for g in goals)
     for g in goals:
         assert (g["measured"] is None) == (g["status"] == "not run"), g
     md = (out / "results.md").read_text()
-    assert "## Goals (issues 16 and 17)" in md
+    assert "## Goals (issues 16, 17 and 36)" in md
     assert "## Acceptance by draft position" in md
 
 

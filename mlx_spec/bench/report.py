@@ -249,7 +249,9 @@ def _goals(results: dict) -> List[str]:
     goals = results.get("goals") or []
     if not goals:
         return []
-    lines = ["", "## Goals (issues 16 and 17)", ""]
+    issues = [str(i) for i in sorted({g["issue"] for g in goals})]
+    named = " and ".join([", ".join(issues[:-1]), issues[-1]] if issues[1:] else issues)
+    lines = ["", f"## Goals (issue{'s' if issues[1:] else ''} {named})", ""]
     lines += _head(["issue", "goal", "measured", "status", "detail"])
     for g in goals:
         status = {"met": "**met**", "missed": "**missed**"}.get(
