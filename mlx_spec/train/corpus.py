@@ -2,14 +2,14 @@
 
 Everything a drafter learns from (the target's laws, its hidden states) is a
 function of the target and the token ids, so only the ids are kept; the rest
-is recomputed by one batched prefill (:mod:`mlx_spec.train.corpus_cache`).
+is recomputed by one batched prefill (:mod:`mlx_spec.train.corpus_data`).
 The ids are small enough to commit next to the drafters they train:
 
 - ``corpus.json``: the manifest (format, the target's fingerprint, the cap);
 - ``shard-00000.npz.xz``, ...: one per chunk of a run, written atomically
   and never rewritten, so the git history grows by new shards only. A
   shard is an ``.npz`` of ``uint16`` ids and a few per-sequence columns,
-  compressed with LZMA (about 1.5-2 bytes a token);
+  compressed with LZMA (under a byte a token, prompts included; the card gives the figure);
 - ``README.md``: the card (sizes, breakdown, throughput of each run).
 
 Each sequence has a prompt hash (of its chat messages): a prompt already in
