@@ -21,7 +21,7 @@ demo: setup
 ## The test suite, a file per worker on up to 4 cores (about 9 minutes on a
 ## 2-core CPU), ending with its slowest tests. ARGS="-n 0" runs it in one process.
 test: setup-dev
-	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile --durations=15 $(ARGS)
+	$(PY) -m pytest -n auto --maxprocesses 4 --dist loadfile --durations=40 $(ARGS)
 
 ui: setup
 	$(PY) -m ui.app $(ARGS)
