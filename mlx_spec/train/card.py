@@ -466,9 +466,15 @@ def _tree_text(last: Dict) -> str:
     Medusa heads older than ``tree_nodes`` estimated it assuming independent heads)."""
     if "tree_nodes" not in last:
         return ""
+    how = ""
+    if last.get("tree_fit") == "cross-fitted":  # older evals scored it in-sample
+        how = (
+            " (its τ taken on each half of the sequences with the tree fitted "
+            "to the other half)"
+        )
     return (
-        f", per round of a static tree of {last['tree_nodes']} nodes fitted to them: "
-        f"{last['tree_tokens_per_round']}"
+        f", per round of a static tree of {last['tree_nodes']} nodes fitted to them"
+        f"{how}: {last['tree_tokens_per_round']}"
     )
 
 
