@@ -1,9 +1,11 @@
-"""Held-out acceptance from rank matrices.
+"""Held-out acceptance from rank matrices, and the unrolled EAGLE loss it trains.
 
 The figures of :func:`rounds.summarize` are checked on small rank matrices
-against counts written out in the test.
+against counts written out in the test; the loss of :func:`eagle.eagle_loss`
+against each unrolled step's loss recomputed in numpy.
 """
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -101,7 +103,7 @@ def test_one_sequence_is_cross_fitted_over_its_first_and_second_half():
 
 
 # --------------------------------------------------------------------------- #
-# On a tiny target: the sequences of the rounds
+# On a tiny target: the rounds' sequences, and the unrolled loss
 # --------------------------------------------------------------------------- #
 
 
@@ -139,6 +141,115 @@ def test_sequence_ids_read_back_the_held_out_sequences_of_the_ranks(tiny, data, 
         valid = batch.valid_np  # a round per supervised position
     expected = np.nonzero(valid)[0]  # the batch row (sequence) of each round
     assert rounds.sequence_ids(ranks).tolist() == expected.tolist()
+
+
+def _trainer(tiny, data):
+    """A random EAGLE head, and a batch of all sequences whose prompt positions
+    weigh half as much as completions (so every query from 0 is supervised)."""
+    config = HeadTrainConfig(kind="eagle", draft_vocab=0, prompt_weight=0.5)
+    trainer = HeadTrainer(tiny, data, config, heldout_index=[])
+    batch = trainer.batch(list(range(len(data))))
+    assert batch.valid_np[:, :3].all() and len(set(batch.valid_np.sum(1))) > 1
+    return trainer, batch
+
+
+def _loss(trainer, batch, steps, feature_weight=0.5):
+    loss, accs = eagle_train.eagle_loss(
+        trainer.head,
+        trainer.embed_fn,
+        trainer.logits_fn(),
+        batch,
+        steps=steps,
+        feature_weight=feature_weight,
+        final_feature=True,
+    )
+    return float(loss.item()), np.array(accs)
+
+
+def _step_losses(trainer, batch, steps, feature_weight):
+    """Each unrolled step's loss and accuracy, in numpy: the weighted mean over
+    the queries ``q >= s - 1`` whose next position is supervised of the
+    cross-entropy to the teacher's law plus the feature regression."""
+    outs = eagle_train.unrolled_outputs(
+        trainer.head, trainer.embed_fn, None, batch, steps
+    )
+    vocab = np.array(trainer.vocab_weight)
+    ids = np.array(batch.teacher_ids)[:, 1:]
+    p = np.array(batch.teacher_p)[:, 1:]
+    feats = np.array(batch.features)[:, 1:]
+    weight = np.array(batch.weight)[:, 1:]
+    losses, accs = [], []
+    for s, (g, _) in enumerate(outs, start=1):
+        g = np.array(g).astype(np.float64)
+        logits = g @ vocab.T
+        logq = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        picked = np.take_along_axis(logq, np.maximum(ids, 0), axis=-1)
+        ce = -(np.where(ids >= 0, p, 0.0) * picked).sum(-1)
+        diff = np.abs(g - feats)
+        reg = np.where(diff < 1, 0.5 * diff**2, diff - 0.5).mean(-1)
+        w = weight.copy()
+        w[:, : s - 1] = 0  # no step-s query before s - 1
+        losses.append((w * (ce + feature_weight * reg)).sum() / w.sum())
+        hit = logits.argmax(-1) == ids[..., 0]
+        accs.append(hit[w > 0].mean())
+    return losses, accs
+
+
+def test_the_unrolled_loss_is_the_decayed_mean_of_every_steps_loss(tiny, data):
+    trainer, batch = _trainer(tiny, data)
+    one, accs_one = _loss(trainer, batch, 1)
+    three, accs_three = _loss(trainer, batch, 3)
+    assert accs_one.shape == (1,) and accs_three.shape == (3,)
+    losses, accs = _step_losses(trainer, batch, 3, 0.5)
+    assert len(set(np.round(losses, 3))) == 3  # the steps' losses differ
+    assert one == pytest.approx(losses[0], rel=1e-4)
+    assert three != pytest.approx(one, rel=1e-3)
+    decay = [eagle_train.STEP_DECAY**s for s in range(3)]
+    assert three == pytest.approx(np.dot(decay, losses) / sum(decay), rel=1e-4)
+    assert accs_three == pytest.approx(accs, abs=1e-6)
+
+
+def test_a_steps_unsupervised_queries_do_not_reach_its_loss(tiny, data, monkeypatch):
+    """Step ``s`` has no query before ``s - 1`` (its input would be a draft
+    from before the window), and padding and each sequence's last position
+    are not supervised: whatever the head outputs there, the loss is the same."""
+    trainer, batch = _trainer(tiny, data)
+    clean = _loss(trainer, batch, 3)
+    real = eagle_train.unrolled_outputs
+    supervised = batch.valid_np[:, 1:]
+
+    def garbled(where):
+        def outputs(*args, **kwargs):
+            outs = real(*args, **kwargs)
+            rng = np.random.default_rng(1)
+            changed = []
+            for s, (g, logits) in enumerate(outs, start=1):
+                mask = where(s)[..., None]
+                noise = mx.array(100 * rng.standard_normal(g.shape).astype(np.float32))
+                changed.append((mx.where(mx.array(mask), noise, g), logits))
+            return changed
+
+        return outputs
+
+    def unsupervised(s):
+        mask = ~supervised
+        mask[:, : s - 1] = True
+        return mask
+
+    monkeypatch.setattr(eagle_train, "unrolled_outputs", garbled(unsupervised))
+    loss, accs = _loss(trainer, batch, 3)
+    assert loss == pytest.approx(clean[0], rel=1e-5)
+    assert accs == pytest.approx(clean[1], abs=1e-6)
+    # Garbling one supervised query of step 3 does reach it.
+    b, q = np.argwhere(supervised[:, 2:])[0]
+
+    def one_query(s):
+        mask = np.zeros_like(supervised)
+        mask[b, q + 2] = s == 3
+        return mask
+
+    monkeypatch.setattr(eagle_train, "unrolled_outputs", garbled(one_query))
+    assert _loss(trainer, batch, 3)[0] != pytest.approx(clean[0], rel=1e-3)
 
 
 def test_a_head_card_says_how_its_tree_tau_was_measured():
